@@ -1,0 +1,69 @@
+"""cyctx: safe, fast CUDA context guards for Python and nogil Cython.
+
+``ContextGuard(device)`` retains a device's primary context, makes it current around driver
+work and restores exactly what was current before; see its docstring. Errors are typed:
+:class:`CyctxError` is the base, :class:`DriverError` carries the ``CUresult``.
+"""
+
+from cyctx._compat import IncompatibleBindingsError, check_bindings, installed_bindings_version
+
+try:
+    from cyctx._build_info import BUILD_INFO
+except ImportError as exc:  # running from a source tree that was never built
+    raise ImportError(
+        "cyctx is not built: install it with `pip install .` (or `pip install -e .`) "
+        "instead of importing it from the source tree"
+    ) from exc
+
+check_bindings(BUILD_INFO["cuda_bindings"], installed_bindings_version())
+
+try:
+    from cyctx._errors import (
+        ContextDestroyedError,
+        CyctxError,
+        DriverError,
+        ForkError,
+        GuardError,
+        InvalidContextError,
+        InvalidDeviceError,
+        NoDeviceError,
+        NotInitializedError,
+    )
+    from cyctx._guard import ContextGuard
+except (ImportError, TypeError, ValueError) as exc:
+    # Cython checks each cimported cydriver function's C signature at import.
+    raise IncompatibleBindingsError(
+        f"cyctx was built against cuda-bindings {BUILD_INFO['cuda_bindings']} and cannot load "
+        f"with the installed {installed_bindings_version()}: {exc}. Rebuild cyctx against it "
+        f"(pip install --force-reinstall --no-binary cyctx cyctx)"
+    ) from exc
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BUILD_INFO",
+    "ContextDestroyedError",
+    "ContextGuard",
+    "CyctxError",
+    "DriverError",
+    "ForkError",
+    "GuardError",
+    "IncompatibleBindingsError",
+    "InvalidContextError",
+    "InvalidDeviceError",
+    "NoDeviceError",
+    "NotInitializedError",
+    "get_include",
+]
+
+
+def get_include() -> list[str]:
+    """Include directories for compiling Cython code that cimports cyctx.
+
+    cuda.bindings' ``cydriver.pxd`` includes ``cuda.h``; this returns the directory of a
+    ``cuda.h`` that matches the installed cuda-bindings (from ``CUDA_HOME``/``CUDA_PATH`` or
+    the ``nvidia-cuda-runtime`` wheel).
+    """
+    from cyctx._cuda_headers import find_cuda_header
+
+    return [find_cuda_header().include_dir]

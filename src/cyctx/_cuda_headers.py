@@ -1,0 +1,107 @@
+"""Find ``cuda.h`` for building against ``cuda.bindings.cydriver`` (no CUDA toolkit needed).
+
+Used by ``setup.py`` (loaded by path, so it must not import cyctx) and by
+:func:`cyctx.get_include` for Cython code that cimports cyctx. It imports nothing
+from cyctx and nothing that loads a driver.
+
+``cydriver.pxd`` includes ``cuda.h``; a header older than the bindings, or of another
+major, does not compile (DESIGN §4: 13.5 bindings against 13.0 headers fail). So the
+header is checked against the installed ``cuda-bindings`` and a mismatch stops with the
+exact pip command that fixes it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+
+class HeaderError(RuntimeError):
+    """No usable ``cuda.h``: the message says what to install."""
+
+
+@dataclass(frozen=True)
+class CudaHeader:
+    include_dir: str
+    found_via: str
+    version: int  # CUDA_VERSION from cuda.h, e.g. 13050
+
+    @property
+    def major_minor(self) -> tuple[int, int]:
+        return self.version // 1000, (self.version % 1000) // 10
+
+
+def bindings_version() -> tuple[int, int, str]:
+    """(major, minor, full string) of the installed cuda-bindings, without loading a driver."""
+    try:
+        from importlib.metadata import version
+        full = version("cuda-bindings")
+    except Exception as exc:  # not installed
+        raise HeaderError(
+            "cuda-bindings is not installed; install it first: pip install 'cuda-bindings==13.*'"
+        ) from exc
+    major, minor = (int(x) for x in re.match(r"(\d+)\.(\d+)", full).groups())
+    return major, minor, full
+
+
+def runtime_wheel_requirement(major: int, minor: int) -> str:
+    """The pip requirement whose wheel ships a cuda.h for CUDA major.minor."""
+    if major >= 13:
+        return f"nvidia-cuda-runtime=={major}.{minor}.*"
+    return f"nvidia-cuda-runtime-cu{major}=={major}.{minor}.*"
+
+
+def header_version(include_dir: str) -> int:
+    path = os.path.join(include_dir, "cuda.h")
+    with open(path, encoding="latin-1") as f:
+        m = re.search(r"^#define\s+CUDA_VERSION\s+(\d+)", f.read(), re.M)
+    if not m:
+        raise HeaderError(f"{path} has no CUDA_VERSION define; is it really CUDA's cuda.h?")
+    return int(m.group(1))
+
+
+def _candidates():
+    # An explicit toolkit wins: the user named it.
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        root = os.environ.get(var)
+        if root:
+            yield os.path.join(root, "include"), f"${var}"
+    try:
+        from cuda.pathfinder import locate_nvidia_header_directory
+    except ImportError:
+        return
+    # cuda.h ships beside cuda_runtime.h in the nvidia-cuda-runtime wheel.
+    located = locate_nvidia_header_directory("cudart")
+    if located is not None and located.abs_path:
+        yield located.abs_path, f"cuda-pathfinder ({located.found_via})"
+
+
+def find_cuda_header() -> CudaHeader:
+    """Locate a cuda.h that matches the installed cuda-bindings, or raise HeaderError."""
+    major, minor, full = bindings_version()
+    fix = f"pip install '{runtime_wheel_requirement(major, minor)}'"
+    problems = []
+    for include_dir, via in _candidates():
+        if not os.path.isfile(os.path.join(include_dir, "cuda.h")):
+            problems.append(f"{via}: no cuda.h in {include_dir}")
+            continue
+        hdr = CudaHeader(include_dir, via, header_version(include_dir))
+        hmaj, hmin = hdr.major_minor
+        if hmaj != major or hmin < minor:
+            problems.append(
+                f"{via}: {include_dir}/cuda.h is CUDA {hmaj}.{hmin}, older than or of another major "
+                f"than cuda-bindings {full}"
+            )
+            if via.startswith("$"):
+                # An explicit choice that cannot work must not be skipped silently.
+                raise HeaderError(
+                    problems[-1] + f". Point {via[1:]} at a CUDA {major}.{minor}+ toolkit, unset it, or {fix}"
+                )
+            continue
+        return hdr
+    detail = "; ".join(problems) if problems else "no CUDA_HOME/CUDA_PATH and cuda-pathfinder found nothing"
+    raise HeaderError(
+        f"no cuda.h for cuda-bindings {full} ({detail}). It needs a CUDA {major}.{minor} or newer "
+        f"{major}.x header: {fix}"
+    )

@@ -1,0 +1,127 @@
+"""Typed errors of cyctx.
+
+Every driver failure becomes a :class:`DriverError` (or a subclass a user would catch)
+carrying the ``CUresult`` as ``.code`` and its name as ``.name``, with a message that says
+what happened and what to do. Misuse of a guard is a :class:`GuardError`.
+"""
+
+from cuda.bindings cimport cydriver
+
+
+class CyctxError(Exception):
+    """Base class of every error cyctx raises on purpose."""
+
+
+class GuardError(CyctxError):
+    """A guard was misused: exit without enter, exit on another thread or out of order,
+    use after close, closing a guard that is entered."""
+
+
+class ForkError(CyctxError):
+    """CUDA was used in the parent of this forked process; CUDA cannot be used in the child."""
+
+
+class DriverError(CyctxError):
+    """A CUDA driver call failed.
+
+    Attributes
+    ----------
+    code : int
+        The ``CUresult`` value, e.g. 201.
+    name : str
+        Its name, e.g. ``"CUDA_ERROR_INVALID_CONTEXT"``.
+    call : str or None
+        The driver function that returned it.
+    """
+
+    def __init__(self, code, call=None, detail=None):
+        self.code = int(code)
+        self.name, description = error_name_and_string(self.code)
+        self.call = call
+        where = f"{call} failed: " if call else ""
+        msg = f"{where}{self.name} ({self.code}): {description}"
+        hint = detail or _HINTS.get(self.code)
+        if hint:
+            msg += f". {hint}"
+        super().__init__(msg)
+
+    def __reduce__(self):
+        return (type(self), (self.code, self.call))
+
+
+class InvalidContextError(DriverError):
+    """CUDA_ERROR_INVALID_CONTEXT (201): the context is not usable on this thread."""
+
+
+class ContextDestroyedError(InvalidContextError):
+    """CUDA_ERROR_CONTEXT_IS_DESTROYED (709): the context was destroyed or reset."""
+
+
+class NotInitializedError(DriverError):
+    """CUDA_ERROR_NOT_INITIALIZED (3) or DEINITIALIZED (4)."""
+
+
+class NoDeviceError(DriverError):
+    """CUDA_ERROR_NO_DEVICE (100)."""
+
+
+class InvalidDeviceError(DriverError, ValueError):
+    """CUDA_ERROR_INVALID_DEVICE (101): the ordinal names no device. Also a ValueError."""
+
+
+_HINTS = {
+    1: "An argument was out of range for the driver",
+    3: ("The driver is not initialised in this process. If this process was forked from one "
+        "that used CUDA, CUDA cannot be used here: start workers with the 'spawn' "
+        "multiprocessing start method"),
+    4: "The driver is shutting down (interpreter exit?); no CUDA work can run now",
+    34: ("The libcuda.so.1 that was loaded is the toolkit's stub, not the driver: "
+         "remove the stubs directory from LD_LIBRARY_PATH"),
+    35: "The installed NVIDIA driver is older than this CUDA version needs: upgrade the driver",
+    46: "The device is in use by another process or in exclusive/prohibited compute mode",
+    100: "No CUDA-capable device is visible: check the driver, CUDA_VISIBLE_DEVICES and nvidia-smi",
+    101: "The device ordinal does not exist: check cuDeviceGetCount and CUDA_VISIBLE_DEVICES",
+    201: ("The context is not usable: it was destroyed, or it is a primary context that is "
+          "inactive (never retained, released to zero, or reset by cudaDeviceReset). A "
+          "cyctx.ContextGuard retains and activates it; `python -m cyctx doctor` explains "
+          "this thread's state"),
+    709: ("The context was destroyed (cuCtxDestroy, or its primary context was reset or "
+          "released to zero) while this handle was still in use. Retain it again, e.g. with a "
+          "new cyctx.ContextGuard"),
+    803: "The driver and kernel module versions do not match: reboot or reinstall the driver",
+    999: "The driver reported an unknown error; the GPU may need attention (nvidia-smi)",
+}
+
+_CLASSES = {
+    3: NotInitializedError,
+    4: NotInitializedError,
+    100: NoDeviceError,
+    101: InvalidDeviceError,
+    201: InvalidContextError,
+    709: ContextDestroyedError,
+}
+
+
+def error_name_and_string(code):
+    """(name, description) of a CUresult, from the driver; works before cuInit."""
+    cdef const char* name = NULL
+    cdef const char* text = NULL
+    cdef cydriver.CUresult err = <cydriver.CUresult>code
+    try:
+        cydriver.cuGetErrorName(err, &name)
+        cydriver.cuGetErrorString(err, &text)
+    except Exception:  # no driver could be loaded at all
+        pass
+    return (
+        name.decode() if name != NULL else f"CUresult({int(code)})",
+        text.decode() if text != NULL else "unrecognised error code",
+    )
+
+
+def driver_error(code, call=None, detail=None):
+    """The DriverError subclass instance for ``code``."""
+    return _CLASSES.get(int(code), DriverError)(code, call, detail)
+
+
+cdef int raise_driver_error(cydriver.CUresult err, const char* call) except -1 with gil:
+    raise driver_error(<int>err, call.decode() if call != NULL else None)

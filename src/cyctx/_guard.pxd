@@ -1,0 +1,45 @@
+# The contract of cyctx's guard for Cython code (`from cyctx cimport ContextGuard`).
+#
+# Two layers, both usable inside `with nogil:`:
+#
+# * ContextGuard.enter()/exit(): the guard keeps each entry's state on a per-thread stack,
+#   checks LIFO order and the thread, and restores what was current before the enter.
+# * switch_to()/switch_back() with a caller-owned Switch record (e.g. a local variable):
+#   the same restore rule with no bookkeeping, for hot loops that already nest correctly.
+#
+# Errors: every function here is `except -1`; a driver failure raises cyctx.DriverError
+# (taking the GIL only then), misuse raises cyctx.GuardError.
+from cuda.bindings cimport cydriver
+
+
+cdef struct Switch:
+    cydriver.CUcontext prev    # current before switch_to (NULL: none)
+    bint switched              # switch_to changed the current context
+
+
+# Make `target` current on this thread, remembering what was current in `s`.
+# No driver call but cuCtxGetCurrent when `target` is already current. GIL: not needed.
+cdef int switch_to(Switch* s, cydriver.CUcontext target) except -1 nogil
+
+# Make `s.prev` current again, whatever the code in between made current (it may have called
+# cudaSetDevice/cuCtxSetCurrent); from an empty stack, leave it empty. GIL: not needed.
+cdef int switch_back(const Switch* s) except -1 nogil
+
+
+cdef class ContextGuard:
+    # Retained primary context; NULL once closed.
+    cdef cydriver.CUcontext _ctx
+    cdef cydriver.CUdevice _dev
+    cdef int _ordinal
+    cdef unsigned long long _ctx_id
+    cdef bint _shared
+    cdef object __weakref__
+
+    # Make the guard's context current on this thread (no driver switch when it already is).
+    # GIL: not needed. Errors: GuardError when closed; DriverError.
+    cdef int enter(self) except -1 nogil
+
+    # Restore what was current before the matching enter() on this thread.
+    # GIL: not needed. Errors: GuardError on exit without enter on this thread or out of
+    # LIFO order (no state changes then); DriverError (the entry is ended all the same).
+    cdef int exit(self) except -1 nogil

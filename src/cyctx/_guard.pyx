@@ -1,0 +1,361 @@
+"""ContextGuard: retain a device's primary context, make it current around work, restore.
+
+The restore rule (DESIGN §3.1-3.3): leaving makes current exactly what was current before
+the enter, with ``cuCtxSetCurrent`` -- which replaces the top of the thread's context
+stack -- rather than push/pop. So a block that called ``cudaSetDevice`` or
+``cuCtxSetCurrent`` (which also replace the top) is repaired, and the guard never pops a
+context it did not push: the stack's depth is the same before and after, except that from
+an empty stack it is emptied again.
+"""
+
+import operator
+import threading
+
+from cuda.bindings cimport cydriver
+from libc.limits cimport INT_MAX
+
+from cyctx._errors cimport check
+from cyctx._errors import DriverError, GuardError, InvalidDeviceError
+
+
+cdef extern from "_tls.h" namespace "cyctx" nogil:
+    cdef struct Entry:
+        const void* owner
+        cydriver.CUcontext prev
+        int switched
+    int tls_push(const void* owner, cydriver.CUcontext prev, int switched) noexcept
+    Entry* tls_top() noexcept
+    void tls_pop() noexcept
+    size_t tls_depth() noexcept
+    size_t tls_count(const void* owner) noexcept
+
+
+# A thread left this many contexts pushed inside a guard from an empty stack: more than
+# this and the driver is not behaving like a stack at all; stop rather than loop forever.
+cdef enum:
+    _MAX_UNWIND = 4096
+
+
+# --- the raw layer ---------------------------------------------------------------------
+
+cdef int switch_to(Switch* s, cydriver.CUcontext target) except -1 nogil:
+    cdef cydriver.CUcontext cur = NULL
+    if target == NULL:
+        return _raise_value("switch_to: target context is NULL")
+    # cuCtxGetCurrent is thread-local and ~12 ns; the switch is only paid when needed
+    # (DESIGN §3.2, §4).
+    check(cydriver.cuCtxGetCurrent(&cur), "cuCtxGetCurrent")
+    if cur != target:
+        check(cydriver.cuCtxSetCurrent(target), "cuCtxSetCurrent")
+    s.prev = cur
+    s.switched = cur != target
+    return 0
+
+
+cdef int switch_back(const Switch* s) except -1 nogil:
+    cdef cydriver.CUcontext cur = NULL
+    if s.switched:
+        # Unconditional: cheaper than reading first, and it also undoes a replacement of
+        # the top made inside the block.
+        check(cydriver.cuCtxSetCurrent(s.prev), "cuCtxSetCurrent")
+        if s.prev == NULL:
+            # From an empty stack, SetCurrent(NULL) popped one entry. Anything still current
+            # was pushed inside the block and never popped.
+            check(cydriver.cuCtxGetCurrent(&cur), "cuCtxGetCurrent")
+            if cur != NULL:
+                return _unwind_leaked_pushes()
+        return 0
+    check(cydriver.cuCtxGetCurrent(&cur), "cuCtxGetCurrent")
+    if cur != s.prev:
+        check(cydriver.cuCtxSetCurrent(s.prev), "cuCtxSetCurrent")
+    return 0
+
+
+cdef int _unwind_leaked_pushes() except -1 nogil:
+    # The thread entered with no context; restore that exactly, and say so loudly: silently
+    # popping another library's contexts would hide its bug (DESIGN §3.3).
+    cdef cydriver.CUcontext cur = NULL
+    cdef int n = 0
+    while n < _MAX_UNWIND:
+        check(cydriver.cuCtxGetCurrent(&cur), "cuCtxGetCurrent")
+        if cur == NULL:
+            break
+        check(cydriver.cuCtxSetCurrent(NULL), "cuCtxSetCurrent")
+        n += 1
+    return _raise_leaked(n)
+
+
+cdef int _raise_leaked(int n) except -1 with gil:
+    raise GuardError(
+        f"code inside the guard pushed {n} context(s) with cuCtxPushCurrent and did not pop "
+        f"them; the thread had no current context before the guard, so they were popped to "
+        f"restore that. Balance every push with a pop inside the block."
+    )
+
+
+cdef int _raise_value(str msg) except -1 with gil:
+    raise ValueError(msg)
+
+
+# --- argument checks ------------------------------------------------------------------
+
+def _ordinal_of(device):
+    """The device ordinal as a Python int, or TypeError/ValueError. No driver call."""
+    if isinstance(device, bool) or not hasattr(type(device), "__index__"):
+        raise TypeError(
+            f"device must be an int ordinal (0, 1, ...), got {type(device).__name__} {device!r}"
+        )
+    ordinal = operator.index(device)
+    if ordinal < 0:
+        raise ValueError(f"device ordinal must be >= 0, got {ordinal}")
+    return ordinal
+
+
+cdef int _device_count() except -1:
+    cdef int n = 0
+    with nogil:
+        # cuInit can take long the first time (driver start-up): not under the GIL.
+        check(cydriver.cuInit(0), "cuInit")
+    check(cydriver.cuDeviceGetCount(&n), "cuDeviceGetCount")
+    return n
+
+
+# --- the guard --------------------------------------------------------------------------
+
+cdef object _shared_lock = threading.Lock()
+cdef dict _shared_guards = {}
+
+
+cdef class ContextGuard:
+    """Retain a device's primary context and make it current around work.
+
+    Construct it once and keep it: construction retains the primary context (which
+    activates it), :meth:`close` releases it. Each ``with guard:`` makes the context current
+    on the calling thread and, on leaving, restores exactly what was current before (no
+    context included), also when the block raised or called ``cudaSetDevice``. When the
+    context is already current, entering and leaving make no driver switch.
+
+    Creating a guard per ``with`` block is a trap: when nothing else holds the primary
+    context, each close destroys it and frees everything allocated in the block. Keep the
+    guard for the life of the work, or use :meth:`ContextGuard.shared`.
+
+    Parameters
+    ----------
+    device : int
+        Device ordinal, ``0 <= device < cuDeviceGetCount()``.
+
+    Raises
+    ------
+    TypeError
+        ``device`` is not an int (``"0"``, ``None``, ``1.5``, ``True``).
+    ValueError
+        ``device`` is negative.
+    InvalidDeviceError
+        No such device (a :class:`DriverError` and a ``ValueError``).
+    DriverError
+        The driver failed (no GPU, forked child, ...).
+
+    Examples
+    --------
+    From Python::
+
+        from cyctx import ContextGuard
+        guard = ContextGuard(0)          # retain once
+        with guard:                      # current on this thread
+            ...                          # driver calls (cuModuleLoad, cuLaunchKernel...)
+        guard.close()                    # release (or let the process end)
+
+    From Cython, without the GIL::
+
+        from cyctx cimport ContextGuard
+        cdef ContextGuard g = ContextGuard(0)
+        with nogil:
+            g.enter()
+            try:
+                ...                      # cydriver calls
+            finally:
+                g.exit()
+
+    One guard may be entered from many threads at once; each thread's entries are its own.
+    """
+
+    def __cinit__(self, device):
+        cdef cydriver.CUcontext ctx = NULL
+        cdef cydriver.CUdevice dev = 0
+        cdef unsigned long long ctx_id = 0
+        cdef cydriver.CUresult err
+        self._ctx = NULL
+        self._shared = False
+        ordinal = _ordinal_of(device)
+        count = _device_count()
+        if ordinal >= count:
+            raise InvalidDeviceError(
+                101, "ContextGuard",
+                f"Device {ordinal} does not exist: the driver reports {count} device(s), "
+                f"ordinals 0..{count - 1} (CUDA_VISIBLE_DEVICES renumbers them)",
+            )
+        check(cydriver.cuDeviceGet(&dev, <int>ordinal), "cuDeviceGet")
+        with nogil:
+            # Activating a primary context creates it on the GPU: can take milliseconds.
+            check(cydriver.cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain")
+        err = cydriver.cuCtxGetId(ctx, &ctx_id)
+        if err != cydriver.CUresult.CUDA_SUCCESS:
+            cydriver.cuDevicePrimaryCtxRelease(dev)  # construction failed: no retain kept
+            check(err, "cuCtxGetId")
+        self._dev = dev
+        self._ordinal = ordinal
+        self._ctx_id = ctx_id
+        self._ctx = ctx
+
+    def __dealloc__(self):
+        # Safety net only (close() is the deterministic release). No Python calls here:
+        # this can run at interpreter shutdown (DESIGN §3.9).
+        if self._ctx != NULL:
+            cydriver.cuDevicePrimaryCtxRelease(self._dev)
+            self._ctx = NULL
+
+    @staticmethod
+    def shared(device):
+        """The process-wide guard of ``device``: created on first use, never closed.
+
+        This is the easy way to hold the long-lived retain: every caller gets the same
+        guard, so the primary context stays alive between blocks. Thread-safe.
+        """
+        ordinal = _ordinal_of(device)
+        guard = _shared_guards.get(ordinal)
+        if guard is None:
+            with _shared_lock:
+                guard = _shared_guards.get(ordinal)
+                if guard is None:
+                    guard = ContextGuard(ordinal)
+                    (<ContextGuard>guard)._shared = True
+                    _shared_guards[ordinal] = guard
+        return guard
+
+    cdef int enter(self) except -1 nogil:
+        cdef Switch s
+        if self._ctx == NULL:
+            return _raise_closed(self)
+        switch_to(&s, self._ctx)
+        if tls_push(<void*>self, s.prev, s.switched) != 0:
+            switch_back(&s)
+            return _raise_no_memory()
+        return 0
+
+    cdef int exit(self) except -1 nogil:
+        cdef Entry* e = tls_top()
+        cdef Switch s
+        if e == NULL or e.owner != <void*>self:
+            return _raise_exit_misuse(self)
+        s.prev = e.prev
+        s.switched = e.switched
+        # The entry ends here even if the restore fails: a failed restore leaves the
+        # driver's stack as it was, and keeping the entry would make every later exit on
+        # this thread look out of order.
+        tls_pop()
+        return switch_back(&s)
+
+    def __enter__(self):
+        self.enter()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is None:
+            self.exit()
+            return False
+        # The block's exception wins; a cleanup failure rides along as a note.
+        try:
+            self.exit()
+        except BaseException as cleanup:
+            if hasattr(exc, "add_note"):
+                exc.add_note(f"cyctx: leaving {self!r} also failed: {type(cleanup).__name__}: {cleanup}")
+        return False
+
+    def close(self):
+        """Release the retain taken at construction. Idempotent.
+
+        Raises
+        ------
+        GuardError
+            The guard is entered on this thread, or it is a :meth:`shared` guard.
+        DriverError
+            The release failed; the guard stays open (the retain is still held) so a later
+            ``close()`` or garbage collection can release it.
+        """
+        if self._ctx == NULL:
+            return
+        if self._shared:
+            raise GuardError(f"{self!r} is shared by the whole process and is never closed")
+        if tls_count(<void*>self):
+            raise GuardError(
+                f"{self!r}: close() inside a with-block of the same guard on this thread; "
+                f"leave the block first"
+            )
+        check(cydriver.cuDevicePrimaryCtxRelease(self._dev), "cuDevicePrimaryCtxRelease")
+        self._ctx = NULL
+
+    @property
+    def device(self):
+        """The device ordinal (int)."""
+        return self._ordinal
+
+    @property
+    def closed(self):
+        """True once :meth:`close` released the retain."""
+        return self._ctx == NULL
+
+    @property
+    def is_shared(self):
+        """True for the process-wide guards of :meth:`shared`."""
+        return self._shared
+
+    @property
+    def handle(self):
+        """The primary context's ``CUcontext`` as an int address. GuardError when closed."""
+        if self._ctx == NULL:
+            _raise_closed(self)
+        return <size_t>self._ctx
+
+    @property
+    def context(self):
+        """The primary context as a ``cuda.bindings.driver.CUcontext``."""
+        from cuda.bindings.driver import CUcontext
+        return CUcontext(self.handle)
+
+    @property
+    def context_id(self):
+        """The driver's unique id of the context when it was retained (``cuCtxGetId``)."""
+        return self._ctx_id
+
+    def __repr__(self):
+        state = "closed" if self._ctx == NULL else f"ctx=0x{<size_t>self._ctx:x} id={self._ctx_id}"
+        shared = " shared" if self._shared else ""
+        return f"<cyctx.ContextGuard device={self._ordinal}{shared} {state}>"
+
+
+cdef int _raise_closed(ContextGuard g) except -1 with gil:
+    raise GuardError(f"{g!r} is closed: its retain was released; create a new guard")
+
+
+cdef int _raise_no_memory() except -1 with gil:
+    raise MemoryError("cyctx: no memory to record a guard entry")
+
+
+cdef int _raise_exit_misuse(ContextGuard g) except -1 with gil:
+    cdef Entry* top = tls_top()
+    if tls_count(<void*>g) == 0:
+        raise GuardError(
+            f"{g!r}: exit without a matching enter on this thread. Entries are per thread: "
+            f"leave a guard on the thread that entered it, once per enter."
+        )
+    raise GuardError(
+        f"{g!r}: exit out of order: another guard (object at 0x{<size_t>top.owner:x}) was "
+        f"entered after it on this thread and is still open. Guards are left in reverse "
+        f"order of entry; a generator or coroutine holding a guard across yield/await breaks "
+        f"that. Nothing was changed."
+    )
+
+
+def _open_entries():
+    """Number of open guard entries on the calling thread (for tests and diagnostics)."""
+    return tls_depth()

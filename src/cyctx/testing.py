@@ -1,0 +1,154 @@
+"""Test support: cyctx's simulated CUDA driver.
+
+cyctx ships a C library with soname ``libcuda.so.1`` that models the driver's context
+behaviour (primary-context refcounts and resets, the per-thread context stack, created
+contexts, fork, error codes). cuda.bindings resolves every driver function through
+``cuGetProcAddress_v2`` of whatever ``libcuda.so.1`` is loaded, so loading the simulated one
+first (``RTLD_GLOBAL``, before any driver call) routes all driver calls to it -- cyctx's
+and cuda.bindings' alike. The choice is per process and cannot be undone.
+
+Example::
+
+    from cyctx.testing import use_simulated_driver
+    sim = use_simulated_driver(device_count=2)   # before anything calls the driver
+    import cyctx
+    g = cyctx.ContextGuard(1)
+    assert sim.retain_count(1) == 1
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+__all__ = ["Sim", "sim_library_path", "use_simulated_driver", "simulated", "real_driver_available"]
+
+_sim: Sim | None = None
+
+
+def sim_library_path() -> str:
+    """Path of the simulated ``libcuda.so.1`` (env ``CYCTX_SIM_LIBRARY`` overrides)."""
+    path = os.environ.get("CYCTX_SIM_LIBRARY") or os.path.join(os.path.dirname(__file__), "_sim", "libcuda.so.1")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"simulated driver not found at {path}; was cyctx built with its build_ext?")
+    return path
+
+
+def _loaded_libcuda() -> str | None:
+    """Path of the libcuda.so.1 already mapped in this process, if any."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if "libcuda.so" in line:
+                    return line.split(None, 5)[-1].strip()
+    except OSError:
+        pass
+    return None
+
+
+class Sim:
+    """Handle on the loaded simulated driver: read its state, inject faults."""
+
+    def __init__(self, lib: ctypes.CDLL, path: str):
+        self._lib = lib
+        self.path = path
+        for name, res, args in (
+            ("cyctxsim_is_simulated", ctypes.c_int, []),
+            ("cyctxsim_configure", ctypes.c_int, [ctypes.c_int]),
+            ("cyctxsim_device_count", ctypes.c_int, []),
+            ("cyctxsim_retain_count", ctypes.c_int, [ctypes.c_int]),
+            ("cyctxsim_primary_active", ctypes.c_int, [ctypes.c_int]),
+            ("cyctxsim_stack_depth", ctypes.c_int, []),
+            ("cyctxsim_live_contexts", ctypes.c_int, []),
+            ("cyctxsim_inject_fault", ctypes.c_int, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]),
+            ("cyctxsim_clear_faults", None, []),
+            ("cyctxsim_call_count", ctypes.c_longlong, [ctypes.c_char_p]),
+        ):
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+
+    @property
+    def device_count(self) -> int:
+        return self._lib.cyctxsim_device_count()
+
+    def retain_count(self, device: int) -> int:
+        """The primary context's refcount on ``device``."""
+        n = self._lib.cyctxsim_retain_count(device)
+        if n < 0:
+            raise ValueError(f"no simulated device {device}")
+        return n
+
+    def primary_active(self, device: int) -> bool:
+        n = self._lib.cyctxsim_primary_active(device)
+        if n < 0:
+            raise ValueError(f"no simulated device {device}")
+        return bool(n)
+
+    def stack_depth(self) -> int:
+        """Depth of the calling thread's context stack."""
+        return self._lib.cyctxsim_stack_depth()
+
+    def live_contexts(self) -> int:
+        """Contexts made by cuCtxCreate and not destroyed."""
+        return self._lib.cyctxsim_live_contexts()
+
+    def inject_fault(self, function: str, code: int, nth: int = 1, count: int = 1) -> None:
+        """Make the ``nth`` next call of driver ``function`` (and ``count - 1`` after it)
+        return ``code`` without any effect."""
+        if self._lib.cyctxsim_inject_fault(function.encode(), nth, int(code), count) != 0:
+            raise ValueError(f"bad fault: {function!r} nth={nth} code={code} count={count}")
+
+    def clear_faults(self) -> None:
+        self._lib.cyctxsim_clear_faults()
+
+    def call_count(self, function: str | None = None) -> int:
+        """Calls of ``function`` (all driver calls when None) since the library loaded."""
+        return self._lib.cyctxsim_call_count(function.encode() if function else None)
+
+
+def use_simulated_driver(device_count: int = 2) -> Sim:
+    """Route this process's driver calls to the simulated driver; returns its :class:`Sim`.
+
+    Must run before the first driver call (by cyctx, cuda.bindings, CuPy, ...). Calling it
+    again returns the same Sim.
+    """
+    global _sim
+    if _sim is not None:
+        return _sim
+    loaded = _loaded_libcuda()
+    path = sim_library_path()
+    if loaded and os.path.realpath(loaded) != os.path.realpath(path):
+        raise RuntimeError(
+            f"a driver library is already loaded in this process ({loaded}); the simulated "
+            f"driver must be selected before the first driver call"
+        )
+    lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    sim = Sim(lib, path)
+    if lib.cyctxsim_configure(device_count) != 0 and sim.device_count != device_count:
+        raise RuntimeError(f"simulated driver already initialised with {sim.device_count} devices")
+    _sim = sim
+    return sim
+
+
+def simulated() -> Sim | None:
+    """The active :class:`Sim`, or None when the real driver (or none) is in use."""
+    return _sim
+
+
+def real_driver_available() -> bool:
+    """True when a real NVIDIA driver loads and reports at least one device.
+
+    Checked in a subprocess, so this process stays free to pick the simulated driver.
+    """
+    import subprocess
+    import sys
+
+    code = (
+        "import ctypes,sys\n"
+        "try: lib=ctypes.CDLL('libcuda.so.1')\n"
+        "except OSError: sys.exit(1)\n"
+        "n=ctypes.c_int(0)\n"
+        "sys.exit(0 if lib.cuInit(0)==0 and lib.cuDeviceGetCount(ctypes.byref(n))==0 and n.value>0 else 1)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    return subprocess.run([sys.executable, "-c", code], env=env, timeout=120).returncode == 0

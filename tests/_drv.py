@@ -1,0 +1,107 @@
+"""Which driver this test process runs on, and small helpers shared by the tests.
+
+Importable from subprocesses too: `select()` there repeats the parent's choice, so a child
+runs on the same driver (the simulated one must be loaded before any driver call).
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+KIND = None  # "real" or "sim"
+SIM = None  # cyctx.testing.Sim when KIND == "sim"
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+SIM_DEVICES = 2
+
+
+def select(requested):
+    global KIND, SIM
+    from cyctx import testing
+
+    if requested == "auto":
+        requested = "real" if testing.real_driver_available() else "sim"
+    if requested == "sim":
+        SIM = testing.use_simulated_driver(device_count=SIM_DEVICES)
+    elif not testing.real_driver_available():
+        raise SystemExit("--driver=real but no NVIDIA driver with a GPU loads here")
+    KIND = requested
+    ok(driver().cuInit(0))
+    os.environ["CYCTX_TEST_DRIVER"] = requested  # children follow
+    return requested
+
+
+def driver():
+    from cuda.bindings import driver as d
+
+    return d
+
+
+def ok(result):
+    """Unwrap a cuda.bindings call: assert CUDA_SUCCESS, return the value(s)."""
+    d = driver()
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    assert err == d.CUresult.CUDA_SUCCESS, f"driver call failed: {err!r}"
+    return rest[0] if len(rest) == 1 else tuple(rest) if rest else None
+
+
+def device_count():
+    d = driver()
+    ok(d.cuInit(0))
+    return ok(d.cuDeviceGetCount())
+
+
+def current():
+    """The calling thread's current context as an int (0: none)."""
+    return int(ok(driver().cuCtxGetCurrent()))
+
+
+def primary_state(dev):
+    """(flags, active) of a device's primary context, through the driver."""
+    flags, active = ok(driver().cuDevicePrimaryCtxGetState(dev))
+    return flags, bool(active)
+
+
+def thread_state():
+    from cyctx._guard import _open_entries
+
+    return {
+        "current": current(),
+        "stack_depth": SIM.stack_depth() if SIM else None,
+        "open_guard_entries": _open_entries(),
+        "retains": [SIM.retain_count(i) for i in range(SIM.device_count)] if SIM else None,
+    }
+
+
+def describe():
+    return f"cyctx test driver: {KIND}" + (f" (simulated, {SIM.device_count} devices, {SIM.path})" if SIM else "")
+
+
+_cudart = False
+
+
+def cudart():
+    """ctypes handle on libcudart, or None."""
+    global _cudart
+    if _cudart is False:
+        try:
+            from cuda.pathfinder import load_nvidia_dynamic_lib
+            import ctypes
+
+            _cudart = ctypes.CDLL(load_nvidia_dynamic_lib("cudart").abs_path)
+        except Exception:
+            _cudart = None
+    return _cudart
+
+
+def run_child(code, timeout=120, check=True):
+    """Run `code` in a fresh interpreter on the same driver; returns CompletedProcess."""
+    prologue = "import _drv, os; _drv.select(os.environ['CYCTX_TEST_DRIVER'])\n"
+    env = dict(os.environ, PYTHONPATH=TESTS_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run(
+        [sys.executable, "-c", prologue + textwrap.dedent(code)],
+        capture_output=True, text=True, timeout=timeout, env=env, cwd=TESTS_DIR,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc

@@ -1,0 +1,69 @@
+# distutils: language = c++
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""A Cython module that uses cyctx the way a user's extension would: `cimport cyctx`,
+guards entered and left without the GIL from OpenMP threads (prange)."""
+
+from cython.parallel cimport prange, threadid
+from libc.stdlib cimport calloc, free
+from cuda.bindings cimport cydriver
+
+cimport cyctx
+from cyctx cimport ContextGuard, Switch, switch_to, switch_back
+
+
+cdef int one(ContextGuard g, cydriver.CUcontext want) except -1 nogil:
+    # 0 when the guard made `want` current inside and restored the thread's context after.
+    cdef cydriver.CUcontext before = NULL
+    cdef cydriver.CUcontext inside = NULL
+    cdef cydriver.CUcontext after = NULL
+    cydriver.cuCtxGetCurrent(&before)
+    g.enter()
+    try:
+        cydriver.cuCtxGetCurrent(&inside)
+    finally:
+        g.exit()
+    cydriver.cuCtxGetCurrent(&after)
+    return (inside != want) + (after != before)
+
+
+cdef int raw(cydriver.CUcontext want) except -1 nogil:
+    # The same through the bookkeeping-free layer.
+    cdef Switch s
+    cdef cydriver.CUcontext before = NULL
+    cdef cydriver.CUcontext inside = NULL
+    cdef cydriver.CUcontext after = NULL
+    cydriver.cuCtxGetCurrent(&before)
+    switch_to(&s, want)
+    try:
+        cydriver.cuCtxGetCurrent(&inside)
+    finally:
+        switch_back(&s)
+    cydriver.cuCtxGetCurrent(&after)
+    return (inside != want) + (after != before)
+
+
+def run_parallel(ContextGuard g, int n, int nthreads):
+    """(mismatches, number of distinct OpenMP threads that ran iterations)."""
+    cdef cydriver.CUcontext want = <cydriver.CUcontext><size_t>g.handle
+    cdef int i, bad = 0, used = 0
+    cdef int* per_thread = <int*>calloc(nthreads, sizeof(int))
+    try:
+        for i in prange(n, nogil=True, num_threads=nthreads, schedule="static", chunksize=1):
+            bad += one(g, want) + raw(want)
+            per_thread[threadid()] += 1
+        for i in range(nthreads):
+            used += per_thread[i] > 0
+    finally:
+        free(per_thread)
+    return bad, used
+
+
+def exit_without_enter(ContextGuard g):
+    """GuardError must cross the nogil boundary as a Python exception."""
+    with nogil:
+        g.exit()
+
+
+def enter_closed(cyctx.ContextGuard g):
+    with nogil:
+        g.enter()

@@ -1,0 +1,136 @@
+"""The package as built and installed: versions recorded, header discovery, the import-time
+bindings check, shipped files, the simulated driver's soname."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import cyctx
+from cyctx import _cuda_headers as hdrs
+from cyctx._compat import IncompatibleBindingsError, check_bindings, installed_bindings_version
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+PKG = os.path.dirname(cyctx.__file__)
+
+
+def test_build_info_matches_installed_bindings():
+    info = cyctx.BUILD_INFO
+    assert info["cuda_bindings"] == installed_bindings_version()
+    hmaj = info["cuda_header_version"] // 1000
+    hmin = (info["cuda_header_version"] % 1000) // 10
+    bmaj, bmin = info["cuda_bindings_major_minor"]
+    assert hmaj == bmaj and hmin >= bmin, "built with a header older than the bindings"
+
+
+@pytest.mark.parametrize(
+    "built, installed, ok",
+    [("13.5.0", "13.5.0", True), ("13.5.0", "13.6.1", True), ("13.3.1", "13.3.0", True),
+     ("13.5.0", "13.4.4", False), ("13.5.0", "12.9.6", False), ("12.9.6", "13.0.0", False),
+     ("13.5.0", None, False)],
+)
+def test_check_bindings(built, installed, ok):
+    if ok:
+        check_bindings(built, installed)
+    else:
+        with pytest.raises(IncompatibleBindingsError, match="pip install"):
+            check_bindings(built, installed)
+
+
+def test_import_with_other_major_bindings_is_a_clear_error(tmp_path):
+    # A cuda-bindings 12.9 distribution shadowing the real one, as importlib.metadata sees it.
+    dist = tmp_path / "cuda_bindings-12.9.6.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: cuda-bindings\nVersion: 12.9.6\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", "import cyctx"], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "IncompatibleBindingsError" in proc.stderr
+    assert "12.9.6" in proc.stderr and cyctx.BUILD_INFO["cuda_bindings"] in proc.stderr
+    assert "Segmentation" not in proc.stderr
+
+
+def _fake_toolkit(root, version):
+    inc = root / "include"
+    inc.mkdir(parents=True)
+    (inc / "cuda.h").write_text(f"/* fake */\n#define CUDA_VERSION {version}\n")
+    return root
+
+
+def test_header_too_old_stops_with_the_fix(tmp_path, monkeypatch):
+    bmaj, bmin, full = hdrs.bindings_version()
+    old = bmaj * 1000 + max(bmin - 1, 0) * 10 if bmin > 0 else (bmaj - 1) * 1000 + 90
+    monkeypatch.setenv("CUDA_HOME", str(_fake_toolkit(tmp_path / "old", old)))
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    with pytest.raises(hdrs.HeaderError) as ei:
+        hdrs.find_cuda_header()
+    assert hdrs.runtime_wheel_requirement(bmaj, bmin) in str(ei.value)
+    assert "$CUDA_HOME" in str(ei.value)
+
+
+def test_header_other_major_stops(tmp_path, monkeypatch):
+    bmaj, bmin, _ = hdrs.bindings_version()
+    monkeypatch.setenv("CUDA_HOME", str(_fake_toolkit(tmp_path / "other", (bmaj + 1) * 1000)))
+    with pytest.raises(hdrs.HeaderError, match="another major"):
+        hdrs.find_cuda_header()
+
+
+def test_header_matching_toolkit_is_taken(tmp_path, monkeypatch):
+    bmaj, bmin, _ = hdrs.bindings_version()
+    root = _fake_toolkit(tmp_path / "good", bmaj * 1000 + bmin * 10)
+    monkeypatch.setenv("CUDA_HOME", str(root))
+    h = hdrs.find_cuda_header()
+    assert h.include_dir == str(root / "include") and h.found_via == "$CUDA_HOME"
+
+
+def test_default_discovery_finds_the_runtime_wheel(monkeypatch):
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    h = hdrs.find_cuda_header()
+    assert os.path.isfile(os.path.join(h.include_dir, "cuda.h"))
+    assert h.major_minor[0] == hdrs.bindings_version()[0]
+
+
+@pytest.mark.skipif(not os.path.isfile(os.path.join(REPO, "setup.py")), reason="needs the source tree")
+def test_setup_py_refuses_a_mismatched_header(tmp_path):
+    bmaj, bmin, _ = hdrs.bindings_version()
+    env = dict(os.environ, CUDA_HOME=str(_fake_toolkit(tmp_path / "tk", (bmaj - 1) * 1000 + 80)))
+    proc = subprocess.run([sys.executable, "setup.py", "--version"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "cyctx build:" in proc.stderr and "pip install" in proc.stderr
+
+
+def test_installed_package_ships_cimport_surface_and_stubs():
+    for f in ("__init__.pxd", "_guard.pxd", "_errors.pxd", "__init__.pyi", "py.typed", "_tls.h"):
+        assert os.path.isfile(os.path.join(PKG, f)), f
+
+
+def test_simulated_driver_has_the_driver_soname():
+    from cyctx.testing import sim_library_path
+
+    path = sim_library_path()
+    out = subprocess.run(["readelf", "-d", path], capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip("readelf not available")
+    assert "Library soname: [libcuda.so.1]" in out.stdout
+    syms = subprocess.run(["readelf", "--dyn-syms", "-W", path], capture_output=True, text=True).stdout
+    exported = {line.split()[-1] for line in syms.splitlines() if " FUNC " in line and " GLOBAL " in line and " UND " not in line}
+    assert {"cuGetProcAddress_v2", "cuDriverGetVersion", "cyctxsim_inject_fault"} <= exported
+    assert not any(s.startswith("sim_") for s in exported), "internals must stay hidden"
+
+
+def test_simulated_driver_selected_in_a_fresh_process():
+    code = textwrap.dedent("""
+        from cyctx.testing import use_simulated_driver
+        sim = use_simulated_driver(device_count=3)
+        from cuda.bindings import driver as d
+        d.cuInit(0)
+        err, n = d.cuDeviceGetCount()
+        print(int(err), n, sim.call_count("cuDeviceGetCount"))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["0", "3", "1"]

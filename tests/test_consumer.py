@@ -1,0 +1,78 @@
+"""A Cython consumer compiled against the INSTALLED cyctx (its .pxd files and get_include()),
+not the source tree, then run: guards entered without the GIL from several OpenMP threads."""
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import cyctx
+from _drv import run_child
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO_SRC = os.path.realpath(os.path.join(HERE, "..", "src"))
+
+SETUP = textwrap.dedent("""
+    import cyctx
+    from Cython.Build import cythonize
+    from setuptools import Extension, setup
+    ext = Extension("cyctx_consumer", ["cyctx_consumer.pyx"], include_dirs=cyctx.get_include(),
+                    language="c++", extra_compile_args=["-fopenmp", "-O1"], extra_link_args=["-fopenmp"])
+    setup(name="cyctx_consumer", ext_modules=cythonize([ext], quiet=True),
+          script_args=["build_ext", "--inplace"])
+""")
+
+
+@pytest.fixture(scope="module")
+def consumer_dir(tmp_path_factory):
+    installed = os.path.realpath(os.path.dirname(cyctx.__file__))
+    assert not installed.startswith(REPO_SRC), f"cyctx imported from the source tree ({installed}), not installed"
+    for f in ("__init__.pxd", "_guard.pxd", "_errors.pxd"):
+        assert os.path.isfile(os.path.join(installed, f)), f"installed cyctx lacks {f}"
+    d = tmp_path_factory.mktemp("consumer")
+    shutil.copy(os.path.join(HERE, "consumer", "cyctx_consumer.pyx"), d)
+    (d / "setup_consumer.py").write_text(SETUP)
+    # Outside the repo and with a clean path: Cython can only find the installed .pxd files.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "setup_consumer.py"], cwd=d, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    cpp = (d / "cyctx_consumer.cpp").read_text()
+    assert "cyctx" in cpp
+    return str(d)
+
+
+def test_consumer_runs_guard_in_nogil_threads(consumer_dir):
+    out = run_child(f"""
+        import sys; sys.path.insert(0, {consumer_dir!r})
+        import cyctx, cyctx_consumer, _drv
+        g = cyctx.ContextGuard(0)
+        bad, used = cyctx_consumer.run_parallel(g, 20000, 4)
+        print("RESULT", bad, used, _drv.current())
+        g.close()
+    """)
+    line = [l for l in out.stdout.splitlines() if l.startswith("RESULT")][0].split()
+    bad, used, after = int(line[1]), int(line[2]), int(line[3])
+    assert bad == 0
+    assert used >= 2, "the loop must really run on several threads"
+    assert after == 0
+
+
+def test_consumer_errors_cross_nogil(consumer_dir):
+    out = run_child(f"""
+        import sys; sys.path.insert(0, {consumer_dir!r})
+        import cyctx, cyctx_consumer
+        g = cyctx.ContextGuard(0)
+        try:
+            cyctx_consumer.exit_without_enter(g)
+        except cyctx.GuardError as e:
+            print("GUARD", "without a matching enter" in str(e))
+        g.close()
+        try:
+            cyctx_consumer.enter_closed(g)
+        except cyctx.GuardError as e:
+            print("CLOSED", "closed" in str(e))
+    """)
+    assert "GUARD True" in out.stdout and "CLOSED True" in out.stdout
