@@ -15,7 +15,7 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 SIM_DEVICES = 2
 
 
-def select(requested):
+def select(requested, init=True):
     global KIND, SIM
     from cyctx import testing
 
@@ -26,7 +26,8 @@ def select(requested):
     elif not testing.real_driver_available():
         raise SystemExit("--driver=real but no NVIDIA driver with a GPU loads here")
     KIND = requested
-    ok(driver().cuInit(0))
+    if init:
+        ok(driver().cuInit(0))
     os.environ["CYCTX_TEST_DRIVER"] = requested  # children follow
     return requested
 
@@ -94,9 +95,10 @@ def cudart():
     return _cudart
 
 
-def run_child(code, timeout=120, check=True):
-    """Run `code` in a fresh interpreter on the same driver; returns CompletedProcess."""
-    prologue = "import _drv, os; _drv.select(os.environ['CYCTX_TEST_DRIVER'])\n"
+def run_child(code, timeout=120, check=True, init=True):
+    """Run `code` in a fresh interpreter on the same driver; returns CompletedProcess.
+    init=False: the prologue selects the driver without calling cuInit."""
+    prologue = f"import _drv, os; _drv.select(os.environ['CYCTX_TEST_DRIVER'], init={init})\n"
     env = dict(os.environ, PYTHONPATH=TESTS_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(
         [sys.executable, "-c", prologue + textwrap.dedent(code)],

@@ -20,6 +20,7 @@ check_bindings(BUILD_INFO["cuda_bindings"], installed_bindings_version())
 try:
     from cyctx._errors import (
         ContextDestroyedError,
+        ContextResetWarning,
         CyctxError,
         DriverError,
         ForkError,
@@ -29,7 +30,7 @@ try:
         NoDeviceError,
         NotInitializedError,
     )
-    from cyctx._guard import ContextGuard
+    from cyctx._guard import ContextGuard, current_handle
 except (ImportError, TypeError, ValueError) as exc:
     # Cython checks each cimported cydriver function's C signature at import.
     raise IncompatibleBindingsError(
@@ -44,6 +45,7 @@ __all__ = [
     "BUILD_INFO",
     "ContextDestroyedError",
     "ContextGuard",
+    "ContextResetWarning",
     "CyctxError",
     "DriverError",
     "ForkError",
@@ -53,6 +55,7 @@ __all__ = [
     "InvalidDeviceError",
     "NoDeviceError",
     "NotInitializedError",
+    "current_handle",
     "get_include",
 ]
 

@@ -21,6 +21,15 @@ class ForkError(CyctxError):
     """CUDA was used in the parent of this forked process; CUDA cannot be used in the child."""
 
 
+class ContextResetWarning(RuntimeWarning):
+    """A guard found its primary context reset (``cudaDeviceReset``/``cuDevicePrimaryCtxReset``)
+    since it last looked, and re-activated it. Memory allocated before the reset is gone.
+
+    Make it an error to have guards refuse instead:
+    ``warnings.simplefilter("error", cyctx.ContextResetWarning)``.
+    """
+
+
 class DriverError(CyctxError):
     """A CUDA driver call failed.
 

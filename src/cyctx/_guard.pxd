@@ -33,10 +33,14 @@ cdef class ContextGuard:
     cdef int _ordinal
     cdef unsigned long long _ctx_id
     cdef bint _shared
+    cdef int _resets          # resets detected (and re-activated) by enter()
+    cdef int _extra_retains   # re-activation retains whose balancing release failed
     cdef object __weakref__
 
     # Make the guard's context current on this thread (no driver switch when it already is).
-    # GIL: not needed. Errors: GuardError when closed; DriverError.
+    # Detects a reset of the primary context (its id changed) and re-activates it, warning
+    # ContextResetWarning. GIL: not needed (taken only to warn or raise).
+    # Errors: ForkError in a forked child; GuardError when closed; DriverError.
     cdef int enter(self) except -1 nogil
 
     # Restore what was current before the matching enter() on this thread.

@@ -9,13 +9,15 @@ an empty stack it is emptied again.
 """
 
 import operator
+import os
 import threading
+import warnings
 
 from cuda.bindings cimport cydriver
 from libc.limits cimport INT_MAX
 
 from cyctx._errors cimport check
-from cyctx._errors import DriverError, GuardError, InvalidDeviceError
+from cyctx._errors import ContextResetWarning, DriverError, ForkError, GuardError, InvalidDeviceError
 
 
 cdef extern from "_tls.h" namespace "cyctx" nogil:
@@ -25,9 +27,19 @@ cdef extern from "_tls.h" namespace "cyctx" nogil:
         int switched
     int tls_push(const void* owner, cydriver.CUcontext prev, int switched) noexcept
     Entry* tls_top() noexcept
-    void tls_pop() noexcept
+    int tls_pop_matching(const void* owner, Entry* out) noexcept
     size_t tls_depth() noexcept
     size_t tls_count(const void* owner) noexcept
+
+
+cdef extern from "_fork.h" namespace "cyctx" nogil:
+    int g_cuda_initialised
+    int g_forked_after_cuda
+    int g_fork_child
+    int install_fork_handler()
+
+if install_fork_handler() != 0:
+    raise ImportError("cyctx: pthread_atfork failed; fork safety cannot be guaranteed")
 
 
 # A thread left this many contexts pushed inside a guard from an empty stack: more than
@@ -112,12 +124,29 @@ def _ordinal_of(device):
 
 
 cdef int _device_count() except -1:
+    global g_cuda_initialised
     cdef int n = 0
+    cdef cydriver.CUresult err
+    if g_forked_after_cuda:
+        _raise_fork()
     with nogil:
         # cuInit can take long the first time (driver start-up): not under the GIL.
-        check(cydriver.cuInit(0), "cuInit")
+        err = cydriver.cuInit(0)
+    if err == cydriver.CUresult.CUDA_ERROR_NOT_INITIALIZED and g_fork_child:
+        _raise_fork()  # CUDA was initialised in an ancestor by someone else (torch, CuPy...)
+    check(err, "cuInit")
+    g_cuda_initialised = 1
     check(cydriver.cuDeviceGetCount(&n), "cuDeviceGetCount")
     return n
+
+
+cdef int _raise_fork() except -1 with gil:
+    raise ForkError(
+        f"CUDA was initialised in a parent of this forked process (pid {os.getpid()}); a "
+        f"forked child cannot use CUDA: every driver call fails with "
+        f"CUDA_ERROR_NOT_INITIALIZED. Start worker processes with the 'spawn' start method: "
+        f"multiprocessing.get_context('spawn') or multiprocessing.set_start_method('spawn')."
+    )
 
 
 # --- the guard --------------------------------------------------------------------------
@@ -186,6 +215,8 @@ cdef class ContextGuard:
         cdef cydriver.CUresult err
         self._ctx = NULL
         self._shared = False
+        self._resets = 0
+        self._extra_retains = 0
         ordinal = _ordinal_of(device)
         count = _device_count()
         if ordinal >= count:
@@ -209,9 +240,10 @@ cdef class ContextGuard:
 
     def __dealloc__(self):
         # Safety net only (close() is the deterministic release). No Python calls here:
-        # this can run at interpreter shutdown (DESIGN §3.9).
-        if self._ctx != NULL:
-            cydriver.cuDevicePrimaryCtxRelease(self._dev)
+        # this can run at interpreter shutdown (DESIGN §3.9). In a forked child the retain
+        # belongs to the parent and the driver is unusable: nothing to release.
+        if self._ctx != NULL and not g_forked_after_cuda:
+            _release(self._dev, 1 + self._extra_retains)
             self._ctx = NULL
 
     @staticmethod
@@ -234,8 +266,17 @@ cdef class ContextGuard:
 
     cdef int enter(self) except -1 nogil:
         cdef Switch s
+        cdef unsigned long long ctx_id = 0
+        cdef cydriver.CUresult err
+        if g_forked_after_cuda:
+            return _raise_fork()
         if self._ctx == NULL:
             return _raise_closed(self)
+        # A reset keeps the handle and changes the id (lab probe2), so the pointer alone
+        # proves nothing (DESIGN §3.7): one cuCtxGetId, ~11 ns, on every enter.
+        err = cydriver.cuCtxGetId(self._ctx, &ctx_id)
+        if err != cydriver.CUresult.CUDA_SUCCESS or ctx_id != self._ctx_id:
+            _after_reset(self, err, ctx_id)
         switch_to(&s, self._ctx)
         if tls_push(<void*>self, s.prev, s.switched) != 0:
             switch_back(&s)
@@ -243,16 +284,17 @@ cdef class ContextGuard:
         return 0
 
     cdef int exit(self) except -1 nogil:
-        cdef Entry* e = tls_top()
+        cdef Entry e
         cdef Switch s
-        if e == NULL or e.owner != <void*>self:
-            return _raise_exit_misuse(self)
-        s.prev = e.prev
-        s.switched = e.switched
-        # The entry ends here even if the restore fails: a failed restore leaves the
+        # The entry ends here even if the restore below fails: a failed restore leaves the
         # driver's stack as it was, and keeping the entry would make every later exit on
         # this thread look out of order.
-        tls_pop()
+        if tls_pop_matching(<void*>self, &e) != 0:
+            return _raise_exit_misuse(self)
+        if g_forked_after_cuda:
+            return 0  # a block left in a forked child: the driver is gone, nothing to restore
+        s.prev = e.prev
+        s.switched = e.switched
         return switch_back(&s)
 
     def __enter__(self):
@@ -291,6 +333,12 @@ cdef class ContextGuard:
                 f"{self!r}: close() inside a with-block of the same guard on this thread; "
                 f"leave the block first"
             )
+        if g_forked_after_cuda:
+            self._ctx = NULL  # the retain is the parent's; the driver is unusable here
+            return
+        while self._extra_retains:
+            check(cydriver.cuDevicePrimaryCtxRelease(self._dev), "cuDevicePrimaryCtxRelease")
+            self._extra_retains -= 1
         check(cydriver.cuDevicePrimaryCtxRelease(self._dev), "cuDevicePrimaryCtxRelease")
         self._ctx = NULL
 
@@ -324,13 +372,57 @@ cdef class ContextGuard:
 
     @property
     def context_id(self):
-        """The driver's unique id of the context when it was retained (``cuCtxGetId``)."""
+        """The driver's unique id of the context (``cuCtxGetId``) as last seen by enter()."""
         return self._ctx_id
+
+    @property
+    def resets(self):
+        """How many resets of the primary context enter() detected and re-activated."""
+        return self._resets
 
     def __repr__(self):
         state = "closed" if self._ctx == NULL else f"ctx=0x{<size_t>self._ctx:x} id={self._ctx_id}"
         shared = " shared" if self._shared else ""
         return f"<cyctx.ContextGuard device={self._ordinal}{shared} {state}>"
+
+
+cdef int _after_reset(ContextGuard g, cydriver.CUresult err, unsigned long long ctx_id) except -1 nogil:
+    # The primary context was reset since this guard last saw it. Our retain survived the
+    # reset (lab probe2: the refcount is kept), so a retain+release pair re-activates it
+    # and leaves the refcount as it was. GIL: only to warn.
+    cdef cydriver.CUcontext ctx = NULL
+    if err != cydriver.CUresult.CUDA_SUCCESS and err != cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED:
+        return check(err, "cuCtxGetId")
+    _warn_reset(g, err == cydriver.CUresult.CUDA_SUCCESS)  # may raise: nothing changed yet
+    if err != cydriver.CUresult.CUDA_SUCCESS:
+        check(cydriver.cuDevicePrimaryCtxRetain(&ctx, g._dev), "cuDevicePrimaryCtxRetain")
+        if cydriver.cuDevicePrimaryCtxRelease(g._dev) != cydriver.CUresult.CUDA_SUCCESS:
+            # Still balanced overall: close() releases it with the guard's own retain.
+            g._extra_retains += 1
+        g._ctx = ctx  # the driver reuses the handle; take whatever it says
+        check(cydriver.cuCtxGetId(ctx, &ctx_id), "cuCtxGetId")
+    g._ctx_id = ctx_id
+    g._resets += 1
+    return 0
+
+
+cdef void _release(cydriver.CUdevice dev, int n) noexcept nogil:
+    # Release path of __dealloc__: errors cannot be reported there, and must not be raised.
+    cdef int i
+    for i in range(n):
+        cydriver.cuDevicePrimaryCtxRelease(dev)
+
+
+cdef int _warn_reset(ContextGuard g, bint reactivated_elsewhere) except -1 with gil:
+    how = ("someone re-activated it since" if reactivated_elsewhere
+           else "it is inactive; cyctx re-activates it (refcount unchanged)")
+    warnings.warn(
+        f"device {g._ordinal}'s primary context was reset (cudaDeviceReset or "
+        f"cuDevicePrimaryCtxReset) since {g!r} last entered it; {how}. Memory and modules "
+        f"created in it before the reset are gone.",
+        ContextResetWarning, stacklevel=2,
+    )
+    return 0
 
 
 cdef int _raise_closed(ContextGuard g) except -1 with gil:
@@ -354,6 +446,13 @@ cdef int _raise_exit_misuse(ContextGuard g) except -1 with gil:
         f"order of entry; a generator or coroutine holding a guard across yield/await breaks "
         f"that. Nothing was changed."
     )
+
+
+def current_handle():
+    """The calling thread's current ``CUcontext`` as an int (0: none). One cuCtxGetCurrent."""
+    cdef cydriver.CUcontext cur = NULL
+    check(cydriver.cuCtxGetCurrent(&cur), "cuCtxGetCurrent")
+    return <size_t>cur
 
 
 def _open_entries():

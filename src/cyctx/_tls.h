@@ -36,7 +36,15 @@ inline Entry *tls_top() noexcept {
     return v.empty() ? nullptr : &v.back();
 }
 
-inline void tls_pop() noexcept { entries().pop_back(); }
+// Remove the innermost entry into *out if it belongs to `owner` (0); else change nothing (-1).
+// One thread-local lookup for the whole exit: this is on every guard exit.
+inline int tls_pop_matching(const void *owner, Entry *out) noexcept {
+    std::vector<Entry> &v = entries();
+    if (v.empty() || v.back().owner != owner) return -1;
+    *out = v.back();
+    v.pop_back();
+    return 0;
+}
 
 inline std::size_t tls_depth() noexcept { return entries().size(); }
 

@@ -1,0 +1,26 @@
+"""The load test (bench/stress.py), small and seeded: zero violations, retains balanced,
+memory flat. The full run (16 threads, 1M pairs, 2 GPUs) is committed under bench/results/."""
+
+import json
+import os
+
+from _drv import run_child
+
+BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench")
+
+
+def test_stress_small_seeded():
+    out = run_child(f"""
+        import json, sys, _drv
+        sys.path.insert(0, {os.path.abspath(BENCH)!r})
+        import stress
+        print("RESULT", json.dumps(stress.run(threads=8, pairs=40000, seed=7, sim=_drv.SIM)))
+    """, timeout=600)
+    res = json.loads(out.stdout.split("RESULT", 1)[1])
+    assert res["pairs"] >= 40000 and res["exceptions"] > 0
+    assert res["violations"] == 0
+    if res["driver"] == "simulated":
+        assert res["retains_held_during"] == [1] * res["devices"]
+        assert res["retains_after_close"] == [0] * res["devices"]
+    assert res["primary_active_after_close"] == [False] * res["devices"]
+    assert res["rss_growth_kib"] < 4096, res
