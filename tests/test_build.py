@@ -2,6 +2,7 @@
 bindings check, shipped files, the simulated driver's soname."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -87,11 +88,22 @@ def test_header_matching_toolkit_is_taken(tmp_path, monkeypatch):
 
 
 def test_default_discovery_finds_the_runtime_wheel(monkeypatch):
+    from cuda.pathfinder import locate_nvidia_header_directory
+
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.delenv("CUDA_PATH", raising=False)
-    h = hdrs.find_cuda_header()
-    assert os.path.isfile(os.path.join(h.include_dir, "cuda.h"))
-    assert h.major_minor[0] == hdrs.bindings_version()[0]
+    bmaj, bmin, _ = hdrs.bindings_version()
+    located = locate_nvidia_header_directory("cudart")
+    wheel = hdrs.header_version(located.abs_path) if located and located.abs_path else None
+    if wheel is not None and wheel // 1000 == bmaj and (wheel % 1000) // 10 >= bmin:
+        h = hdrs.find_cuda_header()
+        assert os.path.isfile(os.path.join(h.include_dir, "cuda.h")) and h.version == wheel
+        assert h.found_via.startswith("cuda-pathfinder")
+    else:
+        # This machine's runtime wheel is older than its bindings (e.g. a GPU image with
+        # bindings 13.3 and runtime 13.0): discovery must refuse and name the fix.
+        with pytest.raises(hdrs.HeaderError, match=re.escape(hdrs.runtime_wheel_requirement(bmaj, bmin))):
+            hdrs.find_cuda_header()
 
 
 @pytest.mark.skipif(not os.path.isfile(os.path.join(REPO, "setup.py")), reason="needs the source tree")

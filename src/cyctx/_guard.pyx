@@ -12,6 +12,7 @@ import operator
 import os
 import threading
 import warnings
+import weakref
 
 from cuda.bindings cimport cydriver
 from libc.limits cimport INT_MAX
@@ -153,6 +154,9 @@ cdef int _raise_fork() except -1 with gil:
 
 cdef object _shared_lock = threading.Lock()
 cdef dict _shared_guards = {}
+# Every guard alive in this process, for diagnostics (cyctx's doctor compares the ids the
+# guards last saw with the driver's). Touched at construction only, never on enter/exit.
+cdef object _all_guards = weakref.WeakSet()
 
 
 cdef class ContextGuard:
@@ -237,6 +241,7 @@ cdef class ContextGuard:
         self._ordinal = ordinal
         self._ctx_id = ctx_id
         self._ctx = ctx
+        _all_guards.add(self)
 
     def __dealloc__(self):
         # Safety net only (close() is the deterministic release). No Python calls here:
@@ -453,6 +458,11 @@ def current_handle():
     cdef cydriver.CUcontext cur = NULL
     check(cydriver.cuCtxGetCurrent(&cur), "cuCtxGetCurrent")
     return <size_t>cur
+
+
+def _live_guards():
+    """The ContextGuards alive in this process (a snapshot list)."""
+    return list(_all_guards)
 
 
 def _open_entries():

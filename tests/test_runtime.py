@@ -1,0 +1,71 @@
+"""The guard next to the CUDA Runtime (DESIGN §3.3, §3.11): real driver and libcudart only.
+
+Each test runs in its own process: the runtime keeps its own retains and per-thread state
+for the life of the process, which must not leak into other tests.
+"""
+
+import pytest
+
+from _drv import run_child
+
+pytestmark = pytest.mark.cudart
+
+PRELUDE = """
+    import ctypes, threading, cyctx, _drv
+    rt = _drv.cudart()
+    d = _drv.driver()
+    def rt_get():
+        k = ctypes.c_int(-1); assert rt.cudaGetDevice(ctypes.byref(k)) == 0; return k.value
+    def rt_malloc_device():
+        p = ctypes.c_void_p(); assert rt.cudaMalloc(ctypes.byref(p), 1 << 20) == 0
+        err, dev = d.cuPointerGetAttribute(d.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p.value)
+        assert rt.cudaFree(p) == 0
+        return dev
+    n = _drv.device_count()
+    guards = [cyctx.ContextGuard(k) for k in range(n)]
+"""
+
+
+def test_runtime_sees_the_guard_device():
+    out = run_child(PRELUDE + """
+    for k, g in enumerate(guards):
+        with g:
+            print("DEV", k, rt_get(), rt_malloc_device())
+    """)
+    rows = [l.split()[1:] for l in out.stdout.splitlines() if l.startswith("DEV")]
+    assert rows and all(a == b == c for a, b, c in rows), rows
+
+
+@pytest.mark.multigpu
+def test_block_calling_cudaSetDevice_is_repaired():
+    out = run_child(PRELUDE + """
+    def body(start):
+        if start is not None:
+            assert rt.cudaSetDevice(start) == 0
+        before = _drv.current()
+        with guards[0]:
+            assert rt.cudaSetDevice(1) == 0          # a library switching device behind our back
+            assert _drv.current() == guards[1].handle
+        return before == _drv.current()
+    res = []
+    for start in (None, 0, 1):
+        t = threading.Thread(target=lambda: res.append(body(start))); t.start(); t.join()
+    print("RESTORED", res)
+    """)
+    assert "RESTORED [True, True, True]" in out.stdout
+
+
+def test_classic_stale_current_context_is_fixed_inside_the_guard():
+    # cudaDeviceReset leaves the thread's current handle non-NULL but dead (lab probe):
+    # cuCtxGetApiVersion fails with 201 outside the guard and works inside it.
+    out = run_child(PRELUDE + """
+    import warnings
+    warnings.simplefilter("ignore", cyctx.ContextResetWarning)
+    assert rt.cudaSetDevice(0) == 0 and rt.cudaFree(None) == 0
+    assert rt.cudaDeviceReset() == 0
+    outside = int(d.cuCtxGetApiVersion(None)[0])
+    with guards[0]:
+        inside = int(d.cuCtxGetApiVersion(None)[0])
+    print("CODES", outside, inside)
+    """)
+    assert "CODES 201 0" in out.stdout
