@@ -18,7 +18,7 @@ python3 --version
 python3 -m pip list 2>/dev/null | grep -i -E "^(cuda|cython|setuptools|pytest|torch |cupy|numba|nvidia-cuda-runtime)"
 
 step build
-python3 -m pip install -q --no-index --no-deps --target /tmp/hdr .whl/nvidia_cuda_runtime-*.whl
+python3 -m pip install -q --no-index --no-deps --target /tmp/hdr .whl/nvidia_cuda_runtime-*.whl .whl/nvidia_cuda_profiler_api-*.whl
 python3 -m pip install -q --no-index --no-deps --target /tmp/st .whl/setuptools-*.whl
 export CUDA_HOME=/tmp/hdr/nvidia/cu13
 PYTHONPATH=/tmp/st python3 -m pip install --no-build-isolation --no-deps --no-index -v . 2>&1 | grep -E "cyctx build|Successfully|rror" || exit 1

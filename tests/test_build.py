@@ -146,3 +146,19 @@ def test_simulated_driver_selected_in_a_fresh_process():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["0", "3", "1"]
+
+
+def test_header_dir_lacking_a_header_cydriver_includes(tmp_path, monkeypatch):
+    # cuda-bindings 13.3's cydriver.pxd also includes cudaProfiler.h, shipped by another wheel.
+    bmaj, bmin, _ = hdrs.bindings_version()
+    monkeypatch.setattr(hdrs, "required_headers", lambda: ["cuda.h", "cudaProfiler.h"])
+    monkeypatch.setenv("CUDA_HOME", str(_fake_toolkit(tmp_path / "tk", bmaj * 1000 + bmin * 10)))
+    with pytest.raises(hdrs.HeaderError, match="cudaProfiler.h.*nvidia-cuda-profiler-api"):
+        hdrs.find_cuda_header()
+    (tmp_path / "tk" / "include" / "cudaProfiler.h").write_text("/* fake */\n")
+    assert hdrs.find_cuda_header().found_via == "$CUDA_HOME"
+
+
+def test_required_headers_come_from_the_installed_bindings():
+    needed = hdrs.required_headers()
+    assert "cuda.h" in needed and all(h.endswith(".h") for h in needed)

@@ -31,6 +31,11 @@ try:
         NotInitializedError,
     )
     from cyctx._guard import ContextGuard, current_handle
+except ModuleNotFoundError as exc:
+    raise ImportError(
+        f"cyctx's compiled modules are missing ({exc}): importing cyctx from a source tree? "
+        f"Install it with `pip install .` and import it from elsewhere"
+    ) from exc
 except (ImportError, TypeError, ValueError) as exc:
     # Cython checks each cimported cydriver function's C signature at import.
     raise IncompatibleBindingsError(

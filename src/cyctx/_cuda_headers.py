@@ -45,6 +45,32 @@ def bindings_version() -> tuple[int, int, str]:
     return major, minor, full
 
 
+# Headers that cydriver.pxd may include besides cuda.h, and the wheel that ships each
+# (cuda-bindings 13.3's cydriver.pxd includes cudaProfiler.h; 13.5's does not).
+_HEADER_WHEELS = {"cudaProfiler.h": "nvidia-cuda-profiler-api"}
+
+
+def required_headers() -> list[str]:
+    """The C headers the installed cuda.bindings' cydriver.pxd includes."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("cuda.bindings")
+    for loc in (spec.submodule_search_locations or []) if spec else []:
+        pxd = os.path.join(loc, "cydriver.pxd")
+        if os.path.isfile(pxd):
+            with open(pxd, encoding="utf-8") as f:
+                found = re.findall(r"""extern from ["']([^"'<>]+\.h)["']""", f.read())
+            return sorted(set(found) | {"cuda.h"})
+    return ["cuda.h"]
+
+
+def header_wheel_requirement(header: str, major: int, minor: int) -> str:
+    if header == "cuda.h":
+        return runtime_wheel_requirement(major, minor)
+    name = _HEADER_WHEELS.get(header, "nvidia-cuda-runtime")
+    return f"{name}=={major}.{minor}.*" if major >= 13 else f"{name}-cu{major}=={major}.{minor}.*"
+
+
 def runtime_wheel_requirement(major: int, minor: int) -> str:
     """The pip requirement whose wheel ships a cuda.h for CUDA major.minor."""
     if major >= 13:
@@ -80,11 +106,20 @@ def _candidates():
 def find_cuda_header() -> CudaHeader:
     """Locate a cuda.h that matches the installed cuda-bindings, or raise HeaderError."""
     major, minor, full = bindings_version()
-    fix = f"pip install '{runtime_wheel_requirement(major, minor)}'"
+    needed = required_headers()
+    fix = "pip install " + " ".join(f"'{header_wheel_requirement(h, major, minor)}'" for h in needed)
     problems = []
     for include_dir, via in _candidates():
-        if not os.path.isfile(os.path.join(include_dir, "cuda.h")):
+        missing = [h for h in needed if not os.path.isfile(os.path.join(include_dir, h))]
+        if "cuda.h" in missing:
             problems.append(f"{via}: no cuda.h in {include_dir}")
+            continue
+        if missing:
+            # cuda.h alone is not enough: cydriver.pxd includes these too.
+            wheels = " ".join(f"'{header_wheel_requirement(h, major, minor)}'" for h in missing)
+            problems.append(f"{via}: {include_dir} lacks {', '.join(missing)} (pip install {wheels})")
+            if via.startswith("$"):
+                raise HeaderError(problems[-1])
             continue
         hdr = CudaHeader(include_dir, via, header_version(include_dir))
         hmaj, hmin = hdr.major_minor
