@@ -55,8 +55,11 @@ def test_import_with_other_major_bindings_is_a_clear_error(tmp_path):
 
 
 def _fake_toolkit(root, version):
+    """A toolkit dir with every header the installed cydriver.pxd includes."""
     inc = root / "include"
     inc.mkdir(parents=True)
+    for h in hdrs.required_headers():
+        (inc / h).write_text("/* fake */\n")
     (inc / "cuda.h").write_text(f"/* fake */\n#define CUDA_VERSION {version}\n")
     return root
 
@@ -151,8 +154,10 @@ def test_simulated_driver_selected_in_a_fresh_process():
 def test_header_dir_lacking_a_header_cydriver_includes(tmp_path, monkeypatch):
     # cuda-bindings 13.3's cydriver.pxd also includes cudaProfiler.h, shipped by another wheel.
     bmaj, bmin, _ = hdrs.bindings_version()
+    root = _fake_toolkit(tmp_path / "tk", bmaj * 1000 + bmin * 10)
+    (root / "include" / "cudaProfiler.h").unlink(missing_ok=True)
     monkeypatch.setattr(hdrs, "required_headers", lambda: ["cuda.h", "cudaProfiler.h"])
-    monkeypatch.setenv("CUDA_HOME", str(_fake_toolkit(tmp_path / "tk", bmaj * 1000 + bmin * 10)))
+    monkeypatch.setenv("CUDA_HOME", str(root))
     with pytest.raises(hdrs.HeaderError, match="cudaProfiler.h.*nvidia-cuda-profiler-api"):
         hdrs.find_cuda_header()
     (tmp_path / "tk" / "include" / "cudaProfiler.h").write_text("/* fake */\n")

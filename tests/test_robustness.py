@@ -137,6 +137,8 @@ def test_cudaDeviceReset_is_detected():
         g = cyctx.ContextGuard(0)
         with g:
             pass
+        # A program that used the runtime, then reset the device.
+        assert rt.cudaSetDevice(0) == 0 and rt.cudaFree(None) == 0
         assert rt.cudaDeviceReset() == 0
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")

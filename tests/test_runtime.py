@@ -16,11 +16,14 @@ PRELUDE = """
     d = _drv.driver()
     def rt_get():
         k = ctypes.c_int(-1); assert rt.cudaGetDevice(ctypes.byref(k)) == 0; return k.value
+    class PtrAttr(ctypes.Structure):  # struct cudaPointerAttributes (CUDA 11+)
+        _fields_ = [("type", ctypes.c_int), ("device", ctypes.c_int),
+                    ("devicePointer", ctypes.c_void_p), ("hostPointer", ctypes.c_void_p)]
     def rt_malloc_device():
         p = ctypes.c_void_p(); assert rt.cudaMalloc(ctypes.byref(p), 1 << 20) == 0
-        err, dev = d.cuPointerGetAttribute(d.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p.value)
+        a = PtrAttr(); assert rt.cudaPointerGetAttributes(ctypes.byref(a), p) == 0
         assert rt.cudaFree(p) == 0
-        return dev
+        return a.device
     n = _drv.device_count()
     guards = [cyctx.ContextGuard(k) for k in range(n)]
 """
@@ -57,15 +60,18 @@ def test_block_calling_cudaSetDevice_is_repaired():
 
 def test_classic_stale_current_context_is_fixed_inside_the_guard():
     # cudaDeviceReset leaves the thread's current handle non-NULL but dead (lab probe):
-    # cuCtxGetApiVersion fails with 201 outside the guard and works inside it.
+    # cuCtxGetApiVersion fails outside the guard (201 with the explicit handle, as the lab
+    # probe shows; 709 through the NULL "current" argument, H200 run 1) and works inside it.
     out = run_child(PRELUDE + """
     import warnings
     warnings.simplefilter("ignore", cyctx.ContextResetWarning)
     assert rt.cudaSetDevice(0) == 0 and rt.cudaFree(None) == 0
     assert rt.cudaDeviceReset() == 0
-    outside = int(d.cuCtxGetApiVersion(None)[0])
+    cur = d.cuCtxGetCurrent()[1]
+    assert int(cur) != 0, "the stale handle stays current"
+    outside = int(d.cuCtxGetApiVersion(cur)[0])
     with guards[0]:
-        inside = int(d.cuCtxGetApiVersion(None)[0])
+        inside = int(d.cuCtxGetApiVersion(d.cuCtxGetCurrent()[1])[0])
     print("CODES", outside, inside)
     """)
     assert "CODES 201 0" in out.stdout

@@ -110,31 +110,28 @@ def find_cuda_header() -> CudaHeader:
     fix = "pip install " + " ".join(f"'{header_wheel_requirement(h, major, minor)}'" for h in needed)
     problems = []
     for include_dir, via in _candidates():
-        missing = [h for h in needed if not os.path.isfile(os.path.join(include_dir, h))]
-        if "cuda.h" in missing:
+        if not os.path.isfile(os.path.join(include_dir, "cuda.h")):
             problems.append(f"{via}: no cuda.h in {include_dir}")
-            continue
-        if missing:
-            # cuda.h alone is not enough: cydriver.pxd includes these too.
-            wheels = " ".join(f"'{header_wheel_requirement(h, major, minor)}'" for h in missing)
-            problems.append(f"{via}: {include_dir} lacks {', '.join(missing)} (pip install {wheels})")
             if via.startswith("$"):
-                raise HeaderError(problems[-1])
+                raise HeaderError(problems[-1] + f"; unset {via[1:]} or point it at a CUDA {major}.{minor}+ toolkit")
             continue
         hdr = CudaHeader(include_dir, via, header_version(include_dir))
         hmaj, hmin = hdr.major_minor
+        missing = [h for h in needed if not os.path.isfile(os.path.join(include_dir, h))]
         if hmaj != major or hmin < minor:
             problems.append(
                 f"{via}: {include_dir}/cuda.h is CUDA {hmaj}.{hmin}, older than or of another major "
                 f"than cuda-bindings {full}"
             )
-            if via.startswith("$"):
-                # An explicit choice that cannot work must not be skipped silently.
-                raise HeaderError(
-                    problems[-1] + f". Point {via[1:]} at a CUDA {major}.{minor}+ toolkit, unset it, or {fix}"
-                )
-            continue
-        return hdr
+        elif missing:
+            # cuda.h alone is not enough: cydriver.pxd includes these too.
+            wheels = " ".join(f"'{header_wheel_requirement(h, major, minor)}'" for h in missing)
+            problems.append(f"{via}: {include_dir} lacks {', '.join(missing)}; pip install {wheels}")
+        else:
+            return hdr
+        if via.startswith("$"):
+            # An explicit choice that cannot work must not be skipped silently.
+            raise HeaderError(problems[-1] + f". Point {via[1:]} at a matching CUDA {major}.{minor}+ toolkit, unset it, or {fix}")
     detail = "; ".join(problems) if problems else "no CUDA_HOME/CUDA_PATH and cuda-pathfinder found nothing"
     raise HeaderError(
         f"no cuda.h for cuda-bindings {full} ({detail}). It needs a CUDA {major}.{minor} or newer "

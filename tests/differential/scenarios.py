@@ -1006,30 +1006,9 @@ def s_destroy_primary_handle(r):
     state(r)
 
 
-@scenario
-def s_push_destroyed(r):
-    init(r)
-    c = create(r)
-    pop(r)
-    r.call("cuCtxDestroy", c.val)
-    p = push(r, c.val, tag="push a destroyed context")
-    cur(r)
-    if p.ok:
-        probe_current(r, tag="destroyed context current")
-    drain_stack(r)
-
-
-@scenario
-def s_set_destroyed(r):
-    init(r)
-    c = create(r)
-    pop(r)
-    r.call("cuCtxDestroy", c.val)
-    s = r.call("cuCtxSetCurrent", c.val, tag="set a destroyed context")
-    cur(r)
-    if s.ok:
-        probe_current(r, tag="destroyed context current")
-    drain_stack(r)
+# No scenario pushes or sets a context after cuCtxDestroy: on the H200 (driver 580.159) both
+# crash the process (segfault, run of 2026-11-30): the handle points at freed memory, so there
+# is no behaviour to compare. cyctx never does it either (it only holds retained primaries).
 
 
 @scenario
