@@ -470,3 +470,20 @@ def test_python_facade_exports():
     for name in ("ContextGuard", "CyctxError", "DriverError", "GuardError", "InvalidDeviceError"):
         assert hasattr(cyctx, name)
     assert issubclass(GuardError, cyctx.CyctxError) and issubclass(DriverError, cyctx.CyctxError)
+
+
+def test_deep_nesting_beyond_the_inline_entries(guard, guard1):
+    # The per-thread entry stack keeps 32 entries inline and spills to the heap beyond.
+    def body():
+        def nest(k):
+            g = (guard, guard1)[k % 2]
+            with g:
+                assert current() == g.handle
+                if k:
+                    nest(k - 1)
+                assert current() == g.handle
+        for _ in range(3):  # grow, shrink, grow again
+            nest(150)
+        return current()
+
+    assert in_thread(body) == 0
