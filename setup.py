@@ -103,6 +103,9 @@ setup(
         [_ext("_errors"), _ext("_guard")],
         compiler_directives=DIRECTIVES,
         include_path=["src"],
+        # Always regenerate: the C++ depends on the installed cydriver.pxd, and a .cpp left
+        # from a build against other bindings would otherwise be reused.
+        force=True,
     ),
     cmdclass={"build_ext": BuildExtWithSim},
 )

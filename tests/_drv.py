@@ -46,6 +46,16 @@ def ok(result):
     return rest[0] if len(rest) == 1 else tuple(rest) if rest else None
 
 
+def create_context(dev=0, flags=0):
+    """cuCtxCreate on both majors: bindings 13 take (params, flags, dev), 12 take (flags, dev).
+    The new context is pushed, as the driver does."""
+    d = driver()
+    try:
+        return ok(d.cuCtxCreate(None, flags, ok(d.cuDeviceGet(dev))))
+    except TypeError:
+        return ok(d.cuCtxCreate(flags, ok(d.cuDeviceGet(dev))))
+
+
 def device_count():
     d = driver()
     ok(d.cuInit(0))

@@ -42,15 +42,16 @@ def test_check_bindings(built, installed, ok):
 
 
 def test_import_with_other_major_bindings_is_a_clear_error(tmp_path):
-    # A cuda-bindings 12.9 distribution shadowing the real one, as importlib.metadata sees it.
-    dist = tmp_path / "cuda_bindings-12.9.6.dist-info"
+    # A cuda-bindings of the other major shadowing the real one, as importlib.metadata sees it.
+    other = "12.9.6" if cyctx.BUILD_INFO["cuda_bindings_major_minor"][0] == 13 else "13.5.0"
+    dist = tmp_path / f"cuda_bindings-{other}.dist-info"
     dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: cuda-bindings\nVersion: 12.9.6\n")
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: cuda-bindings\nVersion: {other}\n")
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
     proc = subprocess.run([sys.executable, "-c", "import cyctx"], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode != 0
     assert "IncompatibleBindingsError" in proc.stderr
-    assert "12.9.6" in proc.stderr and cyctx.BUILD_INFO["cuda_bindings"] in proc.stderr
+    assert other in proc.stderr and cyctx.BUILD_INFO["cuda_bindings"] in proc.stderr
     assert "Segmentation" not in proc.stderr
 
 

@@ -33,6 +33,7 @@ cdef class ContextGuard:
     cdef int _ordinal
     cdef unsigned long long _ctx_id
     cdef bint _shared
+    cdef bint _owns_retain    # a primary context this guard retained (else the caller owns it)
     cdef int _resets          # resets detected (and re-activated) by enter()
     cdef int _extra_retains   # re-activation retains whose balancing release failed
     cdef object __weakref__

@@ -18,7 +18,7 @@ from cuda.bindings cimport cydriver
 from libc.limits cimport INT_MAX
 
 from cyctx._errors cimport check
-from cyctx._errors import ContextResetWarning, DriverError, ForkError, GuardError, InvalidDeviceError
+from cyctx._errors import ContextResetWarning, DriverError, ForkError, GuardError, InvalidDeviceError, driver_error
 
 
 cdef extern from "_tls.h" namespace "cyctx" nogil:
@@ -196,6 +196,61 @@ cdef int _raise_fork() except -1 with gil:
     )
 
 
+# --- what a guard can be made from ---------------------------------------------------------
+# Users arrive holding a framework's device or stream, a raw handle, or an ordinal. Objects are
+# recognised by their type's module and name, so no framework is imported unless the caller
+# passed one of its objects (then it is already imported).
+
+_DEFAULT_STREAMS = (0, 1, 2)  # legacy, per-thread (CU_STREAM_LEGACY/PER_THREAD): no own context
+
+
+def _target_of(obj):
+    """('ordinal', k) or ('context', handle) or ('stream', handle, fallback ordinal or None)
+    or ('green', handle) for anything ContextGuard accepts; TypeError/ValueError otherwise."""
+    t = type(obj)
+    mod = t.__module__ or ""
+    name = t.__name__
+    if mod.startswith("cuda.bindings"):
+        if name == "CUcontext":
+            return ("context", int(obj))
+        if name == "CUstream":
+            return ("stream", int(obj), None)
+        if name == "CUgreenCtx":
+            return ("green", int(obj))
+        if name == "CUdevice":
+            return ("ordinal", _ordinal_of(int(obj)))  # a CUdevice is its ordinal
+    elif mod == "torch" and name == "device":
+        if obj.type != "cuda":
+            raise ValueError(f"{obj!r} is not a CUDA device")
+        if obj.index is None:  # torch.device("cuda"): torch's current device
+            import torch
+            return ("ordinal", torch.cuda.current_device())
+        return ("ordinal", obj.index)
+    elif mod.startswith("torch") and hasattr(obj, "cuda_stream"):
+        return ("stream", int(obj.cuda_stream), obj.device.index)
+    elif mod.startswith("cupy"):
+        if name == "Device":
+            return ("ordinal", int(obj.id))
+        if hasattr(obj, "ptr") and "Stream" in name:
+            return ("stream", int(obj.ptr), getattr(obj, "device_id", None))
+    elif mod.startswith("cuda.core"):
+        if hasattr(obj, "device_id") and name == "Device":
+            return ("ordinal", int(obj.device_id))
+        if name == "Stream":
+            return ("stream", int(obj.handle), int(obj.device.device_id))
+        if name == "Context":
+            return ("context", int(obj.handle))
+    if hasattr(obj, "__cuda_stream__"):  # the CUDA stream protocol: (version, handle)
+        return ("stream", int(obj.__cuda_stream__()[1]), None)
+    if isinstance(obj, bool) or not hasattr(t, "__index__"):
+        raise TypeError(
+            f"ContextGuard takes a device ordinal (int), a device (cuda.core Device, "
+            f"cupy.cuda.Device, torch.device), a CUcontext, a stream or a green context; got "
+            f"{mod}.{name} {obj!r}"
+        )
+    return ("ordinal", _ordinal_of(obj))
+
+
 # --- the guard --------------------------------------------------------------------------
 
 cdef object _shared_lock = threading.Lock()
@@ -220,8 +275,13 @@ cdef class ContextGuard:
 
     Parameters
     ----------
-    device : int
-        Device ordinal, ``0 <= device < cuDeviceGetCount()``.
+    device : int or device object or context or stream
+        A device ordinal, ``0 <= device < cuDeviceGetCount()``; a ``cuda.core`` ``Device``,
+        ``cupy.cuda.Device`` or ``torch.device("cuda", k)`` (the device's primary context);
+        a ``cuda.bindings.driver.CUcontext`` (see :meth:`from_handle` for an int handle); a
+        stream (``CUstream``, cuda.core, CuPy or torch; its context by ``cuStreamGetCtx``);
+        a ``CUgreenCtx`` (``cuCtxFromGreenCtx``). Primary contexts are retained by the
+        guard; any other context stays the caller's (no retain; checked on every enter).
 
     Raises
     ------
@@ -259,16 +319,36 @@ cdef class ContextGuard:
     """
 
     def __cinit__(self, device):
+        self._ctx = NULL
+        self._shared = False
+        self._owns_retain = False
+        self._resets = 0
+        self._extra_retains = 0
+        target = _target_of(device)
+        count = _device_count()
+        if target[0] == "ordinal":
+            self._init_primary(target[1], count)
+        elif target[0] == "stream" and target[1] in _DEFAULT_STREAMS:
+            # The default streams belong to whatever context is current: meaningless here. A
+            # framework's stream object still knows its device.
+            if target[2] is None:
+                raise ValueError(
+                    "a default stream (handle 0/1/2) has no context of its own; pass the device instead"
+                )
+            self._init_primary(target[2], count)
+        elif target[0] == "stream":
+            self._init_context(_stream_context(target[1]), count)
+        elif target[0] == "green":
+            self._init_context(_green_context(target[1]), count)
+        else:
+            self._init_context(target[1], count)
+        _all_guards.add(self)
+
+    def _init_primary(self, ordinal, count):
         cdef cydriver.CUcontext ctx = NULL
         cdef cydriver.CUdevice dev = 0
         cdef unsigned long long ctx_id = 0
         cdef cydriver.CUresult err
-        self._ctx = NULL
-        self._shared = False
-        self._resets = 0
-        self._extra_retains = 0
-        ordinal = _ordinal_of(device)
-        count = _device_count()
         if ordinal >= count:
             raise InvalidDeviceError(
                 101, "ContextGuard",
@@ -286,16 +366,63 @@ cdef class ContextGuard:
         self._dev = dev
         self._ordinal = ordinal
         self._ctx_id = ctx_id
+        self._owns_retain = True
         self._ctx = ctx
-        _all_guards.add(self)
+
+    def _init_context(self, size_t handle, count):
+        # An existing context. A primary context gets a retain of its own, like an ordinal;
+        # any other (cuCtxCreate, green) stays the caller's: no retain, checked for life here
+        # and on every enter.
+        cdef cydriver.CUcontext ctx = <cydriver.CUcontext>handle
+        cdef cydriver.CUcontext pc = NULL
+        cdef cydriver.CUcontext tmp = NULL
+        cdef cydriver.CUdevice dev = 0
+        cdef unsigned long long ctx_id = 0
+        cdef unsigned int flags = 0
+        cdef int active = 0
+        cdef cydriver.CUresult err
+        if ctx == NULL:
+            raise ValueError("ContextGuard: the context handle is NULL")
+        check(cydriver.cuCtxGetId(ctx, &ctx_id), "cuCtxGetId")  # 201/709: not a live context
+        # Its device: push it briefly (cuCtxGetDevice_v2, which takes a context, is CUDA 13 only).
+        check(_get_current(&tmp), "cuCtxGetCurrent")
+        check(cydriver.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
+        err = cydriver.cuCtxGetDevice(&dev)
+        check(cydriver.cuCtxPopCurrent(&tmp), "cuCtxPopCurrent")
+        check(err, "cuCtxGetDevice")
+        # Only an active primary can be this live context; retaining an inactive one would
+        # create a context nobody asked for (DESIGN §1).
+        check(cydriver.cuDevicePrimaryCtxGetState(dev, &flags, &active), "cuDevicePrimaryCtxGetState")
+        if active:
+            check(cydriver.cuDevicePrimaryCtxRetain(&pc, dev), "cuDevicePrimaryCtxRetain")
+            if pc == ctx:
+                self._owns_retain = True
+            else:
+                check(cydriver.cuDevicePrimaryCtxRelease(dev), "cuDevicePrimaryCtxRelease")
+        self._dev = dev
+        self._ordinal = <int>dev
+        self._ctx_id = ctx_id
+        self._ctx = ctx
+
+    @staticmethod
+    def from_handle(handle):
+        """A guard for an existing context given as an int handle (a ``CUcontext`` address).
+
+        ``ContextGuard(int)`` means a device ordinal; this is the way to pass a raw handle.
+        A primary context is retained by the guard; any other context stays the caller's.
+        """
+        if isinstance(handle, bool) or not hasattr(type(handle), "__index__"):
+            raise TypeError(f"from_handle takes an int CUcontext address, got {type(handle).__name__}")
+        from cuda.bindings.driver import CUcontext
+        return ContextGuard(CUcontext(operator.index(handle)))
 
     def __dealloc__(self):
         # Safety net only (close() is the deterministic release). No Python calls here:
         # this can run at interpreter shutdown (DESIGN §3.9). In a forked child the retain
         # belongs to the parent and the driver is unusable: nothing to release.
-        if self._ctx != NULL and not g_forked_after_cuda:
+        if self._ctx != NULL and self._owns_retain and not g_forked_after_cuda:
             _release(self._dev, 1 + self._extra_retains)
-            self._ctx = NULL
+        self._ctx = NULL
 
     @staticmethod
     def shared(device):
@@ -384,8 +511,8 @@ cdef class ContextGuard:
                 f"{self!r}: close() inside a with-block of the same guard on this thread; "
                 f"leave the block first"
             )
-        if g_forked_after_cuda:
-            self._ctx = NULL  # the retain is the parent's; the driver is unusable here
+        if g_forked_after_cuda or not self._owns_retain:
+            self._ctx = NULL  # nothing of ours to release (the parent's, or the caller's context)
             return
         while self._extra_retains:
             check(cydriver.cuDevicePrimaryCtxRelease(self._dev), "cuDevicePrimaryCtxRelease")
@@ -397,6 +524,12 @@ cdef class ContextGuard:
     def device(self):
         """The device ordinal (int)."""
         return self._ordinal
+
+    @property
+    def is_primary(self):
+        """True when the guard holds a retain of a primary context; False for a context the
+        caller owns (from cuCtxCreate or a green context)."""
+        return self._owns_retain
 
     @property
     def closed(self):
@@ -444,6 +577,9 @@ cdef int _after_reset(ContextGuard g, cydriver.CUresult err, unsigned long long 
     cdef cydriver.CUcontext ctx = NULL
     if err != cydriver.CUresult.CUDA_SUCCESS and err != cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED:
         return check(err, "cuCtxGetId")
+    if not g._owns_retain:
+        # The caller's context (cuCtxCreate, green) was destroyed: nothing to re-activate.
+        return _raise_destroyed(g)
     _warn_reset(g, err == cydriver.CUresult.CUDA_SUCCESS)  # may raise: nothing changed yet
     if err != cydriver.CUresult.CUDA_SUCCESS:
         check(cydriver.cuDevicePrimaryCtxRetain(&ctx, g._dev), "cuDevicePrimaryCtxRetain")
@@ -455,6 +591,19 @@ cdef int _after_reset(ContextGuard g, cydriver.CUresult err, unsigned long long 
     g._ctx_id = ctx_id
     g._resets += 1
     return 0
+
+
+def _stream_context(size_t handle):
+    """The context handle a stream belongs to (cuStreamGetCtx)."""
+    cdef cydriver.CUcontext ctx = NULL
+    check(cydriver.cuStreamGetCtx(<cydriver.CUstream>handle, &ctx), "cuStreamGetCtx")
+    return <size_t>ctx
+
+
+def _green_context(size_t handle):
+    cdef cydriver.CUcontext ctx = NULL
+    check(cydriver.cuCtxFromGreenCtx(&ctx, <cydriver.CUgreenCtx>handle), "cuCtxFromGreenCtx")
+    return <size_t>ctx
 
 
 cdef void _release(cydriver.CUdevice dev, int n) noexcept nogil:
@@ -474,6 +623,14 @@ cdef int _warn_reset(ContextGuard g, bint reactivated_elsewhere) except -1 with 
         ContextResetWarning, stacklevel=2,
     )
     return 0
+
+
+cdef int _raise_destroyed(ContextGuard g) except -1 with gil:
+    raise driver_error(
+        709, "cuCtxGetId",
+        f"The context of {g!r} was destroyed by its owner (cuCtxDestroy) while the guard "
+        f"still referred to it; the guard cannot bring it back. Close the guard.",
+    )
 
 
 cdef int _raise_closed(ContextGuard g) except -1 with gil:

@@ -155,11 +155,12 @@ class Recorder:
 
     # -- recording --------------------------------------------------------------------------
 
-    def call(self, fname: str, *args, out=None, tag: str | None = None) -> Res:
+    def call(self, fname: str, *args, out=None, tag: str | None = None, via: str | None = None) -> Res:
+        # `via`: the binding to call when it differs by major (recorded under `fname`).
         ev = {"call": fname, "args": [self.norm(a) for a in args]}
         if tag:
             ev["tag"] = tag
-        fn = getattr(self.d, fname, None)
+        fn = getattr(self.d, via or fname, None)
         if fn is None:
             # An older cuda-bindings without this entry point: an environment difference the
             # comparer must show, not a crash of the whole scenario.
@@ -368,8 +369,16 @@ def pop(r, tag=None):
 
 
 def create(r, dev=0, flags=0, params=None, tag=None):
-    """cuCtxCreate as the bindings expose it (v4 ABI: params, flags, dev); it pushes."""
-    return r.call("cuCtxCreate", params, flags, dev, tag=tag)
+    """cuCtxCreate, v4 ABI (params, flags, dev); it pushes. cuda-bindings 13 exposes it as
+    cuCtxCreate, 12.x as cuCtxCreate_v4 (its cuCtxCreate is the old (flags, dev) one)."""
+    via = "cuCtxCreate" if r.d.CUDA_VERSION >= 13000 else "cuCtxCreate_v4"
+    return r.call("cuCtxCreate", params, flags, dev, tag=tag, via=via)
+
+
+def has(r, fname):
+    """CUDA 13 added some entry points (cuCtxGetDevice_v2, cuCtxSynchronize_v2); a run with
+    12.x bindings skips those steps, and is compared with a 12.x real record."""
+    return hasattr(r.d, fname)
 
 
 def null_ctx(r):
@@ -822,8 +831,10 @@ def s_stack_no_current(r):
     # Every call that needs "the current context" with none current.
     init(r)
     probe_current(r, tag="nothing current")
-    r.call("cuCtxGetDevice_v2", null_ctx(r), tag="NULL = current")
-    r.call("cuCtxSynchronize_v2", null_ctx(r), tag="NULL = current")
+    if has(r, "cuCtxGetDevice_v2"):
+        r.call("cuCtxGetDevice_v2", null_ctx(r), tag="NULL = current")
+    if has(r, "cuCtxSynchronize_v2"):
+        r.call("cuCtxSynchronize_v2", null_ctx(r), tag="NULL = current")
     r.call("cuCtxSetFlags", 0, tag="nothing current")
     pop(r, tag="pop on empty")
 
@@ -836,15 +847,20 @@ def s_stack_with_current(r):
     probe_current(r, tag="primary current")
     r.call("cuCtxGetApiVersion", pc.val)
     ctx_id(r, pc.val, tag="explicit handle: same id as NULL")
-    r.call("cuCtxGetDevice_v2", null_ctx(r))
-    r.call("cuCtxGetDevice_v2", pc.val)
-    r.call("cuCtxSynchronize_v2", null_ctx(r))
-    r.call("cuCtxSynchronize_v2", pc.val)
+    if has(r, "cuCtxGetDevice_v2"):
+        r.call("cuCtxGetDevice_v2", null_ctx(r))
+    if has(r, "cuCtxGetDevice_v2"):
+        r.call("cuCtxGetDevice_v2", pc.val)
+    if has(r, "cuCtxSynchronize_v2"):
+        r.call("cuCtxSynchronize_v2", null_ctx(r))
+    if has(r, "cuCtxSynchronize_v2"):
+        r.call("cuCtxSynchronize_v2", pc.val)
     pop(r)
     # A retained but not current primary: explicit-handle calls still work.
     r.call("cuCtxGetApiVersion", pc.val, tag="not current, explicit")
     ctx_id(r, pc.val, tag="not current, explicit")
-    r.call("cuCtxGetDevice_v2", pc.val, tag="not current, explicit")
+    if has(r, "cuCtxGetDevice_v2"):
+        r.call("cuCtxGetDevice_v2", pc.val, tag="not current, explicit")
     release(r)
 
 

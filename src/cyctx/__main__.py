@@ -1,0 +1,123 @@
+"""Command line: ``python -m cyctx doctor [--json | --demo] [--simulate] [--cudart PATH]``.
+
+Exit status of ``doctor``: 0 nothing wrong (warnings allowed), 1 a problem was found,
+2 bad command line, 3 no usable NVIDIA driver or GPU. ``--demo``: 0 when the guarded steps
+worked, 1 when they did not, 3 when it cannot run here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+_SIM_RUNTIMES = {"11.8": 11080, "13.0": 13000}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m cyctx", description="cyctx command line tools.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    doc = sub.add_parser(
+        "doctor",
+        help="report the CUDA driver, runtime and context state, and explain what is wrong",
+        description=(
+            "Report the CUDA driver, runtime, devices, primary contexts and this thread's current "
+            "context, and explain in plain words (with the fix) what is wrong. Changes no state. "
+            "Exit status: 0 nothing wrong, 1 a problem found, 3 no usable driver or GPU."),
+    )
+    doc.add_argument("--json", action="store_true", help="print the report as JSON (schema cyctx.diagnosis/1)")
+    doc.add_argument("--demo", action="store_true",
+                     help="reproduce the classic failure step by step, then the same steps inside a ContextGuard")
+    doc.add_argument("--simulate", action="store_true",
+                     help="run on cyctx's simulated driver (no GPU needed); every screen says so")
+    doc.add_argument("--cudart", metavar="PATH",
+                     help="the libcudart to use (e.g. libcudart.so.11.0 of the nvidia-cuda-runtime-cu11 "
+                          "wheel); default: one already loaded, else cuda-pathfinder's")
+    doc.add_argument("--device", type=int, default=0, metavar="N", help="device of the demo (default 0)")
+    doc.add_argument("--sim-runtime", choices=sorted(_SIM_RUNTIMES), default="11.8",
+                     help="with --simulate --demo: the runtime version the stand-in models (default 11.8)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command != "doctor":
+        parser.print_help()
+        return 2
+    if args.json and args.demo:
+        parser.error("--json is for the report, not --demo")
+    if args.cudart and args.simulate:
+        parser.error("--cudart needs the real driver; with --simulate the demo uses a stand-in "
+                     "runtime (choose its version with --sim-runtime)")
+    if args.cudart and not os.path.isfile(args.cudart):
+        parser.error(f"--cudart {args.cudart}: no such file")
+    if args.device < 0:
+        parser.error("--device must be >= 0")
+
+    if args.simulate:
+        # Before any driver call: the simulated libcuda.so.1 must be the first one loaded.
+        from cyctx.testing import use_simulated_driver
+
+        try:
+            use_simulated_driver(device_count=2)
+        except (RuntimeError, FileNotFoundError) as exc:
+            print(f"cyctx doctor: cannot use the simulated driver: {exc}", file=sys.stderr)
+            return 3
+
+    from cyctx import _doctor
+
+    colour = _doctor.use_colour(sys.stdout)
+    if args.demo:
+        return _demo(args, colour)
+    report = _doctor.diagnose(cudart=args.cudart)
+    if args.json:
+        print(report.to_json())
+    else:
+        print(report.render(colour=colour, cli=True))
+    return report.exit_status
+
+
+def _demo(args, colour: bool) -> int:
+    from cyctx import _doctor
+    from cyctx._demo import StandInRuntime, run_demo
+
+    if args.simulate:
+        rt = StandInRuntime(_SIM_RUNTIMES[args.sim_runtime])
+    else:
+        # The demo needs what the report needs: a driver with a device; say why not if not.
+        report = _doctor.diagnose(cudart=False)
+        if report.driver_error is not None:  # no driver, no device, forked child...
+            print(report.render(colour=colour, cli=True))
+            print("\nThe demo needs a GPU; `python -m cyctx doctor --demo --simulate` runs it on "
+                  "cyctx's simulated driver.")
+            return _doctor.EXIT_NO_CUDA
+        rt, why = _doctor.load_cudart(args.cudart)
+        if rt is None:
+            print(f"cyctx doctor --demo: {why}. Install the CUDA runtime "
+                  f"(pip install nvidia-cuda-runtime) or pass --cudart PATH.", file=sys.stderr)
+            return _doctor.EXIT_NO_CUDA
+    if args.device >= _device_count():
+        print(f"cyctx doctor --demo: no device {args.device} (the driver reports {_device_count()})",
+              file=sys.stderr)
+        return 2
+    return run_demo(rt, device=args.device, colour=colour)
+
+
+def _device_count() -> int:
+    from cyctx._doctor import _call, _drv
+
+    d = _drv()
+    _call(d.cuInit, 0)
+    e, n = _call(d.cuDeviceGetCount)
+    return n if e == 0 else 0
+
+
+if __name__ == "__main__":
+    try:
+        status = main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # `| head`: stop quietly (Python's documented recipe)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        status = 1
+    sys.exit(status)

@@ -1,0 +1,307 @@
+"""``python -m cyctx doctor --demo``: the classic failure, step by step, then fixed by a guard.
+
+Three parts, run in one process in this order (each starts from the state the previous left):
+
+1. the report's program (lab/seed.cpp): ``cudaSetDevice``, ``cuCtxGetCurrent``,
+   ``cuCtxGetApiVersion``. A runtime older than 12.0 leaves an inactive primary context
+   current and the last call fails with 201 (lab/gpu2, CUDA 11.8); 12.0+ passes (lab/gpu1);
+2. the reset variant, which fails on every version: ``cudaFree(0)``, ``cudaDeviceReset()``,
+   then the same driver calls (lab/gpu1 "after cudaDeviceReset ... apiver=0(r201)");
+3. the same steps inside a :class:`cyctx.ContextGuard`, which succeed; after the reset the
+   guard warns ``ContextResetWarning`` and re-activates the context.
+
+The runtime is a real ``libcudart`` loaded with ctypes, or on the simulated driver a Python
+stand-in (:class:`StandInRuntime`): a real libcudart cannot drive the simulated driver.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+from cyctx._doctor import (
+    SIM_TAG,
+    _call,
+    _drv,
+    _Style,
+    _version_str,
+    _wrap,
+    error_name,
+    sim_banner,
+    simulated_driver_path,
+)
+
+_INVALID_CONTEXT = 201
+
+
+class StandInRuntime:
+    """The few ``libcudart`` calls the demo makes, modelled on the simulated driver.
+
+    ``version < 12000`` models a pre-12 runtime: ``cudaSetDevice`` binds the primary context
+    without creating it (DESIGN §1). The simulated driver hands out a primary handle only
+    through ``cuDevicePrimaryCtxRetain``, which activates it; releasing it again right away
+    leaves, when nothing else holds it, the same handle inactive, and ``cuCtxSetCurrent``
+    makes it current: the state lab/gpu2 shows after a CUDA 11.8 ``cudaSetDevice``.
+    ``version >= 12000``: ``cudaSetDevice`` initialises the context (the runtime's retain).
+    The runtime's first real call (``cudaFree(0)``) takes that retain in both; ``cudaDeviceReset``
+    is ``cuDevicePrimaryCtxReset`` plus the release of the runtime's retain.
+    Return values are driver codes (0: success).
+    """
+
+    simulated = True
+
+    def __init__(self, version: int = 11080):
+        self.version = version
+        self.version_from = "stand-in"
+        self.path = "(Python stand-in)"
+        self.source = "simulated"
+        self._device = 0
+        self._held: dict[int, object] = {}  # device -> primary handle the runtime retains
+
+    @property
+    def label(self) -> str:
+        return f"stand-in runtime modelling libcudart {_version_str(self.version)} (simulated)"
+
+    def error_name(self, code: int) -> str:
+        return "cudaSuccess" if code == 0 else error_name(code)
+
+    def _retain(self, dev: int):
+        d = _drv()
+        if dev in self._held:
+            return 0, self._held[dev]
+        e, ctx = _call(d.cuDevicePrimaryCtxRetain, dev)
+        if e == 0:
+            self._held[dev] = ctx
+        return e, ctx
+
+    def set_device(self, dev: int) -> int:
+        d = _drv()
+        if self.version < 12000 and dev not in self._held:
+            e, ctx = _call(d.cuDevicePrimaryCtxRetain, dev)
+            if e == 0:
+                e = _call(d.cuDevicePrimaryCtxRelease, dev)[0]
+        else:
+            e, ctx = self._retain(dev)
+        if e:
+            return e
+        self._device = dev
+        return _call(d.cuCtxSetCurrent, ctx)[0]
+
+    def free0(self) -> int:
+        d = _drv()
+        e, ctx = self._retain(self._device)
+        if e:
+            return e
+        e, cur = _call(d.cuCtxGetCurrent)
+        if e == 0 and int(cur) == 0:
+            e = _call(d.cuCtxSetCurrent, ctx)[0]
+        return e
+
+    def device_reset(self) -> int:
+        d = _drv()
+        e = _call(d.cuDevicePrimaryCtxReset, self._device)[0]
+        if self._held.pop(self._device, None) is not None:
+            e = e or _call(d.cuDevicePrimaryCtxRelease, self._device)[0]
+        return e
+
+    def get_device(self) -> tuple[int, int]:
+        return 0, self._device
+
+
+class _Out:
+    def __init__(self, stream, style: _Style, dev: int, simulated: bool, width: int = 88):
+        self.stream, self.s, self.dev, self.simulated, self.width = stream, style, dev, simulated, width
+        self.tag = f"  {SIM_TAG}" if simulated else ""
+
+    def line(self, text: str = "") -> None:
+        print(text, file=self.stream)
+
+    def head(self, title: str) -> None:
+        self.line()
+        self.line(self.s.bold(title) + (self.s.yellow(self.tag) if self.tag else ""))
+
+    def para(self, text: str, style=None) -> None:
+        wrapped = _wrap(text, "   ", self.width)
+        self.line(style(wrapped) if style else wrapped)
+
+    def step(self, call: str, result: str, verdict: str | None = None, good: bool | None = None) -> None:
+        text = f"   {call:<36} -> {result}"
+        if verdict:
+            colour = self.s.green if good else self.s.red if good is False else (lambda x: x)
+            text += "   " + colour(verdict)
+        self.line(text)
+
+    def state(self) -> None:
+        """One line of thread/driver state, by queries only."""
+        d = _drv()
+        e, cur = _call(d.cuCtxGetCurrent)
+        if e:
+            where = f"cuCtxGetCurrent: {error_name(e)}"
+        elif int(cur) == 0:
+            where = "current NULL"
+        else:
+            e, cid = _call(d.cuCtxGetId, cur)
+            cid = f"id {cid}" if e == 0 else "destroyed: cuCtxGetId -> 709" if e == 709 else f"cuCtxGetId -> {error_name(e)}"
+            where = f"current 0x{int(cur):x} ({cid})"
+        e, st = _call(d.cuDevicePrimaryCtxGetState, self.dev)
+        prim = ("active" if st[1] else "inactive") if e == 0 else error_name(e)
+        self.line(self.s.dim(f"{'':<6}state: {where} | device {self.dev} primary context: {prim}"))
+
+
+def run_demo(rt, device: int = 0, stream=None, colour: bool = False) -> int:
+    """Run the three parts, printing as it goes. Returns 0 when the guarded steps worked.
+
+    ``rt`` is a :class:`cyctx._doctor.Cudart` (real runtime) or a :class:`StandInRuntime`
+    (simulated driver). The process's CUDA state is changed (this is a demonstration): run
+    it in a process of its own.
+    """
+    import cyctx
+    from cyctx._errors import ContextResetWarning
+
+    d = _drv()
+    stream = stream or sys.stdout
+    o = _Out(stream, _Style(colour), device, rt.simulated)
+    s = o.s
+    pre12 = rt.version is not None and rt.version < 12000
+    e, drv_ver = _call(d.cuDriverGetVersion)
+
+    o.line(s.bold("cyctx doctor --demo: the classic CUDA context failure, step by step")
+           + (s.yellow(o.tag) if o.tag else ""))
+    if rt.simulated:
+        o.line(s.yellow(_wrap(sim_banner(
+            simulated_driver_path(),
+            f" The runtime is a Python stand-in that models libcudart {_version_str(rt.version)}."), "", o.width)))
+    o.line(f"   runtime  {rt.label}" + ("" if rt.simulated else f"  [{rt.source}]"))
+    o.line(f"   driver   CUDA {_version_str(drv_ver) if e == 0 else '?'}   device {device}")
+    o.state()
+
+    # --- 1 -----------------------------------------------------------------------------
+    o.head("1. The classic report: cudaSetDevice, then the Driver API")
+    o.para("The program of the report (lab/seed.cpp): pick the device with the runtime, take the "
+           "current context from the driver, use it.")
+    r = rt.set_device(device)
+    o.step(f"cudaSetDevice({device})", rt.error_name(r))
+    o.state()
+    e, cur = _call(d.cuCtxGetCurrent)
+    h = int(cur) if e == 0 else 0
+    o.step("cuCtxGetCurrent(&ctx)", f"{error_name(e)}, ctx = 0x{h:x}",
+           "non-NULL" if h else "NULL", None)
+    e, st = _call(d.cuDevicePrimaryCtxGetState, device)
+    o.step(f"cuDevicePrimaryCtxGetState({device})", f"active = {int(st[1])}" if e == 0 else error_name(e))
+    e, api = _call(d.cuCtxGetApiVersion, cur) if h else (_INVALID_CONTEXT, None)
+    classic_failed = e == _INVALID_CONTEXT
+    if classic_failed:
+        o.step("cuCtxGetApiVersion(ctx)", error_name(e), "FAILS, as in the report", False)
+    else:
+        o.step("cuCtxGetApiVersion(ctx)", f"{error_name(e)}, {api}" if e == 0 else error_name(e),
+               "works" if e == 0 else "fails", e == 0)
+    if pre12 and classic_failed:
+        o.para(
+            "Reproduced. This runtime is older than 12.0: its cudaSetDevice only binds the "
+            "device's primary context to the thread and leaves it inactive; the runtime creates "
+            "it at the first call that needs it (cudaMalloc, cudaFree(0), a launch). So "
+            "cuCtxGetCurrent returns a real handle, cuDevicePrimaryCtxGetState says active=0, and "
+            "the driver refuses the handle with CUDA_ERROR_INVALID_CONTEXT (201). The fix is part 3.")
+    elif not pre12 and e == 0:
+        o.para(
+            f"No failure with this runtime: since CUDA 12.0 cudaSetDevice initialises the primary "
+            f"context (lab/gpu1: 'after cudaSetDevice(0) primary_active=1'), so the report's "
+            f"program passes. The same non-NULL but dead handle still appears after a reset, on "
+            f"every version: part 2.")
+        if not rt.simulated:
+            from cyctx._doctor import cu11_candidates
+
+            for p in cu11_candidates():
+                o.para(f"A CUDA 11 runtime is installed: `python -m cyctx doctor --demo --cudart {p}` "
+                       f"shows the classic failure itself.", s.dim)
+                break
+    else:
+        o.para(f"Unexpected for a {_version_str(rt.version)} runtime (was the primary context "
+               f"already active, held by someone else?). Parts 2 and 3 still show the mechanism.", s.yellow)
+    o.para("Not the cause, though often said: the runtime does not unbind the context when a "
+           "function returns (the current context is per-thread state and stays), and there is no "
+           "cuCtxRetain in the Driver API; cuDevicePrimaryCtxRetain is the call that activates.", s.dim)
+
+    # --- 2 -----------------------------------------------------------------------------
+    o.head("2. The reset variant: fails on every CUDA version")
+    r = rt.free0()
+    o.step("cudaFree(0)", rt.error_name(r), "creates the context (the old workaround)" if pre12 else None, None)
+    o.state()
+    e, cur = _call(d.cuCtxGetCurrent)
+    e, api = _call(d.cuCtxGetApiVersion, cur)
+    o.step("cuCtxGetApiVersion(ctx)", f"{error_name(e)}, {api}" if e == 0 else error_name(e),
+           "works" if e == 0 else "fails", e == 0)
+    r = rt.device_reset()
+    o.step("cudaDeviceReset()", rt.error_name(r))
+    o.state()
+    e, cur = _call(d.cuCtxGetCurrent)
+    h = int(cur) if e == 0 else 0
+    o.step("cuCtxGetCurrent(&ctx)", f"{error_name(e)}, ctx = 0x{h:x}", "non-NULL, same handle" if h else "NULL", None)
+    e, api = _call(d.cuCtxGetApiVersion, cur) if h else (_INVALID_CONTEXT, None)
+    reset_failed = e == _INVALID_CONTEXT
+    o.step("cuCtxGetApiVersion(ctx)", error_name(e) if e else f"{error_name(e)}, {api}",
+           "FAILS" if reset_failed else "works (unexpected)", False if reset_failed else None)
+    o.para("cudaDeviceReset destroyed the primary context and left its handle current on this "
+           "thread: cuCtxGetCurrent still returns it, the driver refuses it with 201. Any runtime "
+           "version does this, and so does cuDevicePrimaryCtxReset. Memory and modules made "
+           "before the reset are gone.")
+
+    # --- 3 -----------------------------------------------------------------------------
+    o.head(f"3. The same steps inside a ContextGuard({device})")
+    ok = [False, False]
+    guard = None
+    try:
+        guard = cyctx.ContextGuard(device)
+        o.step(f"guard = ContextGuard({device})", "retains the primary context (which activates it)")
+        o.state()
+        with guard:
+            o.step("with guard:", "current on this thread")
+            r = rt.set_device(device)
+            o.step(f"    cudaSetDevice({device})", rt.error_name(r))
+            o.state()
+            e, cur = _call(d.cuCtxGetCurrent)
+            o.step("    cuCtxGetCurrent(&ctx)", f"{error_name(e)}, ctx = 0x{int(cur):x}")
+            e, api = _call(d.cuCtxGetApiVersion, cur)
+            ok[0] = e == 0
+            o.step("    cuCtxGetApiVersion(ctx)", f"{error_name(e)}, {api}" if e == 0 else error_name(e),
+                   "works" if ok[0] else "FAILS", ok[0])
+        r = rt.free0()
+        o.step("cudaFree(0)", rt.error_name(r))
+        r = rt.device_reset()
+        o.step("cudaDeviceReset()", rt.error_name(r), "some library resets the device", None)
+        o.state()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ContextResetWarning)
+            with guard:
+                for w in caught:
+                    o.step("with guard:", s.yellow(f"{w.category.__name__}"))
+                    o.para(str(w.message), s.yellow)
+                if not caught:
+                    o.step("with guard:", "no reset seen (unexpected)")
+                o.state()
+                e, cur = _call(d.cuCtxGetCurrent)
+                o.step("    cuCtxGetCurrent(&ctx)", f"{error_name(e)}, ctx = 0x{int(cur):x}")
+                e, api = _call(d.cuCtxGetApiVersion, cur)
+                ok[1] = e == 0 and bool(caught)
+                o.step("    cuCtxGetApiVersion(ctx)", f"{error_name(e)}, {api}" if e == 0 else error_name(e),
+                       "works" if e == 0 else "FAILS", e == 0)
+        guard.close()
+        o.step("guard.close()", "releases the retain")
+        o.state()
+    except cyctx.CyctxError as exc:
+        o.para(f"The guard failed: {type(exc).__name__}: {exc}", s.red)
+    o.para("The guard's retain keeps the primary context active, so the handle the runtime binds "
+           "is usable. After a reset the handle is the same but the context id is not: the guard "
+           "checks the id at every enter, re-activates the context (refcount unchanged) and warns.")
+
+    o.head("Summary")
+    o.para(f"Without a guard: cuCtxGetApiVersion -> "
+           f"{'201 after cudaSetDevice (pre-12 runtime) and ' if classic_failed else ''}"
+           f"{'201 after cudaDeviceReset' if reset_failed else 'no failure after cudaDeviceReset (unexpected)'}. "
+           f"Inside ContextGuard({device}): "
+           f"{'the same steps work, and the reset is detected and repaired' if all(ok) else 'FAILED'}.",
+           s.green if all(ok) else s.red)
+    if rt.simulated:
+        o.para(f"{SIM_TAG} simulated driver and stand-in runtime: run without --simulate on a GPU "
+               f"machine for the real thing.", s.yellow)
+    return 0 if all(ok) else 1

@@ -1,0 +1,79 @@
+/*
+ * simdriver.h -- control API of cyctx's simulated CUDA driver.
+ *
+ * The simulator is a shared library with soname libcuda.so.1 (simdriver.c). Loaded
+ * before cuda.bindings resolves the driver, it stands in for NVIDIA's libcuda and
+ * models devices, primary contexts, created contexts and the per-thread context
+ * stack as the real driver behaves (see the logs in shared/lab). The functions below are
+ * not part of any CUDA API: tests use them (through ctypes, cyctx.testing) to set
+ * the simulator up, to look at state the driver API cannot show, and to inject
+ * faults. All of them are thread-safe and never touch the GIL.
+ */
+#ifndef CYCTX_SIMDRIVER_H
+#define CYCTX_SIMDRIVER_H
+
+#if defined(__GNUC__)
+#define CYCTXSIM_API __attribute__((visibility("default")))
+#else
+#define CYCTXSIM_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Always 1: lets a caller tell the simulator from the real libcuda.so.1. */
+CYCTXSIM_API int cyctxsim_is_simulated(void);
+
+/* Number of simulated devices, 1..64. Only before cuInit succeeded (and not in a
+ * child forked after it): 0 ok, -1 otherwise. Without it, cuInit reads the
+ * environment variable CYCTX_SIM_DEVICES (default 1; "0" or a value that is not a
+ * number in 0..64 makes cuInit fail with CUDA_ERROR_NO_DEVICE, as the real
+ * driver does on a machine without a usable GPU). */
+CYCTXSIM_API int cyctxsim_configure(int device_count);
+
+/* Devices the simulator has (after cuInit), or would have (before it). */
+CYCTXSIM_API int cyctxsim_device_count(void);
+
+/* Reference count of the device's primary context (cuDevicePrimaryCtxRetain minus
+ * Release; cuDevicePrimaryCtxReset keeps it). -1 for a bad ordinal. */
+CYCTXSIM_API int cyctxsim_retain_count(int ordinal);
+
+/* 1 if the device's primary context is active, 0 if not, -1 for a bad ordinal. */
+CYCTXSIM_API int cyctxsim_primary_active(int ordinal);
+
+/* Depth of the calling thread's context stack (0: no current context). */
+CYCTXSIM_API int cyctxsim_stack_depth(void);
+
+/* Contexts made by cuCtxCreate and not yet destroyed by cuCtxDestroy. */
+CYCTXSIM_API int cyctxsim_live_contexts(void);
+
+/* Make the nth next call (1 = the very next) of the driver function `name` and the
+ * count-1 calls after it return `code` without any side effect (out-parameters are
+ * left untouched, nothing is counted as done). `name` is the base name as passed to
+ * cuGetProcAddress ("cuCtxSetCurrent"); every ABI variant matches. A fault wins over
+ * every other outcome, CUDA_ERROR_NOT_INITIALIZED included: it models a failure at
+ * the API boundary. Up to 64 faults may be pending; they count calls independently.
+ * Returns 0, or -1 for an unknown name, nth < 1, count < 1, code <= 0, or a full
+ * table. */
+CYCTXSIM_API int cyctxsim_inject_fault(const char *name, int nth, int code, int count);
+
+/* Drop every pending fault. */
+CYCTXSIM_API void cyctxsim_clear_faults(void);
+
+/* Calls of the driver function `name` since the library was loaded, all ABI
+ * variants together, failed and faulted calls included. NULL: all driver calls.
+ * -1 for a name the simulator does not implement. */
+CYCTXSIM_API long long cyctxsim_call_count(const char *name);
+
+/* Not a function: with the environment variable CYCTX_SIM_REPORT_AT_EXIT set (and not
+ * "0"), the library prints one line to stderr when it is unloaded at process exit,
+ *   cyctxsim at exit: retains=[r0, r1, ...] active=[a0, a1, ...] live_contexts=N
+ * (per device: primary reference count, 1 if active), so a test can check that
+ * interpreter shutdown released everything. */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CYCTX_SIMDRIVER_H */
