@@ -73,13 +73,12 @@
 #define SIM_DRIVER_VERSION 13000   /* what driver 580.159 reports (lab/gpu1) */
 #define SIM_API_VERSION 3020       /* cuCtxGetApiVersion on every context (lab/gpu1) */
 #define SIM_MAX_DEVICES 64
-#define SIM_ATTRIBUTE_END 148      /* CU_DEVICE_ATTRIBUTE_MAX of CUDA 13.0's cuda.h */
+#define SIM_ATTRIBUTE_END 148      /* CU_DEVICE_ATTRIBUTE_MAX of CUDA 13.0; the H200 refused 148+ */
 #define SIM_CTX_FLAGS_VALID 0xFFu  /* CU_CTX_FLAGS_MASK of CUDA 13 (12.0 had 0x1F) */
 #define SIM_CTX_SCHED_MASK 0x07u
 #define SIM_CTX_MAP_HOST 0x08u
 #define SIM_CTX_COREDUMP_BITS 0x60u  /* CU_CTX_COREDUMP_ENABLE | CU_CTX_USER_COREDUMP_ENABLE */
 #define SIM_PRIMARY_FLAGS_VALID (SIM_CTX_FLAGS_VALID & ~SIM_CTX_MAP_HOST)
-#define SIM_CTX_ID_NONE 0ull
 
 /* ------------------------------------------------------------------------------
  * Function table: every driver function implemented, by base name. The index is
