@@ -102,7 +102,7 @@ def test_default_discovery_finds_the_runtime_wheel(monkeypatch):
     if wheel is not None and wheel // 1000 == bmaj and (wheel % 1000) // 10 >= bmin:
         h = hdrs.find_cuda_header()
         assert os.path.isfile(os.path.join(h.include_dir, "cuda.h")) and h.version == wheel
-        assert h.found_via.startswith("cuda-pathfinder")
+        assert h.found_via.startswith(("sys.path", "cuda-pathfinder"))
     else:
         # This machine's runtime wheel is older than its bindings (e.g. a GPU image with
         # bindings 13.3 and runtime 13.0): discovery must refuse and name the fix.
@@ -150,6 +150,23 @@ def test_simulated_driver_selected_in_a_fresh_process():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["0", "3", "1"]
+
+
+def test_header_wheel_found_on_sys_path_first(tmp_path, monkeypatch):
+    # pip's isolated build env is on sys.path but not in site.getsitepackages() (where
+    # cuda-pathfinder looks): the wheel layout on sys.path must be found.
+    bmaj, bmin, _ = hdrs.bindings_version()
+    root = _fake_toolkit(tmp_path / "env", bmaj * 1000 + bmin * 10)
+    layout = tmp_path / "site" / "nvidia" / ("cu13" if bmaj >= 13 else "cuda_runtime")
+    layout.parent.mkdir(parents=True)
+    os.rename(root / "include", tmp_path / "inc")
+    layout.mkdir()
+    os.rename(tmp_path / "inc", layout / "include")
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    h = hdrs.find_cuda_header()
+    assert h.include_dir == str(layout / "include") and h.found_via.startswith("sys.path")
 
 
 def test_header_dir_lacking_a_header_cydriver_includes(tmp_path, monkeypatch):

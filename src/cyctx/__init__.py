@@ -31,6 +31,7 @@ try:
         NotInitializedError,
     )
     from cyctx._guard import ContextGuard, current_handle
+    from cyctx._doctor import Diagnosis, diagnose
 except ModuleNotFoundError as exc:
     raise ImportError(
         f"cyctx's compiled modules are missing ({exc}): importing cyctx from a source tree? "
@@ -52,6 +53,7 @@ __all__ = [
     "ContextGuard",
     "ContextResetWarning",
     "CyctxError",
+    "Diagnosis",
     "DriverError",
     "ForkError",
     "GuardError",
@@ -61,6 +63,7 @@ __all__ = [
     "NoDeviceError",
     "NotInitializedError",
     "current_handle",
+    "diagnose",
     "get_include",
 ]
 

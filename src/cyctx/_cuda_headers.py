@@ -93,6 +93,16 @@ def _candidates():
         root = os.environ.get(var)
         if root:
             yield os.path.join(root, "include"), f"${var}"
+    # The header wheels on sys.path. pip's isolated build environment is on sys.path but not
+    # in site.getsitepackages(), where cuda-pathfinder looks, so look here first (else a fresh
+    # `pip install .` would miss the nvidia-cuda-runtime wheel it just put there).
+    import sys
+
+    for entry in sys.path:
+        for sub in ("nvidia/cu13/include", "nvidia/cuda_runtime/include"):
+            inc = os.path.join(entry or ".", sub)
+            if os.path.isfile(os.path.join(inc, "cuda.h")):
+                yield inc, f"sys.path ({entry})"
     try:
         from cuda.pathfinder import locate_nvidia_header_directory
     except ImportError:

@@ -177,7 +177,7 @@ def run_demo(rt, device: int = 0, stream=None, colour: bool = False) -> int:
 
     # --- 1 -----------------------------------------------------------------------------
     o.head("1. The classic report: cudaSetDevice, then the Driver API")
-    o.para("The program of the report (lab/seed.cpp): pick the device with the runtime, take the "
+    o.para("The program of the classic report: pick the device with the runtime, take the "
            "current context from the driver, use it.")
     r = rt.set_device(device)
     o.step(f"cudaSetDevice({device})", rt.error_name(r))
@@ -204,10 +204,9 @@ def run_demo(rt, device: int = 0, stream=None, colour: bool = False) -> int:
             "the driver refuses the handle with CUDA_ERROR_INVALID_CONTEXT (201). The fix is part 3.")
     elif not pre12 and e == 0:
         o.para(
-            f"No failure with this runtime: since CUDA 12.0 cudaSetDevice initialises the primary "
-            f"context (lab/gpu1: 'after cudaSetDevice(0) primary_active=1'), so the report's "
-            f"program passes. The same non-NULL but dead handle still appears after a reset, on "
-            f"every version: part 2.")
+            "No failure with this runtime: since CUDA 12.0 cudaSetDevice initialises the primary "
+            "context (active = 1 above), so the report's program passes. The same non-NULL but "
+            "dead handle still appears after a reset, on every version: part 2.")
         if not rt.simulated:
             from cyctx._doctor import cu11_candidates
 

@@ -249,7 +249,7 @@ def error_name(code: int) -> str:
     """``CUDA_ERROR_INVALID_CONTEXT (201)`` for 201; no driver call."""
     try:
         return f"{_drv().CUresult(code).name} ({code})"
-    except ValueError:
+    except Exception:  # a code this cuda-bindings does not know
         return f"CUresult {code}"
 
 
@@ -392,7 +392,7 @@ def find_cudart(path: str | None = None) -> tuple[str | None, str, str | None]:
     ``nvidia-cuda-runtime`` wheel of CUDA 12/13 or a toolkit; loading it creates no context).
     """
     if path:
-        return path, "--cudart", None
+        return path, "given", None
     loaded = _loaded_cudart()
     if loaded:
         return loaded, "already loaded in this process", None
@@ -411,7 +411,7 @@ def load_cudart(path: str | None = None) -> tuple[Cudart | None, str | None]:
         return None, f"no libcudart found ({source}: {err})"
     try:
         return Cudart(found, source), None
-    except OSError as exc:
+    except (OSError, AttributeError) as exc:  # not loadable, or not a libcudart
         return None, f"cannot load {found}: {exc}"
 
 
@@ -672,7 +672,7 @@ def _f_fork(parent: int | None) -> Finding:
         "forked_child", "error", "Forked child: use spawn",
         f"{known} after CUDA was initialised there. In such a child the driver refuses every "
         f"call, cuInit included, with {error_name(_NOT_INITIALIZED)}; nothing in this process "
-        f"can fix that (lab/gpu3, probe2).",
+        f"can fix that.",
         "Start worker processes with the 'spawn' start method: "
         "`multiprocessing.get_context('spawn')` or `multiprocessing.set_start_method('spawn')` "
         "(concurrent.futures: `ProcessPoolExecutor(mp_context=multiprocessing.get_context('spawn'))`). "
@@ -693,6 +693,16 @@ def _f_no_current(diag: Diagnosis) -> Finding:
 
 
 def _f_inactive_primary(c: ContextInfo) -> Finding:
+    if c.primary:  # a guard holds it: it was reset inside the guard's block
+        fix = ("A ContextGuard holds this context, so it was reset while the guard was entered: "
+               "leave the `with guard:` block and enter it again; the enter re-activates the "
+               "context (and warns ContextResetWarning). Memory and modules from before the reset "
+               "are gone: recreate them.")
+    else:
+        fix = (f"Hold a retain on the primary context, which activates it: "
+               f"{_GUARD_FIX.format(dev=c.device)}. Without cyctx: cuDevicePrimaryCtxRetain, or "
+               f"cudaFree(0) right after cudaSetDevice on a pre-12 runtime. After a reset, memory "
+               f"and modules from before it are gone: recreate them.")
     maybe = "" if c.primary else (
         " (A context made by cuCtxCreate and destroyed with cuCtxDestroy on another thread "
         "looks the same to the driver; if this program does that, see that first.)")
@@ -707,9 +717,7 @@ def _f_inactive_primary(c: ContextInfo) -> Finding:
         f"thread and creates it later, at the first runtime call that needs it; or "
         f"cudaDeviceReset / cuDevicePrimaryCtxReset (any CUDA version), which destroy the "
         f"context and leave its handle current.{maybe}",
-        f"Hold a retain on the primary context, which activates it: {_GUARD_FIX.format(dev=c.device)}. "
-        f"Without cyctx: cuDevicePrimaryCtxRetain, or cudaFree(0) right after cudaSetDevice on a "
-        f"pre-12 runtime. After a reset, memory and modules from before it are gone: recreate them.",
+        fix,
     )
 
 
@@ -734,7 +742,7 @@ def _f_reset(g: GuardInfo) -> Finding:
         f"Device {g.device}'s primary context was reset since a ContextGuard last saw it",
         f"A guard of device {g.device} (handle 0x{g.handle:x}) last saw context id {g.seen_id}; "
         f"{now}. cudaDeviceReset or cuDevicePrimaryCtxReset ran in between. The handle value is "
-        f"reused across a reset, only the id tells (DESIGN §3.7). Everything allocated or loaded "
+        f"reused across a reset, only the id tells. Everything allocated or loaded "
         f"in the old context (memory, modules, streams) is gone.",
         "Driver calls inside `with guard:` are safe: the next enter re-activates the context and "
         "warns ContextResetWarning. Recreate what was allocated before the reset, and find who "
@@ -815,8 +823,9 @@ def _render(r: Diagnosis, s: _Style, width: int, cli: bool) -> str:
         kv("runtime", f"none loadable: {r.runtime.note}")
     else:
         rt = r.runtime
-        kv("runtime", f"CUDA {_version_str(rt.version) or '?'} ({rt.version or '?'}, from "
-                      f"{rt.version_from or 'nowhere'})  {rt.library}  [{rt.source}]")
+        ver = (f"CUDA {_version_str(rt.version)} ({rt.version}, from {rt.version_from})"
+               if rt.version else "version unknown")
+        kv("runtime", f"{ver}  {rt.library}  [{rt.source}]")
     for o in r.other_runtimes:
         kv("also found", f"CUDA {_version_str(o.version) or '?'} runtime  {o.library}  [{o.source}]")
     v = r.versions
@@ -867,7 +876,7 @@ def _render(r: Diagnosis, s: _Style, width: int, cli: bool) -> str:
             out.append("  none")
         for g in r.guards:
             now = str(g.driver_id) if g.driver_id is not None else g.driver_id_error
-            state = s.red("RESET since") if g.reset else s.green("unchanged")
+            state = s.red("RESET since last seen") if g.reset else s.green("unchanged")
             out.append(f"  device {g.device}{' (shared)' if g.shared else ''}  handle 0x{g.handle:x}  "
                        f"id seen {g.seen_id}, now {now}: {state}")
 

@@ -1,0 +1,141 @@
+"""Smoke run of the benchmark suite (bench/run_all.py --sim --quick), so it cannot rot.
+
+It runs on cyctx's simulated driver whatever driver this test session uses (the suite picks
+it in its own processes), with few iterations, and checks that every benchmark ran and wrote
+its output. It never checks a speed: benchmarks are not timed assertions (DESIGN §6).
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(REPO, "bench")
+pytestmark = pytest.mark.skipif(not os.path.isfile(os.path.join(BENCH, "run_all.py")),
+                                reason="needs the source tree's bench/")
+
+PATHS = ("fast", "from_none", "from_other")  # the simulated driver has two devices
+EXPECTED_ROWS = (
+    [(k, p) for k in ("driver.pushpop", "driver.pushpop_cydriver", "driver.setset") for p in PATHS[1:]]
+    + [("driver.full", "from_none"), ("driver.getcurrent", "fast"), ("driver.getid", "fast"), ("cython.tls", "fast")]
+    + [(k, p) for k in ("cython.guard", "cython.switch", "cython.switch_id") for p in PATHS]
+    + [("python.loop", "fast"), ("python.empty_with", "fast")] + [("python.guard", p) for p in PATHS]
+    + [(k, p) for k in ("cuda_bindings.pushpop", "cuda_bindings.full") for p in PATHS]
+)
+MISSING_ON_SIM = ("cupy", "cuda_core", "torch", "numba")
+THREAD_KINDS = ("guard.fast", "guard.switch", "driver.pushpop", "switch.fast", "driver.getid")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench-results")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(BENCH, "run_all.py"), "--sim", "--quick", "--out-dir", str(out),
+         "--build-dir", str(tmp_path_factory.mktemp("bench-build"))],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
+    with open(out / "bench-sim.json") as f:
+        return proc.stdout, out, json.load(f)
+
+
+def test_every_group_ran(run):
+    _, _, res = run
+    assert res["schema"] == "cyctx-bench/1"
+    assert res["mode"] == {"driver": "simulated", "quick": True}
+    status = {name: g["status"] for name, g in res["groups"].items()}
+    for name in ("core", "threads", "memory", "peer:cuda_bindings"):
+        assert status.pop(name) == "ok", res["groups"][name]
+    assert status == {f"peer:{p}": "missing: simulated driver" for p in MISSING_ON_SIM}
+    pids = [g["pid"] for n, g in res["groups"].items() if g["status"] == "ok"]
+    assert len(set(pids)) == len(pids), "each group runs in its own process"
+    cpu = res["method"]["pinned_cpu"]
+    assert cpu is not None and res["groups"]["core"]["cpu"] == cpu and res["groups"]["threads"]["cpu"] is None
+
+
+def test_every_cost_row_measured(run):
+    _, _, res = run
+    rows = {(r["id"], r["path"]): r for r in res["cost"] if r["layer"] != "control"}
+    for key in EXPECTED_ROWS:
+        r = rows.get(key)
+        assert r is not None, f"{key} not measured"
+        assert r["status"] == "ok" and r["ns"] > 0 and r["n"] >= 1 and r["rounds"] >= 1, r
+        assert r.get("restored", True), f"{key} left another context current"
+        assert r.get("current_inside", True), f"{key}: device 0's context was not current inside"
+    controls = {(r["group"], r["id"]): r for r in res["cost"] if r["layer"] == "control"}
+    assert sorted(controls) == [("peer:cuda_bindings", k) for k in ("cython.guard", "python.empty_with", "python.guard")]
+    assert all(r["status"] == "ok" and r["ns"] > 0 for r in controls.values())
+
+
+def test_missing_peers_are_reported_as_missing_never_zero(run):
+    stdout, _, res = run
+    for peer in MISSING_ON_SIM:
+        rows = [r for r in res["cost"] if r["group"] == f"peer:{peer}"]
+        assert rows, f"{peer} has no rows"
+        for r in rows:
+            assert r["ns"] is None and r["status"] == "missing: simulated driver", r
+    assert "missing (simulated driver): cuda_core, cupy, numba, torch" in stdout
+    by_id = {t["id"]: t for t in res["targets"]}
+    for tid in ("cupy_vs_python", "cuda_core_vs_python", "torch_vs_python"):
+        assert by_id[tid]["value"] is None and by_id[tid]["met"] is None
+        assert "missing" in by_id[tid]["detail"]
+
+
+def test_thread_scaling_ran_at_every_count(run):
+    _, _, res = run
+    rows = res["threads"]["rows"]
+    for kind in THREAD_KINDS:
+        got = {r["threads"]: r for r in rows if r["id"] == kind}
+        assert sorted(got) == [1, 2, 4, 8, 16], kind
+        for t, r in got.items():
+            assert r["aggregate_ns_per_op"] > 0 and r["team"] == t, r
+    assert res["threads"]["restored"]
+    assert all(v > 0 for v in res["threads"]["main_thread_no_openmp_ns"].values())
+
+
+def test_memory_run_balanced(run):
+    _, _, res = run
+    mem = res["memory"]
+    assert [r["cycles"] for r in mem["runs"]] == [100_000, 100_000, 10_000]
+    for r in mem["runs"]:
+        assert r["rss_kib_before"] > 0 and r["rss_kib_after"] > 0 and r["restored"], r
+    assert mem["balanced"] and mem["retains_after_close"] == [0, 0] and mem["retains_during"] == [1, 1]
+    assert mem["open_entries_after"] == 0 and mem["primary_active_after_close"] == [False, False]
+
+
+def test_targets_and_breakdown_computed(run):
+    _, _, res = run
+    ids = [t["id"] for t in res["targets"]]
+    assert ids == ["python_vs_empty_with", "cupy_vs_python", "cuda_core_vs_python", "torch_vs_python",
+                   "cython_switch_vs_pushpop", "cython_switch_other_vs_pushpop", "cython_fast_vs_pushpop",
+                   "threads16_fast_speedup", "memory_flat"]
+    for t in res["targets"]:
+        if t["id"] not in ("cupy_vs_python", "cuda_core_vs_python", "torch_vs_python"):
+            assert isinstance(t["value"], (int, float)) and t["met"] in (True, False), t
+            assert t["met"] or t["detail"], "a missed target says why"
+    assert set(res["breakdown"]) == {"fast", "from_none", "from_other", "python_fast"}
+
+
+def test_outputs_written(run):
+    stdout, out, res = run
+    with open(out / "bench-sim.txt") as f:
+        table = f.read()
+    for title in ("Per enter+exit", "Threads:", "Memory", "Targets"):
+        assert title in table and title in stdout
+    assert (out / "bench-sim.md").read_text().count("| layer | what |") == 1
+    assert res["packages"]["cyctx"] and res["packages"]["cuda-bindings"]
+    assert res["gpu"]["driver"] == "simulated" and res["gpu"]["devices"] == 2
+    assert res["machine"]["python"] == sys.version.split()[0]
+    assert res["outputs"]["json"] == "bench-sim.json"
+    plots = res["outputs"]["plots"]
+    if importlib.util.find_spec("matplotlib"):
+        assert plots == ["bench-sim-cost.png", "bench-sim-threads.png"]
+        for p in plots:
+            assert (out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert plots.startswith("skipped: matplotlib is not installed")
+        assert "plots skipped" in stdout

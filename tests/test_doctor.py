@@ -1,0 +1,582 @@
+"""The doctor (issue 5): `cyctx._doctor.diagnose()` and `python -m cyctx doctor [--json|--demo]`.
+
+States that break the process (an inactive primary context made current, a reset, a fork) are
+set up in a fresh interpreter (`run_child`) so that no other test's guards see them.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from cyctx import ContextGuard
+from cyctx import _doctor
+from cyctx._doctor import Diagnosis, Finding, diagnose
+
+from _drv import KIND, current, device_count, primary_state, run_child
+
+# Driver calls that change state; the doctor must make none of them (issue 5).
+MUTATORS = ("cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset",
+            "cuDevicePrimaryCtxSetFlags", "cuCtxPushCurrent", "cuCtxPopCurrent", "cuCtxSetCurrent",
+            "cuCtxCreate", "cuCtxDestroy", "cuCtxSetFlags")
+
+# Prepended to child code: a snapshot of everything observable, on the simulated driver.
+SNAPSHOT = """
+import json, os, threading
+from cuda.bindings import driver as d
+import _drv
+from cyctx._doctor import diagnose
+MUTATORS = %r
+def snapshot():
+    sim = _drv.SIM
+    n = _drv.device_count()
+    s = {"current": _drv.current(), "primary": [_drv.primary_state(i) for i in range(n)]}
+    if sim is not None:
+        s.update(calls={f: sim.call_count(f) for f in MUTATORS}, depth=sim.stack_depth(),
+                 retains=[sim.retain_count(i) for i in range(n)], live=sim.live_contexts())
+    return s
+def codes(r):
+    return [f.code for f in r.findings]
+""" % (MUTATORS,)
+
+
+def child(body, **kw):
+    """run_child with the SNAPSHOT helpers in front of ``body``."""
+    return run_child(SNAPSHOT + textwrap.dedent(body), **kw)
+
+
+def cli(*args, env=None, timeout=120):
+    """`python -m cyctx ARGS` in a fresh interpreter; (returncode, stdout, stderr)."""
+    e = dict(os.environ, **(env or {}))
+    e.pop("NO_COLOR", None)
+    p = subprocess.run([sys.executable, "-m", "cyctx", *args], capture_output=True, text=True,
+                       env=e, timeout=timeout, cwd=os.path.dirname(os.path.abspath(__file__)))
+    return p.returncode, p.stdout, p.stderr
+
+
+def last_json(proc):
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def no_driver_machine():
+    """Skips unless this machine has no NVIDIA driver (then plain `doctor` sees none)."""
+    from cyctx import testing
+
+    if testing.real_driver_available():
+        pytest.skip("this machine has an NVIDIA driver")
+
+
+# --- the report ---------------------------------------------------------------------------
+
+def test_report_content():
+    r = diagnose(cudart=False)
+    n = device_count()
+    assert r.driver_version and r.driver_version >= 12000
+    assert r.driver_library and "libcuda" in r.driver_library
+    assert r.simulated == (KIND == "sim")
+    assert [dv.ordinal for dv in r.devices] == list(range(n))
+    for dv in r.devices:
+        assert dv.name and dv.error is None
+        assert dv.compute_capability and dv.compute_capability[0] >= 3
+        flags, active = primary_state(dv.ordinal)
+        assert (dv.primary_flags, dv.primary_active) == (flags, active)
+    assert r.thread_name == threading.current_thread().name
+    assert r.context.handle == current()
+    assert r.versions["cuda-bindings"] and r.versions["python"]
+    text = str(r)
+    for heading in ("Versions", "Devices", "This thread", "ContextGuards", "Findings", "Result"):
+        assert heading in text
+    assert ("[SIMULATED]" in text) == r.simulated
+    assert "\x1b[" not in text, "no colour unless asked"
+
+
+def test_report_inside_a_guard_is_healthy():
+    g = ContextGuard(0)
+    try:
+        with g:
+            r = diagnose(cudart=False)
+        c = r.context
+        assert c.handle == g.handle and c.device == 0
+        assert c.primary is True and "ContextGuard" in c.primary_why
+        assert c.usable and c.api_version and c.id == g.context_id
+        assert r.ok and r.exit_status == 0 and r.findings == []
+        mine = [x for x in r.guards if x.handle == g.handle]
+        assert mine and not mine[0].reset and mine[0].seen_id == mine[0].driver_id
+        assert "nothing wrong" in str(r)
+    finally:
+        g.close()
+
+
+def test_new_thread_has_no_current_context():
+    g = ContextGuard(0)
+    out = {}
+    try:
+        with g:  # another thread holding a context does not give this one a context
+            t = threading.Thread(target=lambda: out.update(r=diagnose(cudart=False)))
+            t.start()
+            t.join()
+    finally:
+        g.close()
+    r = out["r"]
+    assert r.context.handle == 0 and r.thread_name != threading.current_thread().name
+    (f,) = r.findings
+    assert f.code == "no_current_context" and f.severity == "warning"
+    assert "new thread" in f.explanation and "ContextGuard" in f.fix
+    assert r.ok and r.exit_status == 0
+
+
+def test_json_schema():
+    d = json.loads(diagnose(cudart=False).to_json())
+    assert d["schema"] == "cyctx.diagnosis/1"
+    assert set(d) == {"schema", "ok", "exit_status", "simulated", "versions", "process", "driver",
+                      "runtime", "other_runtimes", "devices", "thread", "guards", "findings"}
+    assert isinstance(d["ok"], bool) and isinstance(d["exit_status"], int)
+    assert set(d["process"]) == {"pid", "forked_from"} and d["process"]["pid"] == os.getpid()
+    assert set(d["driver"]) == {"library", "version", "version_str", "error"}
+    assert isinstance(d["driver"]["version"], int) and d["driver"]["version_str"].count(".") == 1
+    for dev in d["devices"]:
+        assert set(dev) == {"ordinal", "name", "compute_capability", "pci_bus_id", "total_memory",
+                            "primary_context", "error"}
+        assert set(dev["primary_context"]) == {"active", "flags"}
+        assert isinstance(dev["primary_context"]["active"], bool)
+        major, minor = dev["compute_capability"].split(".")
+        assert major.isdigit() and minor.isdigit()
+    assert set(d["thread"]) == {"name", "native_id", "current_context", "runtime_current_device"}
+    for f in d["findings"]:
+        assert set(f) == {"code", "severity", "title", "explanation", "fix"}
+        assert f["severity"] in ("error", "warning", "unavailable")
+
+
+def test_json_schema_with_a_context_and_a_guard():
+    g = ContextGuard(0)
+    handle = g.handle
+    try:
+        with g:
+            d = diagnose(cudart=False).to_dict()
+    finally:
+        g.close()
+    c = d["thread"]["current_context"]
+    assert set(c) == {"handle", "id", "id_error", "device", "primary", "primary_why", "usable",
+                      "api_version", "why", "error"}
+    assert c["handle"] == handle and c["usable"] is True
+    (mine,) = [x for x in d["guards"] if x["handle"] == handle]
+    assert set(mine) == {"device", "handle", "seen_id", "driver_id", "driver_id_error", "shared", "reset"}
+    json.dumps(d)
+
+
+def test_exit_status_and_ok():
+    def diag(*severities):
+        return Diagnosis(
+            simulated=False, driver_library=None, driver_version=13000, driver_error=None,
+            runtime=None, other_runtimes=[], devices=[], thread_name="t", thread_native_id=1,
+            context=None, guards=[], findings=[Finding("x", s, "t", "e", "f") for s in severities])
+
+    assert diag().exit_status == 0 and diag().ok
+    assert diag("warning").exit_status == 0 and diag("warning").ok
+    assert diag("error").exit_status == 1 and not diag("error").ok
+    assert diag("warning", "error").exit_status == 1
+    assert diag("unavailable").exit_status == 3 and not diag("unavailable").ok
+
+
+def test_colour_only_on_a_terminal(monkeypatch):
+    class Tty:
+        def isatty(self):
+            return True
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("TERM", raising=False)
+    assert _doctor.use_colour(Tty())
+    with open(os.devnull, "w") as devnull:
+        assert not _doctor.use_colour(devnull)
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not _doctor.use_colour(Tty())
+    r = diagnose(cudart=False)
+    assert "\x1b[" in r.render(colour=True) and "\x1b[" not in r.render(colour=False)
+
+
+# --- no state change ----------------------------------------------------------------------
+
+def test_diagnose_changes_nothing(sim):
+    """Counted on the simulated driver: no retain, release, push, pop, set; same stack depth,
+    refcounts and activity, in a clean thread and in each broken state."""
+    out = child("""
+    from cyctx import ContextGuard
+    from cyctx._demo import StandInRuntime
+    results = []
+    def check(label):
+        before = snapshot()
+        r = diagnose(cudart=False)
+        str(r); r.to_json()
+        results.append([label, before == snapshot(), before, snapshot()])
+    check("fresh")
+    g = ContextGuard(0)
+    with g:
+        check("inside a guard")
+    check("guard alive, not entered")
+    d.cuDevicePrimaryCtxReset(0)
+    check("after a reset, guard alive")
+    with __import__("warnings").catch_warnings():
+        __import__("warnings").simplefilter("ignore")
+        with g:
+            pass
+    g.close()
+    StandInRuntime(11080).set_device(1)
+    check("inactive primary current")
+    d.cuCtxSetCurrent(d.CUcontext(0))
+    t = threading.Thread(target=check, args=("new thread",))
+    t.start(); t.join()
+    print(json.dumps(results))
+    """)
+    results = last_json(out)
+    assert [r[0] for r in results] == ["fresh", "inside a guard", "guard alive, not entered",
+                                       "after a reset, guard alive", "inactive primary current",
+                                       "new thread"]
+    for label, same, before, after in results:
+        assert same, f"{label}: diagnose changed state: {before} -> {after}"
+
+
+def test_diagnose_changes_nothing_on_either_driver():
+    n = device_count()
+    before = (current(), [primary_state(i) for i in range(n)])
+    diagnose(cudart=False)
+    assert (current(), [primary_state(i) for i in range(n)]) == before
+
+
+# --- broken states, recognised and explained ------------------------------------------------
+
+def test_inactive_primary_current_is_the_classic_report():
+    # The state a pre-12 cudaSetDevice leaves (lab/gpu2), made with driver calls alone:
+    # a primary handle retained and released (inactive again), then made current.
+    out = child("""
+    from cyctx._demo import StandInRuntime
+    assert not _drv.primary_state(0)[1]
+    assert StandInRuntime(11080).set_device(0) == 0
+    r = diagnose(cudart=False)
+    print(json.dumps(r.to_dict()))
+    """)
+    d = last_json(out)
+    c = d["thread"]["current_context"]
+    assert c["handle"] and c["device"] == 0 and c["usable"] is False
+    assert c["primary"] is None and c["primary_why"].startswith("probably")
+    assert c["why"] and c["id"] is None and c["id_error"]
+    (f,) = d["findings"]
+    assert f["code"] == "inactive_primary_current" and f["severity"] == "error"
+    assert "older than 12.0" in f["explanation"] and "cudaDeviceReset" in f["explanation"]
+    assert "CUDA_ERROR_INVALID_CONTEXT (201)" in f["explanation"]
+    assert "ContextGuard(0)" in f["fix"]
+    assert d["ok"] is False and d["exit_status"] == 1
+
+
+def test_reset_since_a_guard_last_saw_it():
+    out = child("""
+    import warnings
+    from cyctx import ContextGuard, ContextResetWarning
+    g = ContextGuard(0)
+    seen = g.context_id
+    d.cuDevicePrimaryCtxReset(0)
+    inactive = diagnose(cudart=False).to_dict()
+    e, ctx = d.cuDevicePrimaryCtxRetain(0)          # someone re-activates it: a new id
+    d.cuDevicePrimaryCtxRelease(0)
+    reactivated = diagnose(cudart=False).to_dict()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        with g:                                       # the guard catches up
+            pass
+    after = diagnose(cudart=False).to_dict()
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        with g:                                       # reset inside the block
+            d.cuDevicePrimaryCtxReset(0)
+            inside = diagnose(cudart=False).to_dict()
+    g.close()
+    print(json.dumps([seen, inactive, reactivated, after, [str(x.category.__name__) for x in w], inside]))
+    """)
+    seen, inactive, reactivated, after, warned, inside = last_json(out)
+    (g,) = inactive["guards"]
+    assert g["reset"] and g["seen_id"] == seen and g["driver_id"] is None
+    assert g["driver_id_error"].startswith("CUDA_ERROR_CONTEXT_IS_DESTROYED")
+    f = [f for f in inactive["findings"] if f["code"] == "context_reset"]
+    assert f and f[0]["severity"] == "error" and "destroyed" in f[0]["explanation"]
+    assert "ContextResetWarning" in f[0]["fix"]
+    (g,) = reactivated["guards"]
+    assert g["reset"] and g["driver_id"] not in (None, seen)
+    assert "re-activated" in [f for f in reactivated["findings"] if f["code"] == "context_reset"][0]["explanation"]
+    assert warned == ["ContextResetWarning"]
+    assert not after["guards"][0]["reset"]
+    assert "context_reset" not in [f["code"] for f in after["findings"]]
+    # Reset inside the block: the current context is the guard's handle, certainly primary.
+    c = inside["thread"]["current_context"]
+    assert c["primary"] is True and c["usable"] is False
+    assert [f["code"] for f in inside["findings"]] == ["inactive_primary_current", "context_reset"]
+    f = inside["findings"][0]
+    assert "leave the `with guard:` block and enter it again" in f["fix"]
+    assert "cuCtxDestroy" not in f["explanation"]
+
+
+@pytest.mark.parametrize("primary_held", [False, True])
+def test_destroyed_context_still_current(sim, primary_held):
+    # Simulated only: on the real driver the destroyed context is freed. To the driver it
+    # looks like an inactive primary (real_h200.json); it is told apart only when the
+    # device's primary context is active.
+    out = child(f"""
+    if {primary_held}:
+        e, pc = d.cuDevicePrimaryCtxRetain(0)
+    ctx = _drv.create_context()
+    t = threading.Thread(target=lambda: d.cuCtxDestroy(ctx)); t.start(); t.join()
+    r = diagnose(cudart=False).to_dict()
+    d.cuCtxPopCurrent()
+    print(json.dumps(r))
+    """)
+    r = last_json(out)
+    c = r["thread"]["current_context"]
+    assert c["usable"] is False and c["device"] == 0 and "709" in c["why"]
+    (f,) = r["findings"]
+    if primary_held:
+        assert c["primary"] is False and "cuCtxDestroy" in c["primary_why"]
+        assert f["code"] == "dead_current_context" and "cuCtxDestroy" in f["explanation"]
+    else:
+        assert c["primary"] is None and c["primary_why"].startswith("probably")
+        assert f["code"] == "inactive_primary_current" and "cuCtxDestroy" in f["explanation"]
+
+
+def test_created_context_is_not_primary():
+    out = child("""
+    ctx = _drv.create_context()
+    r = diagnose(cudart=False).to_dict()
+    d.cuCtxDestroy(ctx)
+    print(json.dumps(r))
+    """)
+    c = last_json(out)["thread"]["current_context"]
+    assert c["usable"] is True and c["primary"] is False and "cuCtxCreate" in c["primary_why"]
+
+
+@pytest.mark.parametrize("import_before_fork", [True, False])
+def test_forked_child(import_before_fork):
+    out = run_child(f"""
+    import json, os
+    import cyctx
+    {'import cyctx._doctor' if import_before_fork else ''}
+    g = cyctx.ContextGuard(0)                 # CUDA is in use in the parent
+    r_fd, w_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            from cyctx._doctor import diagnose
+            r = diagnose(cudart=False)
+            text = str(r)
+            os.write(w_fd, json.dumps([r.to_dict(), text, os.getppid()]).encode())
+        finally:
+            os._exit(0)
+    os.close(w_fd)
+    data = b""
+    while chunk := os.read(r_fd, 65536):
+        data += chunk
+    os.waitpid(pid, 0)
+    g.close()
+    print(data.decode())
+    """)
+    d, text, parent = last_json(out)
+    (f,) = d["findings"]
+    assert f["code"] == "forked_child" and f["severity"] == "error"
+    assert "use spawn" in f["title"].lower() and "spawn" in f["fix"]
+    assert "CUDA_ERROR_NOT_INITIALIZED (3)" in f["explanation"]
+    assert d["exit_status"] == 1 and "Forked child: use spawn" in text
+    if import_before_fork:
+        assert d["process"]["forked_from"] == parent and f"pid {parent}" in f["explanation"]
+
+
+# --- the command line -----------------------------------------------------------------------
+
+def _headings(text):
+    """The title and every section heading: unindented lines after a blank line."""
+    lines = text.splitlines()
+    return [lines[0]] + [ln for prev, ln in zip(lines, lines[1:]) if not prev.strip() and ln[:1].strip()]
+
+
+@pytest.mark.parametrize("args", [(), ("--json",), ("--demo",), ("--demo", "--sim-runtime", "13.0")])
+def test_simulate_is_labelled_on_every_screen(args):
+    rc, out, err = cli("doctor", "--simulate", *args)
+    assert rc == 0, out + err
+    assert "\x1b[" not in out, "colour only on a terminal"
+    if "--json" in args:
+        d = json.loads(out)
+        assert d["simulated"] is True and d["driver"]["library"].endswith(os.path.join("_sim", "libcuda.so.1"))
+        return
+    heads = _headings(out)
+    assert len(heads) >= 5
+    for h in heads:
+        assert "[SIMULATED]" in h, f"heading without the simulated label: {h!r}"
+    assert out.splitlines()[1].startswith("SIMULATED:")
+
+
+def test_cli_report_on_the_simulator():
+    rc, out, _ = cli("doctor", "--simulate")
+    assert rc == 0
+    assert "cyctx simulated GPU" in out and "cc 9.0" in out
+    assert "primary context: inactive" in out
+    assert "No current context on this thread" in out and "cyctx.diagnose()" in out
+    assert "OK, 1 warning (exit status 0)" in out
+
+
+def test_cli_exit_status_1_when_something_is_wrong():
+    out = run_child("""
+    import sys
+    from cyctx._demo import StandInRuntime
+    from cyctx.__main__ import main
+    StandInRuntime(11080).set_device(0)          # the classic state on this thread
+    sys.stdout.flush()
+    rc = main(["doctor"])
+    print("RC", rc)
+    """)
+    assert out.stdout.strip().endswith("RC 1")
+    assert "PROBLEMS FOUND: 1 error (exit status 1)" in out.stdout
+    assert "ERROR  The current context is device 0's primary context, and it is not active" in out.stdout
+
+
+@pytest.mark.parametrize("args", [("--json", "--demo"), ("--cudart", "/nonexistent/libcudart.so"),
+                                  ("--simulate", "--cudart", __file__), ("--device", "-1")])
+def test_cli_usage_errors(args):
+    rc, out, err = cli("doctor", *args)
+    assert rc == 2 and "error:" in err
+
+
+def test_cli_without_a_command_prints_help():
+    rc, out, _ = cli()
+    assert rc == 2 and "doctor" in out
+
+
+def test_demo_on_the_simulator_pre12():
+    rc, out, err = cli("doctor", "--demo", "--simulate")
+    assert rc == 0, out + err
+    assert "stand-in runtime modelling libcudart 11.8" in out
+    part1, rest = out.split("2. The reset variant", 1)
+    part2, part3 = rest.split("3. The same steps inside a ContextGuard(0)", 1)
+    assert "cudaSetDevice(0)" in part1 and "primary context: inactive" in part1
+    assert "CUDA_ERROR_INVALID_CONTEXT (201)   FAILS, as in the report" in part1
+    assert "older than 12.0" in part1 and "cuCtxRetain" in part1
+    assert "cudaDeviceReset()" in part2 and "CUDA_ERROR_INVALID_CONTEXT (201)   FAILS" in part2
+    assert "ContextResetWarning" in part3 and part3.count("3020   works") == 2
+    assert "FAILS" not in part3.split("Summary")[0]
+    assert "Inside ContextGuard(0): the same steps work" in " ".join(out.split())
+
+
+def test_demo_on_the_simulator_12_plus():
+    rc, out, err = cli("doctor", "--demo", "--simulate", "--sim-runtime", "13.0")
+    assert rc == 0, out + err
+    part1, rest = out.split("2. The reset variant", 1)
+    assert "No failure with this runtime: since CUDA 12.0" in " ".join(part1.split())
+    assert "(201)" not in part1
+    assert "CUDA_ERROR_INVALID_CONTEXT (201)   FAILS" in rest.split("3. The same steps")[0]
+
+
+# --- no GPU, and the CUDA 11 runtime ----------------------------------------------------------
+
+def test_no_gpu_says_so_plainly(no_driver_machine):
+    rc, out, _ = cli("doctor")
+    assert rc == 3
+    assert "No NVIDIA driver: this machine has no usable GPU for CUDA" in out
+    assert "--simulate" in out and "[SIMULATED]" not in out
+    rc, out, _ = cli("doctor", "--json")
+    d = json.loads(out)
+    assert rc == 3 and d["findings"][0]["code"] == "no_driver" and d["driver"]["error"]
+    assert d["simulated"] is False and d["devices"] == []
+    rc, out, _ = cli("doctor", "--demo")
+    assert rc == 3 and "--demo --simulate" in out
+
+
+def test_no_device_on_the_simulator():
+    # The simulated driver with 0 devices: cuInit says CUDA_ERROR_NO_DEVICE.
+    code = """
+    import ctypes, json, os
+    from cyctx import testing
+    ctypes.CDLL(testing.sim_library_path(), mode=ctypes.RTLD_GLOBAL)
+    from cyctx._doctor import diagnose
+    r = diagnose(cudart=False)
+    print(json.dumps([r.to_dict(), str(r)]))
+    """
+    import textwrap
+
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                       env=dict(os.environ, CYCTX_SIM_DEVICES="0", CUDA_VISIBLE_DEVICES=""), timeout=120)
+    d, text = json.loads(p.stdout.strip().splitlines()[-1])
+    assert d["simulated"] is True and d["exit_status"] == 3
+    (f,) = d["findings"]
+    assert f["code"] == "no_device" and "CUDA_VISIBLE_DEVICES is ''" in f["explanation"]
+    assert "[SIMULATED]" in text.splitlines()[0]
+
+
+def test_cu11_runtime_is_discovered():
+    found = _doctor.cu11_candidates()
+    if not found:
+        pytest.skip("the nvidia-cuda-runtime-cu11 wheel is not installed")
+    assert found[0].endswith(os.path.join("nvidia", "cuda_runtime", "lib", "libcudart.so.11.0"))
+    version, wheel = _doctor._wheel_version(found[0])
+    assert version // 1000 == 11 and wheel.startswith("nvidia_cuda_runtime_cu11-11.")
+    r = diagnose(cudart=False)
+    assert [o.library for o in r.other_runtimes] == found
+    assert "--demo --cudart" in r.other_runtimes[0].note
+
+
+def test_cu11_demo_without_a_gpu_says_so(no_driver_machine):
+    found = _doctor.cu11_candidates()
+    if not found:
+        pytest.skip("the nvidia-cuda-runtime-cu11 wheel is not installed")
+    rc, out, _ = cli("doctor", "--demo", "--cudart", found[0])
+    assert rc == 3 and "No NVIDIA driver" in out
+
+
+def test_cudart_version_from_the_wheel():
+    from cyctx._doctor import find_cudart
+
+    path, source, err = find_cudart()
+    if path is None:
+        pytest.skip(f"no libcudart: {err}")
+    rt = _doctor.Cudart(path, source)
+    assert rt.version and rt.version >= 12000, (rt.version, rt.version_from)
+
+
+# --- the real runtime (H200) ------------------------------------------------------------------
+
+@pytest.mark.cudart
+def test_runtime_in_the_report():
+    g = ContextGuard(0)
+    try:
+        with g:
+            r = diagnose()
+        assert r.runtime and r.runtime.version >= 12000 and r.runtime.version_from == "cudaRuntimeGetVersion"
+        assert r.runtime.current_device == 0, "inside a guard for k, cudaGetDevice says k (DESIGN §3.11)"
+    finally:
+        g.close()
+
+
+@pytest.mark.cudart
+def test_demo_with_the_installed_runtime():
+    rc, out, err = cli("doctor", "--demo")
+    assert rc == 0, out + err
+    assert "[SIMULATED]" not in out
+    part1, rest = out.split("2. The reset variant", 1)
+    assert "No failure with this runtime" in " ".join(part1.split())
+    assert "CUDA_ERROR_INVALID_CONTEXT (201)   FAILS" in rest.split("3. The same steps")[0]
+    assert "ContextResetWarning" in rest
+
+
+@pytest.mark.cudart
+def test_demo_with_the_cuda11_runtime():
+    found = _doctor.cu11_candidates() or [p for p in [os.environ.get("CYCTX_CUDART11")] if p]
+    if not found:
+        pytest.skip("no CUDA 11 runtime (nvidia-cuda-runtime-cu11 wheel, or CYCTX_CUDART11=path)")
+    rc, out, err = cli("doctor", "--demo", "--cudart", found[0])
+    assert rc == 0, out + err
+    part1 = out.split("2. The reset variant", 1)[0]
+    assert "CUDA_ERROR_INVALID_CONTEXT (201)   FAILS, as in the report" in part1
+    assert "active = 0" in part1
+
+
+def test_cudart_that_does_not_load_is_reported():
+    rc, out, _ = cli("doctor", "--cudart", __file__)
+    assert rc in (0, 3) and "none loadable: cannot load" in out and __file__ in out
