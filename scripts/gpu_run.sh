@@ -1,39 +1,63 @@
 #!/usr/bin/env bash
-# One device call: build cyctx on the GPU machine against its own cuda-bindings, then run the
-# whole suite on the real driver, the differential record/compare, the guard benchmark and the
-# full load test. Everything it prints and writes lands in $OUT (copied back into the repo).
-#
-# Carry: .whl with nvidia-cuda-runtime of the machine's cuda-bindings minor (for cuda.h; the
-# image's runtime wheel is older than its bindings) and setuptools>=77.
+# The device runs, in two calls of under ten minutes each (`bash scripts/gpu_run.sh A`, then
+# `B`). Each builds cyctx on the GPU machine against its own cuda-bindings and writes its logs,
+# JUnit XML and JSON to $OUT (copied back into results/).
+#   A: the whole suite on the real driver (13.x bindings), the differential record, the doctor's
+#      real output (CUDA 13 and 11.8 runtimes), the full load test.
+#   B: the benchmark suite, then the whole suite and the differential record with cuda-bindings
+#      12.9 and CUDA 12.9 headers.
+# Carry .whl: nvidia-cuda-runtime + nvidia-cuda-profiler-api of the machine's bindings minor
+# (the image's runtime wheel is older than its bindings), setuptools>=77, cuda-bindings 12.9,
+# nvidia-cuda-runtime-cu12 12.9, nvidia-cuda-runtime-cu11 11.8.
 set -uo pipefail
+PART=${1:?usage: gpu_run.sh A|B}
 OUT=${OUT:-/tmp/cyctx-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-exec > >(tee "$OUT/gpu_run.log") 2>&1
+exec > >(tee "$OUT/gpu_run_$PART.log") 2>&1
 step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
 
 step machine
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
 python3 --version
-python3 -m pip list 2>/dev/null | grep -i -E "^(cuda|cython|setuptools|pytest|torch |cupy|numba|nvidia-cuda-runtime)"
+python3 -m pip list 2>/dev/null | grep -i -E "^(cuda|cython|setuptools|pytest |torch |cupy|numba|nvidia-cuda-runtime|matplotlib)"
 
 step build
 python3 -m pip install -q --no-index --no-deps --target /tmp/hdr .whl/nvidia_cuda_runtime-*.whl .whl/nvidia_cuda_profiler_api-*.whl
 python3 -m pip install -q --no-index --no-deps --target /tmp/st .whl/setuptools-*.whl
+python3 -m pip install -q --no-index --no-deps --target /tmp/cu11 .whl/nvidia_cuda_runtime_cu11-*.whl
 export CUDA_HOME=/tmp/hdr/nvidia/cu13
+export CYCTX_CUDART11=/tmp/cu11/nvidia/cuda_runtime/lib/libcudart.so.11.0
 PYTHONPATH=/tmp/st python3 -m pip install --no-build-isolation --no-deps --no-index -v . 2>&1 | grep -E "cyctx build|Successfully|rror" || exit 1
 python3 -c "import cyctx; print(cyctx.BUILD_INFO)"
 
-step "test suite, real driver"
-timeout 240 python3 -m pytest --driver=real -ra -q -p no:cacheprovider --junitxml="$OUT/pytest-real.xml" 2>&1 | tail -40
+if [ "$PART" = A ]; then
+    step "test suite, real driver, cuda-bindings 13"
+    timeout 300 python3 -m pytest --driver=real -ra -q -p no:cacheprovider --junitxml="$OUT/pytest-real-cu13.xml" 2>&1 | tail -45
 
-step "differential: record the real driver (compared with the simulated one on CI)"
-timeout 90 python3 tests/differential/run.py record --driver real --out "$OUT/real_h200.json"
+    step "differential: record the real driver"
+    timeout 90 python3 tests/differential/run.py record --driver real --out "$OUT/real_h200.json" | tail -3
 
-step "guard benchmark"
-timeout 120 python3 bench/bench_guard.py --out "$OUT/guard-h200.json" 2>&1 | grep -v "^copying\|^running\|^building"
+    step "doctor"
+    timeout 120 bash scripts/doctor_capture.sh 2>&1 | tail -15
 
-step "load test: 16 threads x 2 devices, 1M enter/exit pairs"
-timeout 100 python3 bench/stress.py --threads 16 --pairs 1000000 --out "$OUT/stress-h200.json" | tail -25
-echo "stress exit code $?"
+    step "load test: 16 threads x 2 devices, 1M enter/exit pairs"
+    timeout 100 python3 bench/stress.py --threads 16 --pairs 1000000 --out "$OUT/stress-h200.json" | tail -22
+    echo "stress exit code $?"
+fi
+
+if [ "$PART" = B ]; then
+    step "benchmark suite"
+    timeout 330 python3 bench/run_all.py --out-dir "$OUT/bench" 2>&1 | grep -v -E "^(copying|running|building|creating|/opt/gcc)" | tail -80
+
+    step "CUDA 12: cuda-bindings 12.9 with CUDA 12.9 headers"
+    python3 -m pip install -q --no-index --no-deps --target /tmp/cu12site .whl/cuda_bindings-12.9*.whl .whl/nvidia_cuda_runtime_cu12-*.whl
+    rm -rf build
+    PYTHONPATH=/tmp/cu12site:/tmp/st CUDA_HOME=/tmp/cu12site/nvidia/cuda_runtime \
+        python3 -m pip install --no-build-isolation --no-deps --no-index --target /tmp/cyctx12 -v . 2>&1 | grep -E "cyctx build|Successfully|rror" || exit 1
+    export PYTHONPATH=/tmp/cyctx12:/tmp/cu12site CUDA_HOME=/tmp/cu12site/nvidia/cuda_runtime
+    (cd /tmp && python3 -c "import cyctx, cuda.bindings; print(cyctx.BUILD_INFO, cuda.bindings.__version__, cyctx.__file__)")
+    timeout 200 python3 -m pytest --driver=real -ra -q -p no:cacheprovider --junitxml="$OUT/pytest-real-cu12.xml" 2>&1 | tail -30
+    timeout 60 python3 tests/differential/run.py record --driver real --out "$OUT/real_h200_cu12.json" | tail -3
+fi
 step done
