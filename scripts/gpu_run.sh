@@ -48,7 +48,10 @@ fi
 
 if [ "$PART" = B ]; then
     step "benchmark suite"
-    timeout 330 python3 bench/run_all.py --out-dir "$OUT/bench" 2>&1 | grep -v -E "^(copying|running|building|creating|/opt/gcc)" | tail -80
+    timeout 330 python3 bench/run_all.py --out-dir "$OUT/bench" 2>&1 | grep -v -E "^(copying|running|building|creating|/opt/gcc)" | tail -120
+
+    step "re-check, cuda-bindings 13: runtime and interop tests"
+    timeout 120 python3 -m pytest --driver=real -ra -q -p no:cacheprovider tests/test_runtime.py tests/test_interop.py --junitxml="$OUT/pytest-real-cu13-recheck.xml" 2>&1 | tail -8
 
     step "CUDA 12: cuda-bindings 12.9 with CUDA 12.9 headers"
     python3 -m pip install -q --no-index --no-deps --target /tmp/cu12site .whl/cuda_bindings-12.9*.whl .whl/nvidia_cuda_runtime_cu12-*.whl
@@ -61,3 +64,5 @@ if [ "$PART" = B ]; then
     timeout 60 python3 tests/differential/run.py record --driver real --out "$OUT/real_h200_cu12.json" | tail -3
 fi
 step done
+# Only 8 files come back from $OUT: everything travels in one archive.
+tar -czf /tmp/results.tgz -C "$OUT" . && mv /tmp/results.tgz "$OUT/results-$PART.tgz"

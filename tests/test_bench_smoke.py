@@ -34,7 +34,7 @@ THREAD_KINDS = ("guard.fast", "guard.switch", "driver.pushpop", "switch.fast", "
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench-results")
     proc = subprocess.run(
-        [sys.executable, os.path.join(BENCH, "run_all.py"), "--sim", "--quick", "--out-dir", str(out),
+        [sys.executable, os.path.join(BENCH, "run_all.py"), "--sim", "--quick", "--repeat", "2", "--out-dir", str(out),
          "--build-dir", str(tmp_path_factory.mktemp("bench-build"))],
         capture_output=True, text=True, timeout=600,
     )
@@ -51,7 +51,9 @@ def test_every_group_ran(run):
     for name in ("core", "threads", "memory", "peer:cuda_bindings"):
         assert status.pop(name) == "ok", res["groups"][name]
     assert status == {f"peer:{p}": "missing: simulated driver" for p in MISSING_ON_SIM}
-    pids = [g["pid"] for n, g in res["groups"].items() if g["status"] == "ok"]
+    pids = [g["pid"] if isinstance(g["pid"], list) else [g["pid"]] for g in res["groups"].values() if "pid" in g]
+    assert [len(p) for p in pids] == [2, 1, 1, 2], "core and peers repeat in 2 processes, threads and memory not"
+    pids = sum(pids, [])
     assert len(set(pids)) == len(pids), "each group runs in its own process"
     cpu = res["method"]["pinned_cpu"]
     assert cpu is not None and res["groups"]["core"]["cpu"] == cpu and res["groups"]["threads"]["cpu"] is None
@@ -64,6 +66,7 @@ def test_every_cost_row_measured(run):
         r = rows.get(key)
         assert r is not None, f"{key} not measured"
         assert r["status"] == "ok" and r["ns"] > 0 and r["n"] >= 1 and r["rounds"] >= 1, r
+        assert len(r["per_process_ns"]) == 2 and all(v > 0 for v in r["per_process_ns"]), r
         assert r.get("restored", True), f"{key} left another context current"
         assert r.get("current_inside", True), f"{key}: device 0's context was not current inside"
     controls = {(r["group"], r["id"]): r for r in res["cost"] if r["layer"] == "control"}

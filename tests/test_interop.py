@@ -218,7 +218,7 @@ def test_green_context():
         assert err == d.CUresult.CUDA_SUCCESS, err
         g = cyctx.ContextGuard(green)
         with g:
-            print("GREEN", not g.is_primary, _drv.current() == g.handle, _drv.ok(d.cuCtxGetDevice()))
+            print("GREEN", not g.is_primary, _drv.current() == g.handle, int(_drv.ok(d.cuCtxGetDevice())))
         g.close()
         d.cuGreenCtxDestroy(green)
     """)

@@ -16,9 +16,10 @@ PRELUDE = """
     d = _drv.driver()
     def rt_get():
         k = ctypes.c_int(-1); assert rt.cudaGetDevice(ctypes.byref(k)) == 0; return k.value
-    class PtrAttr(ctypes.Structure):  # struct cudaPointerAttributes (CUDA 11+)
+    class PtrAttr(ctypes.Structure):  # struct cudaPointerAttributes, CUDA 13 layout (12: smaller)
         _fields_ = [("type", ctypes.c_int), ("device", ctypes.c_int),
-                    ("devicePointer", ctypes.c_void_p), ("hostPointer", ctypes.c_void_p)]
+                    ("devicePointer", ctypes.c_void_p), ("hostPointer", ctypes.c_void_p),
+                    ("locality", ctypes.c_long), ("reserved", ctypes.c_long * 7)]
     def rt_malloc_device():
         p = ctypes.c_void_p(); assert rt.cudaMalloc(ctypes.byref(p), 1 << 20) == 0
         a = PtrAttr(); assert rt.cudaPointerGetAttributes(ctypes.byref(a), p) == 0
