@@ -35,8 +35,11 @@ def consumer_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("consumer")
     shutil.copy(os.path.join(HERE, "consumer", "cyctx_consumer.pyx"), d)
     (d / "setup_consumer.py").write_text(SETUP)
-    # Outside the repo and with a clean path: Cython can only find the installed .pxd files.
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # Outside the repo, and with no path into its source tree: Cython can only find the
+    # installed .pxd files (PYTHONPATH itself may be how cyctx was installed).
+    keep = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+            if p and not os.path.realpath(p).startswith(REPO_SRC)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(keep))
     proc = subprocess.run([sys.executable, "setup_consumer.py"], cwd=d, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     cpp = (d / "cyctx_consumer.cpp").read_text()
