@@ -6,6 +6,8 @@
 #      real output (CUDA 13 and 11.8 runtimes), the full load test.
 #   B: the benchmark suite, then the whole suite and the differential record with cuda-bindings
 #      12.9 and CUDA 12.9 headers.
+#   C: the final check: the whole suite with cuda-bindings 13 and, at the same time (the
+#      machine has 32 cores and the suites share nothing but the GPUs), with 12.9.
 # Carry .whl: nvidia-cuda-runtime + nvidia-cuda-profiler-api of the machine's bindings minor
 # (the image's runtime wheel is older than its bindings), setuptools>=77, cuda-bindings 12.9,
 # nvidia-cuda-runtime-cu12 12.9, nvidia-cuda-runtime-cu11 11.8.
@@ -62,6 +64,21 @@ if [ "$PART" = B ]; then
     (cd /tmp && python3 -c "import cyctx, cuda.bindings; print(cyctx.BUILD_INFO, cuda.bindings.__version__, cyctx.__file__)")
     timeout 200 python3 -m pytest --driver=real -ra -q -p no:cacheprovider --junitxml="$OUT/pytest-real-cu12.xml" 2>&1 | tail -30
     timeout 60 python3 tests/differential/run.py record --driver real --out "$OUT/real_h200_cu12.json" | tail -3
+fi
+if [ "$PART" = C ]; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/cu12site .whl/cuda_bindings-12.9*.whl .whl/nvidia_cuda_runtime_cu12-*.whl
+    rm -rf build
+    PYTHONPATH=/tmp/cu12site:/tmp/st CUDA_HOME=/tmp/cu12site/nvidia/cuda_runtime \
+        python3 -m pip install -q --no-build-isolation --no-deps --no-index --target /tmp/cyctx12 . || exit 1
+    step "whole suite, real driver: cuda-bindings 13 and 12.9 side by side"
+    timeout 280 python3 -m pytest --driver=real -ra -q -p no:cacheprovider --basetemp=/tmp/pt13 \
+        --junitxml="$OUT/pytest-real-cu13-final.xml" > "$OUT/pytest-cu13-final.log" 2>&1 &
+    PYTHONPATH=/tmp/cyctx12:/tmp/cu12site CUDA_HOME=/tmp/cu12site/nvidia/cuda_runtime \
+        timeout 280 python3 -m pytest --driver=real -ra -q -p no:cacheprovider --basetemp=/tmp/pt12 \
+        --junitxml="$OUT/pytest-real-cu12-final.xml" > "$OUT/pytest-cu12-final.log" 2>&1
+    wait
+    tail -4 "$OUT/pytest-cu13-final.log"; tail -4 "$OUT/pytest-cu12-final.log"
+    grep -E "^(FAILED|ERROR)" "$OUT"/pytest-cu1*-final.log
 fi
 step done
 # Only 8 files come back from $OUT: everything travels in one archive.

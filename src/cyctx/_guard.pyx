@@ -15,10 +15,9 @@ import warnings
 import weakref
 
 from cuda.bindings cimport cydriver
-from libc.limits cimport INT_MAX
 
 from cyctx._errors cimport check
-from cyctx._errors import ContextResetWarning, DriverError, ForkError, GuardError, InvalidDeviceError, driver_error
+from cyctx._errors import ContextResetWarning, ForkError, GuardError, InvalidDeviceError, driver_error
 
 
 cdef extern from "_tls.h" namespace "cyctx" nogil:
@@ -68,9 +67,9 @@ cdef int _resolve(const char* name, int version, void** out) except -1 nogil:
     return 0
 
 
-cdef int _resolve_hot_calls() except -1 nogil:
-    # Idempotent; racing threads store the same values. The pointer checked by callers is
-    # written last.
+cdef int _resolve_hot_calls() except -1 with gil:
+    # Under the GIL, whose acquire and release order these stores for every other thread;
+    # idempotent. The pointer that callers test is written last.
     global _get_current, _set_current, _get_id
     cdef void* p = NULL
     _resolve("cuCtxSetCurrent", 4000, &p)
@@ -182,8 +181,7 @@ cdef int _device_count() except -1:
     g_cuda_initialised = 1
     check(cydriver.cuDeviceGetCount(&n), "cuDeviceGetCount")
     if _get_current == NULL:
-        with nogil:
-            _resolve_hot_calls()
+        _resolve_hot_calls()
     return n
 
 
