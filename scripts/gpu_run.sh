@@ -73,10 +73,11 @@ if [ "$PART" = C ]; then
     step "whole suite, real driver: cuda-bindings 13 and 12.9 side by side"
     timeout 280 python3 -m pytest --driver=real -ra -q -p no:cacheprovider --basetemp=/tmp/pt13 \
         --junitxml="$OUT/pytest-real-cu13-final.xml" > "$OUT/pytest-cu13-final.log" 2>&1 &
+    pid13=$!
     PYTHONPATH=/tmp/cyctx12:/tmp/cu12site CUDA_HOME=/tmp/cu12site/nvidia/cuda_runtime \
         timeout 280 python3 -m pytest --driver=real -ra -q -p no:cacheprovider --basetemp=/tmp/pt12 \
         --junitxml="$OUT/pytest-real-cu12-final.xml" > "$OUT/pytest-cu12-final.log" 2>&1
-    wait
+    wait "$pid13"  # not a bare `wait`: that also waits for the `tee` of the exec line (run 3C hung there)
     tail -4 "$OUT/pytest-cu13-final.log"; tail -4 "$OUT/pytest-cu12-final.log"
     grep -E "^(FAILED|ERROR)" "$OUT"/pytest-cu1*-final.log
 fi
