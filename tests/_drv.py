@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 KIND = None  # "real" or "sim"
 SIM = None  # cyctx.testing.Sim when KIND == "sim"
@@ -117,3 +118,21 @@ def run_child(code, timeout=120, check=True, init=True):
     if check and proc.returncode != 0:
         raise AssertionError(f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def in_thread(fn, *args):
+    """Run fn in a new thread (which starts with no current context); re-raise its error."""
+    out = {}
+
+    def body():
+        try:
+            out["value"] = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            out["error"] = exc
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")

@@ -13,8 +13,7 @@ import pytest
 
 from cyctx import ContextGuard, ContextResetWarning, DriverError
 
-from _drv import driver, ok
-from test_guard import in_thread
+from _drv import driver, in_thread, ok
 
 FUNCS = (
     "cuInit", "cuDeviceGetCount", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease",

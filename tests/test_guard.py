@@ -7,25 +7,7 @@ import pytest
 import cyctx
 from cyctx import ContextGuard, DriverError, GuardError, InvalidContextError, InvalidDeviceError
 
-from _drv import SIM_DEVICES, current, device_count, driver, ok, primary_state, run_child
-
-
-def in_thread(fn, *args):
-    """Run fn in a new thread (which starts with no current context); re-raise its error."""
-    out = {}
-
-    def body():
-        try:
-            out["value"] = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            out["error"] = exc
-
-    t = threading.Thread(target=body)
-    t.start()
-    t.join()
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
+from _drv import SIM_DEVICES, current, device_count, driver, in_thread, ok, primary_state, run_child
 
 
 @pytest.fixture

@@ -8,8 +8,7 @@ import pytest
 import cyctx
 from cyctx import ContextGuard, ContextDestroyedError
 
-from _drv import create_context, driver, ok, run_child
-from test_guard import in_thread
+from _drv import create_context, driver, in_thread, ok, run_child
 
 
 def _created_context(dev=0):

@@ -9,8 +9,7 @@ import pytest
 import cyctx
 from cyctx import ContextGuard, ContextResetWarning, ForkError
 
-from _drv import cudart, current, driver, ok, primary_state, run_child
-from test_guard import in_thread
+from _drv import cudart, current, driver, in_thread, ok, primary_state, run_child
 
 
 def reset_primary(dev):

@@ -46,39 +46,28 @@ def _load_simulator():
 
 
 sim = _load_simulator()
-from cuda.bindings import driver as _drv  # noqa: E402  (after the simulator is loaded)
+from cuda.bindings import driver as _bdrv  # noqa: E402  (after the simulator is loaded)
+from _drv import in_thread  # noqa: E402
+from cyctx.testing import declare_control_api  # noqa: E402
 
 # CUDA 13 added cuCtxGetDevice_v2/cuCtxSynchronize_v2 to the bindings; steps using them run
 # only there. With 12.x bindings cuCtxCreate is the old (flags, dev) ABI and the v4 one is
 # cuCtxCreate_v4: the proxy below keeps the tests' v4-style calls working on both majors.
-HAS13 = hasattr(_drv, "cuCtxGetDevice_v2")
+HAS13 = hasattr(_bdrv, "cuCtxGetDevice_v2")
 
 
 class _Compat:
     def __getattr__(self, name):
-        return getattr(_drv, name)
+        return getattr(_bdrv, name)
 
     def cuCtxCreate(self, *args):
-        fn = _drv.cuCtxCreate if HAS13 or len(args) == 2 else _drv.cuCtxCreate_v4
+        fn = _bdrv.cuCtxCreate if HAS13 or len(args) == 2 else _bdrv.cuCtxCreate_v4
         return fn(*args)
 
 
 drv = _Compat()
 
-for _name, _res, _args in [
-    ("cyctxsim_is_simulated", ctypes.c_int, []),
-    ("cyctxsim_configure", ctypes.c_int, [ctypes.c_int]),
-    ("cyctxsim_device_count", ctypes.c_int, []),
-    ("cyctxsim_retain_count", ctypes.c_int, [ctypes.c_int]),
-    ("cyctxsim_primary_active", ctypes.c_int, [ctypes.c_int]),
-    ("cyctxsim_stack_depth", ctypes.c_int, []),
-    ("cyctxsim_live_contexts", ctypes.c_int, []),
-    ("cyctxsim_inject_fault", ctypes.c_int, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]),
-    ("cyctxsim_clear_faults", None, []),
-    ("cyctxsim_call_count", ctypes.c_longlong, [ctypes.c_char_p]),
-]:
-    getattr(sim, _name).restype = _res
-    getattr(sim, _name).argtypes = _args
+declare_control_api(sim)
 
 
 class _DlInfo(ctypes.Structure):
@@ -668,23 +657,7 @@ def test_empty_stack_codes():
         assert err(drv.cuCtxGetStreamPriorityRange()) == INVALID_CONTEXT
         ok(drv.cuCtxSetCurrent(None))                    # no-op on an empty stack
         assert sim.cyctxsim_stack_depth() == 0
-    run_in_thread(body)
-
-
-def run_in_thread(fn, *args):
-    box = {}
-
-    def target():
-        try:
-            box["value"] = fn(*args)
-        except BaseException as e:  # re-raised in the caller
-            box["error"] = e
-    t = threading.Thread(target=target)
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+    in_thread(body)
 
 
 def test_pci_bus_id_short_buffer():
@@ -721,7 +694,7 @@ def test_set_current_replaces_top_and_null_pops(primary):
         assert handle(ok(drv.cuCtxPopCurrent())) == handle(primary)
         ok(drv.cuCtxDestroy(mine))                       # not current here: nothing popped
         assert sim.cyctxsim_stack_depth() == 0
-    run_in_thread(body)
+    in_thread(body)
 
 
 @pytest.mark.parametrize("bogus", [0x1234, 0xDEADBEEF, 2**63 + 8])
@@ -756,7 +729,7 @@ def test_null_context_arguments(primary):
 def test_new_thread_starts_with_no_context(primary):
     ok(drv.cuCtxPushCurrent(primary))
     try:
-        assert run_in_thread(lambda: (handle(ok(drv.cuCtxGetCurrent())), sim.cyctxsim_stack_depth())) == (0, 0)
+        assert in_thread(lambda: (handle(ok(drv.cuCtxGetCurrent())), sim.cyctxsim_stack_depth())) == (0, 0)
     finally:
         ok(drv.cuCtxPopCurrent())
 
@@ -822,8 +795,8 @@ def test_thread_exiting_with_contexts_on_its_stack(primary):
         for _ in range(100):                             # grows the stack past its first block
             ok(drv.cuCtxPushCurrent(primary))
         return sim.cyctxsim_stack_depth()
-    assert run_in_thread(body) == 100
-    assert run_in_thread(sim.cyctxsim_stack_depth) == 0
+    assert in_thread(body) == 100
+    assert in_thread(sim.cyctxsim_stack_depth) == 0
 
 
 # --- created contexts --------------------------------------------------------------------
@@ -892,7 +865,7 @@ def test_destroy_not_on_top_does_not_pop(primary):
         assert handle(ok(drv.cuCtxPopCurrent())) == handle(primary)
         assert err(drv.cuCtxGetId(None)) == DESTROYED
         assert handle(ok(drv.cuCtxPopCurrent())) == handle(a)
-    run_in_thread(body)
+    in_thread(body)
 
 
 def test_destroyed_while_current_on_another_thread():

@@ -46,26 +46,35 @@ def _loaded_libcuda() -> str | None:
     return None
 
 
+# The simulated driver's control API (src/cyctx/_sim/simdriver.h): name, restype, argtypes.
+CONTROL_API = (
+    ("cyctxsim_is_simulated", ctypes.c_int, []),
+    ("cyctxsim_configure", ctypes.c_int, [ctypes.c_int]),
+    ("cyctxsim_device_count", ctypes.c_int, []),
+    ("cyctxsim_retain_count", ctypes.c_int, [ctypes.c_int]),
+    ("cyctxsim_primary_active", ctypes.c_int, [ctypes.c_int]),
+    ("cyctxsim_stack_depth", ctypes.c_int, []),
+    ("cyctxsim_live_contexts", ctypes.c_int, []),
+    ("cyctxsim_inject_fault", ctypes.c_int, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]),
+    ("cyctxsim_clear_faults", None, []),
+    ("cyctxsim_call_count", ctypes.c_longlong, [ctypes.c_char_p]),
+)
+
+
+def declare_control_api(lib: ctypes.CDLL) -> None:
+    """Give the control functions of a loaded simulated driver their C signatures."""
+    for name, res, args in CONTROL_API:
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+
+
 class Sim:
     """Handle on the loaded simulated driver: read its state, inject faults."""
 
     def __init__(self, lib: ctypes.CDLL, path: str):
         self._lib = lib
         self.path = path
-        for name, res, args in (
-            ("cyctxsim_is_simulated", ctypes.c_int, []),
-            ("cyctxsim_configure", ctypes.c_int, [ctypes.c_int]),
-            ("cyctxsim_device_count", ctypes.c_int, []),
-            ("cyctxsim_retain_count", ctypes.c_int, [ctypes.c_int]),
-            ("cyctxsim_primary_active", ctypes.c_int, [ctypes.c_int]),
-            ("cyctxsim_stack_depth", ctypes.c_int, []),
-            ("cyctxsim_live_contexts", ctypes.c_int, []),
-            ("cyctxsim_inject_fault", ctypes.c_int, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]),
-            ("cyctxsim_clear_faults", None, []),
-            ("cyctxsim_call_count", ctypes.c_longlong, [ctypes.c_char_p]),
-        ):
-            fn = getattr(lib, name)
-            fn.restype, fn.argtypes = res, args
+        declare_control_api(lib)
 
     @property
     def device_count(self) -> int:
