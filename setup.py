@@ -1,9 +1,13 @@
-"""Build cyctx: Cython extensions compiled as C++ against cuda.bindings.cydriver, plus the
-simulated driver (a C library with soname libcuda.so.1) that the test suite runs on.
+"""Build cyctx: Cython extensions compiled as C++ with cuda.bindings.cydriver's types, plus the
+simulated driver (a C library with soname libcuda.so.1) that the test suite and the doctor's
+--simulate run on.
 
 All build configuration lives here and in pyproject.toml. No CUDA toolkit is needed:
-cuda.h comes from the nvidia-cuda-runtime wheel (found by cuda-pathfinder) or from an
-explicit CUDA_HOME/CUDA_PATH, and must match the installed cuda-bindings.
+cuda.h comes from the nvidia-cuda-runtime wheel (found on sys.path or by cuda-pathfinder) or
+from an explicit CUDA_HOME/CUDA_PATH, and must match the cuda-bindings of the build.
+
+Release builds: the shared objects are linked stripped (CYCTX_DEBUG=1 keeps the symbols) and
+with no run path, so nothing of the build machine ends up in a wheel.
 """
 
 import importlib.util
@@ -40,6 +44,8 @@ print(f"cyctx build: cuda.h {HDR.major_minor[0]}.{HDR.major_minor[1]} (CUDA_VERS
 def _write_build_info():
     import Cython
     info = {
+        # The cuda-bindings whose cydriver.pxd gave the types. Any supported cuda-bindings
+        # works at run time (the driver calls are resolved by cyctx, _driver.h).
         "cuda_bindings": BFULL,
         "cuda_bindings_major_minor": [BMAJ, BMIN],
         "cuda_header_version": HDR.version,
@@ -65,6 +71,10 @@ DIRECTIVES = {
 }
 
 
+# Stripped unless asked otherwise: unstripped, the wheel is ~6x larger.
+LINK_ARGS = [] if os.environ.get("CYCTX_DEBUG") == "1" else ["-Wl,-s"]
+
+
 def _ext(name):
     return Extension(
         f"cyctx.{name}",
@@ -72,12 +82,26 @@ def _ext(name):
         include_dirs=[HDR.include_dir, PKG],
         language="c++",  # cydriver.pxd uses <type_traits>
         extra_compile_args=["-std=c++17", "-O2"],
+        extra_link_args=LINK_ARGS + ["-ldl"],  # dlopen of libcuda.so.1 (_driver.h); in libc since glibc 2.34
     )
+
+
+def _without_run_paths(compiler):
+    # An interpreter built with a run path (pyenv's: -Wl,-rpath,<prefix>/lib) passes it to
+    # every link through LDSHARED; a wheel must not carry the build machine's paths.
+    for attr in ("linker_so", "linker_so_cxx"):
+        cmd = getattr(compiler, attr, None)
+        if cmd:
+            setattr(compiler, attr, [a for a in cmd if not a.startswith(("-Wl,-rpath", "-Wl,-R", "-Wl,--enable-new-dtags"))])
 
 
 class BuildExtWithSim(build_ext):
     """Also builds src/cyctx/_sim/simdriver.c into cyctx/_sim/libcuda.so.1 (soname libcuda.so.1),
     so cuda.bindings picks it up in place of the NVIDIA driver when it is loaded first."""
+
+    def build_extensions(self):
+        _without_run_paths(self.compiler)
+        super().build_extensions()
 
     def run(self):
         super().run()
@@ -93,7 +117,7 @@ class BuildExtWithSim(build_ext):
             objects,
             "libcuda.so.1",
             output_dir=out_dir,
-            extra_postargs=["-Wl,-soname,libcuda.so.1", "-pthread"],
+            extra_postargs=["-Wl,-soname,libcuda.so.1", "-pthread"] + LINK_ARGS,
         )
         print(f"cyctx build: simulated driver -> {os.path.join(out_dir, 'libcuda.so.1')}", flush=True)
 

@@ -15,7 +15,7 @@ except ImportError as exc:  # running from a source tree that was never built
         "instead of importing it from the source tree"
     ) from exc
 
-check_bindings(BUILD_INFO["cuda_bindings"], installed_bindings_version())
+check_bindings(installed_bindings_version())
 
 try:
     from cyctx._errors import (
@@ -37,15 +37,8 @@ except ModuleNotFoundError as exc:
         f"cyctx's compiled modules are missing ({exc}): importing cyctx from a source tree? "
         f"Install it with `pip install .` and import it from elsewhere"
     ) from exc
-except (ImportError, TypeError, ValueError) as exc:
-    # Cython checks each cimported cydriver function's C signature at import.
-    raise IncompatibleBindingsError(
-        f"cyctx was built against cuda-bindings {BUILD_INFO['cuda_bindings']} and cannot load "
-        f"with the installed {installed_bindings_version()}: {exc}. Rebuild cyctx against it "
-        f"(pip install --force-reinstall --no-binary cyctx cyctx)"
-    ) from exc
 
-__version__ = "0.1.0"
+from cyctx._version import __version__
 
 __all__ = [
     "BUILD_INFO",
@@ -62,6 +55,7 @@ __all__ = [
     "InvalidDeviceError",
     "NoDeviceError",
     "NotInitializedError",
+    "__version__",
     "current_handle",
     "diagnose",
     "get_include",

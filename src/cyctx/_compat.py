@@ -1,18 +1,24 @@
-"""Is the installed cuda-bindings the one cyctx was compiled against?
+"""Is the installed cuda-bindings one that cyctx supports?
 
-cyctx's extensions call cuda.bindings' cydriver through Cython's C-API capsules, whose
-signatures are checked at import: another major (or a minor older than the build's)
-fails there with an obscure TypeError, or worse. This check runs first and says what to do.
-Pure Python, no driver access.
+cyctx's compiled modules do not bind to cuda-bindings' C API (they resolve the driver
+themselves, ``_driver.h``), so one build serves every cuda-bindings in the supported range,
+CUDA 12 and 13 alike. Outside it, the doctor (which uses ``cuda.bindings.driver``) and
+Cython code that cimports cyctx (which compiles against its ``cydriver.pxd``) are untested,
+so importing cyctx stops with a command that fixes it from where the user stands: staying
+on their CUDA major whenever that major is supported. Pure Python, no driver access.
 """
 
 from __future__ import annotations
 
 import re
 
+# The same range as `dependencies` in pyproject.toml (tests/test_packaging.py checks).
+SUPPORTED_MIN = (12, 9)
+SUPPORTED_MAJORS = (12, 13)
+
 
 class IncompatibleBindingsError(ImportError):
-    """The installed cuda-bindings cannot work with this build of cyctx."""
+    """The installed cuda-bindings is outside the range cyctx supports."""
 
 
 def _major_minor(version: str) -> tuple[int, int]:
@@ -22,25 +28,34 @@ def _major_minor(version: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def check_bindings(built: str, installed: str | None) -> None:
-    """Raise IncompatibleBindingsError unless ``installed`` can serve a build against ``built``."""
-    fix = (
-        f"install the cuda-bindings cyctx was built with (pip install 'cuda-bindings=={built}'), "
-        f"or rebuild cyctx against the installed one (pip install --force-reinstall --no-binary cyctx cyctx)"
-    )
+def supported_range() -> str:
+    return f">={SUPPORTED_MIN[0]}.{SUPPORTED_MIN[1]},<{SUPPORTED_MAJORS[-1] + 1}"
+
+
+def check_bindings(installed: str | None) -> None:
+    """Raise IncompatibleBindingsError unless cyctx supports cuda-bindings ``installed``."""
     if installed is None:
-        raise IncompatibleBindingsError(f"cuda-bindings is not installed; cyctx was built against {built}: {fix}")
-    (bmaj, bmin), (imaj, imin) = _major_minor(built), _major_minor(installed)
-    if imaj != bmaj:
         raise IncompatibleBindingsError(
-            f"cyctx was built against cuda-bindings {built} (CUDA {bmaj}) but {installed} "
-            f"(CUDA {imaj}) is installed; the majors have different driver APIs: {fix}"
+            "cuda-bindings is not installed, and cyctx needs it (the doctor and `cimport cyctx` "
+            "use it): pip install 'cuda-bindings>=13,<14' (or 'cuda-bindings>=12.9,<13' "
+            "for CUDA 12)"
         )
-    if imin < bmin:
-        raise IncompatibleBindingsError(
-            f"cyctx was built against cuda-bindings {built} but the older {installed} is "
-            f"installed: {fix}"
-        )
+    major, minor = _major_minor(installed)
+    if major in SUPPORTED_MAJORS and (major, minor) >= SUPPORTED_MIN:
+        return
+    if major == SUPPORTED_MIN[0]:  # an older minor of a supported major: stay on it
+        fix = f"pip install 'cuda-bindings>={SUPPORTED_MIN[0]}.{SUPPORTED_MIN[1]},<{major + 1}'"
+    elif major < SUPPORTED_MIN[0]:
+        fix = (f"cyctx needs CUDA {SUPPORTED_MIN[0]} or newer bindings (and a driver of CUDA "
+               f"12.0+): pip install 'cuda-bindings>={SUPPORTED_MIN[0]}.{SUPPORTED_MIN[1]},<{SUPPORTED_MIN[0] + 1}'")
+    else:  # a newer major than this cyctx knows
+        fix = (f"this cyctx supports CUDA {SUPPORTED_MAJORS[0]} and {SUPPORTED_MAJORS[-1]}: "
+               f"pip install --upgrade cyctx for a release that supports CUDA {major}, or "
+               f"pip install 'cuda-bindings>={SUPPORTED_MAJORS[-1]},<{SUPPORTED_MAJORS[-1] + 1}'")
+    raise IncompatibleBindingsError(
+        f"cuda-bindings {installed} is installed; cyctx supports cuda-bindings "
+        f"{supported_range()}: {fix}"
+    )
 
 
 def installed_bindings_version() -> str | None:

@@ -7,6 +7,8 @@ what happened and what to do. Misuse of a guard is a :class:`GuardError`.
 
 from cuda.bindings cimport cydriver
 
+from cyctx._driver cimport DriverApi, driver_load
+
 
 class CyctxError(Exception):
     """Base class of every error cyctx raises on purpose."""
@@ -115,16 +117,25 @@ def error_name_and_string(code):
     """(name, description) of a CUresult, from the driver; works before cuInit."""
     cdef const char* name = NULL
     cdef const char* text = NULL
+    cdef const DriverApi* api = NULL
     cdef cydriver.CUresult err = <cydriver.CUresult>code
-    try:
-        cydriver.cuGetErrorName(err, &name)
-        cydriver.cuGetErrorString(err, &text)
-    except Exception:  # no driver could be loaded at all
-        pass
+    if driver_load(&api) == cydriver.CUresult.CUDA_SUCCESS:
+        if api.GetErrorName(err, &name) != cydriver.CUresult.CUDA_SUCCESS:
+            name = NULL
+        if api.GetErrorString(err, &text) != cydriver.CUresult.CUDA_SUCCESS:
+            text = NULL
     return (
-        name.decode() if name != NULL else f"CUresult({int(code)})",
+        name.decode() if name != NULL else _FALLBACK_NAMES.get(int(code), f"CUresult({int(code)})"),
         text.decode() if text != NULL else "unrecognised error code",
     )
+
+
+# Names of the codes cyctx itself reports when no driver could be loaded to ask.
+_FALLBACK_NAMES = {
+    100: "CUDA_ERROR_NO_DEVICE",
+    500: "CUDA_ERROR_NOT_FOUND",
+    801: "CUDA_ERROR_NOT_SUPPORTED",
+}
 
 
 def driver_error(code, call=None, detail=None):
@@ -134,3 +145,14 @@ def driver_error(code, call=None, detail=None):
 
 cdef int raise_driver_error(cydriver.CUresult err, const char* call) except -1 with gil:
     raise driver_error(<int>err, call.decode() if call != NULL else None)
+
+
+cdef int raise_load_error(cydriver.CUresult err, const char* problem) except -1 with gil:
+    why = problem.decode(errors="replace") if problem != NULL else "unknown reason"
+    if err == cydriver.CUresult.CUDA_ERROR_NO_DEVICE:
+        fix = ("No NVIDIA driver is installed or visible here. On a GPU machine install the "
+               "NVIDIA driver; without a GPU, use cyctx's simulated driver "
+               "(cyctx.testing.use_simulated_driver, or `cyctx doctor --simulate`)")
+    else:
+        fix = "The NVIDIA driver is too old for cyctx: install a driver of CUDA 12.0 or newer"
+    raise driver_error(<int>err, "loading the CUDA driver", f"{why}. {fix}")

@@ -16,7 +16,8 @@ import weakref
 
 from cuda.bindings cimport cydriver
 
-from cyctx._errors cimport check
+from cyctx._driver cimport DriverApi, driver_api, driver_load, driver_load_problem
+from cyctx._errors cimport check, raise_load_error
 from cyctx._errors import ContextResetWarning, ForkError, GuardError, InvalidDeviceError, driver_error
 
 
@@ -42,43 +43,26 @@ if install_fork_handler() != 0:
     raise ImportError("cyctx: pthread_atfork failed; fork safety cannot be guaranteed")
 
 
-# --- the hot driver calls -------------------------------------------------------------
-# cydriver routes every call through two indirect calls and an initialisation check (H200
-# run 1: cuCtxGetCurrent 15.4 ns through cydriver, 12.4 ns from C in the lab). enter/exit make
-# three or four calls, so the three hot ones are resolved once with cuGetProcAddress, at the
-# ABI versions cuda.bindings itself asks for. Everything else goes through cydriver.
-ctypedef cydriver.CUresult (*_get_current_t)(cydriver.CUcontext*) noexcept nogil
-ctypedef cydriver.CUresult (*_set_current_t)(cydriver.CUcontext) noexcept nogil
-ctypedef cydriver.CUresult (*_get_id_t)(cydriver.CUcontext, unsigned long long*) noexcept nogil
+# --- the driver -------------------------------------------------------------------------
+# Every driver function is called through the table of _driver.h, resolved once per process
+# at fixed ABI versions (not through cydriver's functions, so this build loads beside any
+# cuda-bindings major; _driver.h says why). A guard's construction loads it, so enter/exit
+# of a constructed guard find it loaded; the raw layer may run first and loads it itself.
 
-cdef _get_current_t _get_current = NULL
-cdef _set_current_t _set_current = NULL
-cdef _get_id_t _get_id = NULL
-
-
-cdef int _resolve(const char* name, int version, void** out) except -1 nogil:
-    cdef cydriver.CUdriverProcAddressQueryResult status
-    cdef void* p = NULL
-    check(cydriver.cuGetProcAddress(name, &p, version, cydriver.CU_GET_PROC_ADDRESS_DEFAULT, &status),
-          "cuGetProcAddress")
-    if p == NULL:
-        return check(cydriver.CUresult.CUDA_ERROR_NOT_FOUND, name)
-    out[0] = p
-    return 0
+cdef inline const DriverApi* _api() except NULL nogil:
+    cdef const DriverApi* api = driver_api()
+    if api != NULL:
+        return api
+    return _load_api()
 
 
-cdef int _resolve_hot_calls() except -1 with gil:
-    # Under the GIL, whose acquire and release order these stores for every other thread;
-    # idempotent. The pointer that callers test is written last.
-    global _get_current, _set_current, _get_id
-    cdef void* p = NULL
-    _resolve("cuCtxSetCurrent", 4000, &p)
-    _set_current = <_set_current_t>p
-    _resolve("cuCtxGetId", 12000, &p)
-    _get_id = <_get_id_t>p
-    _resolve("cuCtxGetCurrent", 4000, &p)
-    _get_current = <_get_current_t>p
-    return 0
+cdef const DriverApi* _load_api() except NULL nogil:
+    cdef const DriverApi* api = NULL
+    cdef cydriver.CUresult err = driver_load(&api)
+    if err != cydriver.CUresult.CUDA_SUCCESS:
+        raise_load_error(err, driver_load_problem())
+        return NULL
+    return api
 
 
 # A thread left this many contexts pushed inside a guard from an empty stack: more than
@@ -93,13 +77,12 @@ cdef int switch_to(Switch* s, cydriver.CUcontext target) except -1 nogil:
     cdef cydriver.CUcontext cur = NULL
     if target == NULL:
         return _raise_value("switch_to: target context is NULL")
-    if _get_current == NULL:
-        _resolve_hot_calls()  # the raw layer used before any guard was made
+    cdef const DriverApi* d = _api()
     # cuCtxGetCurrent is thread-local and ~12 ns; the switch is only paid when needed
     # (DESIGN §3.2, §4).
-    check(_get_current(&cur), "cuCtxGetCurrent")
+    check(d.CtxGetCurrent(&cur), "cuCtxGetCurrent")
     if cur != target:
-        check(_set_current(target), "cuCtxSetCurrent")
+        check(d.CtxSetCurrent(target), "cuCtxSetCurrent")
     s.prev = cur
     s.switched = cur != target
     return 0
@@ -107,35 +90,34 @@ cdef int switch_to(Switch* s, cydriver.CUcontext target) except -1 nogil:
 
 cdef int switch_back(const Switch* s) except -1 nogil:
     cdef cydriver.CUcontext cur = NULL
-    if _get_current == NULL:
-        _resolve_hot_calls()
+    cdef const DriverApi* d = _api()
     if s.switched:
         # Unconditional: cheaper than reading first, and it also undoes a replacement of
         # the top made inside the block.
-        check(_set_current(s.prev), "cuCtxSetCurrent")
+        check(d.CtxSetCurrent(s.prev), "cuCtxSetCurrent")
         if s.prev == NULL:
             # From an empty stack, SetCurrent(NULL) popped one entry. Anything still current
             # was pushed inside the block and never popped.
-            check(_get_current(&cur), "cuCtxGetCurrent")
+            check(d.CtxGetCurrent(&cur), "cuCtxGetCurrent")
             if cur != NULL:
-                return _unwind_leaked_pushes()
+                return _unwind_leaked_pushes(d)
         return 0
-    check(_get_current(&cur), "cuCtxGetCurrent")
+    check(d.CtxGetCurrent(&cur), "cuCtxGetCurrent")
     if cur != s.prev:
-        check(_set_current(s.prev), "cuCtxSetCurrent")
+        check(d.CtxSetCurrent(s.prev), "cuCtxSetCurrent")
     return 0
 
 
-cdef int _unwind_leaked_pushes() except -1 nogil:
+cdef int _unwind_leaked_pushes(const DriverApi* d) except -1 nogil:
     # The thread entered with no context; restore that exactly, and say so loudly: silently
     # popping another library's contexts would hide its bug (DESIGN §3.3).
     cdef cydriver.CUcontext cur = NULL
     cdef int n = 0
     while n < _MAX_UNWIND:
-        check(_get_current(&cur), "cuCtxGetCurrent")
+        check(d.CtxGetCurrent(&cur), "cuCtxGetCurrent")
         if cur == NULL:
             break
-        check(_set_current(NULL), "cuCtxSetCurrent")
+        check(d.CtxSetCurrent(NULL), "cuCtxSetCurrent")
         n += 1
     return _raise_leaked(n)
 
@@ -170,18 +152,18 @@ cdef int _device_count() except -1:
     global g_cuda_initialised
     cdef int n = 0
     cdef cydriver.CUresult err
+    cdef const DriverApi* d = NULL
     if g_forked_after_cuda:
         _raise_fork()
     with nogil:
-        # cuInit can take long the first time (driver start-up): not under the GIL.
-        err = cydriver.cuInit(0)
+        # Loading the driver and cuInit can take long the first time: not under the GIL.
+        d = _api()
+        err = d.Init(0)
     if err == cydriver.CUresult.CUDA_ERROR_NOT_INITIALIZED and g_fork_child:
         _raise_fork()  # CUDA was initialised in an ancestor by someone else (torch, CuPy...)
     check(err, "cuInit")
     g_cuda_initialised = 1
-    check(cydriver.cuDeviceGetCount(&n), "cuDeviceGetCount")
-    if _get_current == NULL:
-        _resolve_hot_calls()
+    check(d.DeviceGetCount(&n), "cuDeviceGetCount")
     return n
 
 
@@ -353,13 +335,14 @@ cdef class ContextGuard:
                 f"Device {ordinal} does not exist: the driver reports {count} device(s), "
                 f"ordinals 0..{count - 1} (CUDA_VISIBLE_DEVICES renumbers them)",
             )
-        check(cydriver.cuDeviceGet(&dev, <int>ordinal), "cuDeviceGet")
+        cdef const DriverApi* d = driver_api()  # loaded by _device_count
+        check(d.DeviceGet(&dev, <int>ordinal), "cuDeviceGet")
         with nogil:
             # Activating a primary context creates it on the GPU: can take milliseconds.
-            check(cydriver.cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain")
-        err = cydriver.cuCtxGetId(ctx, &ctx_id)
+            check(d.PrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain")
+        err = d.CtxGetId(ctx, &ctx_id)
         if err != cydriver.CUresult.CUDA_SUCCESS:
-            cydriver.cuDevicePrimaryCtxRelease(dev)  # construction failed: no retain kept
+            d.PrimaryCtxRelease(dev)  # construction failed: no retain kept
             check(err, "cuCtxGetId")
         self._dev = dev
         self._ordinal = ordinal
@@ -379,24 +362,25 @@ cdef class ContextGuard:
         cdef unsigned int flags = 0
         cdef int active = 0
         cdef cydriver.CUresult err
+        cdef const DriverApi* d = driver_api()  # loaded by _device_count
         if ctx == NULL:
             raise ValueError("ContextGuard: the context handle is NULL")
-        check(cydriver.cuCtxGetId(ctx, &ctx_id), "cuCtxGetId")  # 201/709: not a live context
+        check(d.CtxGetId(ctx, &ctx_id), "cuCtxGetId")  # 201/709: not a live context
         # Its device: push it briefly (cuCtxGetDevice_v2, which takes a context, is CUDA 13 only).
-        check(_get_current(&tmp), "cuCtxGetCurrent")
-        check(cydriver.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
-        err = cydriver.cuCtxGetDevice(&dev)
-        check(cydriver.cuCtxPopCurrent(&tmp), "cuCtxPopCurrent")
+        check(d.CtxGetCurrent(&tmp), "cuCtxGetCurrent")
+        check(d.CtxPushCurrent(ctx), "cuCtxPushCurrent")
+        err = d.CtxGetDevice(&dev)
+        check(d.CtxPopCurrent(&tmp), "cuCtxPopCurrent")
         check(err, "cuCtxGetDevice")
         # Only an active primary can be this live context; retaining an inactive one would
         # create a context nobody asked for (DESIGN §1).
-        check(cydriver.cuDevicePrimaryCtxGetState(dev, &flags, &active), "cuDevicePrimaryCtxGetState")
+        check(d.PrimaryCtxGetState(dev, &flags, &active), "cuDevicePrimaryCtxGetState")
         if active:
-            check(cydriver.cuDevicePrimaryCtxRetain(&pc, dev), "cuDevicePrimaryCtxRetain")
+            check(d.PrimaryCtxRetain(&pc, dev), "cuDevicePrimaryCtxRetain")
             if pc == ctx:
                 self._owns_retain = True
             else:
-                check(cydriver.cuDevicePrimaryCtxRelease(dev), "cuDevicePrimaryCtxRelease")
+                check(d.PrimaryCtxRelease(dev), "cuDevicePrimaryCtxRelease")
         self._dev = dev
         self._ordinal = <int>dev
         self._ctx_id = ctx_id
@@ -450,7 +434,8 @@ cdef class ContextGuard:
             return _raise_closed(self)
         # A reset keeps the handle and changes the id (lab probe2), so the pointer alone
         # proves nothing (DESIGN §3.7): one cuCtxGetId, ~11 ns, on every enter.
-        err = _get_id(self._ctx, &ctx_id)  # resolved: this guard's construction did it
+        # The table is loaded: this guard's construction did it.
+        err = driver_api().CtxGetId(self._ctx, &ctx_id)
         if err != cydriver.CUresult.CUDA_SUCCESS or ctx_id != self._ctx_id:
             _after_reset(self, err, ctx_id)
         switch_to(&s, self._ctx)
@@ -512,10 +497,11 @@ cdef class ContextGuard:
         if g_forked_after_cuda or not self._owns_retain:
             self._ctx = NULL  # nothing of ours to release (the parent's, or the caller's context)
             return
+        cdef const DriverApi* d = driver_api()  # loaded: the guard was constructed
         while self._extra_retains:
-            check(cydriver.cuDevicePrimaryCtxRelease(self._dev), "cuDevicePrimaryCtxRelease")
+            check(d.PrimaryCtxRelease(self._dev), "cuDevicePrimaryCtxRelease")
             self._extra_retains -= 1
-        check(cydriver.cuDevicePrimaryCtxRelease(self._dev), "cuDevicePrimaryCtxRelease")
+        check(d.PrimaryCtxRelease(self._dev), "cuDevicePrimaryCtxRelease")
         self._ctx = NULL
 
     @property
@@ -579,13 +565,14 @@ cdef int _after_reset(ContextGuard g, cydriver.CUresult err, unsigned long long 
         # The caller's context (cuCtxCreate, green) was destroyed: nothing to re-activate.
         return _raise_destroyed(g)
     _warn_reset(g, err == cydriver.CUresult.CUDA_SUCCESS)  # may raise: nothing changed yet
+    cdef const DriverApi* d = driver_api()  # loaded: the guard was constructed
     if err != cydriver.CUresult.CUDA_SUCCESS:
-        check(cydriver.cuDevicePrimaryCtxRetain(&ctx, g._dev), "cuDevicePrimaryCtxRetain")
-        if cydriver.cuDevicePrimaryCtxRelease(g._dev) != cydriver.CUresult.CUDA_SUCCESS:
+        check(d.PrimaryCtxRetain(&ctx, g._dev), "cuDevicePrimaryCtxRetain")
+        if d.PrimaryCtxRelease(g._dev) != cydriver.CUresult.CUDA_SUCCESS:
             # Still balanced overall: close() releases it with the guard's own retain.
             g._extra_retains += 1
         g._ctx = ctx  # the driver reuses the handle; take whatever it says
-        check(cydriver.cuCtxGetId(ctx, &ctx_id), "cuCtxGetId")
+        check(d.CtxGetId(ctx, &ctx_id), "cuCtxGetId")
     g._ctx_id = ctx_id
     g._resets += 1
     return 0
@@ -594,21 +581,28 @@ cdef int _after_reset(ContextGuard g, cydriver.CUresult err, unsigned long long 
 def _stream_context(size_t handle):
     """The context handle a stream belongs to (cuStreamGetCtx)."""
     cdef cydriver.CUcontext ctx = NULL
-    check(cydriver.cuStreamGetCtx(<cydriver.CUstream>handle, &ctx), "cuStreamGetCtx")
+    cdef const DriverApi* d = _api()
+    if d.StreamGetCtx == NULL:
+        check(cydriver.CUresult.CUDA_ERROR_NOT_FOUND, "cuStreamGetCtx (not provided by this driver)")
+    check(d.StreamGetCtx(<cydriver.CUstream>handle, &ctx), "cuStreamGetCtx")
     return <size_t>ctx
 
 
 def _green_context(size_t handle):
     cdef cydriver.CUcontext ctx = NULL
-    check(cydriver.cuCtxFromGreenCtx(&ctx, <cydriver.CUgreenCtx>handle), "cuCtxFromGreenCtx")
+    cdef const DriverApi* d = _api()
+    if d.CtxFromGreenCtx == NULL:
+        check(cydriver.CUresult.CUDA_ERROR_NOT_FOUND, "cuCtxFromGreenCtx (not provided by this driver)")
+    check(d.CtxFromGreenCtx(&ctx, <cydriver.CUgreenCtx>handle), "cuCtxFromGreenCtx")
     return <size_t>ctx
 
 
 cdef void _release(cydriver.CUdevice dev, int n) noexcept nogil:
     # Release path of __dealloc__: errors cannot be reported there, and must not be raised.
     cdef int i
+    cdef const DriverApi* d = driver_api()  # loaded: a guard was constructed
     for i in range(n):
-        cydriver.cuDevicePrimaryCtxRelease(dev)
+        d.PrimaryCtxRelease(dev)
 
 
 cdef int _warn_reset(ContextGuard g, bint reactivated_elsewhere) except -1 with gil:
@@ -657,7 +651,7 @@ cdef int _raise_exit_misuse(ContextGuard g) except -1 with gil:
 def current_handle():
     """The calling thread's current ``CUcontext`` as an int (0: none). One cuCtxGetCurrent."""
     cdef cydriver.CUcontext cur = NULL
-    check(cydriver.cuCtxGetCurrent(&cur), "cuCtxGetCurrent")
+    check(_api().CtxGetCurrent(&cur), "cuCtxGetCurrent")
     return <size_t>cur
 
 

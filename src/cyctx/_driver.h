@@ -1,0 +1,158 @@
+// The driver entry points cyctx calls, resolved by cyctx itself (docs/design.md, "One build
+// for every cuda-bindings").
+//
+// Why not call cuda.bindings' cydriver functions: a Cython module that calls them imports
+// each one at load time by its C signature in the cydriver it was compiled against, and
+// cydriver changes between majors (CUDA 13 renamed or re-versioned several functions). A
+// cyctx built so would load only beside the cuda-bindings it was built with. Instead each
+// function is resolved once with cuGetProcAddress_v2 at a fixed ABI version, the driver's
+// own mechanism for ABI stability, so one build works with every cuda-bindings 12.9+ and
+// 13.x and every driver of CUDA 12.0+. cydriver.pxd is still where the types come from.
+//
+// The library is the one cuda.bindings uses as well: dlopen("libcuda.so.1") returns a
+// library of that soname already loaded (the NVIDIA driver, or cyctx's simulated driver
+// loaded first by cyctx.testing), else loads the system's.
+//
+// One-time initialisation without a lock and without the GIL: racing first callers each
+// resolve the table (dlopen is reference counted, dlsym and cuGetProcAddress are
+// thread-safe), the first to publish wins with a release store, the others free theirs.
+// No lock also means a fork in the middle of a first use cannot leave the child one.
+#pragma once
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <dlfcn.h>
+
+#include <cuda.h>
+
+namespace cyctx {
+
+struct DriverApi {
+    CUresult (*Init)(unsigned int);
+    CUresult (*DeviceGetCount)(int *);
+    CUresult (*DeviceGet)(CUdevice *, int);
+    CUresult (*PrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*PrimaryCtxRelease)(CUdevice);
+    CUresult (*PrimaryCtxGetState)(CUdevice, unsigned int *, int *);
+    CUresult (*CtxGetCurrent)(CUcontext *);
+    CUresult (*CtxSetCurrent)(CUcontext);
+    CUresult (*CtxPushCurrent)(CUcontext);
+    CUresult (*CtxPopCurrent)(CUcontext *);
+    CUresult (*CtxGetDevice)(CUdevice *);
+    CUresult (*CtxGetId)(CUcontext, unsigned long long *);
+    CUresult (*GetErrorName)(CUresult, const char **);
+    CUresult (*GetErrorString)(CUresult, const char **);
+    // Optional: NULL when the driver lacks them (cyctx's simulated driver has no streams).
+    CUresult (*StreamGetCtx)(CUstream, CUcontext *);
+    CUresult (*CtxFromGreenCtx)(CUcontext *, CUgreenCtx);
+};
+
+typedef CUresult (*GetProcAddressFn)(const char *, void **, int, cuuint64_t,
+                                     CUdriverProcAddressQueryResult *);
+
+// (name, ABI version, required). The version picks the ABI variant the field's type
+// declares: the CUDA version that introduced it (cuCtxPushCurrent 4000 = _v2,
+// cuDevicePrimaryCtxRelease 11000 = _v2, cuCtxGetDevice 2000 = the one without a context
+// argument; CUDA 13's cuCtxGetDevice_v2 takes one).
+struct ProcSpec {
+    const char *name;
+    int version;
+    bool required;
+};
+
+static const ProcSpec kProcs[] = {
+    {"cuInit", 2000, true},
+    {"cuDeviceGetCount", 2000, true},
+    {"cuDeviceGet", 2000, true},
+    {"cuDevicePrimaryCtxRetain", 7000, true},
+    {"cuDevicePrimaryCtxRelease", 11000, true},
+    {"cuDevicePrimaryCtxGetState", 7000, true},
+    {"cuCtxGetCurrent", 4000, true},
+    {"cuCtxSetCurrent", 4000, true},
+    {"cuCtxPushCurrent", 4000, true},
+    {"cuCtxPopCurrent", 4000, true},
+    {"cuCtxGetDevice", 2000, true},
+    {"cuCtxGetId", 12000, true},
+    {"cuGetErrorName", 6000, true},
+    {"cuGetErrorString", 6000, true},
+    {"cuStreamGetCtx", 9020, false},
+    {"cuCtxFromGreenCtx", 12040, false},
+};
+static_assert(sizeof(kProcs) / sizeof(kProcs[0]) == sizeof(DriverApi) / sizeof(void *),
+              "one ProcSpec per DriverApi field, in order");
+
+inline std::atomic<const DriverApi *> g_api{nullptr};
+
+// Why the last driver_load on this thread failed (for the error message).
+inline thread_local char t_load_problem[512];
+
+// The resolved table, or NULL before the first successful driver_load. Lock-free.
+inline const DriverApi *driver_api() noexcept { return g_api.load(std::memory_order_acquire); }
+
+inline const char *driver_load_problem() noexcept { return t_load_problem; }
+
+// Resolve the table (once per process); CUDA_SUCCESS, or a CUresult with
+// driver_load_problem() saying why: CUDA_ERROR_NO_DEVICE when no libcuda.so.1 loads,
+// CUDA_ERROR_NOT_SUPPORTED when it predates CUDA 12.0, CUDA_ERROR_NOT_FOUND when a required
+// function is missing. GIL: not needed.
+inline CUresult driver_load(const DriverApi **out) noexcept {
+    const DriverApi *api = driver_api();
+    if (api) {
+        *out = api;
+        return CUDA_SUCCESS;
+    }
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!lib) {
+        const char *why = dlerror();
+        std::snprintf(t_load_problem, sizeof t_load_problem, "dlopen(\"libcuda.so.1\") failed: %s",
+                      why ? why : "unknown reason");
+        return CUDA_ERROR_NO_DEVICE;
+    }
+    // cuGetProcAddress_v2 (with the status argument) exists in drivers of CUDA 12.0+.
+    GetProcAddressFn get_proc = reinterpret_cast<GetProcAddressFn>(dlsym(lib, "cuGetProcAddress_v2"));
+    if (!get_proc) {
+        std::snprintf(t_load_problem, sizeof t_load_problem,
+                      "the loaded libcuda.so.1 has no cuGetProcAddress_v2: its driver is older "
+                      "than CUDA 12.0, which cyctx needs");
+        dlclose(lib);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    DriverApi *fresh = static_cast<DriverApi *>(std::calloc(1, sizeof(DriverApi)));
+    if (!fresh) {
+        std::snprintf(t_load_problem, sizeof t_load_problem, "out of memory");
+        dlclose(lib);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    void **slots = reinterpret_cast<void **>(fresh);
+    for (std::size_t i = 0; i < sizeof(kProcs) / sizeof(kProcs[0]); i++) {
+        CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SUCCESS;
+        void *p = nullptr;
+        CUresult err = get_proc(kProcs[i].name, &p, kProcs[i].version, CU_GET_PROC_ADDRESS_DEFAULT, &status);
+        if (err != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS) p = nullptr;
+        if (!p && kProcs[i].required) {
+            std::snprintf(t_load_problem, sizeof t_load_problem,
+                          "the loaded libcuda.so.1 does not provide %s (ABI of CUDA %d.%d): "
+                          "cuGetProcAddress returned %d, status %d",
+                          kProcs[i].name, kProcs[i].version / 1000, (kProcs[i].version % 1000) / 10,
+                          (int)err, (int)status);
+            std::free(fresh);
+            dlclose(lib);
+            return CUDA_ERROR_NOT_FOUND;
+        }
+        slots[i] = p;
+    }
+    // The library stays loaded for the life of the process (the table points into it).
+    const DriverApi *expected = nullptr;
+    if (!g_api.compare_exchange_strong(expected, fresh, std::memory_order_acq_rel,
+                                       std::memory_order_acquire)) {
+        std::free(fresh);  // another thread published first; same pointers
+        dlclose(lib);
+        *out = expected;
+        return CUDA_SUCCESS;
+    }
+    *out = fresh;
+    return CUDA_SUCCESS;
+}
+
+}  // namespace cyctx
