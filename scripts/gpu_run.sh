@@ -1,86 +1,85 @@
 #!/usr/bin/env bash
-# The device runs, in two calls of under ten minutes each (`bash scripts/gpu_run.sh A`, then
-# `B`). Each builds cyctx on the GPU machine against its own cuda-bindings and writes its logs,
-# JUnit XML and JSON to $OUT (copied back into results/).
-#   A: the whole suite on the real driver (13.x bindings), the differential record, the doctor's
-#      real output (CUDA 13 and 11.8 runtimes), the full load test.
-#   B: the benchmark suite, then the whole suite and the differential record with cuda-bindings
-#      12.9 and CUDA 12.9 headers.
-#   C: the final check: the whole suite with cuda-bindings 13 and, at the same time (the
-#      machine has 32 cores and the suites share nothing but the GPUs), with 12.9.
-# Carry .whl: nvidia-cuda-runtime + nvidia-cuda-profiler-api of the machine's bindings minor
-# (the image's runtime wheel is older than its bindings), setuptools>=77, cuda-bindings 12.9,
-# nvidia-cuda-runtime-cu12 12.9, nvidia-cuda-runtime-cu11 11.8.
+# One device call on the H200: install the RELEASE WHEEL (no rebuild) into the machine's own
+# Python, whose torch/CuPy/cuda.core stack holds its own cuda-bindings, and check it there:
+#
+#   bash scripts/gpu_run.sh [PART]      (PART: all, the default; or suite, bench)
+#
+#   1. what the machine has (GPU, driver, the Python stack and its cuda-bindings);
+#   2. `pip install --no-deps --no-index wheelhouse/cyctx-*-cp312-*.whl`; import, `cyctx --version`,
+#      `cyctx doctor` (text and JSON);
+#   3. the whole suite on the real driver with the machine's cuda-bindings, and, side by side,
+#      the whole suite with cuda-bindings 12.9 put first on PYTHONPATH: the same installed
+#      cyctx, no rebuild (the live differential against the simulator is part of the suite);
+#   4. the differential record of the real driver;
+#   5. the downstream example's wheel (built against cuda-bindings 13.0 by .ci/run's recipe,
+#      carried in wheelhouse/) on the real driver;
+#   6. the benchmarks and the load test (16 threads, every device, 1M pairs).
+# Carry: wheelhouse (cyctx cp312 wheel, downstream example wheel) and .whl (the headers of the
+# machine's bindings minor: nvidia-cuda-runtime + nvidia-cuda-profiler-api 13.3; cuda-bindings
+# 12.9 and nvidia-cuda-runtime-cu12 12.9; nvidia-cuda-runtime-cu11 11.8 for the doctor's demo).
+# Everything comes back as one archive (only 8 files return from $OUT).
 set -uo pipefail
-PART=${1:?usage: gpu_run.sh A|B}
+PART=${1:-all}
 OUT=${OUT:-/tmp/cyctx-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-exec > >(tee "$OUT/gpu_run_$PART.log") 2>&1
+LOG="$OUT/gpu_run.log"
 step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
-
+{
 step machine
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
-python3 --version
+command -v python3; python3 --version
+(cat /etc/os-release | grep PRETTY; ldd --version | head -1) 2>/dev/null
 python3 -m pip list 2>/dev/null | grep -i -E "^(cuda|cython|setuptools|pytest |torch |cupy|numba|nvidia-cuda-runtime|matplotlib)"
+echo "command: bash scripts/gpu_run.sh $PART"
 
-step build
-python3 -m pip install -q --no-index --no-deps --target /tmp/hdr .whl/nvidia_cuda_runtime-*.whl .whl/nvidia_cuda_profiler_api-*.whl
-python3 -m pip install -q --no-index --no-deps --target /tmp/st .whl/setuptools-*.whl
+step "install the wheel (no rebuild, --no-deps)"
+python3 -m pip install -q --no-index --no-deps --target /tmp/hdr .whl/nvidia_cuda_runtime-13*.whl .whl/nvidia_cuda_profiler_api-*.whl
 python3 -m pip install -q --no-index --no-deps --target /tmp/cu11 .whl/nvidia_cuda_runtime_cu11-*.whl
-export CUDA_HOME=/tmp/hdr/nvidia/cu13
+python3 -m pip install -q --no-index --no-deps --target /tmp/cu12site .whl/cuda_bindings-12.9*.whl .whl/nvidia_cuda_runtime_cu12-*.whl
 export CYCTX_CUDART11=/tmp/cu11/nvidia/cuda_runtime/lib/libcudart.so.11.0
-PYTHONPATH=/tmp/st python3 -m pip install --no-build-isolation --no-deps --no-index -v . 2>&1 | grep -E "cyctx build|Successfully|rror" || exit 1
-python3 -c "import cyctx; print(cyctx.BUILD_INFO)"
+WHEEL=$(ls wheelhouse/cyctx-*-cp312-cp312-*.whl)
+python3 -m pip install --no-index --no-deps "$WHEEL" 2>&1 | tail -2 || exit 1
+(cd /tmp && python3 -c "import cyctx; print(cyctx.__file__); print(cyctx.BUILD_INFO)" && cyctx --version) || exit 1
 
-if [ "$PART" = A ]; then
-    step "test suite, real driver, cuda-bindings 13"
-    timeout 300 python3 -m pytest --driver=real -ra -q -p no:cacheprovider --junitxml="$OUT/pytest-real-cu13.xml" 2>&1 | tail -45
+step "cyctx doctor"
+(cd /tmp && cyctx doctor; echo "exit status $?") | tee "$OUT/doctor-report.txt"
+(cd /tmp && cyctx doctor --json > "$OUT/doctor-report.json"; echo "json exit status $?")
+(cd /tmp && CUDA_HOME= PYTHONPATH=/tmp/cu12site cyctx --version)
+
+if [ "$PART" = all ] || [ "$PART" = suite ]; then
+    step "whole suite, real driver: the machine's cuda-bindings and 12.9 side by side"
+    CUDA_HOME=/tmp/hdr/nvidia/cu13 timeout 330 python3 -m pytest --driver=real -ra -q -p no:cacheprovider \
+        --basetemp=/tmp/pt13 --junitxml="$OUT/pytest-real-cu13.xml" > "$OUT/pytest-real-cu13.log" 2>&1 &
+    pid13=$!
+    PYTHONPATH=/tmp/cu12site CUDA_HOME=/tmp/cu12site/nvidia/cuda_runtime timeout 330 python3 -m pytest --driver=real \
+        -ra -q -p no:cacheprovider --basetemp=/tmp/pt12 --junitxml="$OUT/pytest-real-cu12.xml" > "$OUT/pytest-real-cu12.log" 2>&1
+    echo "cu12 suite exit $?"
+    wait "$pid13"; echo "cu13 suite exit $?"   # not a bare `wait` (it would wait for the tee below)
+    tail -3 "$OUT/pytest-real-cu13.log"; tail -3 "$OUT/pytest-real-cu12.log"
+    grep -h -E "^(FAILED|ERROR)" "$OUT"/pytest-real-cu1*.log
 
     step "differential: record the real driver"
     timeout 90 python3 tests/differential/run.py record --driver real --out "$OUT/real_h200.json" | tail -3
 
-    step "doctor"
-    timeout 120 bash scripts/doctor_capture.sh 2>&1 | tail -15
-
-    step "load test: 16 threads x 2 devices, 1M enter/exit pairs"
-    timeout 100 python3 bench/stress.py --threads 16 --pairs 1000000 --out "$OUT/stress-h200.json" | tail -22
-    echo "stress exit code $?"
+    step "downstream example (built against cuda-bindings 13.0), real driver"
+    DS=$(ls wheelhouse/cyctx_downstream_example-*-cp312-*.whl 2>/dev/null)
+    if [ -n "$DS" ]; then
+        python3 -m pip install -q --no-index --no-deps --target /tmp/ds "$DS"
+        (cd examples/downstream && PYTHONPATH=/tmp/ds CYCTX_DOWNSTREAM_DRIVER=real timeout 60 \
+            python3 -m pytest -q -p no:cacheprovider -o addopts="" tests 2>&1 | tail -3)
+    else
+        echo "no downstream wheel carried"
+    fi
 fi
 
-if [ "$PART" = B ]; then
+if [ "$PART" = all ] || [ "$PART" = bench ]; then
     step "benchmark suite"
-    timeout 330 python3 bench/run_all.py --out-dir "$OUT/bench" 2>&1 | grep -v -E "^(copying|running|building|creating|/opt/gcc)" | tail -120
-
-    step "re-check, cuda-bindings 13: runtime and interop tests"
-    timeout 120 python3 -m pytest --driver=real -ra -q -p no:cacheprovider tests/test_runtime.py tests/test_interop.py --junitxml="$OUT/pytest-real-cu13-recheck.xml" 2>&1 | tail -8
-
-    step "CUDA 12: cuda-bindings 12.9 with CUDA 12.9 headers"
-    python3 -m pip install -q --no-index --no-deps --target /tmp/cu12site .whl/cuda_bindings-12.9*.whl .whl/nvidia_cuda_runtime_cu12-*.whl
-    rm -rf build
-    PYTHONPATH=/tmp/cu12site:/tmp/st CUDA_HOME=/tmp/cu12site/nvidia/cuda_runtime \
-        python3 -m pip install --no-build-isolation --no-deps --no-index --target /tmp/cyctx12 -v . 2>&1 | grep -E "cyctx build|Successfully|rror" || exit 1
-    export PYTHONPATH=/tmp/cyctx12:/tmp/cu12site CUDA_HOME=/tmp/cu12site/nvidia/cuda_runtime
-    (cd /tmp && python3 -c "import cyctx, cuda.bindings; print(cyctx.BUILD_INFO, cuda.bindings.__version__, cyctx.__file__)")
-    timeout 200 python3 -m pytest --driver=real -ra -q -p no:cacheprovider --junitxml="$OUT/pytest-real-cu12.xml" 2>&1 | tail -30
-    timeout 60 python3 tests/differential/run.py record --driver real --out "$OUT/real_h200_cu12.json" | tail -3
-fi
-if [ "$PART" = C ]; then
-    python3 -m pip install -q --no-index --no-deps --target /tmp/cu12site .whl/cuda_bindings-12.9*.whl .whl/nvidia_cuda_runtime_cu12-*.whl
-    rm -rf build
-    PYTHONPATH=/tmp/cu12site:/tmp/st CUDA_HOME=/tmp/cu12site/nvidia/cuda_runtime \
-        python3 -m pip install -q --no-build-isolation --no-deps --no-index --target /tmp/cyctx12 . || exit 1
-    step "whole suite, real driver: cuda-bindings 13 and 12.9 side by side"
-    timeout 280 python3 -m pytest --driver=real -ra -q -p no:cacheprovider --basetemp=/tmp/pt13 \
-        --junitxml="$OUT/pytest-real-cu13-final.xml" > "$OUT/pytest-cu13-final.log" 2>&1 &
-    pid13=$!
-    PYTHONPATH=/tmp/cyctx12:/tmp/cu12site CUDA_HOME=/tmp/cu12site/nvidia/cuda_runtime \
-        timeout 280 python3 -m pytest --driver=real -ra -q -p no:cacheprovider --basetemp=/tmp/pt12 \
-        --junitxml="$OUT/pytest-real-cu12-final.xml" > "$OUT/pytest-cu12-final.log" 2>&1
-    wait "$pid13"  # not a bare `wait`: that also waits for the `tee` of the exec line (run 3C hung there)
-    tail -4 "$OUT/pytest-cu13-final.log"; tail -4 "$OUT/pytest-cu12-final.log"
-    grep -E "^(FAILED|ERROR)" "$OUT"/pytest-cu1*-final.log
+    CUDA_HOME=/tmp/hdr/nvidia/cu13 timeout 330 python3 bench/run_all.py --out-dir "$OUT/bench" 2>&1 \
+        | grep -v -E "^(copying|running|building|creating|/opt/gcc)" | tail -70
+    step "load test: 16 threads, every device, 1M enter/exit pairs"
+    timeout 100 python3 bench/stress.py --threads 16 --pairs 1000000 --out "$OUT/stress-h200.json" | tail -12
 fi
 step done
-# Only 8 files come back from $OUT: everything travels in one archive.
-tar -czf /tmp/results.tgz -C "$OUT" . && mv /tmp/results.tgz "$OUT/results-$PART.tgz"
+} 2>&1 | tee "$LOG"
+tar -czf /tmp/results.tgz -C "$OUT" . && mv /tmp/results.tgz "$OUT/results.tgz"

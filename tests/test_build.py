@@ -87,7 +87,7 @@ def test_compiled_modules_do_not_import_cuda_bindings():
             assert cyctx.current_handle() == g.handle
         g.close()
         print(sim.call_count("cuCtxGetId") > 0, sim.retain_count(1),
-              sorted(m for m in sys.modules if m.startswith("cuda") and sys.modules[m] is not None))
+              sorted(m for m in sys.modules if m.startswith("cuda.bindings") and sys.modules[m] is not None))
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

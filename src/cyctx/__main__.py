@@ -25,7 +25,9 @@ def _version() -> str:
 
 
 def _parser(prog: str = "python -m cyctx") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="cyctx command line tools.")
+    # Raw text: the --version line is printed as it is, not wrapped.
+    p = argparse.ArgumentParser(prog=prog, description="cyctx command line tools.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=_version())
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     doc = sub.add_parser(

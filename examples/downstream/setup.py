@@ -1,0 +1,19 @@
+"""Build the example: one Cython extension that cimports cyctx.
+
+cyctx.get_include() gives the directory of a cuda.h matching the cuda-bindings of this build
+(cuda.bindings' cydriver.pxd includes it); Cython finds cyctx's .pxd files in the installed
+package on sys.path. Compile as C++, like cyctx and cydriver.
+"""
+
+import cyctx
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+ext = Extension(
+    "cyctx_downstream._work",
+    ["src/cyctx_downstream/_work.pyx"],
+    include_dirs=cyctx.get_include(),
+    language="c++",
+    extra_compile_args=["-std=c++17", "-O2"],
+)
+setup(ext_modules=cythonize([ext], compiler_directives={"language_level": 3}))

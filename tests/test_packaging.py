@@ -1,0 +1,68 @@
+"""The installed distribution: one version, the supported cuda-bindings range written once,
+the console script, the license; and what the wheel holds."""
+
+import importlib.metadata as md
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+
+import cyctx
+from cyctx import _compat
+
+PKG = os.path.dirname(cyctx.__file__)
+
+
+def test_one_version():
+    assert cyctx.__version__ == md.version("cyctx")
+    from cyctx._version import __version__
+    assert __version__ == cyctx.__version__
+
+
+def test_dependency_range_is_the_import_checks_range():
+    reqs = [r for r in md.requires("cyctx") if r.startswith("cuda-bindings") and "extra ==" not in r]
+    assert len(reqs) == 1, reqs
+    spec = sorted(re.findall(r"([<>=!]+)\s*([\d.]+)", reqs[0]))
+    want = sorted(re.findall(r"([<>=!]+)\s*([\d.]+)", _compat.supported_range()))
+    assert spec == want, (reqs[0], _compat.supported_range())
+
+
+def test_license_metadata():
+    meta = md.metadata("cyctx")
+    assert meta["License-Expression"] == "Apache-2.0"
+    assert "LICENSE" in (meta.get_all("License-File") or [])
+    assert "Programming Language :: Python :: 3.10" in meta.get_all("Classifier")
+
+
+def _script():
+    path = os.path.join(sysconfig.get_path("scripts"), "cyctx")
+    assert os.path.isfile(path), f"console script missing: {path}"
+    return path
+
+
+def test_console_script_version():
+    out = subprocess.run([_script(), "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    line = out.stdout.strip()
+    assert line.startswith(f"cyctx {cyctx.__version__} (") and "\n" not in line
+    assert f"running with cuda-bindings {md.version('cuda-bindings')}" in line
+
+
+def test_console_script_is_the_doctor():
+    # `cyctx doctor` and `python -m cyctx doctor` are one program: same report, same status.
+    a = subprocess.run([_script(), "doctor", "--simulate", "--json"], capture_output=True, text=True, timeout=120)
+    b = subprocess.run([sys.executable, "-m", "cyctx", "doctor", "--simulate", "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert a.returncode == b.returncode == 0, (a.stderr, b.stderr)
+
+    def strip(s):  # the pid and the thread's native id differ between two processes
+        return re.sub(r'"(pid|native_id|process)": \d+', '"pid": 0', s)
+    assert strip(a.stdout) == strip(b.stdout)
+
+
+def test_installed_files_are_sources_and_binaries_only():
+    names = set(os.listdir(PKG))
+    assert not [n for n in names if n.endswith((".cpp", ".c"))], "generated C++ shipped"
+    assert {"__init__.pxd", "_guard.pxd", "_errors.pxd", "_driver.pxd", "py.typed"} <= names
+    assert os.path.isfile(os.path.join(PKG, "_sim", "libcuda.so.1"))
