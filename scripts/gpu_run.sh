@@ -17,11 +17,13 @@
 # Carry: wheelhouse (cyctx cp312 wheel, downstream example wheel) and .whl (the headers of the
 # machine's bindings minor: nvidia-cuda-runtime + nvidia-cuda-profiler-api 13.3; cuda-bindings
 # 12.9 and nvidia-cuda-runtime-cu12 12.9; nvidia-cuda-runtime-cu11 11.8 for the doctor's demo).
-# Everything comes back as one archive (only 8 files return from $OUT).
+# Everything comes back as one archive plus the log (only 8 files return from the device
+# tool's $OUT, so the run writes elsewhere and copies those two there).
 set -uo pipefail
 PART=${1:-all}
-OUT=${OUT:-/tmp/cyctx-out}
-mkdir -p "$OUT"
+DEST=${OUT:-}
+OUT=/tmp/cyctx-out
+rm -rf "$OUT"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 LOG="$OUT/gpu_run.log"
 step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
@@ -83,3 +85,4 @@ fi
 step done
 } 2>&1 | tee "$LOG"
 tar -czf /tmp/results.tgz -C "$OUT" . && mv /tmp/results.tgz "$OUT/results.tgz"
+if [ -n "$DEST" ]; then cp "$OUT/results.tgz" "$LOG" "$DEST/"; fi

@@ -8,7 +8,7 @@ import pytest
 import cyctx
 from cyctx import ContextGuard, ContextDestroyedError
 
-from _drv import create_context, driver, in_thread, ok, run_child
+from _drv import create_context, device_count, driver, in_thread, ok, run_child
 
 
 def _created_context(dev=0):
@@ -34,10 +34,11 @@ def test_primary_context_object_is_retained(sim):
 
 def test_created_context_is_the_callers():
     d = driver()
-    ctx = _created_context(1)
+    dev = device_count() - 1  # device 1 where there are two: not the default
+    ctx = _created_context(dev)
     try:
         g = ContextGuard(ctx)
-        assert not g.is_primary and g.device == 1 and g.handle == int(ctx)
+        assert not g.is_primary and g.device == dev and g.handle == int(ctx)
         h = ContextGuard.from_handle(int(ctx))
         assert h.handle == g.handle and not h.is_primary
 
@@ -100,6 +101,7 @@ def _fake(module, name, **attrs):
     return obj
 
 
+@pytest.mark.multigpu  # device 1, so that the default device 0 cannot pass by accident
 @pytest.mark.parametrize("make, device", [
     (lambda: _fake("cupy.cuda.device", "Device", id=1), 1),
     (lambda: _fake("cuda.core._device", "Device", device_id=1), 1),

@@ -261,9 +261,12 @@ def test_spawn_is_the_way():
 
 SHUTDOWN = """
     import threading, time, cyctx
+    from cuda.bindings import driver as d
+    d.cuInit(0)
+    last = d.cuDeviceGetCount()[1] - 1             # device 1 where there are two
     g = cyctx.ContextGuard(0)                      # module global, never closed
     s = cyctx.ContextGuard.shared(0)
-    h = cyctx.ContextGuard(1)
+    h = cyctx.ContextGuard(last)
     def ends_inside():
         g.__enter__()                             # the thread ends while entered
         h.__enter__()

@@ -13,6 +13,10 @@ else:
 
 import cyctx
 import cyctx_downstream
+from cuda.bindings import driver
+
+driver.cuInit(0)
+LAST = driver.cuDeviceGetCount()[1] - 1  # device 1 where there are two
 
 
 def test_imported_from_the_installed_package():
@@ -20,20 +24,20 @@ def test_imported_from_the_installed_package():
 
 
 def test_guard_from_downstream_code():
-    g0, g1 = cyctx.ContextGuard(0), cyctx.ContextGuard(1)
+    g0, g1 = cyctx.ContextGuard(0), cyctx.ContextGuard(LAST)
     try:
         assert cyctx_downstream.current_device(g0) == 0
-        assert cyctx_downstream.current_device(g1) == 1
+        assert cyctx_downstream.current_device(g1) == LAST
         assert cyctx.current_handle() == 0
     finally:
         g0.close()
         g1.close()
     if SIM is not None:
-        assert SIM.retain_count(0) == SIM.retain_count(1) == 0
+        assert SIM.retain_count(0) == SIM.retain_count(LAST) == 0
 
 
 def test_nogil_threads():
-    g = cyctx.ContextGuard(1)
+    g = cyctx.ContextGuard(LAST)
     bad = []
     threads = [threading.Thread(target=lambda: bad.append(cyctx_downstream.hammer(g, 20000))) for _ in range(4)]
     for t in threads:
