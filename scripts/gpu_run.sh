@@ -13,7 +13,8 @@
 #   4. the differential record of the real driver;
 #   5. the downstream example's wheel (built against cuda-bindings 13.0 by .ci/run's recipe,
 #      carried in wheelhouse/) on the real driver;
-#   6. the benchmarks and the load test (16 threads, every device, 1M pairs).
+#   6. the benchmarks, the kernel-launch benchmark and the load test (16 threads, every
+#      device, 1M pairs).
 # Carry: wheelhouse (cyctx cp312 wheel, downstream example wheel) and .whl (the headers of the
 # machine's bindings minor: nvidia-cuda-runtime + nvidia-cuda-profiler-api 13.3; cuda-bindings
 # 12.9 and nvidia-cuda-runtime-cu12 12.9; nvidia-cuda-runtime-cu11 11.8 for the doctor's demo).
@@ -79,6 +80,8 @@ if [ "$PART" = all ] || [ "$PART" = bench ]; then
     step "benchmark suite"
     CUDA_HOME=/tmp/hdr/nvidia/cu13 timeout 330 python3 bench/run_all.py --out-dir "$OUT/bench" 2>&1 \
         | grep -v -E "^(copying|running|building|creating|/opt/gcc)" | tail -70
+    step "kernel launches from nogil threads (bench/launch.py)"
+    CUDA_HOME=/tmp/hdr/nvidia/cu13 timeout 240 python3 bench/launch.py --out-dir "$OUT/bench" 2>&1 | tail -30
     step "load test: 16 threads, every device, 1M enter/exit pairs"
     timeout 100 python3 bench/stress.py --threads 16 --pairs 1000000 --out "$OUT/stress-h200.json" | tail -12
 fi

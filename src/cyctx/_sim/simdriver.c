@@ -1007,6 +1007,17 @@ SIM_EXPORT CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int
     return proc_lookup(symbol, pfn, cudaVersion, flags, NULL);
 }
 
+/* NVRTC (libnvrtc) dlopens libcuda.so.1 and, when it loads, calls cuGetExportTable without
+ * checking that the symbol exists: a process that compiled a kernel with NVRTC on the
+ * simulated driver crashed inside nvrtcCompileProgram. The simulator has no private tables
+ * to offer; NOT_FOUND with a NULL table lets NVRTC go on without the driver, as it does on
+ * a machine with no driver at all. */
+SIM_EXPORT CUresult CUDAAPI cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId) {
+    (void)pExportTableId;
+    if (ppExportTable) *ppExportTable = NULL;
+    return CUDA_ERROR_NOT_FOUND;
+}
+
 /* (function, CUDA version that introduced this ABI variant, implementation). The
  * versions are the ones cuda.bindings asks with (e.g. cuCtxCreate 3020 = _v2, 11040 =
  * _v3, 12050 = _v4; cuCtxGetDevice 13000 = _v2). */
