@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# The doctor's real output on the GPU machine, for README.md ("Quick start", "The classic
-# failure"). Two uses:
+# The doctor's real output on the GPU machine, for docs/classic-failure.md. Two uses:
 #
-#   bash scripts/doctor_capture.sh                     # on the GPU machine: writes $OUT/doctor-*
-#   bash scripts/doctor_capture.sh --fill-readme DIR   # here: paste DIR/doctor-*.txt into README.md
+#   bash scripts/doctor_capture.sh                   # on the GPU machine: writes $OUT/doctor-*
+#   bash scripts/doctor_capture.sh --fill-docs DIR   # here: paste DIR/doctor-*.txt into the docs
 #
 # On the GPU machine it builds cyctx first when the installed one is not this tree's (the same
 # build as scripts/gpu_run.sh; carry .whl with nvidia_cuda_runtime, nvidia_cuda_profiler_api
@@ -16,19 +15,19 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-if [ "${1:-}" = "--fill-readme" ]; then
-    # README.md marks each pasted block with <!-- doctor-capture: FILE -->; the fenced block
-    # right after the marker is replaced by FILE's content.
-    exec python3 - "${2:?usage: $0 --fill-readme DIR}" <<'EOF'
+if [ "${1:-}" = "--fill-docs" ]; then
+    # docs/classic-failure.md marks each pasted block with <!-- doctor-capture: FILE -->; the
+    # fenced block right after the marker is replaced by FILE's content.
+    exec python3 - "${2:?usage: $0 --fill-docs DIR}" <<'EOF'
 import pathlib, re, sys
-src, readme = pathlib.Path(sys.argv[1]), pathlib.Path("README.md")
+src, readme = pathlib.Path(sys.argv[1]), pathlib.Path("docs/classic-failure.md")
 text = readme.read_text()
 def paste(m):
     body = (src / m.group(2)).read_text().rstrip("\n")
     return f"{m.group(1)}```\n{body}\n```"
 new, n = re.subn(r"(<!-- doctor-capture: ([\w.-]+) -->\n)```\n.*?\n```", paste, text, flags=re.S)
 readme.write_text(new)
-print(f"README.md: {n} block(s) filled from {src}")
+print(f"{readme}: {n} block(s) filled from {src}")
 EOF
 fi
 

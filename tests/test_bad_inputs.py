@@ -1,4 +1,4 @@
-"""README's table of bad inputs and misuse: every row is tried here, gets the error the table
+"""The table of bad inputs and misuse in docs/guarantees.md: every row is tried here, gets the error the table
 says, and changes no state (the autouse fixture checks this thread's context state; the
 retain counts are checked on the simulated driver). The table and this list must agree."""
 
@@ -15,7 +15,7 @@ from cyctx import ContextGuard
 
 from _drv import SIM, device_count, driver, ok, run_child
 
-README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "README.md")
+GUARANTEES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "guarantees.md")
 
 
 def _closed():
@@ -118,7 +118,7 @@ def _fork_child():
         raise cyctx.ForkError("seen in the child")
 
 
-# (README wording of the input, how to try it, the error README names)
+# (the table's wording of the input, how to try it, the error the table names)
 ROWS = [
     ("`ContextGuard(-1)`", lambda: ContextGuard(-1), "ValueError"),
     ("`ContextGuard(10**9)`", lambda: ContextGuard(10**9), "InvalidDeviceError"),
@@ -144,9 +144,9 @@ ROWS = [
 ]
 
 
-def _readme_rows():
+def _table_rows():
     rows = {}
-    with open(README, encoding="utf-8") as f:
+    with open(GUARANTEES, encoding="utf-8") as f:
         lines = f.read().splitlines()
     for line in lines:
         m = re.match(r"^\|\s*(.+?)\s*\|\s*`(\w+)`", line)
@@ -155,10 +155,10 @@ def _readme_rows():
     return rows
 
 
-def test_readme_table_matches_this_list():
-    readme = _readme_rows()
-    missing = [(what, exc) for what, _, exc in ROWS if readme.get(what) != exc]
-    assert missing == [], f"README's bad-input table disagrees with the tests: {missing}"
+def test_guarantees_table_matches_this_list():
+    table = _table_rows()
+    missing = [(what, exc) for what, _, exc in ROWS if table.get(what) != exc]
+    assert missing == [], f"docs/guarantees.md's bad-input table disagrees with the tests: {missing}"
     assert len(ROWS) >= 15
 
 
