@@ -60,7 +60,7 @@ def _write_build_info():
 
 _write_build_info()
 
-# One place for the compiler directives (house style, DESIGN §7).
+# One place for the compiler directives (docs/design.md, "Layout").
 DIRECTIVES = {
     "language_level": 3,
     "embedsignature": True,

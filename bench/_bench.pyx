@@ -4,7 +4,7 @@
 
 Every loop runs without the GIL, so the timing is the driver's and cyctx's, not the
 interpreter's. The driver floor calls the driver through pointers resolved once with
-cuGetProcAddress, as a C program (the lab's bench_driver.cpp) or cyctx's own hot path does:
+cuGetProcAddress, as a C program (results/2026-11-30-lab/bench_driver.cpp) or cyctx's own hot path does:
 cuda.bindings' cydriver adds an initialisation check and two indirect calls to each call, so
 a floor measured through it would flatter whatever is compared with it. The cydriver cost is
 measured too, as its own row. The floor loops do not check return codes (cyctx does; that is
@@ -163,7 +163,7 @@ cdef void _getid(Ctx c, int64_t n) noexcept nogil:
 cdef extern from *:
     """
     // A per-thread stack of (owner, previous context, switched) entries like the one a guard
-    // keeps (DESIGN 3.4), here in an extension module too: a thread_local in a shared object
+    // keeps (docs/design.md, "The restore rule"), here in an extension module too: a thread_local in a shared object
     // is reached through the general-dynamic TLS model. Not inlined, so each call finds its
     // thread's stack afresh, as each enter and exit does.
     #include <cstddef>
@@ -227,7 +227,7 @@ cdef int _switch(Ctx c, int64_t n) except -1 nogil:
 
 
 cdef int _switch_id(Ctx c, int64_t n) except -1 nogil:
-    # The raw layer plus the guard's per-enter reset check (one cuCtxGetId, DESIGN §3.7):
+    # The raw layer plus the guard's per-enter reset check (one cuCtxGetId, docs/design.md "Reset"):
     # guard - switch_id is the bookkeeping, switch_id - switch the reset check.
     cdef int64_t i
     cdef Switch s

@@ -1,4 +1,4 @@
-"""Targets (DESIGN §6), the breakdown of the guard's cost, and the tables of a run_all.py
+"""The performance targets (bench/README.md), the breakdown of the guard's cost, and the tables of a run_all.py
 result, as plain text for the terminal and as Markdown for the README."""
 
 import statistics
@@ -89,7 +89,7 @@ def evaluate(result):
         floor = c.get(("driver.pushpop", path if path != "fast" else "from_none"))
         breakdown[path] = {
             "guard_ns": g, "raw_switch_ns": s, "tls_push_pop_ns": c.get(("cython.tls", "fast")),
-            "reset_check_ns": round(si - s, 2),  # the per-enter cuCtxGetId (DESIGN §3.7)
+            "reset_check_ns": round(si - s, 2),  # the per-enter cuCtxGetId (docs/design.md, "Reset")
             "bookkeeping_ns": round(g - si, 2),  # per-thread entry stack, closed/fork checks, vtable call
             "pushpop_ns": floor,
             "guard_vs_pushpop": round(g / floor, 3) if floor else None,
@@ -284,7 +284,7 @@ def tables(result):
                           f"push+pop alone: {f['tls_push_pop_ns']})")
     tnotes.insert(0, "same process: a peer against `with guard:` re-measured in the peer's own process "
                      "(control rows); a peer target is met only when both values meet it")
-    out.append(("Targets (DESIGN §6)", ["target", "value", "same process", "goal", "result"], trows, tnotes))
+    out.append(("Targets", ["target", "value", "same process", "goal", "result"], trows, tnotes))
     return out
 
 

@@ -57,7 +57,7 @@ def sim():
 
 @pytest.fixture(autouse=True)
 def _thread_state_unchanged():
-    """Every test leaves the calling thread's context state as it found it (DESIGN §7)."""
+    """Every test leaves the calling thread's context state as it found it."""
     before = _drv.thread_state()
     yield
     after = _drv.thread_state()

@@ -2,7 +2,7 @@
 
 It runs on cyctx's simulated driver whatever driver this test session uses (the suite picks
 it in its own processes), with few iterations, and checks that every benchmark ran and wrote
-its output. It never checks a speed: benchmarks are not timed assertions (DESIGN §6).
+its output. It never checks a speed: benchmarks are not timed assertions (bench/README.md).
 """
 
 import importlib.util

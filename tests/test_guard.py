@@ -1,4 +1,4 @@
-"""ContextGuard: the semantic contract of DESIGN §3 (lines 1-6, 10), on either driver."""
+"""ContextGuard: the promises of docs/guarantees.md, on either driver."""
 
 import sys
 import threading

@@ -1,4 +1,4 @@
-"""Reset, fork, shutdown (DESIGN §3.7-3.9): what a long-running service runs into."""
+"""Reset, fork, shutdown (docs/design.md: reset, fork, shutdown): what a long-running service runs into."""
 
 import os
 import warnings

@@ -1,4 +1,4 @@
-"""The guard next to the CUDA Runtime (DESIGN §3.3, §3.11): real driver and libcudart only.
+"""The guard next to the CUDA Runtime (docs/guarantees.md, "The promises"): real driver and libcudart only.
 
 Each test runs in its own process: the runtime keeps its own retains and per-thread state
 for the life of the process, which must not leak into other tests.

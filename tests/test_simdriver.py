@@ -441,7 +441,7 @@ def test_retain_does_not_push():
 
 
 def test_lab_probe2_sequence_exactly():
-    """lab/2026-11-30-gpu3.log, probe2 on two H200s: ids, stale codes, reference counts."""
+    """results/2026-11-30-lab/2026-11-30-gpu3.log, probe2 on two H200s: ids, stale codes, reference counts."""
     out = run_fresh("""
         def ok(r):
             if r[0] != 0:
@@ -569,7 +569,7 @@ def test_reset_of_an_inactive_primary_is_harmless():
 
 
 def test_stale_primary_codes(primary):
-    """The classic failure (DESIGN.md section 1): a current, non-NULL, dead handle."""
+    """The classic failure (docs/design.md, "The problem"): a current, non-NULL, dead handle."""
     ok(drv.cuCtxPushCurrent(primary))
     ok(drv.cuDevicePrimaryCtxReset(0))
     try:

@@ -5,7 +5,7 @@ Used by ``setup.py`` (loaded by path, so it must not import cyctx) and by
 from cyctx and nothing that loads a driver.
 
 ``cydriver.pxd`` includes ``cuda.h``; a header older than the bindings, or of another
-major, does not compile (DESIGN §4: 13.5 bindings against 13.0 headers fail). So the
+major, does not compile (13.5 bindings against 13.0 headers fail to compile; docs/packaging.md). So the
 header is checked against the installed ``cuda-bindings`` and a mismatch stops with the
 exact pip command that fixes it.
 """

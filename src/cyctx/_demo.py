@@ -1,6 +1,7 @@
 """``python -m cyctx doctor --demo``: the classic failure, step by step, then fixed by a guard.
 
-Three parts, run in one process in this order (each starts from the state the previous left):
+Three parts, run in one process in this order (each starts from the state the previous left;
+"lab/X" is results/2026-11-30-lab/, the programs and logs of an H200 run):
 
 1. the report's program (lab/seed.cpp): ``cudaSetDevice``, ``cuCtxGetCurrent``,
    ``cuCtxGetApiVersion``. A runtime older than 12.0 leaves an inactive primary context
@@ -38,7 +39,7 @@ class StandInRuntime:
     """The few ``libcudart`` calls the demo makes, modelled on the simulated driver.
 
     ``version < 12000`` models a pre-12 runtime: ``cudaSetDevice`` binds the primary context
-    without creating it (DESIGN §1). The simulated driver hands out a primary handle only
+    without creating it (docs/design.md, "The problem"). The simulated driver hands out a primary handle only
     through ``cuDevicePrimaryCtxRetain``, which activates it; releasing it again right away
     leaves, when nothing else holds it, the same handle inactive, and ``cuCtxSetCurrent``
     makes it current: the state lab/gpu2 shows after a CUDA 11.8 ``cudaSetDevice``.

@@ -1,4 +1,4 @@
-# The error contract of cyctx (house style, DESIGN §7): driver calls are checked with
+# The error contract of cyctx (docs/design.md, "Layout"): driver calls are checked with
 # `check`, whose success path is inline and never touches the GIL; only a failure takes the
 # GIL, in `raise_driver_error`, to build a typed exception.
 from cuda.bindings cimport cydriver

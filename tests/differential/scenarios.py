@@ -17,7 +17,7 @@ two machines can be compared event by event:
 * machine-specific data (device name, memory size, SM count, driver version) under the key
   ``"info"``, which the comparer ignores.
 
-The facts the lab measured on an H200 (driver 580.159, ``/work/shared/lab/*.log``) are quoted
+The facts the lab measured on an H200 (driver 580.159, ``results/2026-11-30-lab/*.log``) are quoted
 next to the scenario that checks them ("lab: ..."); everything else is what the real record
 says once it has been made on the GPU machine (``real_h200.json``).
 
@@ -699,7 +699,7 @@ def s_reset_while_retained(r):
 
 @scenario
 def s_reset_stale_current(r):
-    # The DESIGN §1 state: a non-NULL current handle whose context is dead.
+    # The classic state (docs/design.md, "The problem"): a non-NULL current handle whose context is dead.
     init(r)
     pc = retain(r)
     push(r, pc.val)

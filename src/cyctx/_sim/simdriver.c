@@ -10,7 +10,7 @@
  * cuGetProcAddress_v2 and the cyctxsim_* control API (simdriver.h); everything else is
  * static and reached through the proc table at the end of this file.
  *
- * What is modelled, and where each rule comes from. "lab/" = the logs in shared/lab;
+ * What is modelled, and where each rule comes from. "lab/gpuN" = results/2026-11-30-lab/2026-11-30-gpuN.log;
  * "H200" = checked on an H200 with driver 580.159 (CUDA 13.0) by running one C probe
  * against that driver and this library and comparing every answer; "record" =
  * tests/differential/real_h200.json; "doc" = the function's comment in cuda.h.
