@@ -120,10 +120,19 @@ class GuardInfo:
     driver_id: int | None
     driver_id_error: str | None
     shared: bool
+    primary: bool = True  # the guard retains a primary context (else the caller owns it)
 
     @property
     def reset(self) -> bool:
-        return self.driver_id != self.seen_id
+        """A primary context reset since the guard last saw it. Only a primary context is
+        reset (and re-activated by the guard's next enter); a context the caller owns whose
+        id changed or vanished was destroyed (see ``destroyed``)."""
+        return self.primary and self.driver_id != self.seen_id
+
+    @property
+    def destroyed(self) -> bool:
+        """The caller's context (cuCtxCreate, green) behind a guard was destroyed."""
+        return not self.primary and self.driver_id != self.seen_id
 
 
 @dataclass
@@ -507,6 +516,8 @@ def diagnose(cudart: str | bool | None = None) -> Diagnosis:
     for g in diag.guards:
         if g.reset:
             findings.append(_f_reset(g))
+        elif g.destroyed:
+            findings.append(_f_guard_context_destroyed(g))
     order = {"unavailable": 0, "error": 1, "warning": 2}
     findings.sort(key=lambda f: order.get(f.severity, 3))
     return diag
@@ -551,6 +562,7 @@ def _guard_infos(d) -> list[GuardInfo]:
             device=g.device, handle=h, seen_id=g.context_id,
             driver_id=int(cid) if e == 0 else None,
             driver_id_error=error_name(e) if e else None, shared=g.is_shared,
+            primary=g.is_primary,
         ))
     return sorted(out, key=lambda g: (g.device, g.handle))
 
@@ -581,8 +593,12 @@ def _context_info(d, guards: list[GuardInfo], devices: list[DeviceInfo]) -> Cont
     primary_active = devices[c.device].primary_active if c.device is not None and c.device < len(devices) else None
     # The driver has no query for "is this a primary context" short of retaining the primary
     # (which the doctor never does), so it is told from what is known.
-    if any(g.handle == c.handle and g.device == c.device for g in guards):
-        c.primary, c.primary_why = True, "a ContextGuard holds this handle"
+    held = [g for g in guards if g.handle == c.handle and g.device == c.device]
+    if any(g.primary for g in held):
+        c.primary, c.primary_why = True, "a ContextGuard holds this handle as a primary context"
+    elif held:
+        c.primary, c.primary_why = False, (
+            "a ContextGuard holds this handle as a context its caller owns (cuCtxCreate or green)")
     elif primary_active is False and c.usable:
         c.primary, c.primary_why = False, (
             "it is live while its device's primary context is inactive: made by cuCtxCreate")
@@ -733,6 +749,23 @@ def _f_dead_current(c: ContextInfo) -> Finding:
     )
 
 
+def _f_guard_context_destroyed(g: GuardInfo) -> Finding:
+    # Not a reset: only a primary context is reset and re-activated. A created or green
+    # context destroyed by its owner is gone for good; the guard cannot bring it back.
+    now = (f"the driver now answers {g.driver_id_error}" if g.driver_id is None
+           else f"the driver now reports id {g.driver_id} for the handle: another context reuses it")
+    return Finding(
+        "guard_context_destroyed", "error",
+        f"A ContextGuard's context (device {g.device}, not a primary context) was destroyed",
+        f"A guard made from a context its caller owns (cuCtxCreate or a green context, handle "
+        f"0x{g.handle:x}) last saw context id {g.seen_id}; {now}. Its owner destroyed it "
+        f"(cuCtxDestroy, or cuGreenCtxDestroy) while the guard still refers to it. Such a "
+        f"context is never re-activated: everything in it is gone.",
+        "Close the guard (its next enter raises ContextDestroyedError), and make a new guard from "
+        "a live context; keep the context alive for as long as any guard made from it is used.",
+    )
+
+
 def _f_reset(g: GuardInfo) -> Finding:
     now = (f"the driver now reports id {g.driver_id}: someone re-activated it since" if g.driver_id
            is not None else f"the driver now answers {g.driver_id_error}: the context is destroyed "
@@ -876,8 +909,10 @@ def _render(r: Diagnosis, s: _Style, width: int, cli: bool) -> str:
             out.append("  none")
         for g in r.guards:
             now = str(g.driver_id) if g.driver_id is not None else g.driver_id_error
-            state = s.red("RESET since last seen") if g.reset else s.green("unchanged")
-            out.append(f"  device {g.device}{' (shared)' if g.shared else ''}  handle 0x{g.handle:x}  "
+            state = (s.red("RESET since last seen") if g.reset else
+                     s.red("DESTROYED by its owner") if g.destroyed else s.green("unchanged"))
+            kind = "" if g.primary else " (caller's context)"
+            out.append(f"  device {g.device}{' (shared)' if g.shared else ''}{kind}  handle 0x{g.handle:x}  "
                        f"id seen {g.seen_id}, now {now}: {state}")
 
     head("Findings")
