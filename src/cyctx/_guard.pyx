@@ -40,6 +40,8 @@ cdef extern from "_tls.h" namespace "cyctx" nogil:
     unsigned long long tls_top_token() noexcept
     cydriver.CUcontext ctx_load(cydriver.CUcontext* p) noexcept
     void ctx_store(cydriver.CUcontext* p, cydriver.CUcontext v) noexcept
+    unsigned long long u64_load(unsigned long long* p) noexcept
+    void u64_store(unsigned long long* p, unsigned long long v) noexcept
     void int_add(int* p, int v) noexcept
     int int_load(int* p) noexcept
     void int_store(int* p, int v) noexcept
@@ -548,7 +550,7 @@ cdef class ContextGuard:
         # proves nothing: one cuCtxGetId, ~11 ns, on every enter.
         # The table is loaded: this guard's construction did it.
         err = driver_api().CtxGetId(ctx, &ctx_id)
-        if err != cydriver.CUresult.CUDA_SUCCESS or ctx_id != self._ctx_id:
+        if err != cydriver.CUresult.CUDA_SUCCESS or ctx_id != u64_load(&self._ctx_id):
             _after_reset(self, err, ctx_id)
             ctx = ctx_load(&self._ctx)
         switch_to(&s, ctx)
@@ -567,7 +569,8 @@ cdef class ContextGuard:
         if tls_pop_matching(self._token, &e) != 0:
             # Slow path. Entries of guards freed while entered can never be left: drop them
             # and try again; anything else is misuse and changes nothing.
-            dropped = tls_drop_dead_top(self._token)
+            if tls_count(self._token):
+                dropped = tls_drop_dead_top(self._token)
             if dropped == 0 or tls_pop_matching(self._token, &e) != 0:
                 return _raise_exit_misuse(self, dropped)
         if forked_after_cuda():
@@ -659,7 +662,7 @@ cdef class ContextGuard:
     cdef int _exit_generator(self) except -1:
         cdef Entry e
         cdef Switch s
-        if tls_pop_matching(self._token, &e) == 0 or (
+        if tls_pop_matching(self._token, &e) == 0 or (tls_count(self._token) and
                 tls_drop_dead_top(self._token) and tls_pop_matching(self._token, &e) == 0):
             if not forked_after_cuda():
                 s.prev = e.prev
@@ -713,7 +716,7 @@ cdef class ContextGuard:
     @property
     def context_id(self):
         """The driver's unique id of the context (``cuCtxGetId``) as last seen by enter()."""
-        return self._ctx_id
+        return u64_load(&self._ctx_id)
 
     @property
     def resets(self):
@@ -751,6 +754,10 @@ cdef int _after_reset(ContextGuard g, cydriver.CUresult err, unsigned long long 
     cdef cydriver.CUcontext ctx = NULL
     if err != cydriver.CUresult.CUDA_SUCCESS and err != cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED:
         return check(err, "cuCtxGetId")
+    if ctx_load(&g._ctx) == NULL:
+        # Closed by another thread since this enter read the handle (close() while the guard
+        # is in use is the caller's bug): say closed, not reset.
+        return _raise_closed(g)
     if not g._owns_retain:
         # The caller's context (cuCtxCreate, green) was destroyed: nothing to re-activate.
         return _raise_destroyed(g)
@@ -774,7 +781,7 @@ cdef int _after_reset(ContextGuard g, cydriver.CUresult err, unsigned long long 
                 int_add(&g._extra_retains, 1)
             ctx_store(&g._ctx, ctx)  # the driver reuses the handle; take whatever it says
             check(d.CtxGetId(ctx, &ctx_id), "cuCtxGetId")
-        g._ctx_id = ctx_id
+        u64_store(&g._ctx_id, ctx_id)
         int_add(&g._resets, 1)
     finally:
         gate_leave(&g._gate)

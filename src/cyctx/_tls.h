@@ -197,6 +197,8 @@ inline unsigned long long tls_top_token() noexcept {
 
 inline CUcontext ctx_load(CUcontext *p) noexcept { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 inline void ctx_store(CUcontext *p, CUcontext v) noexcept { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+inline unsigned long long u64_load(unsigned long long *p) noexcept { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+inline void u64_store(unsigned long long *p, unsigned long long v) noexcept { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
 inline void int_add(int *p, int v) noexcept { __atomic_add_fetch(p, v, __ATOMIC_ACQ_REL); }
 inline int int_load(int *p) noexcept { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 inline void int_store(int *p, int v) noexcept { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
