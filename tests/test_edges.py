@@ -551,3 +551,81 @@ def test_driver_error_blames_fork_only_in_a_forked_process():
         print("CHILD", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
     """, init=False)
     assert "CHILD 7" in out.stdout
+
+
+# --- on the real driver only ---------------------------------------------------------------
+# The simulated driver models these; the H200 has the last word (tests/differential/).
+
+@pytest.mark.gpu
+def test_real_enter_after_the_owner_destroyed_a_created_context():
+    # cuCtxGetId with the handle of a destroyed created context: a typed error, not a crash
+    # (lab/gpu1 saw 201 for an explicit dead handle).
+    out = run_child("""
+        import cyctx, _drv
+        d = _drv.driver()
+        ctx = _drv.create_context(0)
+        _drv.ok(d.cuCtxPopCurrent())
+        g = cyctx.ContextGuard(ctx)
+        _drv.ok(d.cuCtxDestroy(ctx))
+        try:
+            g.__enter__()
+            print("ENTERED")
+        except cyctx.DriverError as e:
+            print("ERROR", e.code)
+        print("CURRENT", _drv.current())
+        g.close()
+    """, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "ERROR" in out.stdout and "CURRENT 0" in out.stdout, out.stdout
+
+
+@pytest.mark.gpu
+def test_real_construct_from_contexts_keeps_the_stack():
+    # The device probe pushes and pops (or, when the context is current, does neither): count
+    # the stack by popping it empty afterwards.
+    out = run_child("""
+        import cyctx, _drv
+        d = _drv.driver()
+        holder = cyctx.ContextGuard(0)
+        ctx = _drv.create_context(0)                  # pushed: depth 1
+        _drv.ok(d.cuCtxPushCurrent(holder.context))   # depth 2, primary on top
+        a = cyctx.ContextGuard(ctx)                   # probe push/pop
+        b = cyctx.ContextGuard(holder.context)        # current: no push
+        c = cyctx.ContextGuard.from_handle(int(ctx))
+        print("TOP", _drv.current() == holder.handle, "PRIMARY", a.is_primary, b.is_primary, c.is_primary)
+        n = 0
+        while _drv.current():
+            _drv.ok(d.cuCtxPopCurrent()); n += 1
+        print("DEPTH", n)
+        for g in (a, b, c, holder):
+            g.close()
+        _drv.ok(d.cuCtxDestroy(ctx))
+    """, timeout=120)
+    assert "TOP True PRIMARY False True False" in out.stdout and "DEPTH 2" in out.stdout, out.stdout
+
+
+@pytest.mark.gpu
+def test_real_generator_late_exit_and_orphan_drop():
+    out = run_child("""
+        import gc, sys, warnings, cyctx, _drv
+        from cyctx._guard import _open_entries
+        n = _drv.device_count()
+        g0, g1 = cyctx.ContextGuard(0), cyctx.ContextGuard(1 % n)
+        def gen():
+            with g0:
+                yield
+        it = gen(); next(it)
+        seen = []
+        sys.unraisablehook = seen.append
+        with g1:
+            h = [it]; del it; h.clear(); gc.collect()
+            cyctx.ContextGuard(0).__enter__(); gc.collect()   # an orphan above g1's entry
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                pass
+        print("SEEN", len(seen), type(seen[0].exc_value).__name__)
+        print("STATE", _drv.current(), _open_entries())
+        g0.close(); g1.close()
+    """, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "SEEN 1 GuardError" in out.stdout and "STATE 0 0" in out.stdout, out.stdout
