@@ -11,7 +11,6 @@ an empty stack it is emptied again.
 import operator
 import os
 import sys
-import threading
 import warnings
 import weakref
 
@@ -19,7 +18,9 @@ from cuda.bindings cimport cydriver
 
 from cyctx._driver cimport DriverApi, driver_api, driver_load, driver_load_problem
 from cyctx._errors cimport check, raise_load_error
-from cyctx._errors import ContextResetWarning, ForkError, GuardError, InvalidDeviceError, driver_error
+from cyctx._errors import (
+    ContextResetWarning, CyctxError, ForkError, GuardError, InvalidDeviceError, driver_error,
+)
 
 
 cdef extern from "_tls.h" namespace "cyctx" nogil:
@@ -534,7 +535,10 @@ cdef class ContextGuard:
         guard = _shared_guards.setdefault(ordinal, mine)
         if guard is not mine:
             mine._shared = False  # never published: release its retain now
-            mine.close()
+            try:
+                mine.close()
+            except CyctxError:
+                pass  # the release failed: the guard stays open and __dealloc__ releases it
         return guard
 
     cdef int enter(self) except -1 nogil:
@@ -613,7 +617,8 @@ cdef class ContextGuard:
         Raises
         ------
         GuardError
-            The guard is entered on this thread, or it is a :meth:`shared` guard.
+            The guard is entered on this thread, or it is a :meth:`shared` guard, or another
+            thread is closing it or re-activating it after a reset right now (nothing done).
         DriverError
             The release failed; the guard stays open (the retain is still held) so a later
             ``close()`` or garbage collection can release it.
