@@ -447,6 +447,41 @@ def test_close_during_reset_reactivation_does_not_reopen_or_steal_a_retain(sim):
     assert sim.retain_count(0) == base
 
 
+def test_reset_again_while_the_reactivation_warns_is_acted_on(sim):
+    # The context was reset and re-activated by someone else (the enter sees a new id, so it
+    # would only record it); during the warning it is reset once more. The enter must act on
+    # the driver's state after the warning, not before: the context is usable inside.
+    d = driver()
+    base = sim.retain_count(0)
+
+    def body():
+        g = ContextGuard(0)
+        dev = ok(d.cuDeviceGet(0))
+        _reset(0)
+        ok(d.cuDevicePrimaryCtxRetain(dev))  # someone re-activates it
+
+        def hook(*a, **k):
+            ok(d.cuDevicePrimaryCtxRelease(dev))
+            _reset(0)  # ... and resets it again while cyctx warns
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            old, warnings.showwarning = warnings.showwarning, hook
+            try:
+                with g:
+                    err, _ = d.cuCtxGetApiVersion(None)
+                    usable = err == d.CUresult.CUDA_SUCCESS
+            finally:
+                warnings.showwarning = old
+        assert usable, "an inactive primary context was made current inside the guard"
+        assert sim.retain_count(0) == base + 1
+        g.close()
+        return current()
+
+    assert in_thread(body) == 0
+    assert sim.retain_count(0) == base
+
+
 def test_close_from_two_threads_releases_once(sim):
     base = sim.retain_count(0)
     keep = ContextGuard(0)

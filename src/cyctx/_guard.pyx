@@ -779,6 +779,11 @@ cdef int _after_reset(ContextGuard g, cydriver.CUresult err, unsigned long long 
         return _raise_closed(g)  # closed while the warning ran
     cdef const DriverApi* d = driver_api()  # loaded: the guard was constructed
     try:
+        # Look again: Python code ran in the warning (another thread, or a hook, may have
+        # re-activated or reset the context since), so act on what the driver says now.
+        err = d.CtxGetId(ctx_load(&g._ctx), &ctx_id)
+        if err != cydriver.CUresult.CUDA_SUCCESS and err != cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED:
+            check(err, "cuCtxGetId")
         if err != cydriver.CUresult.CUDA_SUCCESS:
             check(d.PrimaryCtxRetain(&ctx, g._dev), "cuDevicePrimaryCtxRetain")
             if d.PrimaryCtxRelease(g._dev) != cydriver.CUresult.CUDA_SUCCESS:
