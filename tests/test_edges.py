@@ -576,6 +576,28 @@ def test_unwind_cap_says_what_was_left(sim):
     assert "4096" in msg and "still" in msg and "were popped to restore" not in msg, msg
 
 
+def test_current_handle_before_cuInit_is_zero_not_an_error():
+    # Found by the adversarial pass: a thread calling current_handle() while another thread
+    # constructs the first guard got NotInitializedError or 0 depending on timing.
+    out = run_child("""
+        import os, cyctx
+        print("FIRST", cyctx.current_handle())
+        g = cyctx.ContextGuard(0)
+        with g:
+            print("INSIDE", cyctx.current_handle() == g.handle)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                cyctx.current_handle()
+                os._exit(1)
+            except cyctx.ForkError:
+                os._exit(42)
+        print("CHILD", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        g.close()
+    """, init=False)
+    assert "FIRST 0" in out.stdout and "INSIDE True" in out.stdout and "CHILD 42" in out.stdout, out.stdout
+
+
 def test_driver_error_blames_fork_only_in_a_forked_process():
     assert "fork" not in str(cyctx.DriverError(3)).lower()
     out = run_child("""

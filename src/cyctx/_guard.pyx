@@ -907,9 +907,19 @@ cdef int _raise_probe_stuck(cydriver.CUresult perr, size_t ctx) except -1 with g
 
 
 def current_handle():
-    """The calling thread's current ``CUcontext`` as an int (0: none). One cuCtxGetCurrent."""
+    """The calling thread's current ``CUcontext`` as an int (0: none). One cuCtxGetCurrent.
+
+    Before anyone in this process called ``cuInit`` nothing can be current: 0, not an error
+    (threads racing the first guard's construction would otherwise see one by chance). In a
+    child forked after cyctx used CUDA: :class:`ForkError`."""
     cdef cydriver.CUcontext cur = NULL
-    check(_api().CtxGetCurrent(&cur), "cuCtxGetCurrent")
+    if forked_after_cuda():
+        _raise_fork()
+    cdef cydriver.CUresult err = _api().CtxGetCurrent(&cur)
+    if err == cydriver.CUresult.CUDA_ERROR_NOT_INITIALIZED:
+        # Not a fork diagnosis: a child of a parent that never used CUDA answers the same.
+        return 0
+    check(err, "cuCtxGetCurrent")
     return <size_t>cur
 
 
