@@ -206,6 +206,33 @@ def test_shared_from_a_finalizer_during_shared(sim):
     assert "OK True 1" in out.stdout
 
 
+def test_thread_stalled_inside_the_first_shared_does_not_block_others(sim):
+    # A thread that stops inside the first shared() (here: forever, as a daemon thread frozen
+    # at interpreter shutdown would) used to hold the registry lock; every other caller hung.
+    out = run_child("""
+        import sys, threading, time, cyctx, _drv
+        inside = threading.Event()
+        def tracer(frame, event, arg):
+            if event == "call" and frame.f_code.co_name == "add" and "weakref" in frame.f_code.co_filename:
+                sys.settrace(None)
+                inside.set()
+                time.sleep(3600)
+            return None
+        def stall():
+            sys.settrace(tracer)
+            cyctx.ContextGuard.shared(1)
+        threading.Thread(target=stall, daemon=True).start()
+        inside.wait(30)
+        g = cyctx.ContextGuard.shared(1)
+        with g:
+            print("MAIN", _drv.current() == g.handle, g.is_shared)
+        import os
+        os._exit(0)  # the stalled daemon thread never finishes
+    """, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "MAIN True True" in out.stdout
+
+
 def test_shared_first_use_raced_by_many_threads(sim):
     out = run_child("""
         import threading, cyctx, _drv
