@@ -375,6 +375,47 @@ def test_generator_closed_explicitly_under_another_guard_raises_on_close():
     assert in_thread(body) == 0
 
 
+def test_generator_closed_on_another_thread_raises_and_keeps_the_entering_threads_entry():
+    # Documented limit: the guard cannot reach another thread's entries. The close is not
+    # silent (before: the GuardError became a note on the GeneratorExit and was lost).
+    g0 = ContextGuard(0)
+
+    def gen():
+        with g0:
+            yield
+
+    it = gen()
+
+    def body():
+        next(it)
+        err = []
+        t = threading.Thread(target=lambda: err.append(_catch(it.close)))
+        t.start()
+        t.join()
+        left = _open_entries_here()
+        g0.__exit__(None, None, None)  # the entering thread leaves its entry itself
+        return err[0], left, current()
+
+    err, left, cur = in_thread(body)
+    assert isinstance(err, GuardError) and "without a matching enter" in str(err)
+    assert left == 1 and cur == 0
+    g0.close()
+
+
+def _catch(fn):
+    try:
+        fn()
+    except BaseException as e:  # noqa: BLE001
+        return e
+    return None
+
+
+def _open_entries_here():
+    from cyctx._guard import _open_entries
+
+    return _open_entries()
+
+
 def test_generator_finalized_in_order_is_quiet():
     def body():
         g0 = ContextGuard(0)

@@ -50,8 +50,11 @@ cdef class ContextGuard:
     cdef int enter(self) except -1 nogil
 
     # Restore what was current before the matching enter() on this thread.
-    # GIL: not needed. Errors: GuardError on exit without enter on this thread or out of
-    # LIFO order (no state changes then); DriverError (the entry is ended all the same).
+    # Entries of guards freed while entered that lie above this guard's entry are dropped
+    # first (they can never be left), then ResourceWarning is warned after the restore.
+    # GIL: not needed (taken only to warn or raise). Errors: GuardError on exit without enter
+    # on this thread or out of LIFO order (no state changes then); DriverError (the entry is
+    # ended all the same).
     cdef int exit(self) except -1 nogil
 
     # Internal. Release the guard's own retain and the extra ones; GuardError/DriverError.
