@@ -56,9 +56,10 @@ def test_malformed_cuda_stream_values_are_typed_errors_not_crashes():
     assert bad == [] and "DONE" in out.stdout, bad
 
 
-def test_valid_cuda_stream_value_reaches_the_driver():
+def test_valid_cuda_stream_value_reaches_the_driver(sim):
     # A well-formed (version, handle) gets to cuStreamGetCtx (which the simulated driver lacks)
-    # or, for a default stream handle, the documented ValueError.
+    # or, for a default stream handle, the documented ValueError. Simulated only: 0x1234 is no
+    # stream, and the real driver would dereference it.
     class S:
         def __init__(self, v):
             self.v = v
