@@ -1,12 +1,17 @@
 """Load test: many threads, two devices, randomly nested guards, random exceptions.
 
-    python bench/stress.py [--threads 16] [--pairs 1000000] [--seed 1] [--sim] [--out FILE.json]
+    python bench/stress.py [--threads 16] [--pairs 1000000] [--seed 1] [--sim] [--edges] [--out FILE.json]
 
 Every thread nests guards of random devices to a random depth, raises random exceptions from
 inside (some caught at an inner level, some at the top), and after every exit checks that the
 thread's current context is what it was before that enter. Reports violations (must be 0),
 the retain balance (the simulated driver's counters, or the primary contexts' active flags
 on a real driver once the guards are closed), and RSS before and after (must stay flat).
+
+--edges adds, inside random blocks, the edges of docs/guarantees.md: ContextGuard.shared()
+blocks, guards freed while entered (orphaned entries, dropped by the enclosing exit), and
+generators abandoned inside a guard and collected under another (a late exit, spliced and
+reported through sys.unraisablehook). The checks are the same: every exit restores.
 """
 
 import argparse
@@ -16,6 +21,7 @@ import random
 import sys
 import threading
 import time
+import warnings
 
 
 class Boom(Exception):
@@ -27,12 +33,39 @@ def rss_kib():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
 
 
-def worker(guards, pairs, seed, shared_guard, stats, lock):
+def worker(guards, pairs, seed, shared_guard, stats, lock, edges=False):
     import cyctx
 
     current = cyctx.current_handle
     rng = random.Random(seed)
-    done = violations = raised = 0
+    done = violations = raised = orphans = late = 0
+
+    def held_by_generator(g):
+        with g:
+            yield
+
+    def edge(g):
+        # Inside g's block: one of the edges; afterwards g's context must be current again.
+        nonlocal orphans, late, violations
+        r = rng.random()
+        k = rng.randrange(len(guards))
+        if r < 0.4:
+            with cyctx.ContextGuard.shared(k):
+                pass
+        elif r < 0.7:
+            cyctx.ContextGuard(k).__enter__()  # freed while entered: an orphaned entry
+            orphans += 1
+            # Left by g's exit (which drops it); nothing here may exit it.
+        else:
+            it = held_by_generator(guards[k])
+            next(it)
+            with rng.choice(guards):
+                holder = [it]
+                del it
+                holder.clear()  # the finalizer runs a late exit: spliced, reported
+                late += 1
+            if current() != g.handle:
+                violations += 1
 
     def nest(depth):
         nonlocal done, violations, raised
@@ -45,6 +78,8 @@ def worker(guards, pairs, seed, shared_guard, stats, lock):
                     violations += 1
                 if depth > 1 and rng.random() < 0.6:
                     nest(depth - 1)
+                if edges and rng.random() < 0.01:
+                    edge(g)
                 if rng.random() < 0.05:
                     raised += 1
                     raise Boom
@@ -66,9 +101,11 @@ def worker(guards, pairs, seed, shared_guard, stats, lock):
         stats["pairs"] += done
         stats["violations"] += violations
         stats["exceptions"] += raised
+        stats["orphaned_entries"] += orphans
+        stats["late_generator_exits"] += late
 
 
-def run(threads=16, pairs=1_000_000, seed=1, sim=None):
+def run(threads=16, pairs=1_000_000, seed=1, sim=None, edges=False):
     """Run the load; returns a dict of results. `sim`: a cyctx.testing.Sim or None."""
     import cyctx
     from cuda.bindings import driver as d
@@ -79,30 +116,49 @@ def run(threads=16, pairs=1_000_000, seed=1, sim=None):
     guards = [cyctx.ContextGuard(i) for i in range(ndev)]
     shared = guards[0]
     per = max(pairs // threads, 1)
-    stats = {"pairs": 0, "violations": 0, "exceptions": 0}
+    if edges:
+        for i in range(ndev):
+            cyctx.ContextGuard.shared(i)  # made up front, so the retain accounting is exact
+    stats = {"pairs": 0, "violations": 0, "exceptions": 0, "orphaned_entries": 0, "late_generator_exits": 0}
     lock = threading.Lock()
-    # Warm up, so the RSS baseline includes the interpreter's steady-state allocations.
-    worker(guards, 1000, seed - 1, shared, dict(pairs=0, violations=0, exceptions=0), lock)
-    rss0 = rss_kib()
-    t0 = time.perf_counter()
-    ts = [threading.Thread(target=worker, args=(guards, per, seed + k, shared, stats, lock)) for k in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    secs = time.perf_counter() - t0
+    reported = []
+    old_hook = sys.unraisablehook
+    if edges:
+        # Late exits are reported through the hook as GuardError; anything else is a failure.
+        sys.unraisablehook = lambda u: reported.append(type(u.exc_value).__name__)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)  # the dropped orphans
+            # Warm up, so the RSS baseline includes the interpreter's steady-state allocations.
+            worker(guards, 1000, seed - 1, shared, dict(stats, pairs=0), lock, edges)
+            rss0 = rss_kib()
+            t0 = time.perf_counter()
+            ts = [threading.Thread(target=worker, args=(guards, per, seed + k, shared, stats, lock, edges))
+                  for k in range(threads)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            secs = time.perf_counter() - t0
+    finally:
+        sys.unraisablehook = old_hook
+    if edges:
+        stats["violations"] += sum(1 for r in reported if r != "GuardError")
     rss1 = rss_kib()
-    held = [sim.retain_count(i) - base[i] for i in range(ndev)] if sim else None
+    shared_held = [i for i in range(ndev) if edges]  # shared guards stay: one retain each
+    held = [sim.retain_count(i) - base[i] - (i in shared_held) for i in range(ndev)] if sim else None
     for g in guards:
         g.close()
-    after = [sim.retain_count(i) - base[i] for i in range(ndev)] if sim else None
+    after = [sim.retain_count(i) - base[i] - (i in shared_held) for i in range(ndev)] if sim else None
+    # With --edges the shared guards keep every device's primary context active, by design.
     active = [bool(d.cuDevicePrimaryCtxGetState(d.cuDeviceGet(i)[1])[2]) for i in range(ndev)]
     return {
         "threads": threads, "devices": ndev, "seed": seed, "pairs": stats["pairs"],
         "violations": stats["violations"], "exceptions": stats["exceptions"], "seconds": round(secs, 2),
         "rss_kib_before": rss0, "rss_kib_after": rss1, "rss_growth_kib": rss1 - rss0,
         "retains_held_during": held, "retains_after_close": after, "primary_active_after_close": active,
-        "driver": "simulated" if sim else "real",
+        "driver": "simulated" if sim else "real", "edges": edges,
+        "orphaned_entries": stats["orphaned_entries"], "late_generator_exits": stats["late_generator_exits"],
     }
 
 
@@ -112,6 +168,7 @@ def main():
     ap.add_argument("--pairs", type=int, default=1_000_000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--sim", action="store_true")
+    ap.add_argument("--edges", action="store_true", help="also exercise the edges of docs/guarantees.md")
     ap.add_argument("--out")
     args = ap.parse_args()
     sim = None
@@ -119,7 +176,7 @@ def main():
         from cyctx.testing import use_simulated_driver
 
         sim = use_simulated_driver(device_count=2)
-    res = run(args.threads, args.pairs, args.seed, sim)
+    res = run(args.threads, args.pairs, args.seed, sim, args.edges)
     print(json.dumps(res, indent=1))
     if args.out:
         with open(args.out, "w") as f:

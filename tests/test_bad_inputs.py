@@ -118,6 +118,33 @@ def _fork_child():
         raise cyctx.ForkError("seen in the child")
 
 
+def _all_raise(exc_name, calls):
+    # A row that lists several inputs: each must raise the row's error on its own; the last
+    # one's error is what the row's test sees.
+    expected = getattr(cyctx, exc_name, None) or getattr(builtins, exc_name)
+    for call in calls[:-1]:
+        with pytest.raises(expected):
+            call()
+    calls[-1]()
+
+
+def _stream_returning(value):
+    return type("S", (), {"__cuda_stream__": lambda self: value})()
+
+
+def _bad_cuda_streams():
+    _all_raise("TypeError", [lambda v=v: ContextGuard(_stream_returning(v))
+                             for v in [(), [0, 1], (1,), (0, "1"), (0, 1.5)]])
+
+
+def _handles_out_of_range():
+    _all_raise("ValueError", [lambda: ContextGuard.from_handle(-1), lambda: ContextGuard.from_handle(2**64)])
+
+
+def _handles_not_ints():
+    _all_raise("TypeError", [lambda: ContextGuard.from_handle(1.5), lambda: ContextGuard.from_handle("0x1234")])
+
+
 # (the table's wording of the input, how to try it, the error the table names)
 ROWS = [
     ("`ContextGuard(-1)`", lambda: ContextGuard(-1), "ValueError"),
@@ -141,6 +168,9 @@ ROWS = [
     ("block pushes a context and leaves it, from an empty stack", _leaked_push, "GuardError"),
     ("enter after a reset, with `ContextResetWarning` as an error", _reset_as_error, "ContextResetWarning"),
     ("enter in a child forked after CUDA was used", _fork_child, "ForkError"),
+    ("`__cuda_stream__()` returning `()`, `[0, 1]`, `(1,)` or a non-int handle", _bad_cuda_streams, "TypeError"),
+    ("`ContextGuard.from_handle(-1)` or `from_handle(2**64)`", _handles_out_of_range, "ValueError"),
+    ('`ContextGuard.from_handle(1.5)` or `from_handle("0x1234")`', _handles_not_ints, "TypeError"),
 ]
 
 

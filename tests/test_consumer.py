@@ -79,3 +79,71 @@ def test_consumer_errors_cross_nogil(consumer_dir):
             print("CLOSED", "closed" in str(e))
     """)
     assert "GUARD True" in out.stdout and "CLOSED True" in out.stdout
+
+
+@pytest.mark.parametrize("start", ["none", "other", "target"])
+def test_raw_layer_under_every_fault(consumer_dir, start, sim):
+    # switch_to/switch_back are reachable from Cython only: every driver call they make is
+    # failed once with each code, from each starting state. switch_to changes nothing when it
+    # fails; a failed switch_back leaves the block's context, and a retry restores.
+    out = run_child(f"""
+        import sys; sys.path.insert(0, {consumer_dir!r})
+        import cyctx, cyctx_consumer, _drv
+        from cuda.bindings import driver as d
+        sim = _drv.SIM
+        FUNCS = ("cuCtxGetCurrent", "cuCtxSetCurrent")
+        g0, g1 = cyctx.ContextGuard(0), cyctx.ContextGuard(1)
+        start = {start!r}
+        def prepare():
+            d.cuCtxSetCurrent(None)
+            if start == "other":
+                d.cuCtxSetCurrent(g1.context)
+            elif start == "target":
+                d.cuCtxSetCurrent(g0.context)
+            return (_drv.current(), sim.stack_depth())
+        def calls(fn):
+            c0 = {{f: sim.call_count(f) for f in FUNCS}}
+            fn()
+            return {{f: sim.call_count(f) - c0[f] for f in FUNCS}}
+        tried = 0
+        for phase in ("to", "back"):
+            before = prepare()
+            if phase == "to":
+                made = calls(lambda: cyctx_consumer.switch_to_only(g0.handle))
+                cyctx_consumer.switch_back_only(before[0], before[0] != g0.handle)
+            else:
+                s = cyctx_consumer.switch_to_only(g0.handle)
+                made = calls(lambda: cyctx_consumer.switch_back_only(*s))
+            for f, n in made.items():
+                for nth in range(1, n + 1):
+                    for code in (201, 709, 999):
+                        before = prepare()
+                        if phase == "to":
+                            sim.inject_fault(f, code, nth=nth)
+                            try:
+                                cyctx_consumer.switch_to_only(g0.handle)
+                                raise SystemExit("no error")
+                            except cyctx.DriverError as e:
+                                assert e.code == code
+                            finally:
+                                sim.clear_faults()
+                            assert (_drv.current(), sim.stack_depth()) == before, (phase, f, nth, code)
+                        else:
+                            s = cyctx_consumer.switch_to_only(g0.handle)
+                            sim.inject_fault(f, code, nth=nth)
+                            try:
+                                cyctx_consumer.switch_back_only(*s)
+                                raise SystemExit("no error")
+                            except cyctx.DriverError as e:
+                                assert e.code == code
+                            finally:
+                                sim.clear_faults()
+                            cyctx_consumer.switch_back_only(*s)  # the retry restores
+                            assert (_drv.current(), sim.stack_depth()) == before, (phase, f, nth, code)
+                        tried += 1
+        d.cuCtxSetCurrent(None)
+        g0.close(); g1.close()
+        print("TRIED", tried, "RETAINS", [sim.retain_count(i) for i in range(2)])
+    """)
+    assert "RETAINS [0, 0]" in out.stdout
+    assert int(out.stdout.split("TRIED")[1].split()[0]) >= 3

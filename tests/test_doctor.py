@@ -165,7 +165,7 @@ def test_json_schema_with_a_context_and_a_guard():
                       "api_version", "why", "error"}
     assert c["handle"] == handle and c["usable"] is True
     (mine,) = [x for x in d["guards"] if x["handle"] == handle]
-    assert set(mine) == {"device", "handle", "seen_id", "driver_id", "driver_id_error", "shared", "reset"}
+    assert set(mine) == {"device", "handle", "seen_id", "driver_id", "driver_id_error", "shared", "primary", "reset"}
     json.dumps(d)
 
 
@@ -250,7 +250,7 @@ def test_diagnose_changes_nothing_on_either_driver():
 # --- broken states, recognised and explained ------------------------------------------------
 
 def test_inactive_primary_current_is_the_classic_report():
-    # The state a pre-12 cudaSetDevice leaves (lab/gpu2), made with driver calls alone:
+    # The state a pre-12 cudaSetDevice leaves (results/2026-11-30-lab/2026-11-30-gpu2.log), made with driver calls alone:
     # a primary handle retained and released (inactive again), then made current.
     out = child("""
     from cyctx._demo import StandInRuntime
@@ -549,7 +549,7 @@ def test_runtime_in_the_report():
         with g:
             r = diagnose()
         assert r.runtime and r.runtime.version >= 12000 and r.runtime.version_from == "cudaRuntimeGetVersion"
-        assert r.runtime.current_device == 0, "inside a guard for k, cudaGetDevice says k (DESIGN §3.11)"
+        assert r.runtime.current_device == 0, "inside a guard for k, cudaGetDevice says k (docs/guarantees.md)"
     finally:
         g.close()
 
@@ -580,3 +580,41 @@ def test_demo_with_the_cuda11_runtime():
 def test_cudart_that_does_not_load_is_reported():
     rc, out, _ = cli("doctor", "--cudart", __file__)
     assert rc in (0, 3) and "none loadable: cannot load" in out and __file__ in out
+
+
+def test_guard_of_a_created_context_destroyed_by_its_owner_is_not_a_reset():
+    # Issue 11: a guard made from a cuCtxCreate context whose owner destroyed it was reported
+    # as a primary-context reset, with "the next enter re-activates it" -- it cannot.
+    out = child("""
+    import cyctx
+    ctx = _drv.create_context()
+    d.cuCtxPopCurrent()
+    g = cyctx.ContextGuard(ctx)
+    assert not g.is_primary
+    d.cuCtxDestroy(ctx)
+    r = diagnose(cudart=False).to_dict()
+    g.close()
+    print(json.dumps(r))
+    """)
+    r = last_json(out)
+    (g,) = r["guards"]
+    assert g["primary"] is False
+    codes = [f["code"] for f in r["findings"]]
+    assert "context_reset" not in codes, codes
+    (f,) = [f for f in r["findings"] if f["code"] == "guard_context_destroyed"]
+    assert "cuCtxDestroy" in f["explanation"] and "reset" not in f["title"].lower()
+    assert "close the guard" in f["fix"].lower() and "ContextResetWarning" not in f["fix"]
+
+
+def test_current_created_context_held_by_a_guard_is_not_called_primary():
+    out = child("""
+    import cyctx
+    ctx = _drv.create_context()
+    g = cyctx.ContextGuard(ctx)
+    r = diagnose(cudart=False).to_dict()
+    g.close()
+    d.cuCtxDestroy(ctx)
+    print(json.dumps(r))
+    """)
+    c = last_json(out)["thread"]["current_context"]
+    assert c["primary"] is False, c

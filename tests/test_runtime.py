@@ -60,7 +60,7 @@ def test_block_calling_cudaSetDevice_is_repaired():
 
 
 def test_classic_stale_current_context_is_fixed_inside_the_guard():
-    # cudaDeviceReset leaves the thread's current handle non-NULL but dead (lab probe):
+    # cudaDeviceReset leaves the thread's current handle non-NULL but dead (results/2026-11-30-lab/probe.cpp):
     # cuCtxGetApiVersion fails outside the guard (201 with the explicit handle, as the lab
     # probe shows; 709 through the NULL "current" argument, H200 run 1) and works inside it.
     out = run_child(PRELUDE + """

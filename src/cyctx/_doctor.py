@@ -1,11 +1,11 @@
 """cyctx's doctor: a read-only report of the CUDA driver, runtime and contexts, with findings.
 
 :func:`diagnose` looks at the process and the calling thread and explains, in plain words and
-with the fix, the states that make mixed Runtime/Driver API code fail (DESIGN §1): a current
+with the fix, the states that make mixed Runtime/Driver API code fail (docs/design.md, "The problem"): a current
 handle to an inactive primary context, no current context, a primary context reset behind a
 guard's back, a forked child. It only *queries*: cuInit, cuDriverGetVersion, cuDeviceGet*,
 cuDevicePrimaryCtxGetState, cuCtxGetCurrent, and cuCtxGetId/GetDevice/GetApiVersion on the
-current context and on the guards' handles, plus the runtime's cudaGetDevice (lab/gpu1:
+current context and on the guards' handles, plus the runtime's cudaGetDevice (results/2026-11-30-lab/2026-11-30-gpu1.log:
 "new thread, after cudaGetDevice cur=(nil)": it creates no context). It never retains, pushes
 or sets a context.
 
@@ -39,7 +39,7 @@ _NOT_INITIALIZED, _NO_DEVICE, _INVALID_CONTEXT, _CONTEXT_IS_DESTROYED = 3, 100, 
 
 # --- fork ---------------------------------------------------------------------------------
 # In a child forked after CUDA was initialised in the parent, every driver call returns
-# CUDA_ERROR_NOT_INITIALIZED (lab/gpu3 probe2 "child: ... cuInit r3"). The guard's C flags
+# CUDA_ERROR_NOT_INITIALIZED (results/2026-11-30-lab/2026-11-30-gpu3.log, "child: ... cuInit r3"). The guard's C flags
 # for that are not exposed to Python, so the doctor keeps its own: this hook runs in every
 # child forked after this module was imported (cyctx imports it with the package).
 _forked_from: int | None = None
@@ -120,10 +120,19 @@ class GuardInfo:
     driver_id: int | None
     driver_id_error: str | None
     shared: bool
+    primary: bool = True  # the guard retains a primary context (else the caller owns it)
 
     @property
     def reset(self) -> bool:
-        return self.driver_id != self.seen_id
+        """A primary context reset since the guard last saw it. Only a primary context is
+        reset (and re-activated by the guard's next enter); a context the caller owns whose
+        id changed or vanished was destroyed (see ``destroyed``)."""
+        return self.primary and self.driver_id != self.seen_id
+
+    @property
+    def destroyed(self) -> bool:
+        """The caller's context (cuCtxCreate, green) behind a guard was destroyed."""
+        return not self.primary and self.driver_id != self.seen_id
 
 
 @dataclass
@@ -478,7 +487,7 @@ def diagnose(cudart: str | bool | None = None) -> Diagnosis:
 
     if err == _NOT_INITIALIZED:
         # A forked child of a CUDA process: nothing else will answer, and the runtime would
-        # only say the same (lab probe2 "cudaGetDevice r3"); stop here.
+        # only say the same (results/2026-11-30-lab/2026-11-30-gpu3.log, "cudaGetDevice r3"); stop here.
         diag.driver_error = error_name(err)
         findings.append(_f_fork(_forked_from))
         return diag
@@ -507,6 +516,8 @@ def diagnose(cudart: str | bool | None = None) -> Diagnosis:
     for g in diag.guards:
         if g.reset:
             findings.append(_f_reset(g))
+        elif g.destroyed:
+            findings.append(_f_guard_context_destroyed(g))
     order = {"unavailable": 0, "error": 1, "warning": 2}
     findings.sort(key=lambda f: order.get(f.severity, 3))
     return diag
@@ -544,13 +555,14 @@ def _guard_infos(d) -> list[GuardInfo]:
         if g.closed:
             continue
         h = g.handle
-        # The handle value survives a reset, the id does not (DESIGN §3.7, lab/gpu3): 709
+        # The handle value survives a reset, the id does not (docs/design.md "Reset", results/2026-11-30-lab/2026-11-30-gpu3.log): 709
         # means the context behind the handle is destroyed and the primary is inactive.
         e, cid = _call(d.cuCtxGetId, d.CUcontext(h))
         out.append(GuardInfo(
             device=g.device, handle=h, seen_id=g.context_id,
             driver_id=int(cid) if e == 0 else None,
             driver_id_error=error_name(e) if e else None, shared=g.is_shared,
+            primary=g.is_primary,
         ))
     return sorted(out, key=lambda g: (g.device, g.handle))
 
@@ -567,7 +579,7 @@ def _context_info(d, guards: list[GuardInfo], devices: list[DeviceInfo]) -> Cont
     # a freed pointer. The H200 answers a dead current context -- an inactive primary or a
     # destroyed created one, alike -- with 709 from cuCtxGetApiVersion(NULL) and cuCtxGetId,
     # and cuCtxGetDevice still works (tests/differential/real_h200.json, reset_stale_current
-    # and destroy_current_on_other_thread); the handle passed explicitly gives 201 (lab/gpu1).
+    # and destroy_current_on_other_thread); the handle passed explicitly gives 201 (results/2026-11-30-lab/2026-11-30-gpu1.log).
     null = d.CUcontext(0)
     e, api = _call(d.cuCtxGetApiVersion, null)
     c.usable = e == 0
@@ -581,8 +593,12 @@ def _context_info(d, guards: list[GuardInfo], devices: list[DeviceInfo]) -> Cont
     primary_active = devices[c.device].primary_active if c.device is not None and c.device < len(devices) else None
     # The driver has no query for "is this a primary context" short of retaining the primary
     # (which the doctor never does), so it is told from what is known.
-    if any(g.handle == c.handle and g.device == c.device for g in guards):
-        c.primary, c.primary_why = True, "a ContextGuard holds this handle"
+    held = [g for g in guards if g.handle == c.handle and g.device == c.device]
+    if any(g.primary for g in held):
+        c.primary, c.primary_why = True, "a ContextGuard holds this handle as a primary context"
+    elif held:
+        c.primary, c.primary_why = False, (
+            "a ContextGuard holds this handle as a context its caller owns (cuCtxCreate or green)")
     elif primary_active is False and c.usable:
         c.primary, c.primary_why = False, (
             "it is live while its device's primary context is inactive: made by cuCtxCreate")
@@ -733,6 +749,23 @@ def _f_dead_current(c: ContextInfo) -> Finding:
     )
 
 
+def _f_guard_context_destroyed(g: GuardInfo) -> Finding:
+    # Not a reset: only a primary context is reset and re-activated. A created or green
+    # context destroyed by its owner is gone for good; the guard cannot bring it back.
+    now = (f"the driver now answers {g.driver_id_error}" if g.driver_id is None
+           else f"the driver now reports id {g.driver_id} for the handle: another context reuses it")
+    return Finding(
+        "guard_context_destroyed", "error",
+        f"A ContextGuard's context (device {g.device}, not a primary context) was destroyed",
+        f"A guard made from a context its caller owns (cuCtxCreate or a green context, handle "
+        f"0x{g.handle:x}) last saw context id {g.seen_id}; {now}. Its owner destroyed it "
+        f"(cuCtxDestroy, or cuGreenCtxDestroy) while the guard still refers to it. Such a "
+        f"context is never re-activated: everything in it is gone.",
+        "Close the guard (its next enter raises ContextDestroyedError), and make a new guard from "
+        "a live context; keep the context alive for as long as any guard made from it is used.",
+    )
+
+
 def _f_reset(g: GuardInfo) -> Finding:
     now = (f"the driver now reports id {g.driver_id}: someone re-activated it since" if g.driver_id
            is not None else f"the driver now answers {g.driver_id_error}: the context is destroyed "
@@ -876,8 +909,10 @@ def _render(r: Diagnosis, s: _Style, width: int, cli: bool) -> str:
             out.append("  none")
         for g in r.guards:
             now = str(g.driver_id) if g.driver_id is not None else g.driver_id_error
-            state = s.red("RESET since last seen") if g.reset else s.green("unchanged")
-            out.append(f"  device {g.device}{' (shared)' if g.shared else ''}  handle 0x{g.handle:x}  "
+            state = (s.red("RESET since last seen") if g.reset else
+                     s.red("DESTROYED by its owner") if g.destroyed else s.green("unchanged"))
+            kind = "" if g.primary else " (caller's context)"
+            out.append(f"  device {g.device}{' (shared)' if g.shared else ''}{kind}  handle 0x{g.handle:x}  "
                        f"id seen {g.seen_id}, now {now}: {state}")
 
     head("Findings")

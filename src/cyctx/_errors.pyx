@@ -5,6 +5,8 @@ carrying the ``CUresult`` as ``.code`` and its name as ``.name``, with a message
 what happened and what to do. Misuse of a guard is a :class:`GuardError`.
 """
 
+import os
+
 from cuda.bindings cimport cydriver
 
 from cyctx._driver cimport DriverApi, driver_load
@@ -51,7 +53,7 @@ class DriverError(CyctxError):
         self.call = call
         where = f"{call} failed: " if call else ""
         msg = f"{where}{self.name} ({self.code}): {description}"
-        hint = detail or _HINTS.get(self.code)
+        hint = detail or _hint(self.code)
         if hint:
             msg += f". {hint}"
         super().__init__(msg)
@@ -82,9 +84,7 @@ class InvalidDeviceError(DriverError, ValueError):
 
 _HINTS = {
     1: "An argument was out of range for the driver",
-    3: ("The driver is not initialised in this process. If this process was forked from one "
-        "that used CUDA, CUDA cannot be used here: start workers with the 'spawn' "
-        "multiprocessing start method"),
+    3: "The driver is not initialised in this process: call cuInit(0) first",
     4: "The driver is shutting down (interpreter exit?); no CUDA work can run now",
     34: ("The libcuda.so.1 that was loaded is the toolkit's stub, not the driver: "
          "remove the stubs directory from LD_LIBRARY_PATH"),
@@ -102,6 +102,31 @@ _HINTS = {
     803: "The driver and kernel module versions do not match: reboot or reinstall the driver",
     999: "The driver reported an unknown error; the GPU may need attention (nvidia-smi)",
 }
+
+# Fork is named only in a process that was forked: elsewhere it would send the reader after a
+# cause that cannot be theirs (issue 11).
+_FORKED_HINTS = {
+    3: ("The driver is not initialised in this process, which is a forked child: if its "
+        "parent used CUDA, CUDA cannot be used here. Start workers with the 'spawn' "
+        "multiprocessing start method"),
+}
+
+_forked = False
+
+
+def _after_fork_in_child():
+    global _forked
+    _forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _hint(code):
+    if _forked and code in _FORKED_HINTS:
+        return _FORKED_HINTS[code]
+    return _HINTS.get(code)
+
 
 _CLASSES = {
     3: NotInitializedError,

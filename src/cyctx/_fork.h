@@ -1,21 +1,35 @@
-// Fork detection without a per-call syscall (DESIGN §3.8): a pthread_atfork child handler
-// flips plain flags that the guard reads before any driver call. In a child forked after
-// CUDA was initialised, every driver call returns CUDA_ERROR_NOT_INITIALIZED (lab probe2:
-// "child: getcurrent r3 ... cuInit r3; retain r3"), so the guard must refuse up front.
+// Fork detection without a per-call syscall: a pthread_atfork child handler flips flags that
+// the guard reads before any driver call. In a child forked after CUDA was initialised,
+// every driver call returns CUDA_ERROR_NOT_INITIALIZED (results/2026-11-30-lab/probe2.cpp: "child: getcurrent r3 ...
+// cuInit r3; retain r3"), so the guard must refuse up front.
+//
+// The flags are atomics (relaxed: each is a single word set once, read on the hot path as a
+// plain load), so they are race-free without the GIL. The prepare/parent/child handlers also
+// hold _tls.h's registry mutex across fork(), so a child never inherits it locked.
 #pragma once
+#include <atomic>
 #include <pthread.h>
+
+#include "_tls.h"
 
 namespace cyctx {
 
-static int g_cuda_initialised = 0;   // cyctx's cuInit succeeded in this process or an ancestor
-static int g_forked_after_cuda = 0;  // this process was forked after that
-static int g_fork_child = 0;         // this process was forked at all
+inline std::atomic<int> g_cuda_initialised{0};   // cyctx's cuInit succeeded here or in an ancestor
+inline std::atomic<int> g_forked_after_cuda{0};  // this process was forked after that
+inline std::atomic<int> g_fork_child{0};         // this process was forked at all
 
+inline int forked_after_cuda() noexcept { return g_forked_after_cuda.load(std::memory_order_relaxed); }
+inline int fork_child() noexcept { return g_fork_child.load(std::memory_order_relaxed); }
+inline void mark_cuda_initialised() noexcept { g_cuda_initialised.store(1, std::memory_order_relaxed); }
+
+static void on_fork_prepare(void) { live_lock(); }
+static void on_fork_parent(void) { live_unlock(); }
 static void on_fork_child(void) {
-    g_fork_child = 1;
-    if (g_cuda_initialised) g_forked_after_cuda = 1;
+    live_unlock();
+    g_fork_child.store(1, std::memory_order_relaxed);
+    if (g_cuda_initialised.load(std::memory_order_relaxed)) g_forked_after_cuda.store(1, std::memory_order_relaxed);
 }
 
-inline int install_fork_handler() { return pthread_atfork(nullptr, nullptr, on_fork_child); }
+inline int install_fork_handler() { return pthread_atfork(on_fork_prepare, on_fork_parent, on_fork_child); }
 
 }  // namespace cyctx

@@ -35,7 +35,12 @@ cdef class ContextGuard:
     cdef bint _shared
     cdef bint _owns_retain    # a primary context this guard retained (else the caller owns it)
     cdef int _resets          # resets detected (and re-activated) by enter()
-    cdef int _extra_retains   # re-activation retains whose balancing release failed
+    cdef int _extra_retains   # retains whose balancing release failed (re-activation, probe)
+    # Key of this guard's per-thread entries: process-unique, never reused (an address is).
+    cdef unsigned long long _token
+    # Close vs reset re-activation (atomic builtins only): n > 0 re-activations in flight,
+    # -1 a close() in flight, 0 neither. Neither is ever held across Python code.
+    cdef int _gate
     cdef object __weakref__
 
     # Make the guard's context current on this thread (no driver switch when it already is).
@@ -45,6 +50,14 @@ cdef class ContextGuard:
     cdef int enter(self) except -1 nogil
 
     # Restore what was current before the matching enter() on this thread.
-    # GIL: not needed. Errors: GuardError on exit without enter on this thread or out of
-    # LIFO order (no state changes then); DriverError (the entry is ended all the same).
+    # Entries of guards freed while entered that lie above this guard's entry are dropped
+    # first (they can never be left), then ResourceWarning is warned after the restore.
+    # GIL: not needed (taken only to warn or raise). Errors: GuardError on exit without enter
+    # on this thread or out of LIFO order (no state changes then); DriverError (the entry is
+    # ended all the same).
     cdef int exit(self) except -1 nogil
+
+    # Internal. Release the guard's own retain and the extra ones; GuardError/DriverError.
+    cdef int _release_all(self) except -1
+    # Internal. __exit__ for a GeneratorExit: splices a late entry out instead of refusing.
+    cdef int _exit_generator(self) except -1

@@ -1,6 +1,6 @@
 """ContextGuard: retain a device's primary context, make it current around work, restore.
 
-The restore rule (DESIGN §3.1-3.3): leaving makes current exactly what was current before
+The restore rule (docs/design.md, "The restore rule"): leaving makes current exactly what was current before
 the enter, with ``cuCtxSetCurrent`` -- which replaces the top of the thread's context
 stack -- rather than push/pop. So a block that called ``cudaSetDevice`` or
 ``cuCtxSetCurrent`` (which also replace the top) is repaired, and the guard never pops a
@@ -11,7 +11,6 @@ an empty stack it is emptied again.
 import operator
 import os
 import sys
-import threading
 import warnings
 import weakref
 
@@ -19,25 +18,43 @@ from cuda.bindings cimport cydriver
 
 from cyctx._driver cimport DriverApi, driver_api, driver_load, driver_load_problem
 from cyctx._errors cimport check, raise_load_error
-from cyctx._errors import ContextResetWarning, ForkError, GuardError, InvalidDeviceError, driver_error
+from cyctx._errors import (
+    ContextResetWarning, CyctxError, ForkError, GuardError, InvalidDeviceError, driver_error,
+)
 
 
 cdef extern from "_tls.h" namespace "cyctx" nogil:
     cdef struct Entry:
-        const void* owner
+        unsigned long long token
         cydriver.CUcontext prev
         int switched
-    int tls_push(const void* owner, cydriver.CUcontext prev, int switched) noexcept
-    Entry* tls_top() noexcept
-    int tls_pop_matching(const void* owner, Entry* out) noexcept
+    unsigned long long new_token() noexcept
+    int live_add(unsigned long long token) noexcept
+    void live_remove(unsigned long long token) noexcept
+    bint live_has(unsigned long long token) noexcept
+    int tls_push(unsigned long long token, cydriver.CUcontext prev, int switched) noexcept
+    int tls_pop_matching(unsigned long long token, Entry* out) noexcept
     size_t tls_depth() noexcept
-    size_t tls_count(const void* owner) noexcept
+    size_t tls_count(unsigned long long token) noexcept
+    size_t tls_drop_dead_top(unsigned long long keep) noexcept
+    int tls_splice(unsigned long long token) noexcept
+    unsigned long long tls_top_token() noexcept
+    cydriver.CUcontext ctx_load(cydriver.CUcontext* p) noexcept
+    void ctx_store(cydriver.CUcontext* p, cydriver.CUcontext v) noexcept
+    unsigned long long u64_load(unsigned long long* p) noexcept
+    void u64_store(unsigned long long* p, unsigned long long v) noexcept
+    void int_add(int* p, int v) noexcept
+    int int_load(int* p) noexcept
+    void int_store(int* p, int v) noexcept
+    int gate_enter(int* gate) noexcept
+    void gate_leave(int* gate) noexcept
+    int gate_close(int* gate) noexcept
 
 
 cdef extern from "_fork.h" namespace "cyctx" nogil:
-    int g_cuda_initialised
-    int g_forked_after_cuda
-    int g_fork_child
+    int forked_after_cuda() noexcept
+    int fork_child() noexcept
+    void mark_cuda_initialised() noexcept
     int install_fork_handler()
 
 if install_fork_handler() != 0:
@@ -80,7 +97,7 @@ cdef int switch_to(Switch* s, cydriver.CUcontext target) except -1 nogil:
         return _raise_value("switch_to: target context is NULL")
     cdef const DriverApi* d = _api()
     # cuCtxGetCurrent is thread-local and ~12 ns; the switch is only paid when needed
-    # (DESIGN §3.2, §4).
+    # (docs/design.md, "Costs").
     check(d.CtxGetCurrent(&cur), "cuCtxGetCurrent")
     if cur != target:
         check(d.CtxSetCurrent(target), "cuCtxSetCurrent")
@@ -111,23 +128,32 @@ cdef int switch_back(const Switch* s) except -1 nogil:
 
 cdef int _unwind_leaked_pushes(const DriverApi* d) except -1 nogil:
     # The thread entered with no context; restore that exactly, and say so loudly: silently
-    # popping another library's contexts would hide its bug (DESIGN §3.3).
+    # popping another library's contexts would hide its bug (docs/design.md, "The restore rule").
     cdef cydriver.CUcontext cur = NULL
     cdef int n = 0
-    while n < _MAX_UNWIND:
+    while True:
         check(d.CtxGetCurrent(&cur), "cuCtxGetCurrent")
-        if cur == NULL:
+        if cur == NULL or n == _MAX_UNWIND:
             break
         check(d.CtxSetCurrent(NULL), "cuCtxSetCurrent")
         n += 1
-    return _raise_leaked(n)
+    return _raise_leaked(n, <size_t>cur)
 
 
-cdef int _raise_leaked(int n) except -1 with gil:
+cdef int _raise_leaked(int n, size_t still) except -1 with gil:
+    if still == 0:
+        raise GuardError(
+            f"code inside the guard pushed {n} context(s) with cuCtxPushCurrent and did not pop "
+            f"them; the thread had no current context before the guard, so they were popped to "
+            f"restore that. Balance every push with a pop inside the block."
+        )
+    # The cap: say what was done and what is left, not that the stack was restored.
     raise GuardError(
-        f"code inside the guard pushed {n} context(s) with cuCtxPushCurrent and did not pop "
-        f"them; the thread had no current context before the guard, so they were popped to "
-        f"restore that. Balance every push with a pop inside the block."
+        f"code inside the guard pushed more than {n} context(s) with cuCtxPushCurrent and did "
+        f"not pop them; cyctx popped {n} and stopped there (its cap). The thread still has "
+        f"context 0x{still:x} current and more beneath it: its context stack is NOT restored to "
+        f"the empty stack it had before the guard. Pop the rest with cuCtxPopCurrent, and "
+        f"balance every push with a pop inside the block."
     )
 
 
@@ -149,21 +175,71 @@ def _ordinal_of(device):
     return ordinal
 
 
+def _optional_ordinal(device):
+    """A framework stream's fallback device: None, or a checked ordinal."""
+    return None if device is None else _ordinal_of(device)
+
+
+# Handles are C pointers: anything outside [0, 2**bits) cannot be one. Checked here, with the
+# value in the message, instead of letting the C conversion raise OverflowError.
+_HANDLE_BITS = 8 * sizeof(void*)
+_HANDLE_LIMIT = 1 << _HANDLE_BITS
+
+
+def _handle_of(value, what):
+    """A handle as a Python int in [0, 2**64), or TypeError/ValueError. No driver call.
+
+    An int (anything with ``__index__``, not bool) or a cuda.bindings handle object (which
+    converts with int()). A float, str or bytes is refused, never truncated or parsed."""
+    t = type(value)
+    if (t.__module__ or "").startswith("cuda.bindings") and hasattr(t, "__int__"):
+        h = int(value)
+    elif isinstance(value, bool) or not hasattr(t, "__index__"):
+        raise TypeError(f"{what} must be an int handle, got {t.__name__} {value!r:.80}")
+    else:
+        h = operator.index(value)
+    if not 0 <= h < _HANDLE_LIMIT:
+        raise ValueError(
+            f"{what} {h:#x} is out of range: a handle is a {_HANDLE_BITS}-bit address, "
+            f"0 <= handle < 2**{_HANDLE_BITS}" if abs(h) < (1 << 256) else
+            f"{what} is out of range: a handle is a {_HANDLE_BITS}-bit address, "
+            f"0 <= handle < 2**{_HANDLE_BITS}"
+        )
+    return h
+
+
+def _cuda_stream_handle(obj):
+    """The handle of the CUDA stream protocol: ``__cuda_stream__()`` returns (version, handle)."""
+    v = obj.__cuda_stream__()
+    # Checked before it is looked into (this module is compiled with boundscheck=False): a
+    # tuple of exactly two, unpacked (never indexed), both ints.
+    if not isinstance(v, tuple) or tuple.__len__(v) != 2:
+        raise TypeError(
+            f"{type(obj).__name__}.__cuda_stream__() must return a (version, handle) tuple of "
+            f"two ints, got {type(v).__name__} {v!r:.80}"
+        )
+    version, handle = v
+    if isinstance(version, bool) or not hasattr(type(version), "__index__"):
+        raise TypeError(
+            f"{type(obj).__name__}.__cuda_stream__() returned version {version!r:.40}; an int is needed"
+        )
+    return _handle_of(handle, f"{type(obj).__name__}.__cuda_stream__() handle")
+
+
 cdef int _device_count() except -1:
-    global g_cuda_initialised
     cdef int n = 0
     cdef cydriver.CUresult err
     cdef const DriverApi* d = NULL
-    if g_forked_after_cuda:
+    if forked_after_cuda():
         _raise_fork()
     with nogil:
         # Loading the driver and cuInit can take long the first time: not under the GIL.
         d = _api()
         err = d.Init(0)
-    if err == cydriver.CUresult.CUDA_ERROR_NOT_INITIALIZED and g_fork_child:
+    if err == cydriver.CUresult.CUDA_ERROR_NOT_INITIALIZED and fork_child():
         _raise_fork()  # CUDA was initialised in an ancestor by someone else (torch, CuPy...)
     check(err, "cuInit")
-    g_cuda_initialised = 1
+    mark_cuda_initialised()
     check(d.DeviceGetCount(&n), "cuDeviceGetCount")
     return n
 
@@ -191,13 +267,16 @@ def _target_of(obj):
     t = type(obj)
     mod = t.__module__ or ""
     name = t.__name__
+    # Every value read from a duck-typed object is checked (_ordinal_of, _handle_of) before
+    # it is used: these are user objects, and a float, a str or a huge int must be a
+    # TypeError/ValueError, never truncated, parsed or overflowed.
     if mod.startswith("cuda.bindings"):
         if name == "CUcontext":
-            return ("context", int(obj))
+            return ("context", _handle_of(obj, "CUcontext"))
         if name == "CUstream":
-            return ("stream", int(obj), None)
+            return ("stream", _handle_of(obj, "CUstream"), None)
         if name == "CUgreenCtx":
-            return ("green", int(obj))
+            return ("green", _handle_of(obj, "CUgreenCtx"))
         if name == "CUdevice":
             return ("ordinal", _ordinal_of(int(obj)))  # a CUdevice is its ordinal
     elif mod == "torch" and name == "device":
@@ -205,24 +284,26 @@ def _target_of(obj):
             raise ValueError(f"{obj!r} is not a CUDA device")
         if obj.index is None:  # torch.device("cuda"): torch's current device
             import torch
-            return ("ordinal", torch.cuda.current_device())
-        return ("ordinal", obj.index)
+            return ("ordinal", _ordinal_of(torch.cuda.current_device()))
+        return ("ordinal", _ordinal_of(obj.index))
     elif mod.startswith("torch") and hasattr(obj, "cuda_stream"):
-        return ("stream", int(obj.cuda_stream), obj.device.index)
+        return ("stream", _handle_of(obj.cuda_stream, f"{name}.cuda_stream"),
+                _optional_ordinal(obj.device.index))
     elif mod.startswith("cupy"):
         if name == "Device":
-            return ("ordinal", int(obj.id))
+            return ("ordinal", _ordinal_of(obj.id))
         if hasattr(obj, "ptr") and "Stream" in name:
-            return ("stream", int(obj.ptr), getattr(obj, "device_id", None))
+            return ("stream", _handle_of(obj.ptr, f"{name}.ptr"),
+                    _optional_ordinal(getattr(obj, "device_id", None)))
     elif mod.startswith("cuda.core"):
         if hasattr(obj, "device_id") and name == "Device":
-            return ("ordinal", int(obj.device_id))
+            return ("ordinal", _ordinal_of(obj.device_id))
         if name == "Stream":
-            return ("stream", int(obj.handle), int(obj.device.device_id))
+            return ("stream", _handle_of(obj.handle, f"{name}.handle"), _ordinal_of(obj.device.device_id))
         if name == "Context":
-            return ("context", int(obj.handle))
+            return ("context", _handle_of(obj.handle, f"{name}.handle"))
     if hasattr(obj, "__cuda_stream__"):  # the CUDA stream protocol: (version, handle)
-        return ("stream", int(obj.__cuda_stream__()[1]), None)
+        return ("stream", _cuda_stream_handle(obj), None)
     if isinstance(obj, bool) or not hasattr(t, "__index__"):
         raise TypeError(
             f"ContextGuard takes a device ordinal (int), a device (cuda.core Device, "
@@ -234,7 +315,12 @@ def _target_of(obj):
 
 # --- the guard --------------------------------------------------------------------------
 
-cdef object _shared_lock = threading.Lock()
+# The shared guards, one per ordinal. No lock: a lock held across the construction (which
+# releases the GIL in driver calls and runs Python code that can run finalizers and signal
+# handlers) deadlocked a re-entrant shared() and hung a child forked at that moment (issue
+# 11). Racing first users each construct a guard; dict.setdefault, atomic with or without the
+# GIL (free-threaded CPython locks the dict), publishes exactly one, and the others release
+# theirs. Nothing is held while Python code or the driver runs.
 cdef dict _shared_guards = {}
 # Every guard alive in this process, for diagnostics (cyctx's doctor compares the ids the
 # guards last saw with the driver's). Touched at construction only, never on enter/exit.
@@ -305,6 +391,8 @@ cdef class ContextGuard:
         self._owns_retain = False
         self._resets = 0
         self._extra_retains = 0
+        self._gate = 0
+        self._token = new_token()
         target = _target_of(device)
         count = _device_count()
         if target[0] == "ordinal":
@@ -323,13 +411,15 @@ cdef class ContextGuard:
             self._init_context(_green_context(target[1]), count)
         else:
             self._init_context(target[1], count)
+        if live_add(self._token) != 0:
+            raise MemoryError("cyctx: no memory to register the guard")  # __dealloc__ releases
         _all_guards.add(self)
 
     def _init_primary(self, ordinal, count):
         cdef cydriver.CUcontext ctx = NULL
         cdef cydriver.CUdevice dev = 0
         cdef unsigned long long ctx_id = 0
-        cdef cydriver.CUresult err
+        cdef cydriver.CUresult err, rerr
         if ordinal >= count:
             raise InvalidDeviceError(
                 101, "ContextGuard",
@@ -343,7 +433,16 @@ cdef class ContextGuard:
             check(d.PrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain")
         err = d.CtxGetId(ctx, &ctx_id)
         if err != cydriver.CUresult.CUDA_SUCCESS:
-            d.PrimaryCtxRelease(dev)  # construction failed: no retain kept
+            # Construction failed: no retain may be kept. If even the release fails, say so
+            # rather than claim nothing was left behind.
+            rerr = d.PrimaryCtxRelease(dev)
+            if rerr != cydriver.CUresult.CUDA_SUCCESS:
+                raise driver_error(
+                    <int>err, "cuCtxGetId",
+                    f"and releasing the retain just taken failed too (cuDevicePrimaryCtxRelease: "
+                    f"{<int>rerr}): device {ordinal}'s primary context keeps one retain more "
+                    f"until the process exits",
+                )
             check(err, "cuCtxGetId")
         self._dev = dev
         self._ordinal = ordinal
@@ -369,19 +468,24 @@ cdef class ContextGuard:
         check(d.CtxGetId(ctx, &ctx_id), "cuCtxGetId")  # 201/709: not a live context
         # Its device: push it briefly (cuCtxGetDevice_v2, which takes a context, is CUDA 13 only).
         check(d.CtxGetCurrent(&tmp), "cuCtxGetCurrent")
-        check(d.CtxPushCurrent(ctx), "cuCtxPushCurrent")
-        err = d.CtxGetDevice(&dev)
-        check(d.CtxPopCurrent(&tmp), "cuCtxPopCurrent")
-        check(err, "cuCtxGetDevice")
+        if tmp == ctx:
+            check(d.CtxGetDevice(&dev), "cuCtxGetDevice")  # already current: nothing to push
+        else:
+            check(d.CtxPushCurrent(ctx), "cuCtxPushCurrent")
+            err = d.CtxGetDevice(&dev)
+            _probe_pop(d, ctx)  # the stack as it was, or an error that says it is not
+            check(err, "cuCtxGetDevice")
         # Only an active primary can be this live context; retaining an inactive one would
-        # create a context nobody asked for (DESIGN §1).
+        # create a context nobody asked for.
         check(d.PrimaryCtxGetState(dev, &flags, &active), "cuDevicePrimaryCtxGetState")
         if active:
             check(d.PrimaryCtxRetain(&pc, dev), "cuDevicePrimaryCtxRetain")
             if pc == ctx:
                 self._owns_retain = True
-            else:
-                check(d.PrimaryCtxRelease(dev), "cuDevicePrimaryCtxRelease")
+            elif d.PrimaryCtxRelease(dev) != cydriver.CUresult.CUDA_SUCCESS:
+                # The comparison's retain could not be given back now: the guard keeps it and
+                # close() (or deallocation) releases it, as for a re-activation (never leaked).
+                self._extra_retains = 1
         self._dev = dev
         self._ordinal = <int>dev
         self._ctx_id = ctx_id
@@ -396,15 +500,21 @@ cdef class ContextGuard:
         """
         if isinstance(handle, bool) or not hasattr(type(handle), "__index__"):
             raise TypeError(f"from_handle takes an int CUcontext address, got {type(handle).__name__}")
+        h = _handle_of(handle, "from_handle: the context handle")
         from cuda.bindings.driver import CUcontext
-        return ContextGuard(CUcontext(operator.index(handle)))
+        return ContextGuard(CUcontext(h))
 
     def __dealloc__(self):
         # Safety net only (close() is the deterministic release). No Python calls here:
-        # this can run at interpreter shutdown (DESIGN §3.9). In a forked child the retain
-        # belongs to the parent and the driver is unusable: nothing to release.
-        if self._ctx != NULL and self._owns_retain and not g_forked_after_cuda:
-            _release(self._dev, 1 + self._extra_retains)
+        # this can run at interpreter shutdown. In a forked child the retain belongs to the
+        # parent and the driver is unusable: nothing to release.
+        # Entries this guard still has on some thread (it was freed while entered) stay there,
+        # orphaned: their token is never reused, so no other guard matches them, and an exit
+        # of an enclosing guard on that thread drops them (tls_drop_dead_top).
+        if self._token:
+            live_remove(self._token)
+        if self._ctx != NULL and not forked_after_cuda():
+            _release(self._dev, (1 if self._owns_retain else 0) + self._extra_retains)
         self._ctx = NULL
 
     @staticmethod
@@ -416,31 +526,39 @@ cdef class ContextGuard:
         """
         ordinal = _ordinal_of(device)
         guard = _shared_guards.get(ordinal)
-        if guard is None:
-            with _shared_lock:
-                guard = _shared_guards.get(ordinal)
-                if guard is None:
-                    guard = ContextGuard(ordinal)
-                    (<ContextGuard>guard)._shared = True
-                    _shared_guards[ordinal] = guard
+        if guard is not None:
+            return guard
+        # No lock (see _shared_guards). A racing first use, a finalizer or signal handler that
+        # calls shared() from inside this construction, builds its own; one is published.
+        cdef ContextGuard mine = ContextGuard(ordinal)
+        mine._shared = True  # before publication: nobody may ever see it closable
+        guard = _shared_guards.setdefault(ordinal, mine)
+        if guard is not mine:
+            mine._shared = False  # never published: release its retain now
+            try:
+                mine.close()
+            except CyctxError:
+                pass  # the release failed: the guard stays open and __dealloc__ releases it
         return guard
 
     cdef int enter(self) except -1 nogil:
         cdef Switch s
         cdef unsigned long long ctx_id = 0
         cdef cydriver.CUresult err
-        if g_forked_after_cuda:
+        cdef cydriver.CUcontext ctx = ctx_load(&self._ctx)  # a plain load on x86/ARM
+        if forked_after_cuda():
             return _raise_fork()
-        if self._ctx == NULL:
+        if ctx == NULL:
             return _raise_closed(self)
-        # A reset keeps the handle and changes the id (lab probe2), so the pointer alone
-        # proves nothing (DESIGN §3.7): one cuCtxGetId, ~11 ns, on every enter.
+        # A reset keeps the handle and changes the id (results/2026-11-30-lab/probe2.cpp), so the pointer alone
+        # proves nothing: one cuCtxGetId, ~11 ns, on every enter.
         # The table is loaded: this guard's construction did it.
-        err = driver_api().CtxGetId(self._ctx, &ctx_id)
-        if err != cydriver.CUresult.CUDA_SUCCESS or ctx_id != self._ctx_id:
+        err = driver_api().CtxGetId(ctx, &ctx_id)
+        if err != cydriver.CUresult.CUDA_SUCCESS or ctx_id != u64_load(&self._ctx_id):
             _after_reset(self, err, ctx_id)
-        switch_to(&s, self._ctx)
-        if tls_push(<void*>self, s.prev, s.switched) != 0:
+            ctx = ctx_load(&self._ctx)
+        switch_to(&s, ctx)
+        if tls_push(self._token, s.prev, s.switched) != 0:
             switch_back(&s)
             return _raise_no_memory()
         return 0
@@ -448,16 +566,25 @@ cdef class ContextGuard:
     cdef int exit(self) except -1 nogil:
         cdef Entry e
         cdef Switch s
+        cdef size_t dropped = 0
         # The entry ends here even if the restore below fails: a failed restore leaves the
         # driver's stack as it was, and keeping the entry would make every later exit on
         # this thread look out of order.
-        if tls_pop_matching(<void*>self, &e) != 0:
-            return _raise_exit_misuse(self)
-        if g_forked_after_cuda:
+        if tls_pop_matching(self._token, &e) != 0:
+            # Slow path. Entries of guards freed while entered can never be left: drop them
+            # and try again; anything else is misuse and changes nothing.
+            if tls_count(self._token):
+                dropped = tls_drop_dead_top(self._token)
+            if dropped == 0 or tls_pop_matching(self._token, &e) != 0:
+                return _raise_exit_misuse(self, dropped)
+        if forked_after_cuda():
             return 0  # a block left in a forked child: the driver is gone, nothing to restore
         s.prev = e.prev
         s.switched = e.switched
-        return switch_back(&s)
+        switch_back(&s)
+        if dropped:
+            return _warn_dropped(self, dropped)  # after the restore: the exit itself is done
+        return 0
 
     def __enter__(self):
         self.enter()
@@ -466,6 +593,16 @@ cdef class ContextGuard:
     def __exit__(self, exc_type, exc, tb):
         if exc is None:
             self.exit()
+            return False
+        if isinstance(exc, GeneratorExit):
+            # A generator or coroutine closed with the block open: from close(), or from its
+            # finalizer when it was abandoned. A note on the GeneratorExit would be lost (the
+            # generator machinery swallows it), so a failure here is raised instead: close()
+            # raises it, a finalizer reports it through sys.unraisablehook. A late exit (a guard
+            # entered after this block is still open on this thread) is not refused: the entry
+            # is removed and the still-open block, when left, restores what was current before
+            # this one; the GuardError says so.
+            self._exit_generator()
             return False
         # The block's exception wins; a cleanup failure rides along as a note.
         try:
@@ -480,29 +617,72 @@ cdef class ContextGuard:
         Raises
         ------
         GuardError
-            The guard is entered on this thread, or it is a :meth:`shared` guard.
+            The guard is entered on this thread, or it is a :meth:`shared` guard, or another
+            thread is closing it or re-activating it after a reset right now (nothing done).
         DriverError
             The release failed; the guard stays open (the retain is still held) so a later
             ``close()`` or garbage collection can release it.
         """
-        if self._ctx == NULL:
+        if ctx_load(&self._ctx) == NULL:
             return
         if self._shared:
             raise GuardError(f"{self!r} is shared by the whole process and is never closed")
-        if tls_count(<void*>self):
+        if tls_count(self._token):
             raise GuardError(
                 f"{self!r}: close() inside a with-block of the same guard on this thread; "
                 f"leave the block first"
             )
-        if g_forked_after_cuda or not self._owns_retain:
-            self._ctx = NULL  # nothing of ours to release (the parent's, or the caller's context)
-            return
+        # Claim the guard against a reset re-activation on another thread (which would
+        # otherwise re-open it after this close and, later, release a retain that is not its
+        # own) and against a second close() (a double release). Never waits.
+        busy = gate_close(&self._gate)
+        if busy > 0:
+            raise GuardError(
+                f"{self!r}: close() while another thread re-activates the guard's context after a "
+                f"reset; nothing was released. Close it when no thread uses it."
+            )
+        if busy < 0:
+            raise GuardError(f"{self!r}: close() while another thread is closing it; nothing was done")
+        try:
+            if ctx_load(&self._ctx) == NULL:
+                return  # closed by another thread between the check above and the claim
+            if not forked_after_cuda():  # in a forked child the retains are the parent's
+                self._release_all()
+            ctx_store(&self._ctx, NULL)
+        finally:
+            int_store(&self._gate, 0)
+
+    cdef int _release_all(self) except -1:
+        # The guard's own retain (a primary context it retained) and any it could not give
+        # back earlier. Each success is counted at once, so a failure midway leaves the guard
+        # open with exactly the retains it still holds (a later close() releases those).
         cdef const DriverApi* d = driver_api()  # loaded: the guard was constructed
         while self._extra_retains:
             check(d.PrimaryCtxRelease(self._dev), "cuDevicePrimaryCtxRelease")
-            self._extra_retains -= 1
-        check(d.PrimaryCtxRelease(self._dev), "cuDevicePrimaryCtxRelease")
-        self._ctx = NULL
+            int_add(&self._extra_retains, -1)
+        if self._owns_retain:
+            check(d.PrimaryCtxRelease(self._dev), "cuDevicePrimaryCtxRelease")
+        return 0
+
+    cdef int _exit_generator(self) except -1:
+        cdef Entry e
+        cdef Switch s
+        if tls_pop_matching(self._token, &e) == 0 or (tls_count(self._token) and
+                tls_drop_dead_top(self._token) and tls_pop_matching(self._token, &e) == 0):
+            if not forked_after_cuda():
+                s.prev = e.prev
+                s.switched = e.switched
+                switch_back(&s)
+            return 0
+        if tls_splice(self._token) == 0:
+            raise GuardError(
+                f"{self!r}: a generator or coroutine holding this guard was closed (or collected) "
+                f"while a guard entered after it is still open on this thread. Its entry was "
+                f"removed; the current context was left to the open block, and leaving that block "
+                f"restores what was current before this one. Leave guards in reverse order of "
+                f"entry: do not hold one across yield/await."
+            )
+        return _raise_exit_misuse(self, 0)
 
     @property
     def device(self):
@@ -518,7 +698,7 @@ cdef class ContextGuard:
     @property
     def closed(self):
         """True once :meth:`close` released the retain."""
-        return self._ctx == NULL
+        return ctx_load(&self._ctx) == NULL
 
     @property
     def is_shared(self):
@@ -541,7 +721,7 @@ cdef class ContextGuard:
     @property
     def context_id(self):
         """The driver's unique id of the context (``cuCtxGetId``) as last seen by enter()."""
-        return self._ctx_id
+        return u64_load(&self._ctx_id)
 
     @property
     def resets(self):
@@ -574,25 +754,47 @@ def _add_note(exc, note):
 
 cdef int _after_reset(ContextGuard g, cydriver.CUresult err, unsigned long long ctx_id) except -1 nogil:
     # The primary context was reset since this guard last saw it. Our retain survived the
-    # reset (lab probe2: the refcount is kept), so a retain+release pair re-activates it
+    # reset (results/2026-11-30-lab/probe2.cpp: the refcount is kept), so a retain+release pair re-activates it
     # and leaves the refcount as it was. GIL: only to warn.
     cdef cydriver.CUcontext ctx = NULL
     if err != cydriver.CUresult.CUDA_SUCCESS and err != cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED:
         return check(err, "cuCtxGetId")
+    if ctx_load(&g._ctx) == NULL:
+        # Closed by another thread since this enter read the handle (close() while the guard
+        # is in use is the caller's bug): say closed, not reset.
+        return _raise_closed(g)
     if not g._owns_retain:
         # The caller's context (cuCtxCreate, green) was destroyed: nothing to re-activate.
         return _raise_destroyed(g)
-    _warn_reset(g, err == cydriver.CUresult.CUDA_SUCCESS)  # may raise: nothing changed yet
+    # Warn first: it runs Python code (filters, showwarning, other threads), and may raise;
+    # nothing has changed yet. Only then announce the re-activation on the gate, which close()
+    # respects: a close() that ran meanwhile wins, and this enter reports the guard closed
+    # instead of re-opening it (issue 11). The gate is held across driver calls only, never
+    # across Python code.
+    _warn_reset(g, err == cydriver.CUresult.CUDA_SUCCESS)
+    if gate_enter(&g._gate) != 0:
+        return _raise_closed(g)  # a close() is in flight: it wins
+    if ctx_load(&g._ctx) == NULL:
+        gate_leave(&g._gate)
+        return _raise_closed(g)  # closed while the warning ran
     cdef const DriverApi* d = driver_api()  # loaded: the guard was constructed
-    if err != cydriver.CUresult.CUDA_SUCCESS:
-        check(d.PrimaryCtxRetain(&ctx, g._dev), "cuDevicePrimaryCtxRetain")
-        if d.PrimaryCtxRelease(g._dev) != cydriver.CUresult.CUDA_SUCCESS:
-            # Still balanced overall: close() releases it with the guard's own retain.
-            g._extra_retains += 1
-        g._ctx = ctx  # the driver reuses the handle; take whatever it says
-        check(d.CtxGetId(ctx, &ctx_id), "cuCtxGetId")
-    g._ctx_id = ctx_id
-    g._resets += 1
+    try:
+        # Look again: Python code ran in the warning (another thread, or a hook, may have
+        # re-activated or reset the context since), so act on what the driver says now.
+        err = d.CtxGetId(ctx_load(&g._ctx), &ctx_id)
+        if err != cydriver.CUresult.CUDA_SUCCESS and err != cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED:
+            check(err, "cuCtxGetId")
+        if err != cydriver.CUresult.CUDA_SUCCESS:
+            check(d.PrimaryCtxRetain(&ctx, g._dev), "cuDevicePrimaryCtxRetain")
+            if d.PrimaryCtxRelease(g._dev) != cydriver.CUresult.CUDA_SUCCESS:
+                # Still balanced overall: close() releases it with the guard's own retain.
+                int_add(&g._extra_retains, 1)
+            ctx_store(&g._ctx, ctx)  # the driver reuses the handle; take whatever it says
+            check(d.CtxGetId(ctx, &ctx_id), "cuCtxGetId")
+        u64_store(&g._ctx_id, ctx_id)
+        int_add(&g._resets, 1)
+    finally:
+        gate_leave(&g._gate)
     return 0
 
 
@@ -651,25 +853,73 @@ cdef int _raise_no_memory() except -1 with gil:
     raise MemoryError("cyctx: no memory to record a guard entry")
 
 
-cdef int _raise_exit_misuse(ContextGuard g) except -1 with gil:
-    cdef Entry* top = tls_top()
-    if tls_count(<void*>g) == 0:
+cdef int _raise_exit_misuse(ContextGuard g, size_t dropped) except -1 with gil:
+    cdef unsigned long long top = tls_top_token()
+    also = (f" ({dropped} entr{'y' if dropped == 1 else 'ies'} of guards freed while entered "
+            f"were dropped from the top of this thread's entries first.)") if dropped else ""
+    if tls_count(g._token) == 0:
         raise GuardError(
             f"{g!r}: exit without a matching enter on this thread. Entries are per thread: "
-            f"leave a guard on the thread that entered it, once per enter."
+            f"leave a guard on the thread that entered it, once per enter.{also}"
         )
     raise GuardError(
-        f"{g!r}: exit out of order: another guard (object at 0x{<size_t>top.owner:x}) was "
-        f"entered after it on this thread and is still open. Guards are left in reverse "
-        f"order of entry; a generator or coroutine holding a guard across yield/await breaks "
-        f"that. Nothing was changed."
+        f"{g!r}: exit out of order: another guard (guard #{top}) was entered after it on this "
+        f"thread and is still open. Guards are left in reverse order of entry; a generator or "
+        f"coroutine holding a guard across yield/await breaks that. Nothing was changed.{also}"
+    )
+
+
+cdef int _warn_dropped(ContextGuard g, size_t dropped) except -1 with gil:
+    # Not an error: the exit itself completed. A guard freed while entered is a leak in the
+    # caller's code, so it is reported as one (ResourceWarning is shown under -W default,
+    # pytest and python -X dev).
+    warnings.warn(
+        f"cyctx: leaving {g!r} dropped {dropped} open entr{'y' if dropped == 1 else 'ies'} of a "
+        f"ContextGuard freed while entered on this thread (entered, never left, then garbage); "
+        f"what was current before {g!r}'s enter is restored. Leave every guard you enter.",
+        ResourceWarning, stacklevel=2,
+    )
+    return 0
+
+
+cdef int _probe_pop(const DriverApi* d, cydriver.CUcontext ctx) except -1 nogil:
+    # Undo the device probe's push (`ctx` was not current before it, so after a pop that
+    # happened something else is current). If the pop fails, look: a pop that did not happen is
+    # retried once, so the stack is as it was; only if that fails too does the error say the
+    # context is still pushed (never claim a restore that did not happen).
+    cdef cydriver.CUcontext tmp = NULL
+    cdef cydriver.CUresult perr = d.CtxPopCurrent(&tmp)
+    if perr == cydriver.CUresult.CUDA_SUCCESS:
+        return 0
+    if d.CtxGetCurrent(&tmp) == cydriver.CUresult.CUDA_SUCCESS and tmp != ctx:
+        return check(perr, "cuCtxPopCurrent")  # it was popped all the same
+    if d.CtxPopCurrent(&tmp) == cydriver.CUresult.CUDA_SUCCESS:
+        return check(perr, "cuCtxPopCurrent")  # restored by the retry; still report the failure
+    return _raise_probe_stuck(perr, <size_t>ctx)
+
+
+cdef int _raise_probe_stuck(cydriver.CUresult perr, size_t ctx) except -1 with gil:
+    raise driver_error(
+        <int>perr, "cuCtxPopCurrent",
+        f"cyctx pushed context 0x{ctx:x} to learn its device and could not pop it again (twice): "
+        f"it is still pushed on this thread's context stack. Pop it with cuCtxPopCurrent",
     )
 
 
 def current_handle():
-    """The calling thread's current ``CUcontext`` as an int (0: none). One cuCtxGetCurrent."""
+    """The calling thread's current ``CUcontext`` as an int (0: none). One cuCtxGetCurrent.
+
+    Before anyone in this process called ``cuInit`` nothing can be current: 0, not an error
+    (threads racing the first guard's construction would otherwise see one by chance). In a
+    child forked after cyctx used CUDA: :class:`ForkError`."""
     cdef cydriver.CUcontext cur = NULL
-    check(_api().CtxGetCurrent(&cur), "cuCtxGetCurrent")
+    if forked_after_cuda():
+        _raise_fork()
+    cdef cydriver.CUresult err = _api().CtxGetCurrent(&cur)
+    if err == cydriver.CUresult.CUDA_ERROR_NOT_INITIALIZED:
+        # Not a fork diagnosis: a child of a parent that never used CUDA answers the same.
+        return 0
+    check(err, "cuCtxGetCurrent")
     return <size_t>cur
 
 

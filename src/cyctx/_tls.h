@@ -1,21 +1,28 @@
-// Per-thread record of open guard entries (DESIGN §3.4: per-entry state lives per thread,
-// never on the shared guard object).
+// Per-thread record of open guard entries (per-entry state lives per thread, never on the
+// shared guard object).
+//
+// Entries are keyed by the guard's token, a process-unique 64-bit number that is never
+// reused, not by its address: Python reuses the address of a freed object, so a guard freed
+// while entered would leave an entry that a new guard at the same address matched (issue 11).
 //
 // This is on every enter and exit, so the common case must be one thread-local lookup and no
 // C++ TLS init guard: a zero-initialised POD with room for kInline nested entries. Deeper
 // nesting spills to a heap block owned by a second thread_local whose destructor frees it at
-// thread exit (no Python call, DESIGN §3.9); that object is only touched on the spill path.
+// thread exit (no Python call: docs/design.md, "Shutdown and thread exit"); that object is only touched on the spill path.
 // (H200 run 1: a function-local `thread_local std::vector` cost ~20 ns per enter+exit.)
 #pragma once
 #include <cuda.h>
+#include <atomic>
 #include <cstddef>
+#include <mutex>
+#include <unordered_set>
 #include <cstdlib>
 #include <cstring>
 
 namespace cyctx {
 
 struct Entry {
-    const void *owner;  // the guard; compared, never dereferenced
+    unsigned long long token;  // the guard's token (new_token)
     CUcontext prev;     // what was current before the enter (NULL: nothing)
     int switched;       // 1 if the enter changed the current context
 };
@@ -54,12 +61,58 @@ static int grow(Stack &s) noexcept {
     return 0;
 }
 
+// --- tokens ------------------------------------------------------------------------------
+
+// 1, 2, 3, ...: never 0, never reused in this process (2**64 guards will not be made).
+inline std::atomic<unsigned long long> g_next_token{1};
+
+inline unsigned long long new_token() noexcept {
+    return g_next_token.fetch_add(1, std::memory_order_relaxed);
+}
+
+// The tokens of the guards alive now. Touched at construction and deallocation, read only
+// on the slow path of exit (an entry on top that is not the exiting guard's), never on the
+// hot path. The mutex is held for a set operation only: never across Python code or a driver
+// call; the fork handlers of _fork.h hold it across fork() so a child never inherits it
+// locked or the set half-modified.
+inline std::mutex g_live_mu;
+inline std::unordered_set<unsigned long long> *g_live = nullptr;  // never freed: see live_remove
+
+// 0, or -1 when memory ran out.
+inline int live_add(unsigned long long token) noexcept {
+    try {
+        std::lock_guard<std::mutex> lock(g_live_mu);
+        if (!g_live) g_live = new std::unordered_set<unsigned long long>();
+        g_live->insert(token);
+        return 0;
+    } catch (...) {
+        return -1;
+    }
+}
+
+// Safe at interpreter shutdown and from __dealloc__: no Python, no allocation. The set is
+// never destroyed, so a guard deallocated after static destructors ran still finds it.
+inline void live_remove(unsigned long long token) noexcept {
+    std::lock_guard<std::mutex> lock(g_live_mu);
+    if (g_live) g_live->erase(token);
+}
+
+inline bool live_has(unsigned long long token) noexcept {
+    std::lock_guard<std::mutex> lock(g_live_mu);
+    return g_live && g_live->count(token) != 0;
+}
+
+inline void live_lock() noexcept { g_live_mu.lock(); }
+inline void live_unlock() noexcept { g_live_mu.unlock(); }
+
+// --- the per-thread stack ------------------------------------------------------------------
+
 // 0, or -1 when memory ran out (the caller raises MemoryError).
-inline int tls_push(const void *owner, CUcontext prev, int switched) noexcept {
+inline int tls_push(unsigned long long token, CUcontext prev, int switched) noexcept {
     Stack &s = t_stack;
     if (s.depth >= kInline + s.cap && grow(s) != 0) return -1;
     Entry *e = slot(s, s.depth);
-    e->owner = owner;
+    e->token = token;
     e->prev = prev;
     e->switched = switched;
     s.depth++;
@@ -72,12 +125,12 @@ inline Entry *tls_top() noexcept {
     return s.depth ? slot(s, s.depth - 1) : nullptr;
 }
 
-// Remove the innermost entry into *out if it belongs to `owner` (0); else change nothing (-1).
-inline int tls_pop_matching(const void *owner, Entry *out) noexcept {
+// Remove the innermost entry into *out if it belongs to `token` (0); else change nothing (-1).
+inline int tls_pop_matching(unsigned long long token, Entry *out) noexcept {
     Stack &s = t_stack;
     if (!s.depth) return -1;
     Entry *e = slot(s, s.depth - 1);
-    if (e->owner != owner) return -1;
+    if (e->token != token) return -1;
     *out = *e;
     s.depth--;
     return 0;
@@ -85,12 +138,88 @@ inline int tls_pop_matching(const void *owner, Entry *out) noexcept {
 
 inline std::size_t tls_depth() noexcept { return t_stack.depth; }
 
-// How many open entries of `owner` this thread has.
-inline std::size_t tls_count(const void *owner) noexcept {
+// How many open entries of `token` this thread has.
+inline std::size_t tls_count(unsigned long long token) noexcept {
     Stack &s = t_stack;
     std::size_t n = 0;
-    for (std::size_t i = 0; i < s.depth; i++) n += (slot(s, i)->owner == owner);
+    for (std::size_t i = 0; i < s.depth; i++) n += (slot(s, i)->token == token);
     return n;
+}
+
+// Slow path of exit: drop the entries on top of this thread's stack whose guard is dead (it
+// was freed while entered, so nobody can ever leave them) and that are not `keep`'s. Returns
+// how many were dropped. The context they made current is not touched: the exit that follows
+// restores what was current before its own enter, which is what leaving them would have led to.
+inline std::size_t tls_drop_dead_top(unsigned long long keep) noexcept {
+    Stack &s = t_stack;
+    std::size_t n = 0;
+    while (s.depth) {
+        unsigned long long t = slot(s, s.depth - 1)->token;
+        if (t == keep || live_has(t)) break;
+        s.depth--;
+        n++;
+    }
+    return n;
+}
+
+// A late exit (a generator's or coroutine's block left from its finalizer, while a guard
+// entered after it is still open): remove the innermost entry of `token` from below the top
+// and hand its restore duty to the entry just above it, so that leaving that one restores
+// what was current before the removed enter. The current context is not touched now: the
+// block still open above keeps its context. 0, or -1 when `token` has no entry below the top
+// (nothing changed).
+inline int tls_splice(unsigned long long token) noexcept {
+    Stack &s = t_stack;
+    if (s.depth < 2) return -1;
+    for (std::size_t i = s.depth - 1; i-- > 0;) {
+        Entry *e = slot(s, i);
+        if (e->token != token) continue;
+        Entry *above = slot(s, i + 1);
+        above->prev = e->prev;
+        above->switched = above->switched || e->switched;
+        for (std::size_t j = i; j + 1 < s.depth; j++) *slot(s, j) = *slot(s, j + 1);
+        s.depth--;
+        return 0;
+    }
+    return -1;
+}
+
+// The token of the innermost entry (0: none).
+inline unsigned long long tls_top_token() noexcept {
+    Stack &s = t_stack;
+    return s.depth ? slot(s, s.depth - 1)->token : 0;
+}
+
+// --- a guard's own shared fields ----------------------------------------------------------
+// Fields of the guard object that threads may touch concurrently, accessed with the
+// compiler's atomic builtins (plain fields, so the Cython class keeps its C layout). A relaxed
+// load is a plain load on x86 and ARM: free on the hot path.
+
+inline CUcontext ctx_load(CUcontext *p) noexcept { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+inline void ctx_store(CUcontext *p, CUcontext v) noexcept { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+inline unsigned long long u64_load(unsigned long long *p) noexcept { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+inline void u64_store(unsigned long long *p, unsigned long long v) noexcept { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+inline void int_add(int *p, int v) noexcept { __atomic_add_fetch(p, v, __ATOMIC_ACQ_REL); }
+inline int int_load(int *p) noexcept { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+inline void int_store(int *p, int v) noexcept { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+
+// Re-activation announces itself: 0, or -1 when a close() is in flight (the gate is -1).
+inline int gate_enter(int *gate) noexcept {
+    int g = __atomic_load_n(gate, __ATOMIC_ACQUIRE);
+    do {
+        if (g < 0) return -1;
+    } while (!__atomic_compare_exchange_n(gate, &g, g + 1, true, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+    return 0;
+}
+
+inline void gate_leave(int *gate) noexcept { __atomic_sub_fetch(gate, 1, __ATOMIC_ACQ_REL); }
+
+// close() claims the gate: 0 when claimed, else what it holds (n > 0: re-activations in
+// flight; -1: another close()). Never waits: the other side may need the GIL to finish.
+inline int gate_close(int *gate) noexcept {
+    int expected = 0;
+    if (__atomic_compare_exchange_n(gate, &expected, -1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return 0;
+    return expected;
 }
 
 }  // namespace cyctx

@@ -67,3 +67,28 @@ def exit_without_enter(ContextGuard g):
 def enter_closed(cyctx.ContextGuard g):
     with nogil:
         g.enter()
+
+
+def switch_pair(size_t target):
+    """switch_to(target) then switch_back, without the GIL; raises what they raise (for the
+    fault tests: the raw layer is reachable only from Cython)."""
+    cdef Switch s
+    with nogil:
+        switch_to(&s, <cydriver.CUcontext>target)
+        switch_back(&s)
+
+
+def switch_to_only(size_t target):
+    """switch_to(target) alone; returns (prev, switched) so the caller can switch back."""
+    cdef Switch s
+    with nogil:
+        switch_to(&s, <cydriver.CUcontext>target)
+    return <size_t>s.prev, s.switched
+
+
+def switch_back_only(size_t prev, bint switched):
+    cdef Switch s
+    s.prev = <cydriver.CUcontext>prev
+    s.switched = switched
+    with nogil:
+        switch_back(&s)
