@@ -84,6 +84,8 @@ if [ "$PART" = all ] || [ "$PART" = bench ]; then
     CUDA_HOME=/tmp/hdr/nvidia/cu13 timeout 240 python3 bench/launch.py --out-dir "$OUT/bench" 2>&1 | tail -30
     step "load test: 16 threads, every device, 1M enter/exit pairs"
     timeout 100 python3 bench/stress.py --threads 16 --pairs 1000000 --out "$OUT/stress-h200.json" | tail -12
+    step "load test, --edges (shared guards, orphaned entries, late generator exits under load)"
+    timeout 100 python3 bench/stress.py --threads 16 --pairs 1000000 --edges --out "$OUT/stress-edges-h200.json" | tail -12
 fi
 step done
 } 2>&1 | tee "$LOG"
