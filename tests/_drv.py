@@ -63,6 +63,12 @@ def device_count():
     return ok(d.cuDeviceGetCount())
 
 
+def second_device():
+    """Device 1 where there are two devices (the simulator always has two), else 0: tests that
+    want a second context use it, and still run on a one-GPU machine."""
+    return min(1, device_count() - 1)
+
+
 def current():
     """The calling thread's current context as an int (0: none)."""
     return int(ok(driver().cuCtxGetCurrent()))
@@ -109,8 +115,12 @@ def cudart():
 def run_child(code, timeout=120, check=True, init=True):
     """Run `code` in a fresh interpreter on the same driver; returns CompletedProcess.
     init=False: the prologue selects the driver without calling cuInit."""
-    prologue = f"import _drv, os; _drv.select(os.environ['CYCTX_TEST_DRIVER'], init={init})\n"
-    env = dict(os.environ, PYTHONPATH=TESTS_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # D1 in the child: the second device where there are two, else device 0 (a one-GPU
+    # machine); passed down so that a child that must not initialise the driver has it too.
+    prologue = (f"import _drv, os; _drv.select(os.environ['CYCTX_TEST_DRIVER'], init={init}); "
+                f"D1 = int(os.environ['CYCTX_TEST_D1'])\n")
+    env = dict(os.environ, PYTHONPATH=TESTS_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               CYCTX_TEST_D1=str(second_device()))
     proc = subprocess.run(
         [sys.executable, "-c", prologue + textwrap.dedent(code)],
         capture_output=True, text=True, timeout=timeout, env=env, cwd=TESTS_DIR,

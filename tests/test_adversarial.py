@@ -22,7 +22,9 @@ import pytest
 import cyctx
 from cyctx import ContextGuard, ContextResetWarning, DriverError, GuardError
 
-from _drv import create_context, current, driver, in_thread, ok, run_child
+from _drv import create_context, current, driver, in_thread, ok, run_child, second_device
+
+D1 = second_device()  # device 1, or 0 on a one-GPU machine
 
 
 def _reset(dev):
@@ -149,7 +151,7 @@ def test_weakref_callback_uses_guards_during_deallocation(sim):
     seen = []
 
     def body():
-        keep = ContextGuard(1)
+        keep = ContextGuard(D1)
 
         def cb(_):
             with keep:
@@ -199,7 +201,7 @@ def test_finalizer_runs_a_guard_inside_another_guards_block(sim):
     seen = []
 
     def body():
-        g0, g1 = ContextGuard(0), ContextGuard(1)
+        g0, g1 = ContextGuard(0), ContextGuard(D1)
 
         class Fin:
             def __del__(self):
@@ -225,7 +227,7 @@ def test_many_guards_freed_while_entered_on_one_thread(sim):
     base = [sim.retain_count(i) for i in range(2)]
 
     def body():
-        outer = ContextGuard(1)
+        outer = ContextGuard(D1)
         outer.__enter__()
         for _ in range(100):  # beyond the 32 inline entries: the spill path too
             ContextGuard(0).__enter__()
@@ -245,7 +247,7 @@ def test_late_generator_exit_under_deep_nesting_is_spliced(sim):
     base = [sim.retain_count(i) for i in range(2)]
 
     def body():
-        g0, g1 = ContextGuard(0), ContextGuard(1)
+        g0, g1 = ContextGuard(0), ContextGuard(D1)
 
         def gen():
             with g0:
@@ -272,7 +274,7 @@ def test_late_generator_exit_under_deep_nesting_is_spliced(sim):
 
 def test_spliced_exit_restores_what_was_before_the_late_block():
     def body():
-        g0, g1 = ContextGuard(0), ContextGuard(1)
+        g0, g1 = ContextGuard(0), ContextGuard(D1)
 
         def gen():
             with g0:
@@ -393,7 +395,7 @@ def test_fork_while_other_threads_construct_and_free_guards():
                 cyctx.ContextGuard(0).__enter__()  # freed while entered: registry traffic
         ts = [threading.Thread(target=churn) for _ in range(3)]
         [t.start() for t in ts]
-        g = cyctx.ContextGuard(1)
+        g = cyctx.ContextGuard(D1)
         codes = []
         for _ in range(30):
             g.__enter__()
@@ -446,10 +448,10 @@ def test_signal_handler_using_guards_during_enter_exit_loops():
     # between any two bytecodes of a loop of other guards' blocks, including warnings code.
     out = run_child("""
         import signal, cyctx, _drv
-        g0, g1 = cyctx.ContextGuard(0), cyctx.ContextGuard(1)
+        g0, g1 = cyctx.ContextGuard(0), cyctx.ContextGuard(D1)
         hits = [0]
         def handler(sig, frame):
-            with cyctx.ContextGuard.shared(1):
+            with cyctx.ContextGuard.shared(D1):
                 with g0:
                     hits[0] += 1
         signal.signal(signal.SIGALRM, handler)
@@ -506,7 +508,7 @@ def test_showwarning_hook_reenters_the_same_guard_during_reactivation(sim):
 
 def test_asyncio_tasks_with_guards_in_synchronous_sections():
     # The supported way: no await inside the block.
-    g0, g1 = ContextGuard(0), ContextGuard(1)
+    g0, g1 = ContextGuard(0), ContextGuard(D1)
 
     async def task(g, n):
         for _ in range(n):
@@ -530,7 +532,7 @@ def test_abandoned_coroutine_inside_a_guard_collected_under_another_guard(sim):
     base = [sim.retain_count(i) for i in range(2)]
 
     def body():
-        g0, g1 = ContextGuard(0), ContextGuard(1)
+        g0, g1 = ContextGuard(0), ContextGuard(D1)
 
         class Never:
             def __await__(self):
@@ -575,9 +577,9 @@ def test_shutdown_with_suspended_generators_orphans_and_atexit_users(sim):
                 with g:
                     yield
             it = gen(); next(it)                       # suspended inside a block at exit
-            cyctx.ContextGuard(1).__enter__()          # an orphaned entry at exit
+            cyctx.ContextGuard(D1).__enter__()          # an orphaned entry at exit
             def at_exit():
-                with cyctx.ContextGuard.shared(1):
+                with cyctx.ContextGuard.shared(D1):
                     with g:
                         pass
             atexit.register(at_exit)
@@ -609,7 +611,7 @@ def test_memory_flat_over_millions_of_operations(sim):
         def rss():
             with open("/proc/self/statm") as f:
                 return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
-        g0, g1 = cyctx.ContextGuard(0), cyctx.ContextGuard(1)
+        g0, g1 = cyctx.ContextGuard(0), cyctx.ContextGuard(D1)
         def pairs(n):
             for _ in range(n):
                 with g0:
@@ -619,7 +621,7 @@ def test_memory_flat_over_millions_of_operations(sim):
             for _ in range(n):
                 cyctx.ContextGuard(0).close()
                 with g1:
-                    cyctx.ContextGuard(1).__enter__()  # orphaned, dropped by g1's exit
+                    cyctx.ContextGuard(D1).__enter__()  # orphaned, dropped by g1's exit
         import warnings
         warnings.simplefilter("ignore", ResourceWarning)
         lifetimes(1000)

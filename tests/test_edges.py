@@ -14,7 +14,9 @@ import pytest
 import cyctx
 from cyctx import ContextGuard, ContextResetWarning, DriverError, GuardError
 
-from _drv import create_context, current, driver, in_thread, ok, run_child
+from _drv import create_context, current, driver, in_thread, ok, run_child, second_device
+
+D1 = second_device()  # device 1, or 0 on a one-GPU machine
 
 
 def _reset(dev):
@@ -144,9 +146,9 @@ TRACE_INSIDE_SHARED = """
             {action}
         return None
     sys.settrace(tracer)
-    g = cyctx.ContextGuard.shared(1)
+    g = cyctx.ContextGuard.shared(D1)
     sys.settrace(None)
-    print("FIRED", bool(fired), "SAME", g is cyctx.ContextGuard.shared(1))
+    print("FIRED", bool(fired), "SAME", g is cyctx.ContextGuard.shared(D1))
 """
 
 
@@ -155,7 +157,7 @@ def test_fork_inside_first_shared_gives_the_child_ForkError_not_a_hang():
             pid = os.fork()
             if pid == 0:
                 try:
-                    cyctx.ContextGuard.shared(1)
+                    cyctx.ContextGuard.shared(D1)
                     os._exit(1)
                 except cyctx.ForkError:
                     os._exit(42)
@@ -172,7 +174,7 @@ def test_fork_inside_first_shared_gives_the_child_ForkError_not_a_hang():
 
 def test_shared_reentered_from_python_code_inside_shared_does_not_deadlock(sim):
     action = """
-            inner = cyctx.ContextGuard.shared(1)
+            inner = cyctx.ContextGuard.shared(D1)
             print("INNER", inner.is_shared)
     """
     out = run_child(TRACE_INSIDE_SHARED.format(action=action.strip()) + """
@@ -191,7 +193,7 @@ def test_shared_from_a_finalizer_during_shared(sim):
         got = []
         class Cyc:
             def __del__(self):
-                got.append(cyctx.ContextGuard.shared(1))
+                got.append(cyctx.ContextGuard.shared(D1))
         def tracer(frame, event, arg):
             if event == "call" and frame.f_code.co_name == "add" and "weakref" in frame.f_code.co_filename and not got:
                 sys.settrace(None)
@@ -199,7 +201,7 @@ def test_shared_from_a_finalizer_during_shared(sim):
                 gc.collect()
             return None
         sys.settrace(tracer)
-        g = cyctx.ContextGuard.shared(1)
+        g = cyctx.ContextGuard.shared(D1)
         sys.settrace(None)
         print("OK", got[0] is g, _drv.SIM.retain_count(1))
     """, timeout=60, check=False)
@@ -221,10 +223,10 @@ def test_thread_stalled_inside_the_first_shared_does_not_block_others(sim):
             return None
         def stall():
             sys.settrace(tracer)
-            cyctx.ContextGuard.shared(1)
+            cyctx.ContextGuard.shared(D1)
         threading.Thread(target=stall, daemon=True).start()
         inside.wait(30)
-        g = cyctx.ContextGuard.shared(1)
+        g = cyctx.ContextGuard.shared(D1)
         with g:
             print("MAIN", _drv.current() == g.handle, g.is_shared)
         import os
@@ -290,7 +292,7 @@ def test_orphaned_entry_does_not_block_the_outer_guard(sim):
     base = [sim.retain_count(i) for i in range(2)]
 
     def body():
-        outer = ContextGuard(1)
+        outer = ContextGuard(D1)
         outer.__enter__()
         inner = ContextGuard(0)
         inner.__enter__()
@@ -326,7 +328,7 @@ def test_generator_abandoned_inside_a_guard_collected_under_another_guard(sim):
     from cyctx._guard import _open_entries
 
     def body():
-        g0, g1 = ContextGuard(0), ContextGuard(1)
+        g0, g1 = ContextGuard(0), ContextGuard(D1)
 
         def gen():
             with g0:
@@ -355,7 +357,7 @@ def test_generator_abandoned_inside_a_guard_collected_under_another_guard(sim):
 
 def test_generator_closed_explicitly_under_another_guard_raises_on_close():
     def body():
-        g0, g1 = ContextGuard(0), ContextGuard(1)
+        g0, g1 = ContextGuard(0), ContextGuard(D1)
 
         def gen():
             with g0:
@@ -438,7 +440,7 @@ def test_coroutine_holding_a_guard_across_await_interleaved():
     import asyncio
 
     def body():
-        g0, g1 = ContextGuard(0), ContextGuard(1)
+        g0, g1 = ContextGuard(0), ContextGuard(D1)
         errors = []
 
         async def hold(g, ev_in, ev_out):

@@ -20,7 +20,9 @@ LAST = driver.cuDeviceGetCount()[1] - 1  # device 1 where there are two
 
 
 def test_imported_from_the_installed_package():
-    assert "site-packages" in cyctx_downstream.__file__
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    assert not os.path.abspath(cyctx_downstream.__file__).startswith(here), cyctx_downstream.__file__
+    assert cyctx_downstream._work.__file__.endswith(".so")
 
 
 def test_guard_from_downstream_code():
