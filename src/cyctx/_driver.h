@@ -94,8 +94,8 @@ inline const char *driver_load_problem() noexcept { return t_load_problem; }
 
 // Resolve the table (once per process); CUDA_SUCCESS, or a CUresult with
 // driver_load_problem() saying why: CUDA_ERROR_NO_DEVICE when no libcuda.so.1 loads,
-// CUDA_ERROR_NOT_SUPPORTED when it predates CUDA 12.0, CUDA_ERROR_NOT_FOUND when a required
-// function is missing. GIL: not needed.
+// CUDA_ERROR_NOT_SUPPORTED when it predates CUDA 12.0, CUDA_ERROR_STUB_LIBRARY when it is the
+// toolkit's stub, CUDA_ERROR_NOT_FOUND when a required function is missing. GIL: not needed.
 inline CUresult driver_load(const DriverApi **out) noexcept {
     const DriverApi *api = driver_api();
     if (api) {
@@ -129,6 +129,14 @@ inline CUresult driver_load(const DriverApi **out) noexcept {
         CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SUCCESS;
         void *p = nullptr;
         CUresult err = get_proc(kProcs[i].name, &p, kProcs[i].version, CU_GET_PROC_ADDRESS_DEFAULT, &status);
+        if (err == CUDA_ERROR_STUB_LIBRARY) {
+            // The toolkit's stub libcuda.so.1 (lib64/stubs) was found instead of the driver.
+            std::snprintf(t_load_problem, sizeof t_load_problem,
+                          "the libcuda.so.1 that loaded is the CUDA toolkit's stub, not the NVIDIA driver");
+            std::free(fresh);
+            dlclose(lib);
+            return CUDA_ERROR_STUB_LIBRARY;
+        }
         if (err != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS) p = nullptr;
         if (!p && kProcs[i].required) {
             std::snprintf(t_load_problem, sizeof t_load_problem,

@@ -157,6 +157,7 @@ def error_name_and_string(code):
 
 # Names of the codes cyctx itself reports when no driver could be loaded to ask.
 _FALLBACK_NAMES = {
+    34: "CUDA_ERROR_STUB_LIBRARY",
     100: "CUDA_ERROR_NO_DEVICE",
     500: "CUDA_ERROR_NOT_FOUND",
     801: "CUDA_ERROR_NOT_SUPPORTED",
@@ -178,6 +179,9 @@ cdef int raise_load_error(cydriver.CUresult err, const char* problem) except -1 
         fix = ("No NVIDIA driver is installed or visible here. On a GPU machine install the "
                "NVIDIA driver; without a GPU, use cyctx's simulated driver "
                "(cyctx.testing.use_simulated_driver, or `cyctx doctor --simulate`)")
+    elif err == cydriver.CUresult.CUDA_ERROR_STUB_LIBRARY:
+        fix = ("Remove the toolkit's stubs directory (e.g. /usr/local/cuda/lib64/stubs) from "
+               "LD_LIBRARY_PATH so that the NVIDIA driver's libcuda.so.1 is found")
     else:
         fix = "The NVIDIA driver is too old for cyctx: install a driver of CUDA 12.0 or newer"
     raise driver_error(<int>err, "loading the CUDA driver", f"{why}. {fix}")
