@@ -474,3 +474,9 @@ def test_deep_nesting_beyond_the_inline_entries(guard, guard1):
         return current()
 
     assert in_thread(body) == 0
+
+
+def test_construction_helpers_are_not_methods():
+    # They would re-initialise a live guard (and leak its retain) if Python could call them.
+    for name in ("_init_primary", "_init_context"):
+        assert not hasattr(ContextGuard, name)

@@ -1,5 +1,44 @@
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, SupportsIndex
+
+# What ContextGuard accepts (docs/guarantees.md, "What a guard can be made from"): an ordinal
+# (an int, or anything with __index__ but bool), or an object of cuda.core, CuPy, torch or
+# cuda.bindings, recognised at run time by its type's module and name. The framework types are
+# not imported here (cyctx never imports a framework), so they appear as these protocols; a
+# str such as "0" matches none of them, so a type checker rejects it as the run time does.
+class _CudaStream(Protocol):
+    def __cuda_stream__(self) -> tuple[int, int]: ...
+
+class _HasDeviceId(Protocol):   # cuda.core Device / Stream
+    @property
+    def device_id(self) -> int: ...
+
+class _HasId(Protocol):         # cupy.cuda.Device
+    @property
+    def id(self) -> int: ...
+
+class _HasPtr(Protocol):        # cupy.cuda.Stream
+    @property
+    def ptr(self) -> int: ...
+
+class _HasCudaStream(Protocol): # torch.cuda.Stream
+    @property
+    def cuda_stream(self) -> int: ...
+
+class _HasHandle(Protocol):     # cuda.core Context / Stream
+    @property
+    def handle(self) -> Any: ...
+
+class _BindingsHandle(Protocol):  # cuda.bindings.driver.CUdevice (CUcontext & co. have __index__)
+    def getPtr(self) -> int: ...
+
+class _HasIndex(Protocol):      # torch.device
+    @property
+    def index(self) -> int | None: ...
+    @property
+    def type(self) -> str: ...
+
+DeviceLike = SupportsIndex | _BindingsHandle | _CudaStream | _HasDeviceId | _HasId | _HasPtr | _HasCudaStream | _HasHandle | _HasIndex
 
 BUILD_INFO: dict[str, Any]
 __version__: str
@@ -24,11 +63,11 @@ class IncompatibleBindingsError(ImportError): ...
 
 class ContextGuard:
     """Retains a device's primary context; ``with guard:`` makes it current and restores."""
-    def __init__(self, device: Any) -> None: ...  # ordinal, device/stream object, CUcontext, CUgreenCtx
+    def __init__(self, device: DeviceLike) -> None: ...
     @staticmethod
-    def shared(device: int) -> ContextGuard: ...
+    def shared(device: SupportsIndex) -> ContextGuard: ...
     @staticmethod
-    def from_handle(handle: int) -> ContextGuard: ...
+    def from_handle(handle: SupportsIndex) -> ContextGuard: ...
     def __enter__(self) -> ContextGuard: ...
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -52,6 +91,24 @@ class ContextGuard:
     def resets(self) -> int: ...
 
 class Diagnosis:
+    # A report of cyctx.diagnose(); the nested records are documented in cyctx._doctor.
+    simulated: bool
+    driver_library: str | None
+    driver_version: int | None
+    driver_error: str | None
+    runtime: Any
+    other_runtimes: list[Any]
+    devices: list[Any]
+    thread_name: str
+    thread_native_id: int
+    context: Any
+    guards: list[Any]
+    findings: list[Any]
+    pid: int
+    forked_from: int | None
+    versions: dict[str, str | None]
+    @property
+    def cuda_usable(self) -> bool: ...
     @property
     def ok(self) -> bool: ...
     @property

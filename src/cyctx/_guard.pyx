@@ -396,7 +396,7 @@ cdef class ContextGuard:
         target = _target_of(device)
         count = _device_count()
         if target[0] == "ordinal":
-            self._init_primary(target[1], count)
+            _init_primary(self, target[1], count)
         elif target[0] == "stream" and target[1] in _DEFAULT_STREAMS:
             # The default streams belong to whatever context is current: meaningless here. A
             # framework's stream object still knows its device.
@@ -404,92 +404,16 @@ cdef class ContextGuard:
                 raise ValueError(
                     "a default stream (handle 0/1/2) has no context of its own; pass the device instead"
                 )
-            self._init_primary(target[2], count)
+            _init_primary(self, target[2], count)
         elif target[0] == "stream":
-            self._init_context(_stream_context(target[1]), count)
+            _init_context(self, _stream_context(target[1]), count)
         elif target[0] == "green":
-            self._init_context(_green_context(target[1]), count)
+            _init_context(self, _green_context(target[1]), count)
         else:
-            self._init_context(target[1], count)
+            _init_context(self, target[1], count)
         if live_add(self._token) != 0:
             raise MemoryError("cyctx: no memory to register the guard")  # __dealloc__ releases
         _all_guards.add(self)
-
-    def _init_primary(self, ordinal, count):
-        cdef cydriver.CUcontext ctx = NULL
-        cdef cydriver.CUdevice dev = 0
-        cdef unsigned long long ctx_id = 0
-        cdef cydriver.CUresult err, rerr
-        if ordinal >= count:
-            raise InvalidDeviceError(
-                101, "ContextGuard",
-                f"Device {ordinal} does not exist: the driver reports {count} device(s), "
-                f"ordinals 0..{count - 1} (CUDA_VISIBLE_DEVICES renumbers them)",
-            )
-        cdef const DriverApi* d = driver_api()  # loaded by _device_count
-        check(d.DeviceGet(&dev, <int>ordinal), "cuDeviceGet")
-        with nogil:
-            # Activating a primary context creates it on the GPU: can take milliseconds.
-            check(d.PrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain")
-        err = d.CtxGetId(ctx, &ctx_id)
-        if err != cydriver.CUresult.CUDA_SUCCESS:
-            # Construction failed: no retain may be kept. If even the release fails, say so
-            # rather than claim nothing was left behind.
-            rerr = d.PrimaryCtxRelease(dev)
-            if rerr != cydriver.CUresult.CUDA_SUCCESS:
-                raise driver_error(
-                    <int>err, "cuCtxGetId",
-                    f"and releasing the retain just taken failed too (cuDevicePrimaryCtxRelease: "
-                    f"{<int>rerr}): device {ordinal}'s primary context keeps one retain more "
-                    f"until the process exits",
-                )
-            check(err, "cuCtxGetId")
-        self._dev = dev
-        self._ordinal = ordinal
-        self._ctx_id = ctx_id
-        self._owns_retain = True
-        self._ctx = ctx
-
-    def _init_context(self, size_t handle, count):
-        # An existing context. A primary context gets a retain of its own, like an ordinal;
-        # any other (cuCtxCreate, green) stays the caller's: no retain, checked for life here
-        # and on every enter.
-        cdef cydriver.CUcontext ctx = <cydriver.CUcontext>handle
-        cdef cydriver.CUcontext pc = NULL
-        cdef cydriver.CUcontext tmp = NULL
-        cdef cydriver.CUdevice dev = 0
-        cdef unsigned long long ctx_id = 0
-        cdef unsigned int flags = 0
-        cdef int active = 0
-        cdef cydriver.CUresult err
-        cdef const DriverApi* d = driver_api()  # loaded by _device_count
-        if ctx == NULL:
-            raise ValueError("ContextGuard: the context handle is NULL")
-        check(d.CtxGetId(ctx, &ctx_id), "cuCtxGetId")  # 201/709: not a live context
-        # Its device: push it briefly (cuCtxGetDevice_v2, which takes a context, is CUDA 13 only).
-        check(d.CtxGetCurrent(&tmp), "cuCtxGetCurrent")
-        if tmp == ctx:
-            check(d.CtxGetDevice(&dev), "cuCtxGetDevice")  # already current: nothing to push
-        else:
-            check(d.CtxPushCurrent(ctx), "cuCtxPushCurrent")
-            err = d.CtxGetDevice(&dev)
-            _probe_pop(d, ctx)  # the stack as it was, or an error that says it is not
-            check(err, "cuCtxGetDevice")
-        # Only an active primary can be this live context; retaining an inactive one would
-        # create a context nobody asked for.
-        check(d.PrimaryCtxGetState(dev, &flags, &active), "cuDevicePrimaryCtxGetState")
-        if active:
-            check(d.PrimaryCtxRetain(&pc, dev), "cuDevicePrimaryCtxRetain")
-            if pc == ctx:
-                self._owns_retain = True
-            elif d.PrimaryCtxRelease(dev) != cydriver.CUresult.CUDA_SUCCESS:
-                # The comparison's retain could not be given back now: the guard keeps it and
-                # close() (or deallocation) releases it, as for a re-activation (never leaked).
-                self._extra_retains = 1
-        self._dev = dev
-        self._ordinal = <int>dev
-        self._ctx_id = ctx_id
-        self._ctx = ctx
 
     @staticmethod
     def from_handle(handle):
@@ -734,6 +658,87 @@ cdef class ContextGuard:
         return f"<cyctx.ContextGuard device={self._ordinal}{shared} {state}>"
 
 
+cdef int _init_primary(ContextGuard self, ordinal, count) except -1:
+    # Construction from an ordinal (module-level, not a method: not callable on a live guard).
+    cdef cydriver.CUcontext ctx = NULL
+    cdef cydriver.CUdevice dev = 0
+    cdef unsigned long long ctx_id = 0
+    cdef cydriver.CUresult err, rerr
+    if ordinal >= count:
+        raise InvalidDeviceError(
+            <int>cydriver.CUresult.CUDA_ERROR_INVALID_DEVICE, "ContextGuard",
+            f"Device {ordinal} does not exist: the driver reports {count} device(s), "
+            f"ordinals 0..{count - 1} (CUDA_VISIBLE_DEVICES renumbers them)",
+        )
+    cdef const DriverApi* d = driver_api()  # loaded by _device_count
+    check(d.DeviceGet(&dev, <int>ordinal), "cuDeviceGet")
+    with nogil:
+        # Activating a primary context creates it on the GPU: can take milliseconds.
+        check(d.PrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain")
+    err = d.CtxGetId(ctx, &ctx_id)
+    if err != cydriver.CUresult.CUDA_SUCCESS:
+        # Construction failed: no retain may be kept. If even the release fails, say so
+        # rather than claim nothing was left behind.
+        rerr = d.PrimaryCtxRelease(dev)
+        if rerr != cydriver.CUresult.CUDA_SUCCESS:
+            raise driver_error(
+                <int>err, "cuCtxGetId",
+                f"and releasing the retain just taken failed too (cuDevicePrimaryCtxRelease: "
+                f"{<int>rerr}): device {ordinal}'s primary context keeps one retain more "
+                f"until the process exits",
+            )
+        check(err, "cuCtxGetId")
+    self._dev = dev
+    self._ordinal = ordinal
+    self._ctx_id = ctx_id
+    self._owns_retain = True
+    self._ctx = ctx
+    return 0
+
+
+cdef int _init_context(ContextGuard self, size_t handle, count) except -1:
+    # An existing context. A primary context gets a retain of its own, like an ordinal;
+    # any other (cuCtxCreate, green) stays the caller's: no retain, checked for life here
+    # and on every enter.
+    cdef cydriver.CUcontext ctx = <cydriver.CUcontext>handle
+    cdef cydriver.CUcontext pc = NULL
+    cdef cydriver.CUcontext tmp = NULL
+    cdef cydriver.CUdevice dev = 0
+    cdef unsigned long long ctx_id = 0
+    cdef unsigned int flags = 0
+    cdef int active = 0
+    cdef cydriver.CUresult err
+    cdef const DriverApi* d = driver_api()  # loaded by _device_count
+    if ctx == NULL:
+        raise ValueError("ContextGuard: the context handle is NULL")
+    check(d.CtxGetId(ctx, &ctx_id), "cuCtxGetId")  # 201/709: not a live context
+    # Its device: push it briefly (cuCtxGetDevice_v2, which takes a context, is CUDA 13 only).
+    check(d.CtxGetCurrent(&tmp), "cuCtxGetCurrent")
+    if tmp == ctx:
+        check(d.CtxGetDevice(&dev), "cuCtxGetDevice")  # already current: nothing to push
+    else:
+        check(d.CtxPushCurrent(ctx), "cuCtxPushCurrent")
+        err = d.CtxGetDevice(&dev)
+        _probe_pop(d, ctx)  # the stack as it was, or an error that says it is not
+        check(err, "cuCtxGetDevice")
+    # Only an active primary can be this live context; retaining an inactive one would
+    # create a context nobody asked for.
+    check(d.PrimaryCtxGetState(dev, &flags, &active), "cuDevicePrimaryCtxGetState")
+    if active:
+        check(d.PrimaryCtxRetain(&pc, dev), "cuDevicePrimaryCtxRetain")
+        if pc == ctx:
+            self._owns_retain = True
+        elif d.PrimaryCtxRelease(dev) != cydriver.CUresult.CUDA_SUCCESS:
+            # The comparison's retain could not be given back now: the guard keeps it and
+            # close() (or deallocation) releases it, as for a re-activation (never leaked).
+            self._extra_retains = 1
+    self._dev = dev
+    self._ordinal = <int>dev
+    self._ctx_id = ctx_id
+    self._ctx = ctx
+    return 0
+
+
 def _add_note(exc, note):
     # PEP 678 (3.11+). On 3.10 the same attribute is set, so code that reads __notes__ finds
     # it, and, since 3.10's traceback does not print notes, it is also written to stderr:
@@ -839,7 +844,7 @@ cdef int _warn_reset(ContextGuard g, bint reactivated_elsewhere) except -1 with 
 
 cdef int _raise_destroyed(ContextGuard g) except -1 with gil:
     raise driver_error(
-        709, "cuCtxGetId",
+        <int>cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED, "cuCtxGetId",
         f"The context of {g!r} was destroyed by its owner (cuCtxDestroy) while the guard "
         f"still referred to it; the guard cannot bring it back. Close the guard.",
     )
