@@ -1,5 +1,6 @@
 """The load test (bench/stress.py), small and seeded: zero violations, retains balanced,
-memory flat. The full run (16 threads, 1M pairs, 2 GPUs) is committed under bench/results/."""
+memory flat. The full runs (16 threads, 1M pairs, every device of an H200 machine) are committed
+under results/ (2026-11-30-h200x2-run1 on 2 GPUs, 2026-12-01-h200-run2 on 1)."""
 
 import json
 import os
