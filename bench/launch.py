@@ -10,6 +10,8 @@ spread over all of them, with each of the example's modes around the launches:
   guard_per_launch   `with guard:` around every launch (enter + exit + launch)
   guard_per_batch    one `with guard:` around the whole loop (the launch alone)
   raw_push_pop       cuCtxPushCurrent/cuCtxPopCurrent around every launch, no guard
+  raw_set_current    cuCtxSetCurrent(ctx)/cuCtxSetCurrent(NULL) around every launch, no guard
+                     (what the guard's switching path does from a thread with no context)
   guard_launch_sync  `with guard:` around launch + cuStreamSynchronize
 
 Each figure is the median of 3 rounds; every round checks the results on the device. The
@@ -34,7 +36,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 KERNELS = os.path.join(os.path.dirname(HERE), "examples", "kernels")
 THREADS = (1, 2, 4, 8, 16)
-MODES = ("guard_per_launch", "guard_per_batch", "raw_push_pop", "guard_launch_sync")
+MODES = ("guard_per_launch", "guard_per_batch", "raw_push_pop", "raw_set_current", "guard_launch_sync")
 
 
 def build(scratch: str):
@@ -101,10 +103,12 @@ def main(argv=None):
             per_launch = 1e9 / rate(g, "guard_per_launch", t) * t   # ns per launch, per thread
             batch = 1e9 / rate(g, "guard_per_batch", t) * t
             raw = 1e9 / rate(g, "raw_push_pop", t) * t
+            setc = 1e9 / rate(g, "raw_set_current", t) * t
             cost.append({"gpus": g, "threads": t, "launch_ns_per_thread": batch,
                          "guard_ns_per_launch": per_launch - batch,
                          "guard_fraction_of_launch": (per_launch - batch) / batch,
-                         "raw_push_pop_fraction_of_launch": (raw - batch) / batch})
+                         "raw_push_pop_fraction_of_launch": (raw - batch) / batch,
+                         "raw_set_current_fraction_of_launch": (setc - batch) / batch})
 
     lines = ["Kernel launches from nogil threads (aggregate, median of 3 rounds)", ""]
     lines.append(f"{'GPUs':>4}  {'threads':>7}  " + "  ".join(f"{m:>18}" for m in MODES) + "   (M launches/s)")
@@ -115,7 +119,8 @@ def main(argv=None):
     for c in cost:
         lines.append(f"  {c['gpus']} GPU(s), {c['threads']:2d} threads: launch {c['launch_ns_per_thread']:7.1f} ns/thread, "
                      f"guard {c['guard_ns_per_launch']:7.1f} ns = {100 * c['guard_fraction_of_launch']:5.1f}% "
-                     f"(raw push/pop instead: {100 * c['raw_push_pop_fraction_of_launch']:5.1f}%)")
+                     f"(raw push/pop instead: {100 * c['raw_push_pop_fraction_of_launch']:5.1f}%, "
+                     f"raw cuCtxSetCurrent pair: {100 * c['raw_set_current_fraction_of_launch']:5.1f}%)")
     text = "\n".join(lines)
     print(text)
 

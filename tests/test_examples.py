@@ -34,7 +34,8 @@ def kernels_mod(tmp_path_factory):
 
 
 def test_kernels_example_builds_and_imports(kernels_mod):
-    assert set(kernels_mod.MODES) == {"guard_per_launch", "guard_per_batch", "raw_push_pop", "guard_launch_sync"}
+    assert set(kernels_mod.MODES) == {"guard_per_launch", "guard_per_batch", "raw_push_pop", "guard_launch_sync",
+                                      "raw_set_current"}
     with pytest.raises(TypeError):
         kernels_mod.DeviceKernel(0, b"", b"add")  # a guard is required
 

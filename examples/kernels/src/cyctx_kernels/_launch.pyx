@@ -23,6 +23,7 @@ MODES = {
     "guard_per_batch": 1,    # one with guard: around the whole loop
     "raw_push_pop": 2,       # cuCtxPushCurrent/cuCtxPopCurrent around every launch, no guard
     "guard_launch_sync": 3,  # with guard: around launch + cuStreamSynchronize
+    "raw_set_current": 4,    # cuCtxSetCurrent(ctx) / cuCtxSetCurrent(NULL) around every launch, no guard
 }
 
 
@@ -100,6 +101,14 @@ cdef int _loop(DeviceKernel k, cydriver.CUcontext ctx, cydriver.CUstream s, cydr
                 k.launch(s, x, n, 1.0)
             finally:
                 _check(cydriver.cuCtxPopCurrent(&popped), b"cuCtxPopCurrent")
+        elif mode == 4:
+            # What the guard's switching path does from a thread with no context, without the
+            # guard: to see whether cuCtxSetCurrent itself is what costs after a launch.
+            _check(cydriver.cuCtxSetCurrent(ctx), b"cuCtxSetCurrent")
+            try:
+                k.launch(s, x, n, 1.0)
+            finally:
+                _check(cydriver.cuCtxSetCurrent(NULL), b"cuCtxSetCurrent")
         else:
             k.guard.enter()
             try:
