@@ -14,7 +14,8 @@ spread over all of them, with each of the example's modes around the launches:
                      (what the guard's switching path does from a thread with no context)
   guard_launch_sync  `with guard:` around launch + cuStreamSynchronize
 
-Each figure is the median of 3 rounds; every round checks the results on the device. The
+Each figure is the median of 5 rounds, the modes interleaved within each round; every round
+checks the results on the device; the JSON keeps every round. The
 guard's cost is reported as a fraction of a launch: (guard_per_launch - guard_per_batch) /
 guard_per_batch, per thread count. Needs a GPU and the nvidia-cuda-nvrtc wheel. Writes
 launch-TAG.json, launch-TAG.txt and, with matplotlib, launch-TAG.png. Not a test: it asserts
@@ -79,17 +80,27 @@ def main(argv=None):
     launches = {"guard_launch_sync": 200 if args.quick else 2000}
     default_launches = 500 if args.quick else 20000
 
+    # Rounds outside, modes inside: every round measures each mode once, in turn, so a drift of
+    # the machine (clocks, the driver's queues) spreads over all modes instead of landing on
+    # whichever ran first; the figure is the median over the rounds.
+    rounds = 1 if args.quick else 5
     rows = []
     for devs in device_sets:
         kernels = ck.load(devs)
-        for mode in MODES:
-            for t in THREADS:
-                n = launches.get(mode, default_launches)
-                rate = measure(ck, kernels, t, mode, n, rounds=1 if args.quick else 3)
-                rows.append({"gpus": len(devs), "mode": mode, "threads": t, "launches_per_thread": n,
-                             "launches_per_s": rate, "ns_per_launch_aggregate": 1e9 / rate})
-                print(f"{len(devs)} GPU(s)  {mode:18s} {t:2d} threads  {rate / 1e6:7.3f} M launches/s  "
-                      f"{1e9 / rate:8.1f} ns/launch", flush=True)
+        for t in THREADS:
+            samples = {m: [] for m in MODES}
+            for _ in range(rounds):
+                for mode in MODES:
+                    samples[mode].append(measure(ck, kernels, t, mode, launches.get(mode, default_launches), rounds=1))
+            for mode in MODES:
+                rate_ = statistics.median(samples[mode])
+                rows.append({"gpus": len(devs), "mode": mode, "threads": t,
+                             "launches_per_thread": launches.get(mode, default_launches),
+                             "launches_per_s": rate_, "ns_per_launch_aggregate": 1e9 / rate_,
+                             "rounds": [round(x) for x in samples[mode]]})
+                print(f"{len(devs)} GPU(s)  {mode:18s} {t:2d} threads  {rate_ / 1e6:7.3f} M launches/s  "
+                      f"{1e9 / rate_:8.1f} ns/launch  (rounds: {', '.join(f'{x / 1e6:.3f}' for x in samples[mode])})",
+                      flush=True)
         for k in kernels:
             k.close()
 
@@ -110,7 +121,7 @@ def main(argv=None):
                          "raw_push_pop_fraction_of_launch": (raw - batch) / batch,
                          "raw_set_current_fraction_of_launch": (setc - batch) / batch})
 
-    lines = ["Kernel launches from nogil threads (aggregate, median of 3 rounds)", ""]
+    lines = [f"Kernel launches from nogil threads (aggregate, median of {rounds} interleaved rounds)", ""]
     lines.append(f"{'GPUs':>4}  {'threads':>7}  " + "  ".join(f"{m:>18}" for m in MODES) + "   (M launches/s)")
     for devs in device_sets:
         for t in THREADS:
