@@ -17,11 +17,12 @@ OUT=wheelhouse
 RAW=build/wheels-raw
 TOOLS=build/wheel-tools
 
+# shellcheck source=scripts/_python.sh
+. scripts/_python.sh
 pythons=("$@")
 if [ ${#pythons[@]} -eq 0 ]; then
     for v in 3.10 3.11 3.12 3.13; do
-        p=$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/$v.*/bin/python 2>/dev/null | sort -V | tail -1 || true)
-        [ -n "$p" ] || p=$(command -v "python$v" || true)
+        p=$(find_python "$v")
         if [ -n "$p" ]; then pythons+=("$p"); else echo "build_wheels: no Python $v found, skipped" >&2; fi
     done
 fi

@@ -146,3 +146,26 @@ def in_thread(fn, *args):
     if "error" in out:
         raise out["error"]
     return out.get("value")
+
+
+def suspended_in(guard):
+    """A generator suspended inside `with guard:` (the guard entered on the calling thread)."""
+    def gen():
+        with guard:
+            yield
+
+    it = gen()
+    next(it)
+    return it
+
+
+def collect_unraisable(fn):
+    """Run fn and return what it reported through sys.unraisablehook (finalizer errors)."""
+    seen = []
+    old = sys.unraisablehook
+    sys.unraisablehook = seen.append
+    try:
+        fn()
+    finally:
+        sys.unraisablehook = old
+    return seen

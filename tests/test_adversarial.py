@@ -12,7 +12,6 @@ import gc
 import os
 import pickle
 import signal
-import sys
 import threading
 import warnings
 import weakref
@@ -22,7 +21,8 @@ import pytest
 import cyctx
 from cyctx import ContextGuard, ContextResetWarning, DriverError, GuardError
 
-from _drv import create_context, current, driver, in_thread, ok, run_child, second_device
+from _drv import (collect_unraisable, create_context, current, driver, in_thread, ok, run_child,
+                  second_device, suspended_in)
 
 D1 = second_device()  # device 1, or 0 on a one-GPU machine
 
@@ -248,15 +248,9 @@ def test_late_generator_exit_under_deep_nesting_is_spliced(sim):
 
     def body():
         g0, g1 = ContextGuard(0), ContextGuard(D1)
-
-        def gen():
-            with g0:
-                yield
-
         for _ in range(5):
             g1.__enter__()
-        it = gen()
-        next(it)
+        it = suspended_in(g0)
         for _ in range(40):
             g1.__enter__()
         with pytest.raises(GuardError, match="generator"):
@@ -275,14 +269,8 @@ def test_late_generator_exit_under_deep_nesting_is_spliced(sim):
 def test_spliced_exit_restores_what_was_before_the_late_block():
     def body():
         g0, g1 = ContextGuard(0), ContextGuard(D1)
-
-        def gen():
-            with g0:
-                yield
-
         with g1:  # before the generator's block: g1 current
-            it = gen()
-            next(it)  # g0 current
+            it = suspended_in(g0)  # g0 current
             with g1:  # g1 again, then the generator is closed late
                 with pytest.raises(GuardError):
                     it.close()
@@ -545,15 +533,9 @@ def test_abandoned_coroutine_inside_a_guard_collected_under_another_guard(sim):
         c = coro()
         c.send(None)  # suspended inside g0's block
         g1.__enter__()
-        seen = []
-        old, sys.unraisablehook = sys.unraisablehook, seen.append
-        try:
-            holder = [c]
-            del c
-            holder.clear()
-            gc.collect()
-        finally:
-            sys.unraisablehook = old
+        holder = [c]
+        del c
+        seen = collect_unraisable(lambda: (holder.clear(), gc.collect()))
         assert len(seen) == 1 and isinstance(seen[0].exc_value, GuardError)
         assert current() == g1.handle and _entries() == 1
         g1.__exit__(None, None, None)

@@ -14,7 +14,8 @@ import pytest
 import cyctx
 from cyctx import ContextGuard, ContextResetWarning, DriverError, GuardError
 
-from _drv import create_context, current, driver, in_thread, ok, run_child, second_device
+from _drv import (collect_unraisable, create_context, current, driver, in_thread, ok, run_child,
+                  second_device, suspended_in)
 
 D1 = second_device()  # device 1, or 0 on a one-GPU machine
 
@@ -312,17 +313,6 @@ def test_orphaned_entry_does_not_block_the_outer_guard(sim):
 
 # --- generators and coroutines -----------------------------------------------------------
 
-def _collect_unraisable(fn):
-    seen = []
-    old = sys.unraisablehook
-    sys.unraisablehook = lambda u: seen.append(u)
-    try:
-        fn()
-    finally:
-        sys.unraisablehook = old
-    return seen
-
-
 def test_generator_abandoned_inside_a_guard_collected_under_another_guard(sim):
     base = [sim.retain_count(i) for i in range(2)]
     from cyctx._guard import _open_entries
@@ -330,16 +320,11 @@ def test_generator_abandoned_inside_a_guard_collected_under_another_guard(sim):
     def body():
         g0, g1 = ContextGuard(0), ContextGuard(D1)
 
-        def gen():
-            with g0:
-                yield
-
-        it = gen()
-        next(it)
+        it = suspended_in(g0)
         g1.__enter__()
         holder = [it]
         del it
-        seen = _collect_unraisable(holder.clear)  # the last reference: the finalizer runs
+        seen = collect_unraisable(holder.clear)  # the last reference: the finalizer runs
         # The late exit is reported (not swallowed with the GeneratorExit) ...
         assert len(seen) == 1 and isinstance(seen[0].exc_value, GuardError), seen
         assert "generator" in str(seen[0].exc_value)
@@ -359,12 +344,7 @@ def test_generator_closed_explicitly_under_another_guard_raises_on_close():
     def body():
         g0, g1 = ContextGuard(0), ContextGuard(D1)
 
-        def gen():
-            with g0:
-                yield
-
-        it = gen()
-        next(it)
+        it = suspended_in(g0)
         with g1:
             with pytest.raises(GuardError, match="generator"):
                 it.close()
@@ -423,13 +403,8 @@ def test_generator_finalized_in_order_is_quiet():
     def body():
         g0 = ContextGuard(0)
 
-        def gen():
-            with g0:
-                yield
-
-        holder = [gen()]
-        next(holder[0])
-        seen = _collect_unraisable(holder.clear)
+        holder = [suspended_in(g0)]
+        seen = collect_unraisable(holder.clear)
         assert seen == [] and current() == 0
         g0.close()
 
