@@ -12,6 +12,7 @@ with no run path, so nothing of the build machine ends up in a wheel.
 
 import importlib.util
 import os
+import platform
 import sys
 
 from Cython.Build import cythonize
@@ -75,13 +76,20 @@ DIRECTIVES = {
 LINK_ARGS = [] if os.environ.get("CYCTX_DEBUG") == "1" else ["-Wl,-s"]
 
 
+# The guard's per-thread stack (_tls.h) is reached on every enter and exit. In a shared object
+# x86-64 compilers default to the general-dynamic TLS model, a __tls_get_addr call per access;
+# TLS descriptors (gnu2) let glibc hand out a static-TLS offset instead, a few instructions.
+# (aarch64 uses descriptors already.) Measured in bench/: see CHANGELOG.md, 0.2.0.
+TLS_ARGS = ["-mtls-dialect=gnu2"] if platform.machine() in ("x86_64", "AMD64") else []
+
+
 def _ext(name):
     return Extension(
         f"cyctx.{name}",
         [f"src/cyctx/{name}.pyx"],
         include_dirs=[HDR.include_dir, PKG],
         language="c++",  # cydriver.pxd uses <type_traits>
-        extra_compile_args=["-std=c++17", "-O2"],
+        extra_compile_args=["-std=c++17", "-O2"] + TLS_ARGS,
         extra_link_args=LINK_ARGS + ["-ldl"],  # dlopen of libcuda.so.1 (_driver.h); in libc since glibc 2.34
     )
 

@@ -244,6 +244,25 @@ def test_block_that_popped_the_context_is_repaired(guard):
     assert in_thread(body) == 0
 
 
+@pytest.mark.parametrize("how", ["pop", "set_null"])
+def test_block_that_emptied_the_stack_is_left_empty(guard, how):
+    # From an empty stack the guard pushes, and its exit pops one entry. When the block has
+    # already emptied the stack, that pop fails; the exit must see the stack is empty (what
+    # the thread had before the block) and raise nothing.
+    d = driver()
+
+    def body():
+        with guard:
+            if how == "pop":
+                ok(d.cuCtxPopCurrent())
+            else:
+                ok(d.cuCtxSetCurrent(None))
+            assert current() == 0
+        return current()
+
+    assert in_thread(body) == 0
+
+
 def test_leaked_push_from_empty_stack_is_unwound_and_reported(guard, guard1):
     d = driver()
 
@@ -374,7 +393,8 @@ def test_cleanup_failure_does_not_replace_block_exception(guard, sim, capfd):
     def body():
         with pytest.raises(KeyError) as ei:
             with guard:
-                sim.inject_fault("cuCtxSetCurrent", 999)
+                # Entered from an empty stack (a new thread), so the exit restores by a pop.
+                sim.inject_fault("cuCtxPopCurrent", 999)
                 raise KeyError("from the block")
         notes = getattr(ei.value, "__notes__", [])
         assert any("CUDA_ERROR_UNKNOWN" in n for n in notes), notes
@@ -393,7 +413,8 @@ def test_cleanup_failure_raises_when_block_succeeded(guard, sim):
     def body():
         with pytest.raises(DriverError) as ei:
             with guard:
-                sim.inject_fault("cuCtxSetCurrent", 999)
+                # Entered from an empty stack (a new thread), so the exit restores by a pop.
+                sim.inject_fault("cuCtxPopCurrent", 999)
         assert ei.value.code == 999
         ok(driver().cuCtxSetCurrent(None))
         return current()

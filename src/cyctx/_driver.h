@@ -86,19 +86,15 @@ static_assert(sizeof(kProcs) / sizeof(kProcs[0]) == sizeof(DriverApi) / sizeof(v
 
 inline std::atomic<const DriverApi *> g_api{nullptr};
 
-// Why the last driver_load on this thread failed (for the error message).
-inline thread_local char t_load_problem[512];
-
 // The resolved table, or NULL before the first successful driver_load. Lock-free.
 inline const DriverApi *driver_api() noexcept { return g_api.load(std::memory_order_acquire); }
 
-inline const char *driver_load_problem() noexcept { return t_load_problem; }
-
-// Resolve the table (once per process); CUDA_SUCCESS, or a CUresult with
-// driver_load_problem() saying why: CUDA_ERROR_NO_DEVICE when no libcuda.so.1 loads,
+// Resolve the table (once per process); CUDA_SUCCESS, or a CUresult with `problem` (n bytes,
+// the caller's: no thread-local buffer, so the module's TLS stays the small per-thread stack of
+// _tls.h) saying why: CUDA_ERROR_NO_DEVICE when no libcuda.so.1 loads,
 // CUDA_ERROR_NOT_SUPPORTED when it predates CUDA 12.0, CUDA_ERROR_STUB_LIBRARY when it is the
 // toolkit's stub, CUDA_ERROR_NOT_FOUND when a required function is missing. GIL: not needed.
-inline CUresult driver_load(const DriverApi **out) noexcept {
+inline CUresult driver_load(const DriverApi **out, char *problem, std::size_t n) noexcept {
     const DriverApi *api = driver_api();
     if (api) {
         *out = api;
@@ -107,14 +103,14 @@ inline CUresult driver_load(const DriverApi **out) noexcept {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
     if (!lib) {
         const char *why = dlerror();
-        std::snprintf(t_load_problem, sizeof t_load_problem, "dlopen(\"libcuda.so.1\") failed: %s",
+        std::snprintf(problem, n, "dlopen(\"libcuda.so.1\") failed: %s",
                       why ? why : "unknown reason");
         return CUDA_ERROR_NO_DEVICE;
     }
     // cuGetProcAddress_v2 (with the status argument) exists in drivers of CUDA 12.0+.
     GetProcAddressFn get_proc = reinterpret_cast<GetProcAddressFn>(dlsym(lib, "cuGetProcAddress_v2"));
     if (!get_proc) {
-        std::snprintf(t_load_problem, sizeof t_load_problem,
+        std::snprintf(problem, n,
                       "the loaded libcuda.so.1 has no cuGetProcAddress_v2: its driver is older "
                       "than CUDA 12.0, which cyctx needs");
         dlclose(lib);
@@ -122,7 +118,7 @@ inline CUresult driver_load(const DriverApi **out) noexcept {
     }
     DriverApi *fresh = static_cast<DriverApi *>(std::calloc(1, sizeof(DriverApi)));
     if (!fresh) {
-        std::snprintf(t_load_problem, sizeof t_load_problem, "out of memory");
+        std::snprintf(problem, n, "out of memory");
         dlclose(lib);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -133,7 +129,7 @@ inline CUresult driver_load(const DriverApi **out) noexcept {
         CUresult err = get_proc(kProcs[i].name, &p, kProcs[i].version, CU_GET_PROC_ADDRESS_DEFAULT, &status);
         if (err == CUDA_ERROR_STUB_LIBRARY) {
             // The toolkit's stub libcuda.so.1 (lib64/stubs) was found instead of the driver.
-            std::snprintf(t_load_problem, sizeof t_load_problem,
+            std::snprintf(problem, n,
                           "the libcuda.so.1 that loaded is the CUDA toolkit's stub, not the NVIDIA driver");
             std::free(fresh);
             dlclose(lib);
@@ -141,7 +137,7 @@ inline CUresult driver_load(const DriverApi **out) noexcept {
         }
         if (err != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS) p = nullptr;
         if (!p && kProcs[i].required) {
-            std::snprintf(t_load_problem, sizeof t_load_problem,
+            std::snprintf(problem, n,
                           "the loaded libcuda.so.1 does not provide %s (ABI of CUDA %d.%d): "
                           "cuGetProcAddress returned %d, status %d",
                           kProcs[i].name, kProcs[i].version / 1000, (kProcs[i].version % 1000) / 10,

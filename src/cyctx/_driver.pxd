@@ -25,6 +25,5 @@ cdef extern from "_driver.h" namespace "cyctx" nogil:
     # The table, or NULL before the first successful driver_load. Lock-free. GIL: not needed.
     const DriverApi* driver_api() noexcept nogil
     # Load libcuda.so.1 and resolve the table once; CUDA_SUCCESS or the reason as a CUresult,
-    # with driver_load_problem() in words. GIL: not needed.
-    cydriver.CUresult driver_load(const DriverApi** out) noexcept nogil
-    const char* driver_load_problem() noexcept nogil
+    # and the reason in words in problem[0:n] (the caller's buffer). GIL: not needed.
+    cydriver.CUresult driver_load(const DriverApi** out, char* problem, size_t n) noexcept nogil

@@ -144,7 +144,8 @@ def error_name_and_string(code):
     cdef const char* text = NULL
     cdef const DriverApi* api = NULL
     cdef cydriver.CUresult err = <cydriver.CUresult>code
-    if driver_load(&api) == cydriver.CUresult.CUDA_SUCCESS:
+    cdef char problem[512]  # unused: without a driver the names come from _FALLBACK_NAMES
+    if driver_load(&api, problem, sizeof(problem)) == cydriver.CUresult.CUDA_SUCCESS:
         if api.GetErrorName(err, &name) != cydriver.CUresult.CUDA_SUCCESS:
             name = NULL
         if api.GetErrorString(err, &text) != cydriver.CUresult.CUDA_SUCCESS:

@@ -17,12 +17,14 @@ cdef struct Switch:
     bint switched              # switch_to changed the current context
 
 
-# Make `target` current on this thread, remembering what was current in `s`.
-# No driver call but cuCtxGetCurrent when `target` is already current. GIL: not needed.
+# Make `target` current on this thread, remembering what was current in `s`: cuCtxSetCurrent
+# over another context, a push onto an empty stack. No driver call but cuCtxGetCurrent when
+# `target` is already current. GIL: not needed.
 cdef int switch_to(Switch* s, cydriver.CUcontext target) except -1 nogil
 
 # Make `s.prev` current again, whatever the code in between made current (it may have called
-# cudaSetDevice/cuCtxSetCurrent); from an empty stack, leave it empty. GIL: not needed.
+# cudaSetDevice/cuCtxSetCurrent); from an empty stack, pop to empty again (GuardError when the
+# code in between left pushes, after popping them). GIL: not needed.
 cdef int switch_back(const Switch* s) except -1 nogil
 
 

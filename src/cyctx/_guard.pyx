@@ -1,11 +1,12 @@
 """ContextGuard: retain a device's primary context, make it current around work, restore.
 
-The restore rule (docs/design.md, "The restore rule"): leaving makes current exactly what was current before
-the enter, with ``cuCtxSetCurrent`` -- which replaces the top of the thread's context
-stack -- rather than push/pop. So a block that called ``cudaSetDevice`` or
-``cuCtxSetCurrent`` (which also replace the top) is repaired, and the guard never pops a
-context it did not push: the stack's depth is the same before and after, except that from
-an empty stack it is emptied again.
+The restore rule (docs/design.md, "The restore rule"): leaving makes current exactly what was
+current before the enter. Over another context the guard switches and restores with
+``cuCtxSetCurrent`` -- which replaces the top of the thread's context stack -- rather than
+push/pop, so a block that called ``cudaSetDevice`` or ``cuCtxSetCurrent`` (which also replace
+the top) is repaired and the guard never pops a context it did not push. On an empty stack it
+pushes and pops its one entry (what ``cuCtxSetCurrent`` does there, for less). The stack's
+depth is the same before and after.
 """
 
 import operator
@@ -16,8 +17,8 @@ import weakref
 
 from cuda.bindings cimport cydriver
 
-from cyctx._driver cimport DriverApi, driver_api, driver_load, driver_load_problem
-from cyctx._errors cimport check, raise_load_error
+from cyctx._driver cimport DriverApi, driver_api, driver_load
+from cyctx._errors cimport check, raise_driver_error, raise_load_error
 from cyctx._errors import (
     ContextResetWarning, CyctxError, ForkError, GuardError, InvalidDeviceError, driver_error,
 )
@@ -76,9 +77,11 @@ cdef inline const DriverApi* _api() except NULL nogil:
 
 cdef const DriverApi* _load_api() except NULL nogil:
     cdef const DriverApi* api = NULL
-    cdef cydriver.CUresult err = driver_load(&api)
+    cdef char problem[512]
+    problem[0] = 0
+    cdef cydriver.CUresult err = driver_load(&api, problem, sizeof(problem))
     if err != cydriver.CUresult.CUDA_SUCCESS:
-        raise_load_error(err, driver_load_problem())
+        raise_load_error(err, problem)
         return NULL
     return api
 
@@ -96,13 +99,29 @@ cdef int switch_to(Switch* s, cydriver.CUcontext target) except -1 nogil:
     if target == NULL:
         return _raise_value("switch_to: target context is NULL")
     cdef const DriverApi* d = _api()
-    # cuCtxGetCurrent is thread-local and ~12 ns; the switch is only paid when needed
+    # cuCtxGetCurrent is thread-local and ~7-12 ns; the switch is only paid when needed
     # (docs/design.md, "Costs").
     check(d.CtxGetCurrent(&cur), "cuCtxGetCurrent")
-    if cur != target:
+    if cur == target:
+        s.prev = cur
+        s.switched = False
+        return 0
+    return _switch_from(s, target, cur, d)
+
+
+cdef int _switch_from(Switch* s, cydriver.CUcontext target, cydriver.CUcontext cur,
+                      const DriverApi* d) except -1 nogil:
+    # `target` is not current; `cur` is what is. On an empty stack a push is what
+    # cuCtxSetCurrent(target) would do (it pushes there), and push+pop is cheaper than a
+    # cuCtxSetCurrent pair (results/2026-11-30-lab/2026-11-30-gpu4-primitives.log: 31.8 vs 39.2 ns).
+    # Over another context, cuCtxSetCurrent replaces it, so the exit can restore it whatever
+    # the block did (docs/design.md, "The restore rule").
+    if cur == NULL:
+        check(d.CtxPushCurrent(target), "cuCtxPushCurrent")
+    else:
         check(d.CtxSetCurrent(target), "cuCtxSetCurrent")
     s.prev = cur
-    s.switched = cur != target
+    s.switched = True
     return 0
 
 
@@ -110,19 +129,32 @@ cdef int switch_back(const Switch* s) except -1 nogil:
     cdef cydriver.CUcontext cur = NULL
     cdef const DriverApi* d = _api()
     if s.switched:
+        if s.prev == NULL:
+            return _pop_to_empty(d)
         # Unconditional: cheaper than reading first, and it also undoes a replacement of
         # the top made inside the block.
         check(d.CtxSetCurrent(s.prev), "cuCtxSetCurrent")
-        if s.prev == NULL:
-            # From an empty stack, SetCurrent(NULL) popped one entry. Anything still current
-            # was pushed inside the block and never popped.
-            check(d.CtxGetCurrent(&cur), "cuCtxGetCurrent")
-            if cur != NULL:
-                return _unwind_leaked_pushes(d)
         return 0
     check(d.CtxGetCurrent(&cur), "cuCtxGetCurrent")
     if cur != s.prev:
         check(d.CtxSetCurrent(s.prev), "cuCtxSetCurrent")
+    return 0
+
+
+cdef int _pop_to_empty(const DriverApi* d) except -1 nogil:
+    # The enter pushed onto an empty stack. Pop one entry: the guard's, or whatever the block
+    # replaced it with (cudaSetDevice, cuCtxSetCurrent), as cuCtxSetCurrent(NULL) would.
+    # Anything still current after that was pushed inside the block and never popped.
+    cdef cydriver.CUcontext popped = NULL
+    cdef cydriver.CUcontext cur = NULL
+    cdef cydriver.CUresult err = d.CtxPopCurrent(&popped)
+    check(d.CtxGetCurrent(&cur), "cuCtxGetCurrent")
+    if err != cydriver.CUresult.CUDA_SUCCESS:
+        if cur == NULL:
+            return 0  # the block emptied the stack itself (a pop, or cuCtxSetCurrent(NULL))
+        return raise_driver_error(err, "cuCtxPopCurrent")
+    if cur != NULL:
+        return _unwind_leaked_pushes(d)
     return 0
 
 
@@ -466,23 +498,34 @@ cdef class ContextGuard:
         return guard
 
     cdef int enter(self) except -1 nogil:
-        cdef Switch s
+        # The fast path (the context is already current) is written out here rather than
+        # through switch_to: two cheap thread-local driver calls and one thread-local entry,
+        # nothing else (docs/design.md, "Costs").
+        cdef cydriver.CUcontext cur = NULL
         cdef unsigned long long ctx_id = 0
         cdef cydriver.CUresult err
+        cdef Switch s
+        cdef const DriverApi* d = driver_api()  # loaded: this guard's construction did it
         cdef cydriver.CUcontext ctx = ctx_load(&self._ctx)  # a plain load on x86/ARM
         if forked_after_cuda():
             return _raise_fork()
         if ctx == NULL:
             return _raise_closed(self)
-        # A reset keeps the handle and changes the id (results/2026-11-30-lab/probe2.cpp), so the pointer alone
-        # proves nothing: one cuCtxGetId, ~11 ns, on every enter.
-        # The table is loaded: this guard's construction did it.
-        err = driver_api().CtxGetId(ctx, &ctx_id)
+        # A reset keeps the handle and changes the id (results/2026-11-30-lab/probe2.cpp), so
+        # the pointer alone proves nothing: one cuCtxGetId, ~9-11 ns, on every enter.
+        err = d.CtxGetId(ctx, &ctx_id)
         if err != cydriver.CUresult.CUDA_SUCCESS or ctx_id != u64_load(&self._ctx_id):
             _after_reset(self, err, ctx_id)
             ctx = ctx_load(&self._ctx)
-        switch_to(&s, ctx)
-        if tls_push(self._token, s.prev, s.switched) != 0:
+        err = d.CtxGetCurrent(&cur)
+        if err != cydriver.CUresult.CUDA_SUCCESS:
+            return raise_driver_error(err, "cuCtxGetCurrent")
+        if cur == ctx:
+            if tls_push(self._token, ctx, 0) != 0:
+                return _raise_no_memory()
+            return 0
+        _switch_from(&s, ctx, cur, d)
+        if tls_push(self._token, s.prev, 1) != 0:
             switch_back(&s)
             return _raise_no_memory()
         return 0
@@ -490,6 +533,8 @@ cdef class ContextGuard:
     cdef int exit(self) except -1 nogil:
         cdef Entry e
         cdef Switch s
+        cdef cydriver.CUcontext cur = NULL
+        cdef cydriver.CUresult err
         cdef size_t dropped = 0
         # The entry ends here even if the restore below fails: a failed restore leaves the
         # driver's stack as it was, and keeping the entry would make every later exit on
@@ -503,6 +548,15 @@ cdef class ContextGuard:
                 return _raise_exit_misuse(self, dropped)
         if forked_after_cuda():
             return 0  # a block left in a forked child: the driver is gone, nothing to restore
+        if not e.switched and not dropped:
+            # The fast path: one cuCtxGetCurrent, and a switch back only if the block left
+            # another context current (cudaSetDevice inside the block).
+            err = driver_api().CtxGetCurrent(&cur)
+            if err != cydriver.CUresult.CUDA_SUCCESS:
+                return raise_driver_error(err, "cuCtxGetCurrent")
+            if cur != e.prev:
+                check(driver_api().CtxSetCurrent(e.prev), "cuCtxSetCurrent")
+            return 0
         s.prev = e.prev
         s.switched = e.switched
         switch_back(&s)

@@ -10,6 +10,10 @@
 // nesting spills to a heap block owned by a second thread_local whose destructor frees it at
 // thread exit (no Python call: docs/design.md, "Shutdown and thread exit"); that object is only touched on the spill path.
 // (H200 run 1: a function-local `thread_local std::vector` cost ~20 ns per enter+exit.)
+// The stack is small on purpose: built with TLS descriptors (setup.py), glibc can place a
+// dlopen'ed module's TLS in its static-TLS surplus (a few hundred bytes shared by the whole
+// process) and then an access is a few instructions; a larger block falls back to the slower
+// dynamic path. Eight inline entries is deeper than guards nest in practice.
 #pragma once
 #include <cuda.h>
 #include <atomic>
@@ -27,7 +31,7 @@ struct Entry {
     int switched;       // 1 if the enter changed the current context
 };
 
-enum { kInline = 32 };
+enum { kInline = 8 };
 
 struct Stack {
     Entry inline_[kInline];
