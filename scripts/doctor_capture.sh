@@ -41,7 +41,7 @@ python3 -m pip list 2>/dev/null | grep -i -E "^(cuda-bindings|cuda-pathfinder|nv
 
 # Build only when the installed cyctx is not this tree's doctor (a fresh machine, or an old build).
 same=1
-for f in _doctor.py _demo.py __main__.py; do
+for f in __main__.py $(cd src/cyctx && echo _doctor/*.py); do
     inst=$(cd /tmp && python3 -c "import cyctx, os; print(os.path.join(os.path.dirname(cyctx.__file__), '$f'))" 2>/dev/null)
     cmp -s "src/cyctx/$f" "$inst" || same=0
 done

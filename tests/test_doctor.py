@@ -16,6 +16,7 @@ import pytest
 from cyctx import ContextGuard
 from cyctx import _doctor
 from cyctx._doctor import Diagnosis, Finding, diagnose
+from cyctx._doctor.runtime import wheel_version
 
 from _drv import KIND, current, device_count, primary_state, run_child
 
@@ -199,6 +200,25 @@ def test_colour_only_on_a_terminal(monkeypatch):
     assert "\x1b[" in r.render(colour=True) and "\x1b[" not in r.render(colour=False)
 
 
+def test_import_cyctx_does_not_import_the_doctor():
+    # The doctor is imported on first use of cyctx.diagnose / cyctx.Diagnosis (cyctx/__init__.py).
+    code = """
+    import json, sys
+    import cyctx
+    doctor = lambda: sorted(m for m in sys.modules if m.startswith("cyctx._doctor"))
+    before = doctor()
+    r = cyctx.diagnose(cudart=False)
+    print(json.dumps([before, doctor(), isinstance(r, cyctx.Diagnosis), r.to_dict()["schema"],
+                      "diagnose" in dir(cyctx)]))
+    """
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                       timeout=120, cwd=os.path.dirname(os.path.abspath(__file__)))
+    assert p.returncode == 0, p.stderr
+    before, after, is_diagnosis, schema, listed = json.loads(p.stdout.strip().splitlines()[-1])
+    assert before == [], f"`import cyctx` imported the doctor: {before}"
+    assert "cyctx._doctor" in after and is_diagnosis and schema == "cyctx.diagnosis/1" and listed
+
+
 # --- no state change ----------------------------------------------------------------------
 
 def test_diagnose_changes_nothing(sim):
@@ -206,7 +226,7 @@ def test_diagnose_changes_nothing(sim):
     refcounts and activity, in a clean thread and in each broken state."""
     out = child("""
     from cyctx import ContextGuard
-    from cyctx._demo import StandInRuntime
+    from cyctx._doctor import StandInRuntime
     results = []
     def check(label):
         before = snapshot()
@@ -253,7 +273,7 @@ def test_inactive_primary_current_is_the_classic_report():
     # The state a pre-12 cudaSetDevice leaves (results/2026-11-30-lab/2026-11-30-gpu2.log), made with driver calls alone:
     # a primary handle retained and released (inactive again), then made current.
     out = child("""
-    from cyctx._demo import StandInRuntime
+    from cyctx._doctor import StandInRuntime
     assert not _drv.primary_state(0)[1]
     assert StandInRuntime(11080).set_device(0) == 0
     r = diagnose(cudart=False)
@@ -426,7 +446,7 @@ def test_cli_report_on_the_simulator():
 def test_cli_exit_status_1_when_something_is_wrong():
     out = run_child("""
     import sys
-    from cyctx._demo import StandInRuntime
+    from cyctx._doctor import StandInRuntime
     from cyctx.__main__ import main
     StandInRuntime(11080).set_device(0)          # the classic state on this thread
     sys.stdout.flush()
@@ -515,7 +535,7 @@ def test_cu11_runtime_is_discovered():
     if not found:
         pytest.skip("the nvidia-cuda-runtime-cu11 wheel is not installed")
     assert found[0].endswith(os.path.join("nvidia", "cuda_runtime", "lib", "libcudart.so.11.0"))
-    version, wheel = _doctor._wheel_version(found[0])
+    version, wheel = wheel_version(found[0])
     assert version // 1000 == 11 and wheel.startswith("nvidia_cuda_runtime_cu11-11.")
     r = diagnose(cudart=False)
     assert [o.library for o in r.other_runtimes] == found

@@ -1,6 +1,7 @@
 """The typing stubs (cyctx/__init__.pyi) against the module: the same public names, the same
 public members of ContextGuard and Diagnosis; and, where mypy is installed (CI's docs step
-installs it), that a type checker rejects what the run time rejects (ContextGuard("0"))."""
+installs it), mypy's stubtest against the installed package, and that a type checker rejects
+what the run time rejects (ContextGuard("0"))."""
 
 import ast
 import dataclasses
@@ -74,3 +75,45 @@ def test_a_type_checker_rejects_what_the_run_time_rejects(tmp_path):
                          capture_output=True, text=True, timeout=300)
     lines = sorted({int(l.split(":")[1]) for l in out.stdout.splitlines() if ": error:" in l})
     assert lines == [6, 7, 8], out.stdout
+
+
+# stubtest type-checks every module of the package before it compares the stub with the
+# imported package: cuda.bindings and cyctx's compiled modules have no stubs of their own, and
+# testing.py and _cuda_headers.py, outside the stub, are not held to it here.
+STUBTEST_CONFIG = """\
+[mypy]
+[mypy-cuda.*,cyctx._guard,cyctx._errors,cyctx._build_info]
+ignore_missing_imports = True
+[mypy-cyctx.testing,cyctx._cuda_headers]
+ignore_errors = True
+"""
+
+# What stubtest cannot see, or reads differently from the stub, one reason each.
+STUBTEST_ALLOWLIST = """\
+# A Cython extension type: introspection sees __init__(self, *args, **kwargs).
+cyctx.ContextGuard.__init__
+# A Cython extension type is a disjoint base (PEP 800); the stub does not say @disjoint_base,
+# which type checkers older than PEP 800 do not know.
+cyctx.ContextGuard
+# Only in the stub: the type of what ContextGuard() accepts.
+cyctx.DeviceLike
+# The stub declares each name of cyctx.__all__ (test_stub_declares_every_public_name checks)
+# rather than repeating the list.
+cyctx.__all__
+# ctypes.c_longlong is ctypes.c_long at run time on 64-bit Linux.
+cyctx.testing.CONTROL_API
+"""
+
+
+def test_stubtest_against_the_installed_package(tmp_path):
+    pytest.importorskip("mypy", reason="mypy is not installed here (CI's docs step runs this)")
+    (tmp_path / "mypy.ini").write_text(STUBTEST_CONFIG)
+    (tmp_path / "allowlist.txt").write_text(STUBTEST_ALLOWLIST)
+    # From tmp_path, so that `cyctx` is the installed package. --ignore-unused-allowlist: mypy
+    # releases before PEP 800 do not report the disjoint base at all.
+    out = subprocess.run([sys.executable, "-m", "mypy.stubtest", "cyctx", "--concise",
+                          "--mypy-config-file", "mypy.ini", "--allowlist", "allowlist.txt",
+                          "--ignore-unused-allowlist"],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                         env=dict(os.environ, MYPY_CACHE_DIR=str(tmp_path / "cache")))
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -31,7 +31,6 @@ try:
         NotInitializedError,
     )
     from cyctx._guard import ContextGuard, current_handle
-    from cyctx._doctor import Diagnosis, diagnose
 except ModuleNotFoundError as exc:
     raise ImportError(
         f"cyctx's compiled modules are missing ({exc}): importing cyctx from a source tree? "
@@ -60,6 +59,22 @@ __all__ = [
     "diagnose",
     "get_include",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # The doctor (cuda.bindings.driver, ctypes, its report and words) is imported on first
+    # use, not with cyctx: code that only guards contexts never pays for it.
+    if name in ("Diagnosis", "diagnose"):
+        from cyctx import _doctor
+
+        value = getattr(_doctor, name)
+        globals()[name] = value  # later lookups find it without coming here
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 def get_include() -> list[str]:

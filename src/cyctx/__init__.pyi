@@ -1,3 +1,4 @@
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Protocol, SupportsIndex
 
@@ -90,8 +91,9 @@ class ContextGuard:
     @property
     def resets(self) -> int: ...
 
+@dataclass
 class Diagnosis:
-    # A report of cyctx.diagnose(); the nested records are documented in cyctx._doctor.
+    # A report of cyctx.diagnose(); the nested records are documented in cyctx/_doctor/model.py.
     simulated: bool
     driver_library: str | None
     driver_version: int | None
@@ -104,9 +106,9 @@ class Diagnosis:
     context: Any
     guards: list[Any]
     findings: list[Any]
-    pid: int
-    forked_from: int | None
-    versions: dict[str, str | None]
+    pid: int = ...
+    forked_from: int | None = ...
+    versions: dict[str, str | None] = ...
     @property
     def cuda_usable(self) -> bool: ...
     @property

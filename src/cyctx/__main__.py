@@ -53,11 +53,15 @@ def _parser(prog: str = "python -m cyctx") -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m cyctx") -> int:
+    # Importing the doctor loads no driver (its first driver call does), so --simulate below
+    # still comes first.
+    from cyctx import _doctor
+
     parser = _parser(prog)
     args = parser.parse_args(argv)
     if args.command != "doctor":
         parser.print_help()
-        return 2
+        return _doctor.EXIT_USAGE
     if args.json and args.demo:
         parser.error("--json is for the report, not --demo")
     if args.cudart and args.simulate:
@@ -76,9 +80,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m cyctx") -> int:
             use_simulated_driver(device_count=2)
         except (RuntimeError, FileNotFoundError) as exc:
             print(f"cyctx doctor: cannot use the simulated driver: {exc}", file=sys.stderr)
-            return 3
-
-    from cyctx import _doctor
+            return _doctor.EXIT_NO_CUDA
 
     colour = _doctor.use_colour(sys.stdout)
     if args.demo:
@@ -91,12 +93,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m cyctx") -> int:
     return report.exit_status
 
 
-def _demo(args, colour: bool) -> int:
+def _demo(args: argparse.Namespace, colour: bool) -> int:
     from cyctx import _doctor
-    from cyctx._demo import StandInRuntime, run_demo
 
+    rt: _doctor.Runtime
     if args.simulate:
-        rt = StandInRuntime(_SIM_RUNTIMES[args.sim_runtime])
+        rt = _doctor.StandInRuntime(_SIM_RUNTIMES[args.sim_runtime])
     else:
         # The demo needs what the report needs: a driver with a device; say why not if not.
         report = _doctor.diagnose(cudart=False)
@@ -105,25 +107,17 @@ def _demo(args, colour: bool) -> int:
             print("\nThe demo needs a GPU; `python -m cyctx doctor --demo --simulate` runs it on "
                   "cyctx's simulated driver.")
             return _doctor.EXIT_NO_CUDA
-        rt, why = _doctor.load_cudart(args.cudart)
-        if rt is None:
+        cudart, why = _doctor.load_cudart(args.cudart)
+        if cudart is None:
             print(f"cyctx doctor --demo: {why}. Install the CUDA runtime "
                   f"(pip install nvidia-cuda-runtime) or pass --cudart PATH.", file=sys.stderr)
             return _doctor.EXIT_NO_CUDA
-    if args.device >= _device_count():
-        print(f"cyctx doctor --demo: no device {args.device} (the driver reports {_device_count()})",
+        rt = cudart
+    if args.device >= _doctor.device_count():
+        print(f"cyctx doctor --demo: no device {args.device} (the driver reports {_doctor.device_count()})",
               file=sys.stderr)
-        return 2
-    return run_demo(rt, device=args.device, colour=colour)
-
-
-def _device_count() -> int:
-    from cyctx._doctor import _call, _drv
-
-    d = _drv()
-    _call(d.cuInit, 0)
-    e, n = _call(d.cuDeviceGetCount)
-    return n if e == 0 else 0
+        return _doctor.EXIT_USAGE
+    return _doctor.run_demo(rt, device=args.device, colour=colour)
 
 
 def run(prog: str = "cyctx") -> None:

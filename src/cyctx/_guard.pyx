@@ -990,3 +990,9 @@ def _live_guards():
 def _open_entries():
     """Number of open guard entries on the calling thread (for tests and diagnostics)."""
     return tls_depth()
+
+
+def _fork_state():
+    """(forked_after_cuda, fork_child) from the C flags of _fork.h, for the doctor: one fork
+    state per process, the one the guard acts on (set by its pthread_atfork child handler)."""
+    return bool(forked_after_cuda()), bool(fork_child())

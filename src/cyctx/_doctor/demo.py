@@ -12,105 +12,32 @@ Three parts, run in one process in this order (each starts from the state the pr
    guard warns ``ContextResetWarning`` and re-activates the context.
 
 The runtime is a real ``libcudart`` loaded with ctypes, or on the simulated driver a Python
-stand-in (:class:`StandInRuntime`): a real libcudart cannot drive the simulated driver.
+stand-in (:class:`~cyctx._doctor.runtime.StandInRuntime`): a real libcudart cannot drive the
+simulated driver.
 """
 
 from __future__ import annotations
 
 import sys
 import warnings
+from typing import Callable, TextIO
 
-from cyctx._doctor import (
-    SIM_TAG,
-    _call,
-    _drv,
-    _Style,
-    _version_str,
-    _wrap,
+import cyctx
+from cyctx._doctor.model import version_str
+from cyctx._doctor.probe import (
+    CONTEXT_IS_DESTROYED,
+    INVALID_CONTEXT,
+    call,
+    driver,
     error_name,
-    sim_banner,
     simulated_driver_path,
 )
-
-_INVALID_CONTEXT = 201
-
-
-class StandInRuntime:
-    """The few ``libcudart`` calls the demo makes, modelled on the simulated driver.
-
-    ``version < 12000`` models a pre-12 runtime: ``cudaSetDevice`` binds the primary context
-    without creating it (docs/design.md, "The problem"). The simulated driver hands out a primary handle only
-    through ``cuDevicePrimaryCtxRetain``, which activates it; releasing it again right away
-    leaves, when nothing else holds it, the same handle inactive, and ``cuCtxSetCurrent``
-    makes it current: the state lab/gpu2 shows after a CUDA 11.8 ``cudaSetDevice``.
-    ``version >= 12000``: ``cudaSetDevice`` initialises the context (the runtime's retain).
-    The runtime's first real call (``cudaFree(0)``) takes that retain in both; ``cudaDeviceReset``
-    is ``cuDevicePrimaryCtxReset`` plus the release of the runtime's retain.
-    Return values are driver codes (0: success).
-    """
-
-    simulated = True
-
-    def __init__(self, version: int = 11080):
-        self.version = version
-        self.version_from = "stand-in"
-        self.path = "(Python stand-in)"
-        self.source = "simulated"
-        self._device = 0
-        self._held: dict[int, object] = {}  # device -> primary handle the runtime retains
-
-    @property
-    def label(self) -> str:
-        return f"stand-in runtime modelling libcudart {_version_str(self.version)} (simulated)"
-
-    def error_name(self, code: int) -> str:
-        return "cudaSuccess" if code == 0 else error_name(code)
-
-    def _retain(self, dev: int):
-        d = _drv()
-        if dev in self._held:
-            return 0, self._held[dev]
-        e, ctx = _call(d.cuDevicePrimaryCtxRetain, dev)
-        if e == 0:
-            self._held[dev] = ctx
-        return e, ctx
-
-    def set_device(self, dev: int) -> int:
-        d = _drv()
-        if self.version < 12000 and dev not in self._held:
-            e, ctx = _call(d.cuDevicePrimaryCtxRetain, dev)
-            if e == 0:
-                e = _call(d.cuDevicePrimaryCtxRelease, dev)[0]
-        else:
-            e, ctx = self._retain(dev)
-        if e:
-            return e
-        self._device = dev
-        return _call(d.cuCtxSetCurrent, ctx)[0]
-
-    def free0(self) -> int:
-        d = _drv()
-        e, ctx = self._retain(self._device)
-        if e:
-            return e
-        e, cur = _call(d.cuCtxGetCurrent)
-        if e == 0 and int(cur) == 0:
-            e = _call(d.cuCtxSetCurrent, ctx)[0]
-        return e
-
-    def device_reset(self) -> int:
-        d = _drv()
-        e = _call(d.cuDevicePrimaryCtxReset, self._device)[0]
-        if self._held.pop(self._device, None) is not None:
-            e = e or _call(d.cuDevicePrimaryCtxRelease, self._device)[0]
-        return e
-
-    def get_device(self) -> tuple[int, int]:
-        return 0, self._device
+from cyctx._doctor.render import SIM_TAG, Style, sim_banner, wrap
+from cyctx._doctor.runtime import Runtime, cu11_candidates
 
 
 class _Out:
-    def __init__(self, stream, style: _Style, dev: int, simulated: bool, width: int = 88):
+    def __init__(self, stream: TextIO, style: Style, dev: int, simulated: bool, width: int = 88) -> None:
         self.stream, self.s, self.dev, self.simulated, self.width = stream, style, dev, simulated, width
         self.tag = f"  {SIM_TAG}" if simulated else ""
 
@@ -121,12 +48,12 @@ class _Out:
         self.line()
         self.line(self.s.bold(title) + (self.s.yellow(self.tag) if self.tag else ""))
 
-    def para(self, text: str, style=None) -> None:
-        wrapped = _wrap(text, "   ", self.width)
+    def para(self, text: str, style: Callable[[str], str] | None = None) -> None:
+        wrapped = wrap(text, "   ", self.width)
         self.line(style(wrapped) if style else wrapped)
 
-    def step(self, call: str, result: str, verdict: str | None = None, good: bool | None = None) -> None:
-        text = f"   {call:<36} -> {result}"
+    def step(self, what: str, result: str, verdict: str | None = None, good: bool | None = None) -> None:
+        text = f"   {what:<36} -> {result}"
         if verdict:
             colour = self.s.green if good else self.s.red if good is False else (lambda x: x)
             text += "   " + colour(verdict)
@@ -134,46 +61,44 @@ class _Out:
 
     def state(self) -> None:
         """One line of thread/driver state, by queries only."""
-        d = _drv()
-        e, cur = _call(d.cuCtxGetCurrent)
+        d = driver
+        e, cur = call(d.cuCtxGetCurrent)
         if e:
             where = f"cuCtxGetCurrent: {error_name(e)}"
         elif int(cur) == 0:
             where = "current NULL"
         else:
-            e, cid = _call(d.cuCtxGetId, cur)
-            cid = f"id {cid}" if e == 0 else "destroyed: cuCtxGetId -> 709" if e == 709 else f"cuCtxGetId -> {error_name(e)}"
+            e, cid = call(d.cuCtxGetId, cur)
+            cid = (f"id {cid}" if e == 0 else f"destroyed: cuCtxGetId -> {CONTEXT_IS_DESTROYED}"
+                   if e == CONTEXT_IS_DESTROYED else f"cuCtxGetId -> {error_name(e)}")
             where = f"current 0x{int(cur):x} ({cid})"
-        e, st = _call(d.cuDevicePrimaryCtxGetState, self.dev)
+        e, st = call(d.cuDevicePrimaryCtxGetState, self.dev)
         prim = ("active" if st[1] else "inactive") if e == 0 else error_name(e)
         self.line(self.s.dim(f"{'':<6}state: {where} | device {self.dev} primary context: {prim}"))
 
 
-def run_demo(rt, device: int = 0, stream=None, colour: bool = False) -> int:
+def run_demo(rt: Runtime, device: int = 0, stream: TextIO | None = None, colour: bool = False) -> int:
     """Run the three parts, printing as it goes. Returns 0 when the guarded steps worked.
 
-    ``rt`` is a :class:`cyctx._doctor.Cudart` (real runtime) or a :class:`StandInRuntime`
-    (simulated driver). The process's CUDA state is changed (this is a demonstration): run
-    it in a process of its own.
+    ``rt`` is a :class:`~cyctx._doctor.runtime.Cudart` (real runtime) or a
+    :class:`~cyctx._doctor.runtime.StandInRuntime` (simulated driver). The process's CUDA
+    state is changed (this is a demonstration): run it in a process of its own.
     """
-    import cyctx
-    from cyctx._errors import ContextResetWarning
-
-    d = _drv()
+    d = driver
     stream = stream or sys.stdout
-    o = _Out(stream, _Style(colour), device, rt.simulated)
+    o = _Out(stream, Style(colour), device, rt.simulated)
     s = o.s
     pre12 = rt.version is not None and rt.version < 12000
-    e, drv_ver = _call(d.cuDriverGetVersion)
+    e, drv_ver = call(d.cuDriverGetVersion)
 
     o.line(s.bold("cyctx doctor --demo: the classic CUDA context failure, step by step")
            + (s.yellow(o.tag) if o.tag else ""))
     if rt.simulated:
-        o.line(s.yellow(_wrap(sim_banner(
+        o.line(s.yellow(wrap(sim_banner(
             simulated_driver_path(),
-            f" The runtime is a Python stand-in that models libcudart {_version_str(rt.version)}."), "", o.width)))
+            f" The runtime is a Python stand-in that models libcudart {version_str(rt.version)}."), "", o.width)))
     o.line(f"   runtime  {rt.label}" + ("" if rt.simulated else f"  [{rt.source}]"))
-    o.line(f"   driver   CUDA {_version_str(drv_ver) if e == 0 else '?'}   device {device}")
+    o.line(f"   driver   CUDA {version_str(drv_ver) if e == 0 else '?'}   device {device}")
     o.state()
 
     # --- 1 -----------------------------------------------------------------------------
@@ -183,14 +108,14 @@ def run_demo(rt, device: int = 0, stream=None, colour: bool = False) -> int:
     r = rt.set_device(device)
     o.step(f"cudaSetDevice({device})", rt.error_name(r))
     o.state()
-    e, cur = _call(d.cuCtxGetCurrent)
+    e, cur = call(d.cuCtxGetCurrent)
     h = int(cur) if e == 0 else 0
     o.step("cuCtxGetCurrent(&ctx)", f"{error_name(e)}, ctx = 0x{h:x}",
            "non-NULL" if h else "NULL", None)
-    e, st = _call(d.cuDevicePrimaryCtxGetState, device)
+    e, st = call(d.cuDevicePrimaryCtxGetState, device)
     o.step(f"cuDevicePrimaryCtxGetState({device})", f"active = {int(st[1])}" if e == 0 else error_name(e))
-    e, api = _call(d.cuCtxGetApiVersion, cur) if h else (_INVALID_CONTEXT, None)
-    classic_failed = e == _INVALID_CONTEXT
+    e, api = call(d.cuCtxGetApiVersion, cur) if h else (INVALID_CONTEXT, None)
+    classic_failed = e == INVALID_CONTEXT
     if classic_failed:
         o.step("cuCtxGetApiVersion(ctx)", error_name(e), "FAILS, as in the report", False)
     else:
@@ -202,21 +127,19 @@ def run_demo(rt, device: int = 0, stream=None, colour: bool = False) -> int:
             "device's primary context to the thread and leaves it inactive; the runtime creates "
             "it at the first call that needs it (cudaMalloc, cudaFree(0), a launch). So "
             "cuCtxGetCurrent returns a real handle, cuDevicePrimaryCtxGetState says active=0, and "
-            "the driver refuses the handle with CUDA_ERROR_INVALID_CONTEXT (201). The fix is part 3.")
+            f"the driver refuses the handle with {error_name(INVALID_CONTEXT)}. The fix is part 3.")
     elif not pre12 and e == 0:
         o.para(
             "No failure with this runtime: since CUDA 12.0 cudaSetDevice initialises the primary "
             "context (active = 1 above), so the report's program passes. The same non-NULL but "
             "dead handle still appears after a reset, on every version: part 2.")
         if not rt.simulated:
-            from cyctx._doctor import cu11_candidates
-
             for p in cu11_candidates():
                 o.para(f"A CUDA 11 runtime is installed: `python -m cyctx doctor --demo --cudart {p}` "
                        f"shows the classic failure itself.", s.dim)
                 break
     else:
-        o.para(f"Unexpected for a {_version_str(rt.version)} runtime (was the primary context "
+        o.para(f"Unexpected for a {version_str(rt.version)} runtime (was the primary context "
                f"already active, held by someone else?). Parts 2 and 3 still show the mechanism.", s.yellow)
     o.para("Not the cause, though often said: the runtime does not unbind the context when a "
            "function returns (the current context is per-thread state and stays), and there is no "
@@ -227,22 +150,22 @@ def run_demo(rt, device: int = 0, stream=None, colour: bool = False) -> int:
     r = rt.free0()
     o.step("cudaFree(0)", rt.error_name(r), "creates the context (the old workaround)" if pre12 else None, None)
     o.state()
-    e, cur = _call(d.cuCtxGetCurrent)
-    e, api = _call(d.cuCtxGetApiVersion, cur)
+    e, cur = call(d.cuCtxGetCurrent)
+    e, api = call(d.cuCtxGetApiVersion, cur)
     o.step("cuCtxGetApiVersion(ctx)", f"{error_name(e)}, {api}" if e == 0 else error_name(e),
            "works" if e == 0 else "fails", e == 0)
     r = rt.device_reset()
     o.step("cudaDeviceReset()", rt.error_name(r))
     o.state()
-    e, cur = _call(d.cuCtxGetCurrent)
+    e, cur = call(d.cuCtxGetCurrent)
     h = int(cur) if e == 0 else 0
     o.step("cuCtxGetCurrent(&ctx)", f"{error_name(e)}, ctx = 0x{h:x}", "non-NULL, same handle" if h else "NULL", None)
-    e, api = _call(d.cuCtxGetApiVersion, cur) if h else (_INVALID_CONTEXT, None)
-    reset_failed = e == _INVALID_CONTEXT
+    e, api = call(d.cuCtxGetApiVersion, cur) if h else (INVALID_CONTEXT, None)
+    reset_failed = e == INVALID_CONTEXT
     o.step("cuCtxGetApiVersion(ctx)", error_name(e) if e else f"{error_name(e)}, {api}",
            "FAILS" if reset_failed else "works (unexpected)", False if reset_failed else None)
     o.para("cudaDeviceReset destroyed the primary context and left its handle current on this "
-           "thread: cuCtxGetCurrent still returns it, the driver refuses it with 201. Any runtime "
+           f"thread: cuCtxGetCurrent still returns it, the driver refuses it with {INVALID_CONTEXT}. Any runtime "
            "version does this, and so does cuDevicePrimaryCtxReset. Memory and modules made "
            "before the reset are gone.")
 
@@ -259,9 +182,9 @@ def run_demo(rt, device: int = 0, stream=None, colour: bool = False) -> int:
             r = rt.set_device(device)
             o.step(f"    cudaSetDevice({device})", rt.error_name(r))
             o.state()
-            e, cur = _call(d.cuCtxGetCurrent)
+            e, cur = call(d.cuCtxGetCurrent)
             o.step("    cuCtxGetCurrent(&ctx)", f"{error_name(e)}, ctx = 0x{int(cur):x}")
-            e, api = _call(d.cuCtxGetApiVersion, cur)
+            e, api = call(d.cuCtxGetApiVersion, cur)
             ok[0] = e == 0
             o.step("    cuCtxGetApiVersion(ctx)", f"{error_name(e)}, {api}" if e == 0 else error_name(e),
                    "works" if ok[0] else "FAILS", ok[0])
@@ -271,7 +194,7 @@ def run_demo(rt, device: int = 0, stream=None, colour: bool = False) -> int:
         o.step("cudaDeviceReset()", rt.error_name(r), "some library resets the device", None)
         o.state()
         with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", ContextResetWarning)
+            warnings.simplefilter("always", cyctx.ContextResetWarning)
             with guard:
                 for w in caught:
                     o.step("with guard:", s.yellow(f"{w.category.__name__}"))
@@ -279,9 +202,9 @@ def run_demo(rt, device: int = 0, stream=None, colour: bool = False) -> int:
                 if not caught:
                     o.step("with guard:", "no reset seen (unexpected)")
                 o.state()
-                e, cur = _call(d.cuCtxGetCurrent)
+                e, cur = call(d.cuCtxGetCurrent)
                 o.step("    cuCtxGetCurrent(&ctx)", f"{error_name(e)}, ctx = 0x{int(cur):x}")
-                e, api = _call(d.cuCtxGetApiVersion, cur)
+                e, api = call(d.cuCtxGetApiVersion, cur)
                 ok[1] = e == 0 and bool(caught)
                 o.step("    cuCtxGetApiVersion(ctx)", f"{error_name(e)}, {api}" if e == 0 else error_name(e),
                        "works" if e == 0 else "FAILS", e == 0)
@@ -296,8 +219,8 @@ def run_demo(rt, device: int = 0, stream=None, colour: bool = False) -> int:
 
     o.head("Summary")
     o.para(f"Without a guard: cuCtxGetApiVersion -> "
-           f"{'201 after cudaSetDevice (pre-12 runtime) and ' if classic_failed else ''}"
-           f"{'201 after cudaDeviceReset' if reset_failed else 'no failure after cudaDeviceReset (unexpected)'}. "
+           f"{f'{INVALID_CONTEXT} after cudaSetDevice (pre-12 runtime) and ' if classic_failed else ''}"
+           f"{f'{INVALID_CONTEXT} after cudaDeviceReset' if reset_failed else 'no failure after cudaDeviceReset (unexpected)'}. "
            f"Inside ContextGuard({device}): "
            f"{'the same steps work, and the reset is detected and repaired' if all(ok) else 'FAILED'}.",
            s.green if all(ok) else s.red)

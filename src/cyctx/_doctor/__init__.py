@@ -1,0 +1,50 @@
+"""cyctx's doctor: a read-only report of the CUDA driver, runtime and contexts, with findings.
+
+:func:`diagnose` looks at the process and the calling thread and explains, in plain words and
+with the fix, the states that make mixed Runtime/Driver API code fail (docs/design.md, "The problem"): a current
+handle to an inactive primary context, no current context, a primary context reset behind a
+guard's back, a forked child. It only *queries*: cuInit, cuDriverGetVersion, cuDeviceGet*,
+cuDevicePrimaryCtxGetState, cuCtxGetCurrent, and cuCtxGetId/GetDevice/GetApiVersion on the
+current context and on the guards' handles, plus the runtime's cudaGetDevice (results/2026-11-30-lab/2026-11-30-gpu1.log:
+"new thread, after cudaGetDevice cur=(nil)": it creates no context). It never retains, pushes
+or sets a context.
+
+One module per job; each imports only those above it in this list:
+
+* ``model``: the report's data classes, their JSON form, the exit statuses;
+* ``probe``: the driver calls (cuda.bindings.driver) and the queries that fill the records;
+* ``runtime``: the CUDA runtime protocol and its two implementations, :class:`Cudart` (a real
+  ``libcudart`` through ctypes) and :class:`StandInRuntime` (on the simulated driver);
+* ``findings``: :func:`diagnose`, and the words of each finding;
+* ``render``: the human report (``Diagnosis.render()`` imports it on call);
+* ``demo``: ``python -m cyctx doctor --demo``, the classic failure step by step.
+
+``cyctx`` imports this package on first use of ``cyctx.diagnose`` or ``cyctx.Diagnosis``;
+the command line (``cyctx/__main__.py``) uses the names below.
+"""
+
+from cyctx._doctor.demo import run_demo
+from cyctx._doctor.findings import diagnose
+from cyctx._doctor.model import EXIT_NO_CUDA, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, Diagnosis, Finding
+from cyctx._doctor.probe import device_count
+from cyctx._doctor.render import use_colour
+from cyctx._doctor.runtime import Cudart, Runtime, StandInRuntime, cu11_candidates, find_cudart, load_cudart
+
+__all__ = [
+    "EXIT_NO_CUDA",
+    "EXIT_OK",
+    "EXIT_PROBLEM",
+    "EXIT_USAGE",
+    "Cudart",
+    "Diagnosis",
+    "Finding",
+    "Runtime",
+    "StandInRuntime",
+    "cu11_candidates",
+    "device_count",
+    "diagnose",
+    "find_cudart",
+    "load_cudart",
+    "run_demo",
+    "use_colour",
+]

@@ -1,0 +1,260 @@
+"""What the doctor recognises: :func:`diagnose` gathers the state (:mod:`.probe`,
+:mod:`.runtime`) into a :class:`~.model.Diagnosis` and adds a :class:`~.model.Finding`, in
+plain words and with the fix, for each problem it sees.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import threading
+
+from cyctx._doctor.model import ContextInfo, Diagnosis, Finding, GuardInfo
+from cyctx._doctor.probe import (
+    CONTEXT_IS_DESTROYED,
+    INVALID_CONTEXT,
+    NO_DEVICE,
+    NOT_INITIALIZED,
+    call,
+    context_info,
+    device_info,
+    driver,
+    error_name,
+    forked_from,
+    guard_infos,
+    loaded_libcuda,
+    simulated_driver_path,
+)
+from cyctx._doctor.runtime import add_runtimes
+
+
+def diagnose(cudart: str | bool | None = None) -> Diagnosis:
+    """Report the CUDA driver, runtime, devices and the calling thread's context, with findings.
+
+    Changes no state: it only queries the driver (and the runtime's ``cudaGetDevice``); it never
+    retains, pushes or sets a context. Safe in a forked child and on a machine without a GPU.
+
+    Parameters
+    ----------
+    cudart : str, bool or None
+        Which ``libcudart`` to ask for its version and current device: a path; None (default)
+        for one already loaded in this process, else cuda-pathfinder's; False for none.
+
+    Returns
+    -------
+    Diagnosis
+        ``print()`` it for people, ``.to_json()`` for machines; ``.ok`` says whether anything
+        is wrong, ``.findings`` what and how to fix it.
+
+    Examples
+    --------
+    >>> import cyctx
+    >>> report = cyctx.diagnose()
+    >>> print(report)              # doctest: +SKIP
+    >>> report.ok                  # doctest: +SKIP
+    True
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    findings: list[Finding] = []
+    sim_path = simulated_driver_path()
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for dist in ("cyctx", "cuda-bindings"):
+        try:
+            versions[dist] = version(dist)
+        except PackageNotFoundError:
+            versions[dist] = None
+    t = threading.current_thread()
+    diag = Diagnosis(
+        simulated=False, driver_library=None, driver_version=None, driver_error=None,
+        runtime=None, other_runtimes=[], devices=[], thread_name=t.name,
+        thread_native_id=threading.get_native_id(), context=None, guards=[], findings=findings,
+        forked_from=forked_from(), versions=versions,
+    )
+
+    d = driver
+    try:
+        err, _ = call(d.cuInit, 0)
+    except Exception as exc:  # cuda.bindings could not load libcuda.so.1 at all
+        diag.driver_error = f"{type(exc).__name__}: {exc}"
+        findings.append(_f_no_driver(diag.driver_error))
+        add_runtimes(diag, cudart, query_device=False)
+        return diag
+    diag.driver_library = sim_path or loaded_libcuda()
+    diag.simulated = sim_path is not None
+    e, v = call(d.cuDriverGetVersion)
+    diag.driver_version = v if e == 0 else None
+
+    if err == NOT_INITIALIZED:
+        # A forked child of a CUDA process: nothing else will answer, and the runtime would
+        # only say the same (results/2026-11-30-lab/2026-11-30-gpu3.log, "cudaGetDevice r3"); stop here.
+        diag.driver_error = error_name(err)
+        findings.append(_f_fork(diag.forked_from))
+        return diag
+    if err != 0:
+        diag.driver_error = error_name(err)
+        findings.append(_f_no_device() if err == NO_DEVICE else _f_driver_error("cuInit", error_name(err)))
+        add_runtimes(diag, cudart, query_device=False)
+        return diag
+
+    e, n = call(d.cuDeviceGetCount)
+    for i in range(n if e == 0 else 0):
+        diag.devices.append(device_info(i))
+    diag.guards = guard_infos()
+    c = diag.context = context_info(diag.guards, diag.devices)
+    add_runtimes(diag, cudart, query_device=not diag.simulated)
+
+    if c.error:
+        findings.append(_f_driver_error("cuCtxGetCurrent", c.error))
+    elif c.handle == 0:
+        findings.append(_f_no_current(diag))
+    elif not c.usable:
+        inactive = c.primary is True or (c.primary is None and c.device is not None
+                                          and diag.devices[c.device].primary_active is False)
+        findings.append(_f_inactive_primary(c) if inactive else _f_dead_current(c))
+    for g in diag.guards:
+        if g.reset:
+            findings.append(_f_reset(g))
+        elif g.destroyed:
+            findings.append(_f_guard_context_destroyed(g))
+    order = {"unavailable": 0, "error": 1, "warning": 2}
+    findings.sort(key=lambda f: order.get(f.severity, 3))
+    return diag
+
+
+# --- the words ---------------------------------------------------------------------------------
+
+_GUARD_FIX = ("create a guard once, `guard = cyctx.ContextGuard({dev})` (or `cyctx.ContextGuard.shared({dev})`), "
+              "and make driver calls inside `with guard:`")
+
+
+def _f_no_driver(error: str) -> Finding:
+    return Finding(
+        "no_driver", "unavailable", "No NVIDIA driver: this machine has no usable GPU for CUDA",
+        f"libcuda.so.1, the NVIDIA driver's CUDA library, cannot be loaded ({error}). Nothing "
+        f"in CUDA can run without it; this is normal on a machine without an NVIDIA GPU.",
+        "On a GPU machine, install the NVIDIA driver. To try cyctx here, use its simulated driver: "
+        "`python -m cyctx doctor --simulate` and `python -m cyctx doctor --demo --simulate`.",
+    )
+
+
+def _f_no_device() -> Finding:
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    seen = f"CUDA_VISIBLE_DEVICES is {vis!r}" if vis is not None else "CUDA_VISIBLE_DEVICES is not set"
+    return Finding(
+        "no_device", "unavailable", "The driver loads but finds no CUDA device",
+        f"cuInit returned {error_name(NO_DEVICE)}; {seen}.",
+        "Check `nvidia-smi`; an empty or wrong CUDA_VISIBLE_DEVICES hides every GPU. "
+        "Without a GPU, `python -m cyctx doctor --simulate` runs on cyctx's simulated driver.",
+    )
+
+
+def _f_driver_error(call: str, what: str) -> Finding:
+    return Finding(
+        "driver_error", "error", f"{call} failed with {what}",
+        f"The driver answered {call} with {what}; the doctor cannot look further.",
+        "Check the driver installation (`nvidia-smi`) and that the driver is at least as new as "
+        "the CUDA version the program was built for.",
+    )
+
+
+def _f_fork(parent: int | None) -> Finding:
+    known = (f"This process was forked from pid {parent}" if parent is not None
+             else "This process is most likely a fork of one")
+    return Finding(
+        "forked_child", "error", "Forked child: use spawn",
+        f"{known} after CUDA was initialised there. In such a child the driver refuses every "
+        f"call, cuInit included, with {error_name(NOT_INITIALIZED)}; nothing in this process "
+        f"can fix that.",
+        "Start worker processes with the 'spawn' start method: "
+        "`multiprocessing.get_context('spawn')` or `multiprocessing.set_start_method('spawn')` "
+        "(concurrent.futures: `ProcessPoolExecutor(mp_context=multiprocessing.get_context('spawn'))`). "
+        "Or fork before anything initialises CUDA.",
+    )
+
+
+def _f_no_current(diag: Diagnosis) -> Finding:
+    dev = next((g.device for g in diag.guards), 0)
+    return Finding(
+        "no_current_context", "warning", "No current context on this thread",
+        "cuCtxGetCurrent returned NULL. The current context is per-thread state: every new thread "
+        "starts without one, even when another thread called cudaSetDevice or entered a guard. "
+        f"Driver calls that need a context fail here with {error_name(INVALID_CONTEXT)}.",
+        f"On each thread that calls the driver, {_GUARD_FIX.format(dev=dev)}. "
+        "(Runtime-only code: call cudaSetDevice on each new thread.)",
+    )
+
+
+def _f_inactive_primary(c: ContextInfo) -> Finding:
+    if c.primary:  # a guard holds it: it was reset inside the guard's block
+        fix = ("A ContextGuard holds this context, so it was reset while the guard was entered: "
+               "leave the `with guard:` block and enter it again; the enter re-activates the "
+               "context (and warns ContextResetWarning). Memory and modules from before the reset "
+               "are gone: recreate them.")
+    else:
+        fix = (f"Hold a retain on the primary context, which activates it: "
+               f"{_GUARD_FIX.format(dev=c.device)}. Without cyctx: cuDevicePrimaryCtxRetain, or "
+               f"cudaFree(0) right after cudaSetDevice on a pre-12 runtime. After a reset, memory "
+               f"and modules from before it are gone: recreate them.")
+    maybe = "" if c.primary else (
+        " (A context made by cuCtxCreate and destroyed with cuCtxDestroy on another thread "
+        "looks the same to the driver; if this program does that, see that first.)")
+    return Finding(
+        "inactive_primary_current", "error",
+        f"The current context is device {c.device}'s primary context, and it is not active",
+        f"cuCtxGetCurrent returns a non-NULL handle (0x{c.handle:x}) but the primary context "
+        f"behind it is not created (cuDevicePrimaryCtxGetState: active=0), so driver calls "
+        f"through it fail: {c.why}, and with the handle passed explicitly, as in the classic "
+        f"report, {error_name(INVALID_CONTEXT)}. Two things leave a thread like this: a CUDA "
+        f"runtime older than 12.0, whose cudaSetDevice only binds the primary context to the "
+        f"thread and creates it later, at the first runtime call that needs it; or "
+        f"cudaDeviceReset / cuDevicePrimaryCtxReset (any CUDA version), which destroy the "
+        f"context and leave its handle current.{maybe}",
+        fix,
+    )
+
+
+def _f_dead_current(c: ContextInfo) -> Finding:
+    return Finding(
+        "dead_current_context", "error", "The current context is unusable",
+        f"cuCtxGetCurrent returns 0x{c.handle:x}, but {c.why}. "
+        + (f"It is not device {c.device}'s primary context (that one is active): " if c.primary is False else "")
+        + f"a context destroyed with cuCtxDestroy on another thread stays current on this one, and "
+        f"the driver answers {error_name(CONTEXT_IS_DESTROYED)}.",
+        "Drop the dead context, cuCtxSetCurrent(NULL) (or cuCtxPopCurrent), and make a live one "
+        f"current for driver work: {_GUARD_FIX.format(dev=c.device if c.device is not None else 0)}.",
+    )
+
+
+def _f_guard_context_destroyed(g: GuardInfo) -> Finding:
+    # Not a reset: only a primary context is reset and re-activated. A created or green
+    # context destroyed by its owner is gone for good; the guard cannot bring it back.
+    now = (f"the driver now answers {g.driver_id_error}" if g.driver_id is None
+           else f"the driver now reports id {g.driver_id} for the handle: another context reuses it")
+    return Finding(
+        "guard_context_destroyed", "error",
+        f"A ContextGuard's context (device {g.device}, not a primary context) was destroyed",
+        f"A guard made from a context its caller owns (cuCtxCreate or a green context, handle "
+        f"0x{g.handle:x}) last saw context id {g.seen_id}; {now}. Its owner destroyed it "
+        f"(cuCtxDestroy, or cuGreenCtxDestroy) while the guard still refers to it. Such a "
+        f"context is never re-activated: everything in it is gone.",
+        "Close the guard (its next enter raises ContextDestroyedError), and make a new guard from "
+        "a live context; keep the context alive for as long as any guard made from it is used.",
+    )
+
+
+def _f_reset(g: GuardInfo) -> Finding:
+    now = (f"the driver now reports id {g.driver_id}: someone re-activated it since" if g.driver_id
+           is not None else f"the driver now answers {g.driver_id_error}: the context is destroyed "
+           f"and the primary context is inactive")
+    return Finding(
+        "context_reset", "error",
+        f"Device {g.device}'s primary context was reset since a ContextGuard last saw it",
+        f"A guard of device {g.device} (handle 0x{g.handle:x}) last saw context id {g.seen_id}; "
+        f"{now}. cudaDeviceReset or cuDevicePrimaryCtxReset ran in between. The handle value is "
+        f"reused across a reset, only the id tells. Everything allocated or loaded "
+        f"in the old context (memory, modules, streams) is gone.",
+        "Driver calls inside `with guard:` are safe: the next enter re-activates the context and "
+        "warns ContextResetWarning. Recreate what was allocated before the reset, and find who "
+        "resets the device (`-W error::cyctx.ContextResetWarning` stops at the next enter).",
+    )

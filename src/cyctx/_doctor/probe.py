@@ -1,0 +1,179 @@
+"""The doctor's access to the driver: cuda.bindings calls, and the queries that fill the report.
+
+Queries only (the calls are listed in cyctx/_doctor/__init__.py): nothing here retains,
+pushes or sets a context. Importing cuda.bindings.driver loads no driver, its first call does,
+so ``python -m cyctx doctor --simulate`` still loads the simulated one first.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from cuda.bindings import driver
+
+from cyctx._doctor.model import ContextInfo, DeviceInfo, GuardInfo
+from cyctx._guard import _fork_state, _live_guards
+
+# The CUresult values the doctor reasons about, by name; plain ints, as call() returns codes.
+NOT_INITIALIZED = int(driver.CUresult.CUDA_ERROR_NOT_INITIALIZED)
+NO_DEVICE = int(driver.CUresult.CUDA_ERROR_NO_DEVICE)
+INVALID_CONTEXT = int(driver.CUresult.CUDA_ERROR_INVALID_CONTEXT)
+CONTEXT_IS_DESTROYED = int(driver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED)
+
+
+def call(fn: Callable[..., Any], *args: Any) -> tuple[int, Any]:
+    """Call a cuda.bindings function: (code as int, value or tuple of values or None)."""
+    res = fn(*args)
+    if not isinstance(res, tuple):
+        res = (res,)
+    err, *vals = res
+    return int(err), (vals[0] if len(vals) == 1 else tuple(vals) if vals else None)
+
+
+def error_name(code: int) -> str:
+    """``CUDA_ERROR_INVALID_CONTEXT (201)`` for 201; no driver call."""
+    try:
+        return f"{driver.CUresult(code).name} ({code})"
+    except Exception:  # a code this cuda-bindings does not know
+        return f"CUresult {code}"
+
+
+def cstr(b: bytes) -> str:
+    return b.split(b"\0", 1)[0].decode(errors="replace").strip()
+
+
+def simulated_driver_path() -> str | None:
+    """Path of cyctx's simulated ``libcuda.so.1`` when it is this process's driver."""
+    from cyctx import testing
+
+    sim = testing.simulated()
+    if sim is not None:
+        return sim.path
+    loaded = loaded_libcuda()
+    try:
+        sim_path = testing.sim_library_path()
+    except FileNotFoundError:
+        return None
+    if loaded and os.path.realpath(loaded) == os.path.realpath(sim_path):
+        return loaded
+    return None
+
+
+def loaded_libcuda() -> str | None:
+    """Path of the libcuda.so.1 already mapped in this process, if any."""
+    from cyctx import testing
+
+    return testing._loaded_libcuda()
+
+
+def forked_from() -> int | None:
+    """The parent's pid when this process is a forked child, from the guard's fork flags
+    (cyctx/_fork.h: set in every child forked after cyctx was imported), else None."""
+    _, fork_child = _fork_state()
+    return os.getppid() if fork_child else None
+
+
+def device_count() -> int:
+    """cuInit, then cuDeviceGetCount; 0 when the driver cannot say."""
+    call(driver.cuInit, 0)
+    e, n = call(driver.cuDeviceGetCount)
+    return n if e == 0 else 0
+
+
+def device_info(i: int) -> DeviceInfo:
+    """Device ``i``: name, compute capability, bus id, memory, primary context state."""
+    d = driver
+    info = DeviceInfo(ordinal=i)
+    A = d.CUdevice_attribute
+    e, dev = call(d.cuDeviceGet, i)
+    if e:
+        info.error = f"cuDeviceGet: {error_name(e)}"
+        return info
+    e, name = call(d.cuDeviceGetName, 256, dev)
+    info.name = cstr(name) if e == 0 else None
+    e1, major = call(d.cuDeviceGetAttribute, A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
+    e2, minor = call(d.cuDeviceGetAttribute, A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
+    info.compute_capability = (major, minor) if e1 == e2 == 0 else None
+    e, bus = call(d.cuDeviceGetPCIBusId, 32, dev)
+    info.pci_bus_id = cstr(bus) if e == 0 else None
+    e, mem = call(d.cuDeviceTotalMem, dev)
+    info.total_memory = int(mem) if e == 0 else None
+    e, state = call(d.cuDevicePrimaryCtxGetState, dev)
+    if e == 0:
+        info.primary_flags, info.primary_active = int(state[0]), bool(state[1])
+    else:
+        info.error = f"cuDevicePrimaryCtxGetState: {error_name(e)}"
+    return info
+
+
+def guard_infos() -> list[GuardInfo]:
+    """The open ContextGuards of this process, each with the id the driver reports now."""
+    d = driver
+    out = []
+    for g in _live_guards():
+        if g.closed:
+            continue
+        h = g.handle
+        # The handle value survives a reset, the id does not (docs/design.md "Reset",
+        # results/2026-11-30-lab/2026-11-30-gpu3.log): CONTEXT_IS_DESTROYED means the context
+        # behind the handle is destroyed and the primary is inactive.
+        e, cid = call(d.cuCtxGetId, d.CUcontext(h))
+        out.append(GuardInfo(
+            device=g.device, handle=h, seen_id=g.context_id,
+            driver_id=int(cid) if e == 0 else None,
+            driver_id_error=error_name(e) if e else None, shared=g.is_shared,
+            primary=g.is_primary,
+        ))
+    return sorted(out, key=lambda g: (g.device, g.handle))
+
+
+def context_info(guards: list[GuardInfo], devices: list[DeviceInfo]) -> ContextInfo:
+    """The calling thread's current context, queried through NULL, and whether it is primary."""
+    d = driver
+    e, cur = call(d.cuCtxGetCurrent)
+    if e:
+        return ContextInfo(handle=0, error=error_name(e))
+    c = ContextInfo(handle=int(cur))
+    if not c.handle:
+        return c
+    # Every query goes through NULL ("the current context"), not the handle: a context that
+    # cuCtxDestroy freed on another thread stays current here, and passing its handle risks
+    # a freed pointer. The H200 answers a dead current context -- an inactive primary or a
+    # destroyed created one, alike -- with 709 from cuCtxGetApiVersion(NULL) and cuCtxGetId,
+    # and cuCtxGetDevice still works (tests/differential/real_h200.json, reset_stale_current
+    # and destroy_current_on_other_thread); the handle passed explicitly gives 201 (results/2026-11-30-lab/2026-11-30-gpu1.log).
+    null = d.CUcontext(0)
+    e, api = call(d.cuCtxGetApiVersion, null)
+    c.usable = e == 0
+    c.api_version = int(api) if e == 0 else None
+    if e:
+        c.why = f"cuCtxGetApiVersion(NULL) fails with {error_name(e)}"
+    e, cid = call(d.cuCtxGetId, null)
+    c.id, c.id_error = (int(cid), None) if e == 0 else (None, error_name(e))
+    e, dev = call(d.cuCtxGetDevice)
+    c.device = int(dev) if e == 0 else None
+    primary_active = devices[c.device].primary_active if c.device is not None and c.device < len(devices) else None
+    # The driver has no query for "is this a primary context" short of retaining the primary
+    # (which the doctor never does), so it is told from what is known.
+    held = [g for g in guards if g.handle == c.handle and g.device == c.device]
+    if any(g.primary for g in held):
+        c.primary, c.primary_why = True, "a ContextGuard holds this handle as a primary context"
+    elif held:
+        c.primary, c.primary_why = False, (
+            "a ContextGuard holds this handle as a context its caller owns (cuCtxCreate or green)")
+    elif primary_active is False and c.usable:
+        c.primary, c.primary_why = False, (
+            "it is live while its device's primary context is inactive: made by cuCtxCreate")
+    elif primary_active is True and not c.usable:
+        c.primary, c.primary_why = False, (
+            "it is dead while its device's primary context is active: a context destroyed "
+            "with cuCtxDestroy")
+    elif primary_active is False:
+        c.primary_why = (
+            "probably: it is dead and its device's primary context is inactive. The driver "
+            "answers an inactive primary context and one destroyed with cuCtxDestroy alike")
+    else:
+        c.primary_why = "cannot tell without retaining the primary context, which the doctor never does"
+    return c
+
