@@ -79,7 +79,7 @@ LINK_ARGS = [] if os.environ.get("CYCTX_DEBUG") == "1" else ["-Wl,-s"]
 # The guard's per-thread stack (_tls.h) is reached on every enter and exit. In a shared object
 # x86-64 compilers default to the general-dynamic TLS model, a __tls_get_addr call per access;
 # TLS descriptors (gnu2) let glibc hand out a static-TLS offset instead, a few instructions.
-# (aarch64 uses descriptors already.) Measured in bench/: see CHANGELOG.md, 0.2.0.
+# (aarch64 uses descriptors already.) Its effect is measured by bench/ (the guard fast path).
 TLS_ARGS = ["-mtls-dialect=gnu2"] if platform.machine() in ("x86_64", "AMD64") else []
 
 
@@ -89,7 +89,11 @@ def _ext(name):
         [f"src/cyctx/{name}.pyx"],
         include_dirs=[HDR.include_dir, PKG],
         language="c++",  # cydriver.pxd uses <type_traits>
-        extra_compile_args=["-std=c++17", "-O2"] + TLS_ARGS,
+        # Hidden: the headers' namespace-scope `inline` variables (the driver table, the fork
+        # flags, the live-guard mutex) would otherwise be STB_GNU_UNIQUE symbols, which the
+        # dynamic linker merges across modules despite RTLD_LOCAL. Each module keeps its own
+        # copies, as _driver.h and _fork.h say; only PyInit_* is exported (Python marks it).
+        extra_compile_args=["-std=c++17", "-O2", "-fvisibility=hidden"] + TLS_ARGS,
         extra_link_args=LINK_ARGS + ["-ldl"],  # dlopen of libcuda.so.1 (_driver.h); in libc since glibc 2.34
     )
 

@@ -94,6 +94,29 @@ def test_compiled_modules_do_not_import_cuda_bindings():
     assert proc.stdout.strip().split(None, 2) == ["True", "0", "[]"]
 
 
+def test_compiled_modules_share_no_state_through_exported_symbols():
+    # The headers' namespace-scope state (driver table, fork flags, live-guard mutex) must be
+    # per module: exported, GCC makes it STB_GNU_UNIQUE and the loader merges it across
+    # modules, and two modules' fork handlers then locked one mutex twice (a hang at fork).
+    import glob
+    import shutil
+
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("readelf (binutils) is not installed")
+    pkg = os.path.dirname(cyctx.__file__)
+    mods = [m for m in glob.glob(os.path.join(pkg, "_*.so")) if "_sim" not in m]
+    assert len(mods) >= 2, mods
+    for mod in mods:
+        out = subprocess.run([readelf, "-sW", "--dyn-syms", mod], capture_output=True, text=True, check=True).stdout
+        rows = [f for f in (line.split() for line in out.splitlines()) if len(f) >= 8 and f[6] != "UND"]
+        # Binding "<OS specific>: 10" is STB_GNU_UNIQUE (readelf splits it into two fields).
+        unique = [f[-1] for f in rows if f[4] == "<OS"]
+        ours = [f[-1] for f in rows if "5cyctx" in f[-1] or f[-1].startswith("__pyx")]
+        assert unique == [] and ours == [], (mod, unique, ours)
+        assert any(f[-1].startswith("PyInit_") for f in rows), mod
+
+
 def test_no_driver_is_a_typed_error():
     # No libcuda.so.1 at all (LD_LIBRARY_PATH cannot hide a system one, so only where none is
     # installed, e.g. CI): NoDeviceError naming the library and the fix, not a crash.

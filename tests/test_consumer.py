@@ -77,8 +77,14 @@ def test_consumer_errors_cross_nogil(consumer_dir):
             cyctx_consumer.enter_closed(g)
         except cyctx.GuardError as e:
             print("CLOSED", "closed" in str(e))
+        print("DEV", cyctx_consumer.device_get_checked(0))
+        try:
+            cyctx_consumer.device_get_checked(10**6)
+        except cyctx.InvalidDeviceError as e:
+            print("BADDEV", e.code, e.call)
     """)
     assert "GUARD True" in out.stdout and "CLOSED True" in out.stdout
+    assert "DEV 0" in out.stdout and "BADDEV 101 cuDeviceGet" in out.stdout
 
 
 @pytest.mark.parametrize("start", ["none", "other", "target"])

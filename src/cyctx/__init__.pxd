@@ -2,4 +2,6 @@
 # Build a consumer with include_dirs=cyctx.get_include() (it holds the cuda.h that
 # cuda.bindings' cydriver.pxd needs) and language="c++".
 from cyctx._guard cimport ContextGuard, Switch, switch_to, switch_back
-from cyctx._errors cimport check
+# The driver-result checker, under a name that says what it checks: 0 on CUDA_SUCCESS, else
+# raises the typed cyctx.DriverError (taking the GIL only then). Usable inside `with nogil:`.
+from cyctx._errors cimport check as check_result

@@ -5,11 +5,19 @@ carrying the ``CUresult`` as ``.code`` and its name as ``.name``, with a message
 what happened and what to do. Misuse of a guard is a :class:`GuardError`.
 """
 
-import os
 
 from cuda.bindings cimport cydriver
 
 from cyctx._driver cimport DriverApi, driver_load
+
+# The fork flags of _fork.h, read for the fork hint. Like _driver.h's table, each extension
+# module has its own copy of them, so this one installs its own handler (both run at a fork).
+cdef extern from "_fork.h" namespace "cyctx" nogil:
+    int fork_child() noexcept
+    int install_fork_handler()
+
+if install_fork_handler() != 0:
+    raise ImportError("cyctx: pthread_atfork failed; fork safety cannot be guaranteed")
 
 
 class CyctxError(Exception):
@@ -82,59 +90,62 @@ class InvalidDeviceError(DriverError, ValueError):
     """CUDA_ERROR_INVALID_DEVICE (101): the ordinal names no device. Also a ValueError."""
 
 
+# Tables keyed by CUresult, written by name (the numbers are in the class docstrings above).
 _HINTS = {
-    1: "An argument was out of range for the driver",
-    3: "The driver is not initialised in this process: call cuInit(0) first",
-    4: "The driver is shutting down (interpreter exit?); no CUDA work can run now",
-    34: ("The libcuda.so.1 that was loaded is the toolkit's stub, not the driver: "
+    cydriver.CUresult.CUDA_ERROR_INVALID_VALUE: "An argument was out of range for the driver",
+    cydriver.CUresult.CUDA_ERROR_NOT_INITIALIZED:
+        "The driver is not initialised in this process: call cuInit(0) first",
+    cydriver.CUresult.CUDA_ERROR_DEINITIALIZED:
+        "The driver is shutting down (interpreter exit?); no CUDA work can run now",
+    cydriver.CUresult.CUDA_ERROR_STUB_LIBRARY:
+        ("The libcuda.so.1 that was loaded is the toolkit's stub, not the driver: "
          "remove the stubs directory from LD_LIBRARY_PATH"),
-    35: "The installed NVIDIA driver is older than this CUDA version needs: upgrade the driver",
-    46: "The device is in use by another process or in exclusive/prohibited compute mode",
-    100: "No CUDA-capable device is visible: check the driver, CUDA_VISIBLE_DEVICES and nvidia-smi",
-    101: "The device ordinal does not exist: check cuDeviceGetCount and CUDA_VISIBLE_DEVICES",
-    201: ("The context is not usable: it was destroyed, or it is a primary context that is "
-          "inactive (never retained, released to zero, or reset by cudaDeviceReset). A "
-          "cyctx.ContextGuard retains and activates it; `python -m cyctx doctor` explains "
-          "this thread's state"),
-    709: ("The context was destroyed (cuCtxDestroy, or its primary context was reset or "
-          "released to zero) while this handle was still in use. Retain it again, e.g. with a "
-          "new cyctx.ContextGuard"),
-    803: "The driver and kernel module versions do not match: reboot or reinstall the driver",
-    999: "The driver reported an unknown error; the GPU may need attention (nvidia-smi)",
+    cydriver.CUresult.CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER:
+        "The installed NVIDIA driver is older than this call needs: upgrade the driver",
+    cydriver.CUresult.CUDA_ERROR_DEVICE_UNAVAILABLE:
+        "The device is in use by another process or in exclusive/prohibited compute mode",
+    cydriver.CUresult.CUDA_ERROR_NO_DEVICE:
+        "No CUDA-capable device is visible: check the driver, CUDA_VISIBLE_DEVICES and nvidia-smi",
+    cydriver.CUresult.CUDA_ERROR_INVALID_DEVICE:
+        "The device ordinal does not exist: check cuDeviceGetCount and CUDA_VISIBLE_DEVICES",
+    cydriver.CUresult.CUDA_ERROR_INVALID_CONTEXT:
+        ("The context is not usable: it was destroyed, or it is a primary context that is "
+         "inactive (never retained, released to zero, or reset by cudaDeviceReset). A "
+         "cyctx.ContextGuard retains and activates it; `python -m cyctx doctor` explains "
+         "this thread's state"),
+    cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED:
+        ("The context was destroyed (cuCtxDestroy, or its primary context was reset or "
+         "released to zero) while this handle was still in use. Retain it again, e.g. with a "
+         "new cyctx.ContextGuard"),
+    cydriver.CUresult.CUDA_ERROR_SYSTEM_DRIVER_MISMATCH:
+        "The driver and kernel module versions do not match: reboot or reinstall the driver",
+    cydriver.CUresult.CUDA_ERROR_UNKNOWN:
+        "The driver reported an unknown error; the GPU may need attention (nvidia-smi)",
 }
 
 # Fork is named only in a process that was forked: elsewhere it would send the reader after a
 # cause that cannot be theirs (issue 11).
 _FORKED_HINTS = {
-    3: ("The driver is not initialised in this process, which is a forked child: if its "
-        "parent used CUDA, CUDA cannot be used here. Start workers with the 'spawn' "
-        "multiprocessing start method"),
+    cydriver.CUresult.CUDA_ERROR_NOT_INITIALIZED:
+        ("The driver is not initialised in this process, which is a forked child: if its "
+         "parent used CUDA, CUDA cannot be used here. Start workers with the 'spawn' "
+         "multiprocessing start method"),
 }
-
-_forked = False
-
-
-def _after_fork_in_child():
-    global _forked
-    _forked = True
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _hint(code):
-    if _forked and code in _FORKED_HINTS:
+    if fork_child() and code in _FORKED_HINTS:
         return _FORKED_HINTS[code]
     return _HINTS.get(code)
 
 
 _CLASSES = {
-    3: NotInitializedError,
-    4: NotInitializedError,
-    100: NoDeviceError,
-    101: InvalidDeviceError,
-    201: InvalidContextError,
-    709: ContextDestroyedError,
+    cydriver.CUresult.CUDA_ERROR_NOT_INITIALIZED: NotInitializedError,
+    cydriver.CUresult.CUDA_ERROR_DEINITIALIZED: NotInitializedError,
+    cydriver.CUresult.CUDA_ERROR_NO_DEVICE: NoDeviceError,
+    cydriver.CUresult.CUDA_ERROR_INVALID_DEVICE: InvalidDeviceError,
+    cydriver.CUresult.CUDA_ERROR_INVALID_CONTEXT: InvalidContextError,
+    cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED: ContextDestroyedError,
 }
 
 
@@ -158,10 +169,10 @@ def error_name_and_string(code):
 
 # Names of the codes cyctx itself reports when no driver could be loaded to ask.
 _FALLBACK_NAMES = {
-    34: "CUDA_ERROR_STUB_LIBRARY",
-    100: "CUDA_ERROR_NO_DEVICE",
-    500: "CUDA_ERROR_NOT_FOUND",
-    801: "CUDA_ERROR_NOT_SUPPORTED",
+    cydriver.CUresult.CUDA_ERROR_STUB_LIBRARY: "CUDA_ERROR_STUB_LIBRARY",
+    cydriver.CUresult.CUDA_ERROR_NO_DEVICE: "CUDA_ERROR_NO_DEVICE",
+    cydriver.CUresult.CUDA_ERROR_NOT_FOUND: "CUDA_ERROR_NOT_FOUND",
+    cydriver.CUresult.CUDA_ERROR_NOT_SUPPORTED: "CUDA_ERROR_NOT_SUPPORTED",
 }
 
 

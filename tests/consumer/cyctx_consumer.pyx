@@ -92,3 +92,12 @@ def switch_back_only(size_t prev, bint switched):
     s.switched = switched
     with nogil:
         switch_back(&s)
+
+
+def device_get_checked(int ordinal):
+    """cuDeviceGet through cyctx.check_result without the GIL: a bad ordinal raises cyctx's
+    typed error across the nogil section."""
+    cdef cydriver.CUdevice dev
+    with nogil:
+        cyctx.check_result(cydriver.cuDeviceGet(&dev, ordinal), "cuDeviceGet")
+    return dev
