@@ -1,6 +1,6 @@
 # distutils: language = c++
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""Compiled loops for the benchmarks (built by bench/run_all.py into a scratch directory).
+"""Compiled loops for the benchmarks (built by bench/harness.py into a scratch directory).
 
 Every loop runs without the GIL, so the timing is the driver's and cyctx's, not the
 interpreter's. The driver floor calls the driver through pointers resolved once with
@@ -160,42 +160,38 @@ cdef void _getid(Ctx c, int64_t n) noexcept nogil:
 
 # --- what a guard's bookkeeping costs -------------------------------------------------------
 
+cdef extern from "_tls.h" namespace "cyctx" nogil:
+    cdef struct Entry:
+        pass
+
+
 cdef extern from *:
     """
-    // A per-thread stack of (owner, previous context, switched) entries like the one a guard
-    // keeps (docs/design.md, "The restore rule"), here in an extension module too: a thread_local in a shared object
-    // is reached through the general-dynamic TLS model. Not inlined, so each call finds its
-    // thread's stack afresh, as each enter and exit does.
-    #include <cstddef>
-    struct BenchEntry { const void *owner; void *prev; int switched; };
-    struct BenchStack { BenchEntry e[32]; std::size_t depth; };
-    static thread_local BenchStack bench_stack;
-    __attribute__((noinline)) static int bench_tls_push(const void *o, void *p, int s) {
-        BenchStack &st = bench_stack;
-        if (st.depth >= 32) return -1;
-        BenchEntry &e = st.e[st.depth++];
-        e.owner = o; e.prev = p; e.switched = s;
-        return 0;
+    // cyctx's own per-thread entry stack (src/cyctx/_tls.h, the installed copy: see
+    // bench/harness.py's build_here), compiled into this extension module as into cyctx's:
+    // a thread_local in a shared object is reached through the general-dynamic TLS model.
+    // Each call is kept out of line, as in the guard, where push and pop are in enter() and
+    // exit(), separate calls: inlined into one loop, the thread-local's address would be
+    // computed once for all iterations. Its own stack, not the installed cyctx's (t_stack is
+    // static in the header), so it cannot disturb a guard's entries.
+    #include "_tls.h"
+    __attribute__((noinline)) static int bench_tls_push(unsigned long long token) {
+        return cyctx::tls_push(token, nullptr, 0);
     }
-    __attribute__((noinline)) static int bench_tls_pop(const void *o, BenchEntry *out) {
-        BenchStack &st = bench_stack;
-        if (!st.depth || st.e[st.depth - 1].owner != o) return -1;
-        *out = st.e[--st.depth];
-        return 0;
+    __attribute__((noinline)) static int bench_tls_pop(unsigned long long token, cyctx::Entry *out) {
+        return cyctx::tls_pop_matching(token, out);
     }
     """
-    struct BenchEntry:
-        pass
-    int bench_tls_push(const void* o, void* p, int s) noexcept nogil
-    int bench_tls_pop(const void* o, BenchEntry* out) noexcept nogil
+    int bench_tls_push(unsigned long long token) noexcept nogil
+    int bench_tls_pop(unsigned long long token, Entry* out) noexcept nogil
 
 
 cdef int _tls(int64_t n) except -1 nogil:
     cdef int64_t i
-    cdef BenchEntry e
-    cdef int tag = 0
+    cdef Entry e
+    cdef unsigned long long token = 1  # any token: this stack holds no one else's entries
     for i in range(n):
-        if bench_tls_push(&tag, NULL, 0) != 0 or bench_tls_pop(&tag, &e) != 0:
+        if bench_tls_push(token) != 0 or bench_tls_pop(token, &e) != 0:
             with gil:
                 raise RuntimeError("thread-local stack out of balance")
     return 0

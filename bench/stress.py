@@ -16,21 +16,17 @@ reported through sys.unraisablehook). The checks are the same: every exit restor
 
 import argparse
 import json
-import os
 import random
 import sys
 import threading
 import time
 import warnings
 
+from groups.memory import rss_kib
+
 
 class Boom(Exception):
     pass
-
-
-def rss_kib():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
 
 
 def worker(guards, pairs, seed, shared_guard, stats, lock, edges=False):

@@ -2,7 +2,8 @@
 
 It runs on cyctx's simulated driver whatever driver this test session uses (the suite picks
 it in its own processes), with few iterations, and checks that every benchmark ran and wrote
-its output. It never checks a speed: benchmarks are not timed assertions (bench/README.md).
+its output: every group of bench/groups/, through bench/harness.py. It never checks a speed:
+benchmarks are not timed assertions (bench/README.md).
 """
 
 import importlib.util
@@ -10,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from functools import partial
 
 import pytest
 
@@ -31,16 +33,34 @@ THREAD_KINDS = ("guard.fast", "guard.switch", "driver.pushpop", "switch.fast", "
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def build_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("bench-build")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, build_dir):
     out = tmp_path_factory.mktemp("bench-results")
     proc = subprocess.run(
         [sys.executable, os.path.join(BENCH, "run_all.py"), "--sim", "--quick", "--repeat", "2", "--out-dir", str(out),
-         "--build-dir", str(tmp_path_factory.mktemp("bench-build"))],
+         "--build-dir", str(build_dir)],
         capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
     with open(out / "bench-sim.json") as f:
         return proc.stdout, out, json.load(f)
+
+
+@pytest.fixture(scope="module")
+def bench_modules():
+    """bench/harness.py and bench/groups/, imported as run_all.py imports them."""
+    sys.path.insert(0, BENCH)
+    try:
+        import groups
+        import harness
+
+        yield harness, groups
+    finally:
+        sys.path.remove(BENCH)
 
 
 def test_every_group_ran(run):
@@ -72,6 +92,67 @@ def test_every_cost_row_measured(run):
     controls = {(r["group"], r["id"]): r for r in res["cost"] if r["layer"] == "control"}
     assert sorted(controls) == [("peer:cuda_bindings", k) for k in ("cython.guard", "python.empty_with", "python.guard")]
     assert all(r["status"] == "ok" and r["ns"] > 0 for r in controls.values())
+
+
+def test_every_registered_case_and_process_ran(run, bench_modules):
+    # A group added to bench/groups/ is run, or this fails: each registered case has its row
+    # on every path the simulated driver's two devices give, and each process reported.
+    _, _, res = run
+    _, groups = bench_modules
+    assert sorted(res["groups"]) == sorted(groups.PROCESSES)
+    rows = {(r["group"], r["layer"], r["id"], r["path"]) for r in res["cost"]}
+    for group, cases in groups.CASES.items():
+        process = group if group.startswith("peer:") else "core"
+        for c in cases:
+            for path in c.paths:
+                assert (process, c.layer, c.id, path) in rows, (group, c.id, path)
+
+
+def test_the_tls_row_times_cyctx_own_header(run, build_dir):
+    # Compiled against the installed cyctx's _tls.h (no copy of the stack in bench/_bench.pyx).
+    cpp = (build_dir / "_bench.cpp").read_text()
+    assert '#include "_tls.h"' in cpp
+    assert "cyctx::tls_push(" in cpp and "cyctx::tls_pop_matching(" in cpp
+    assert "static thread_local" not in (build_dir / "_bench.pyx").read_text()  # a stack of its own
+
+
+def test_probe_reads_the_context_inside_the_block(bench_modules):
+    # The check behind current_inside, on a fake context: it reads inside the block, so a body
+    # that makes nothing current reads as such, and a body of another shape is refused.
+    harness, _ = bench_modules
+    from groups.from_python import with_object
+
+    state = {"current": 0}
+
+    class Switches:
+        def __enter__(self):
+            state["current"] = 7
+
+        def __exit__(self, *exc):
+            state["current"] = 0
+
+    class DoesNothing:
+        def __enter__(self):
+            pass
+
+        def __exit__(self, *exc):
+            pass
+
+    def current():
+        return state["current"]
+
+    assert harness.probe(partial(with_object, Switches()), current) == 7
+    assert state["current"] == 0
+    assert harness.probe(partial(with_object, DoesNothing()), current) == 0
+
+    def pair(n):
+        for _ in range(n):
+            state.update(current=5)
+            state.update(current=0)
+
+    assert harness.probe(pair, current) == 5
+    with pytest.raises(RuntimeError, match="not a `for` loop"):
+        harness.probe(lambda n: None, current)
 
 
 def test_missing_peers_are_reported_as_missing_never_zero(run):

@@ -1,0 +1,121 @@
+"""What the benchmarks measure, apart from how they measure it (bench/harness.py).
+
+Each module is one group, a set of plain functions registered by name with `@case`. A case
+function takes the process's prepared state (`env`: the compiled loops as `env.bench`, the
+guards, the start contexts, ...) and a start path, and returns the loop to time: `loop(n)`
+makes n enters and exits (or n of the operation). Compiled loops are bench/_bench.pyx's;
+Python-level loops are plain functions of the prepared objects and n, bound with
+functools.partial, so a row times exactly the function that is written out here.
+
+  floor.py        the driver floor: compiled nogil loops over the driver's entry points
+  nogil.py        cyctx from Cython: enter()/exit(), switch_to()/switch_back(), its _tls.h
+  from_python.py  cyctx from Python: `with guard:` beside an empty loop and an empty `with`
+  peers.py        CuPy, cuda.core, torch, numba and cuda.bindings from Python
+  threads.py      1 to 16 OpenMP threads
+  memory.py       millions of cycles: RSS and the retain balance
+
+PROCESSES names what run_all.py runs, each in its own process (harness.py says why): `core`
+(floor, nogil and from_python together, so that ratios between them are taken within one
+process), `threads`, `memory`, and `peer:NAME` for each peer. Nothing here imports the
+harness: it hands each process what it needs (harness.Process: the compiled loops, the timer,
+--quick, and measure(env, cases)).
+"""
+
+from typing import Callable, NamedTuple
+
+PATHS = ("fast", "from_none", "from_other")  # target already current / no context / device 1's
+SWITCHING = PATHS[1:]
+
+
+class Case(NamedTuple):
+    id: str
+    label: str
+    layer: str      # driver, cython, python, peer; control when re-measured beside a peer
+    paths: tuple    # the start paths it runs on (from_other only where there are two devices)
+    make: Callable  # make(env, path) -> loop(n)
+    note: str
+    python: bool    # a Python-level body: probed once (harness.probe), and an exception is its
+                    # row's result rather than the process's
+    checks: tuple   # what that first run records: "current_inside", "restored"
+
+
+CASES = {}  # group -> [Case], in the order of the tables
+
+
+def registrar(group, layer, python=False):
+    """The `@case(row_id, label, ...)` decorator of one group."""
+
+    def case(row_id, label, paths=("fast",), note="", checks=None):
+        if checks is None:
+            checks = ("current_inside", "restored") if python else ("restored",)
+
+        def register(make):
+            CASES.setdefault(group, []).append(Case(row_id, label, layer, paths, make, note, python, checks))
+            return make
+
+        return register
+
+    return case
+
+
+def cases(*names):
+    return [c for name in names for c in CASES[name]]
+
+
+def core_cases():
+    return cases("floor", "nogil", "from_python")
+
+
+def control_cases():
+    """cyctx's own rows re-measured beside a peer, in its process: the empty `with`, `with
+    guard:` and the nogil enter()/exit(), on the fast path. They show whether a process with
+    the peer loaded is slower at the Python level, at the driver, or not at all."""
+    wanted = ("python.empty_with", "python.guard", "cython.guard")
+    by_id = {c.id: c for c in core_cases() if c.id in wanted}
+    return [by_id[i]._replace(layer="control", paths=("fast",)) for i in wanted]
+
+
+def open_core(bench):
+    """The core process's state: device 0's guard (and device 1's where there is one), the
+    start context of each path, cyctx's current-context reader."""
+    from types import SimpleNamespace
+
+    import cyctx
+    from cuda.bindings import driver as d
+
+    d.cuInit(0)
+    ndev = d.cuDeviceGetCount()[1]
+    g0 = cyctx.ContextGuard(0)
+    g1 = cyctx.ContextGuard(1) if ndev > 1 else None
+    starts = {"fast": g0.handle, "from_none": 0}
+    if g1:
+        starts["from_other"] = g1.handle
+    bench.set_current(0)
+    bench.checked()  # also resolves the floor's entry points
+    return SimpleNamespace(bench=bench, driver=d, ndev=ndev, g0=g0, g1=g1, h0=g0.handle, starts=starts,
+                           empty=bench.Empty(), set_start=bench.set_current, current=cyctx.current_handle)
+
+
+def run_core(h):
+    env = open_core(h.bench)
+    d = env.driver
+    result = {"rows": h.measure(env, core_cases()), "devices": env.ndev,
+              "driver_api_version": d.cuDriverGetVersion()[1],
+              "device_names": [_device_name(d, i) for i in range(env.ndev)]}
+    for g in (env.g1, env.g0):
+        if g:
+            g.close()
+    return result
+
+
+def _device_name(d, i):
+    err, name = d.cuDeviceGetName(256, d.cuDeviceGet(i)[1])
+    return name.split(b"\0", 1)[0].decode(errors="replace") if err == d.CUresult.CUDA_SUCCESS else None
+
+
+# The modules register their cases as they are imported (after `registrar` is defined).
+from . import floor, from_python, memory, nogil, peers, threads  # noqa: E402,F401
+
+# name -> run(h): the result of one process (h: harness.Process, what the harness lends it).
+PROCESSES = {"core": run_core, "threads": threads.run, "memory": memory.run}
+PROCESSES.update({f"peer:{name}": (lambda h, name=name: peers.run(h, name)) for name in peers.PEERS})

@@ -1,0 +1,41 @@
+"""cyctx from Python: `with guard:`, beside the floor of any Python-level row, the loop
+itself and a `with` over an extension type that does nothing.
+
+Every Python-level body, here and in peers.py, is one plain `for _ in range(n):` around its
+enter and exit, so every such row pays the same loop overhead (`python.loop` measures it).
+The enter is the loop body's first line: harness.probe reads the current context as the line
+after it starts, which is inside the block.
+"""
+
+from functools import partial
+
+from . import PATHS, registrar
+
+case = registrar("from_python", layer="python", python=True)
+
+
+def empty_loop(n):
+    for _ in range(n):
+        pass
+
+
+def with_object(cm, n):
+    """`with cm:` n times, cm made beforehand (a guard, an Empty, a peer's device object)."""
+    for _ in range(n):
+        with cm:
+            pass
+
+
+@case("python.loop", "empty loop iteration (for _ in range(n): pass)", checks=())  # no context work
+def loop(env, path):
+    return empty_loop
+
+
+@case("python.empty_with", "with Empty(): an extension type doing nothing", checks=("restored",))
+def empty_with(env, path):
+    return partial(with_object, env.empty)
+
+
+@case("python.guard", "with guard: (pre-built ContextGuard)", paths=PATHS)
+def guard(env, path):
+    return partial(with_object, env.g0)
