@@ -63,7 +63,7 @@ if [ "$PART" = all ] || [ "$PART" = suite ]; then
     grep -h -E "^(FAILED|ERROR)" "$OUT"/pytest-real-cu1*.log
 
     step "differential: record the real driver"
-    timeout 90 python3 tests/differential/run.py record --driver real --out "$OUT/real_h200.json" | tail -3
+    timeout 90 python3 tests/sim/differential/run.py record --driver real --out "$OUT/real_h200.json" | tail -3
 
     step "downstream example (built against cuda-bindings 13.0), real driver"
     DS=$(ls wheelhouse/cyctx_downstream_example-*-cp312-*.whl 2>/dev/null)

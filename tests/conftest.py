@@ -5,7 +5,8 @@
   sim   cyctx's simulated driver with 2 devices (CI has no GPU)
   auto  real when a GPU driver loads, else sim (default)
 The choice must be made before the first driver call, so it happens in pytest_configure.
-Subprocess tests inherit it through CYCTX_TEST_DRIVER and `tests/_drv.py`'s prologue.
+Subprocess tests inherit it through CYCTX_TEST_DRIVER and the prologue of
+`helpers.children.run_child` (tests/helpers/children.py).
 """
 
 import os
@@ -13,8 +14,9 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-import _drv  # noqa: E402
+# tests/ on sys.path, so that `helpers` imports as a package whatever pytest's import mode.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from helpers import drivers  # noqa: E402
 
 
 def pytest_addoption(parser):
@@ -27,38 +29,38 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    kind = _drv.select(config.getoption("--driver"))
+    kind = drivers.select(config.getoption("--driver"))
     config._cyctx_driver = kind
 
 
 def pytest_report_header(config):
-    return _drv.describe()
+    return drivers.describe()
 
 
 def pytest_runtest_setup(item):
-    kind = _drv.KIND
+    kind = drivers.KIND
     if kind != "real":
         for mark in ("gpu", "cudart"):
             if item.get_closest_marker(mark):
                 pytest.skip(f"needs the real NVIDIA driver ({mark}); this run uses the simulated driver")
-    if item.get_closest_marker("cudart") and _drv.cudart() is None:
+    if item.get_closest_marker("cudart") and drivers.cudart() is None:
         pytest.skip("needs a loadable libcudart (nvidia-cuda-runtime wheel or toolkit)")
-    if item.get_closest_marker("multigpu") and _drv.device_count() < 2:
-        pytest.skip(f"needs 2 devices, this machine has {_drv.device_count()}")
+    if item.get_closest_marker("multigpu") and drivers.device_count() < 2:
+        pytest.skip(f"needs 2 devices, this machine has {drivers.device_count()}")
 
 
 @pytest.fixture
 def sim():
     """The simulated driver's control handle; skips on the real driver."""
-    if _drv.SIM is None:
+    if drivers.SIM is None:
         pytest.skip("needs the simulated driver's counters (this run uses the real driver)")
-    return _drv.SIM
+    return drivers.SIM
 
 
 @pytest.fixture(autouse=True)
 def _thread_state_unchanged():
     """Every test leaves the calling thread's context state as it found it."""
-    before = _drv.thread_state()
+    before = drivers.thread_state()
     yield
-    after = _drv.thread_state()
+    after = drivers.thread_state()
     assert after == before, f"test changed this thread's context state: {before} -> {after}"

@@ -20,22 +20,14 @@ import pytest
 
 import cyctx
 from cyctx import ContextGuard, ContextResetWarning, DriverError, GuardError
+from cyctx._guard import _open_entries
 
-from _drv import (collect_unraisable, create_context, current, driver, in_thread, ok, run_child,
-                  second_device, suspended_in)
+from helpers.children import run_child
+from helpers.drivers import current, reset_primary, second_device
+from helpers.finalizers import collect_unraisable, suspended_in
+from helpers.threads import in_thread, running
 
 D1 = second_device()  # device 1, or 0 on a one-GPU machine
-
-
-def _reset(dev):
-    d = driver()
-    ok(d.cuDevicePrimaryCtxReset(ok(d.cuDeviceGet(dev))))
-
-
-def _entries():
-    from cyctx._guard import _open_entries
-
-    return _open_entries()
 
 
 # --- values of every type ------------------------------------------------------------------
@@ -213,7 +205,7 @@ def test_finalizer_runs_a_guard_inside_another_guards_block(sim):
             f.me = f
             del f
             gc.collect()
-            assert current() == g0.handle and _entries() == 1
+            assert current() == g0.handle and _open_entries() == 1
         g0.close()
         g1.close()
         return current()
@@ -232,10 +224,10 @@ def test_many_guards_freed_while_entered_on_one_thread(sim):
         for _ in range(100):  # beyond the 32 inline entries: the spill path too
             ContextGuard(0).__enter__()
         gc.collect()
-        assert _entries() == 101
+        assert _open_entries() == 101
         with pytest.warns(ResourceWarning, match="dropped 100"):
             outer.__exit__(None, None, None)
-        assert _entries() == 0 and current() == 0
+        assert _open_entries() == 0 and current() == 0
         outer.close()
 
     in_thread(body)
@@ -255,7 +247,7 @@ def test_late_generator_exit_under_deep_nesting_is_spliced(sim):
             g1.__enter__()
         with pytest.raises(GuardError, match="generator"):
             it.close()
-        assert _entries() == 45 and current() == g1.handle
+        assert _open_entries() == 45 and current() == g1.handle
         for _ in range(45):
             g1.__exit__(None, None, None)
         g0.close()
@@ -280,7 +272,7 @@ def test_spliced_exit_restores_what_was_before_the_late_block():
         assert current() == 0
         g0.close()
         g1.close()
-        return _entries()
+        return _open_entries()
 
     assert in_thread(body) == 0
 
@@ -290,7 +282,8 @@ def test_spliced_exit_restores_what_was_before_the_late_block():
 def test_many_short_lived_threads_racing_first_use_in_a_fresh_process(sim):
     # Driver-table load, cuInit and first retains raced by 32 threads at once.
     out = run_child("""
-        import threading, cyctx, _drv
+        import functools, threading, cyctx
+        from helpers.threads import run_threads
         b = threading.Barrier(32)
         errs, got = [], []
         def f(i):
@@ -306,10 +299,9 @@ def test_many_short_lived_threads_racing_first_use_in_a_fresh_process(sim):
                     pass
             except BaseException as e:
                 errs.append(repr(e))
-        ts = [threading.Thread(target=f, args=(i,)) for i in range(32)]
-        [t.start() for t in ts]; [t.join() for t in ts]
+        run_threads(*(functools.partial(f, i) for i in range(32)))
         print("ERRS", errs)
-        print("RETAINS", [_drv.SIM.retain_count(i) for i in range(2)])
+        print("RETAINS", [drivers.SIM.retain_count(i) for i in range(2)])
     """, init=False, timeout=120)
     assert "ERRS []" in out.stdout and "RETAINS [1, 1]" in out.stdout, out.stdout
 
@@ -333,11 +325,9 @@ def test_close_while_other_threads_use_the_guard(sim):
                 bad.append(repr(e))
         ends.append(current())
 
-    ts = [threading.Thread(target=worker) for _ in range(4)]
-    [t.start() for t in ts]
-    g.close()
-    stop.set()
-    [t.join() for t in ts]
+    with running(*[worker] * 4):
+        g.close()
+        stop.set()
     assert bad == [] and ends == [0] * 4
     assert sim.retain_count(0) == base
 
@@ -358,12 +348,10 @@ def test_enter_exit_on_many_threads_with_resets_and_a_late_close(sim):
                 except Exception as e:  # noqa: BLE001
                     bad.append(repr(e))
 
-    ts = [threading.Thread(target=worker) for _ in range(4)]
-    [t.start() for t in ts]
-    for _ in range(50):
-        _reset(0)
-    stop.set()
-    [t.join() for t in ts]
+    with running(*[worker] * 4):
+        for _ in range(50):
+            reset_primary(0)
+        stop.set()
     assert bad == []
     assert sim.retain_count(0) == base + 1
     g.close()
@@ -376,34 +364,35 @@ def test_fork_while_other_threads_construct_and_free_guards():
     # The live-guard registry's mutex is held across fork by the atfork handlers: a child
     # never inherits it locked, so a dealloc or an exit's slow path in the child cannot hang.
     out = run_child("""
-        import os, threading, cyctx
+        import threading, cyctx
+        from helpers.forking import run_forked
+        from helpers.threads import running
         stop = threading.Event()
         def churn():
             while not stop.is_set():
                 cyctx.ContextGuard(0).__enter__()  # freed while entered: registry traffic
-        ts = [threading.Thread(target=churn) for _ in range(3)]
-        [t.start() for t in ts]
-        g = cyctx.ContextGuard(D1)
-        codes = []
-        for _ in range(30):
-            g.__enter__()
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    cyctx.ContextGuard(0)
-                    os._exit(1)
-                except cyctx.ForkError:
-                    pass
-                g.__exit__(None, None, None)
-                del g
-                os._exit(42)
+        def child():
+            global g
+            try:
+                cyctx.ContextGuard(0)
+                return "no ForkError"
+            except cyctx.ForkError:
+                pass
             g.__exit__(None, None, None)
-            codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
-        stop.set(); [t.join() for t in ts]
-        print("CODES", set(codes))
+            del g
+            return "left"
+        g = cyctx.ContextGuard(D1)
+        seen = []
+        with running(*[churn] * 3):
+            for _ in range(30):
+                g.__enter__()
+                seen.append(run_forked(child))
+                g.__exit__(None, None, None)
+            stop.set()
+        print("SEEN", set(seen))
     """, timeout=120, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "CODES {42}" in out.stdout, out.stdout
+    assert "SEEN {'left'}" in out.stdout, out.stdout
 
 
 def _pool_target(_):
@@ -435,7 +424,7 @@ def test_signal_handler_using_guards_during_enter_exit_loops():
     # SIGALRM every 50 us runs a handler that uses a guard and shared() (first use included)
     # between any two bytecodes of a loop of other guards' blocks, including warnings code.
     out = run_child("""
-        import signal, cyctx, _drv
+        import signal, cyctx
         g0, g1 = cyctx.ContextGuard(0), cyctx.ContextGuard(D1)
         hits = [0]
         def handler(sig, frame):
@@ -452,7 +441,7 @@ def test_signal_handler_using_guards_during_enter_exit_loops():
                 break
         signal.setitimer(signal.ITIMER_REAL, 0, 0)
         from cyctx._guard import _open_entries
-        print("HITS", hits[0] > 0, "STATE", _drv.current(), _open_entries())
+        print("HITS", hits[0] > 0, "STATE", drivers.current(), _open_entries())
         g0.close(); g1.close()
     """, timeout=120, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -466,7 +455,7 @@ def test_showwarning_hook_reenters_the_same_guard_during_reactivation(sim):
 
     def body():
         g = ContextGuard(0)
-        _reset(0)
+        reset_primary(0)
         inner = []
 
         def hook(*a, **k):
@@ -486,7 +475,7 @@ def test_showwarning_hook_reenters_the_same_guard_during_reactivation(sim):
         assert inner == [1, True]
         assert sim.retain_count(0) == base + 1
         g.close()
-        return current(), _entries()
+        return current(), _open_entries()
 
     assert in_thread(body) == (0, 0)
     assert sim.retain_count(0) == base
@@ -509,7 +498,7 @@ def test_asyncio_tasks_with_guards_in_synchronous_sections():
 
     def body():
         asyncio.run(main())
-        return current(), _entries()
+        return current(), _open_entries()
 
     assert in_thread(body) == (0, 0)
     g0.close()
@@ -537,11 +526,11 @@ def test_abandoned_coroutine_inside_a_guard_collected_under_another_guard(sim):
         del c
         seen = collect_unraisable(lambda: (holder.clear(), gc.collect()))
         assert len(seen) == 1 and isinstance(seen[0].exc_value, GuardError)
-        assert current() == g1.handle and _entries() == 1
+        assert current() == g1.handle and _open_entries() == 1
         g1.__exit__(None, None, None)
         g0.close()
         g1.close()
-        return current(), _entries()
+        return current(), _open_entries()
 
     assert in_thread(body) == (0, 0)
     assert [sim.retain_count(i) for i in range(2)] == base
@@ -550,30 +539,26 @@ def test_abandoned_coroutine_inside_a_guard_collected_under_another_guard(sim):
 # --- interpreter shutdown --------------------------------------------------------------------
 
 def test_shutdown_with_suspended_generators_orphans_and_atexit_users(sim):
-    os.environ["CYCTX_SIM_REPORT_AT_EXIT"] = "1"
-    try:
-        out = run_child("""
-            import atexit, cyctx
-            g = cyctx.ContextGuard(0)
-            def gen():
+    out = run_child("""
+        import atexit, cyctx
+        g = cyctx.ContextGuard(0)
+        def gen():
+            with g:
+                yield
+        it = gen(); next(it)                       # suspended inside a block at exit
+        cyctx.ContextGuard(D1).__enter__()          # an orphaned entry at exit
+        def at_exit():
+            with cyctx.ContextGuard.shared(D1):
                 with g:
-                    yield
-            it = gen(); next(it)                       # suspended inside a block at exit
-            cyctx.ContextGuard(D1).__enter__()          # an orphaned entry at exit
-            def at_exit():
-                with cyctx.ContextGuard.shared(D1):
-                    with g:
-                        pass
-            atexit.register(at_exit)
-            class Late:
-                def __del__(self):
-                    with g:
-                        pass
-            late = Late()
-            print("END")
-        """, timeout=120, check=False)
-    finally:
-        del os.environ["CYCTX_SIM_REPORT_AT_EXIT"]
+                    pass
+        atexit.register(at_exit)
+        class Late:
+            def __del__(self):
+                with g:
+                    pass
+        late = Late()
+        print("END")
+    """, timeout=120, check=False, env={"CYCTX_SIM_REPORT_AT_EXIT": "1"})
     assert out.returncode == 0 and "END" in out.stdout, out.stderr[-2000:]
     assert "Traceback" not in out.stderr and "Fatal" not in out.stderr, out.stderr[-2000:]
     assert "cyctxsim at exit:" in out.stderr
@@ -589,7 +574,7 @@ def _rss_kb():
 @pytest.mark.slow
 def test_memory_flat_over_millions_of_operations(sim):
     out = run_child("""
-        import os, gc, cyctx, _drv
+        import os, gc, cyctx
         def rss():
             with open("/proc/self/statm") as f:
                 return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
@@ -611,7 +596,7 @@ def test_memory_flat_over_millions_of_operations(sim):
         pairs(1000000)
         lifetimes(200000)
         gc.collect(); r1 = rss()
-        print("GROWTH_KB", r1 - r0, "RETAINS", [_drv.SIM.retain_count(i) for i in range(2)])
+        print("GROWTH_KB", r1 - r0, "RETAINS", [drivers.SIM.retain_count(i) for i in range(2)])
         g0.close(); g1.close()
     """, timeout=600)
     growth = int(out.stdout.split("GROWTH_KB")[1].split()[0])

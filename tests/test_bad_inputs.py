@@ -5,7 +5,6 @@ retain counts are checked on the simulated driver). The table and this list must
 import builtins
 import os
 import re
-import threading
 import warnings
 
 import pytest
@@ -13,7 +12,9 @@ import pytest
 import cyctx
 from cyctx import ContextGuard
 
-from _drv import SIM, device_count, driver, ok, run_child
+from helpers.children import run_child
+from helpers.drivers import SIM, device_count, driver, ok
+from helpers.threads import in_thread
 
 GUARANTEES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "guarantees.md")
 
@@ -32,21 +33,11 @@ def _with(g):
 def _exit_on_other_thread():
     g = ContextGuard(0)
     g.__enter__()
-    err = []
-    t = threading.Thread(target=lambda: err.append(_catch(lambda: g.__exit__(None, None, None))))
-    t.start()
-    t.join()
-    g.__exit__(None, None, None)
-    g.close()
-    raise err[0]
-
-
-def _catch(fn):
     try:
-        fn()
-    except Exception as e:  # noqa: BLE001
-        return e
-    return AssertionError("no error")
+        in_thread(g.__exit__, None, None, None)  # its error is the row's
+    finally:
+        g.__exit__(None, None, None)
+        g.close()
 
 
 def _out_of_order():
@@ -74,20 +65,15 @@ def _close_inside():
 def _leaked_push():
     g = ContextGuard(0)
     d = driver()
-    err = []
 
     def body():
-        try:
-            with g:
-                ok(d.cuCtxPushCurrent(g.context))
-        except Exception as e:  # noqa: BLE001
-            err.append(e)
+        with g:
+            ok(d.cuCtxPushCurrent(g.context))
 
-    t = threading.Thread(target=body)
-    t.start()
-    t.join()
-    g.close()
-    raise err[0]
+    try:
+        in_thread(body)  # its error is the row's
+    finally:
+        g.close()
 
 
 def _reset_as_error():
@@ -103,18 +89,12 @@ def _reset_as_error():
 
 def _fork_child():
     out = run_child("""
-        import os, cyctx
+        import cyctx
+        from helpers.forking import raised_in_fork
         g = cyctx.ContextGuard(0)
-        pid = os.fork()
-        if pid == 0:
-            try:
-                g.__enter__()
-                os._exit(1)
-            except cyctx.ForkError:
-                os._exit(42)
-        print("EXIT", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        print("CHILD", raised_in_fork(g.__enter__))
     """)
-    if "EXIT 42" in out.stdout:
+    if "CHILD ForkError" in out.stdout:
         raise cyctx.ForkError("seen in the child")
 
 

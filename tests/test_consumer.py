@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 import cyctx
-from _drv import run_child
+from helpers.children import run_child
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_SRC = os.path.realpath(os.path.join(HERE, "..", "src"))
@@ -50,10 +50,10 @@ def consumer_dir(tmp_path_factory):
 def test_consumer_runs_guard_in_nogil_threads(consumer_dir):
     out = run_child(f"""
         import sys; sys.path.insert(0, {consumer_dir!r})
-        import cyctx, cyctx_consumer, _drv
+        import cyctx, cyctx_consumer
         g = cyctx.ContextGuard(0)
         bad, used = cyctx_consumer.run_parallel(g, 20000, 4)
-        print("RESULT", bad, used, _drv.current())
+        print("RESULT", bad, used, drivers.current())
         g.close()
     """)
     line = [l for l in out.stdout.splitlines() if l.startswith("RESULT")][0].split()
@@ -94,9 +94,9 @@ def test_raw_layer_under_every_fault(consumer_dir, start, sim):
     # fails; a failed switch_back leaves the block's context, and a retry restores.
     out = run_child(f"""
         import sys; sys.path.insert(0, {consumer_dir!r})
-        import cyctx, cyctx_consumer, _drv
+        import cyctx, cyctx_consumer
         from cuda.bindings import driver as d
-        sim = _drv.SIM
+        sim = drivers.SIM
         FUNCS = ("cuCtxGetCurrent", "cuCtxSetCurrent")
         g0, g1 = cyctx.ContextGuard(0), cyctx.ContextGuard(1)
         start = {start!r}
@@ -106,7 +106,7 @@ def test_raw_layer_under_every_fault(consumer_dir, start, sim):
                 d.cuCtxSetCurrent(g1.context)
             elif start == "target":
                 d.cuCtxSetCurrent(g0.context)
-            return (_drv.current(), sim.stack_depth())
+            return (drivers.current(), sim.stack_depth())
         def calls(fn):
             c0 = {{f: sim.call_count(f) for f in FUNCS}}
             fn()
@@ -133,7 +133,7 @@ def test_raw_layer_under_every_fault(consumer_dir, start, sim):
                                 assert e.code == code
                             finally:
                                 sim.clear_faults()
-                            assert (_drv.current(), sim.stack_depth()) == before, (phase, f, nth, code)
+                            assert (drivers.current(), sim.stack_depth()) == before, (phase, f, nth, code)
                         else:
                             s = cyctx_consumer.switch_to_only(g0.handle)
                             sim.inject_fault(f, code, nth=nth)
@@ -145,7 +145,7 @@ def test_raw_layer_under_every_fault(consumer_dir, start, sim):
                             finally:
                                 sim.clear_faults()
                             cyctx_consumer.switch_back_only(*s)  # the retry restores
-                            assert (_drv.current(), sim.stack_depth()) == before, (phase, f, nth, code)
+                            assert (drivers.current(), sim.stack_depth()) == before, (phase, f, nth, code)
                         tried += 1
         d.cuCtxSetCurrent(None)
         g0.close(); g1.close()

@@ -18,7 +18,8 @@ from cyctx import _doctor
 from cyctx._doctor import Diagnosis, Finding, diagnose
 from cyctx._doctor.runtime import wheel_version
 
-from _drv import KIND, current, device_count, primary_state, run_child
+from helpers.children import run_child
+from helpers.drivers import KIND, current, device_count, primary_state
 
 # Driver calls that change state; the doctor must make none of them (issue 5).
 MUTATORS = ("cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset",
@@ -29,7 +30,7 @@ MUTATORS = ("cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease", "cuDevicePr
 SNAPSHOT = """
 import json, os, threading
 from cuda.bindings import driver as d
-import _drv
+from helpers import drivers as _drv
 from cyctx._doctor import diagnose
 MUTATORS = %r
 def snapshot():

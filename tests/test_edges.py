@@ -14,15 +14,15 @@ import pytest
 import cyctx
 from cyctx import ContextGuard, ContextResetWarning, DriverError, GuardError
 
-from _drv import (collect_unraisable, create_context, current, driver, in_thread, ok, run_child,
-                  second_device, suspended_in)
+from cyctx._guard import _open_entries
+
+from helpers.children import run_child
+from helpers.drivers import create_context, current, driver, ok, reset_primary, second_device
+from helpers.fakes import fake
+from helpers.finalizers import collect_unraisable, suspended_in
+from helpers.threads import in_thread, run_threads
 
 D1 = second_device()  # device 1, or 0 on a one-GPU machine
-
-
-def _reset(dev):
-    d = driver()
-    ok(d.cuDevicePrimaryCtxReset(ok(d.cuDeviceGet(dev))))
 
 
 # --- values of every type: validated before use ------------------------------------------
@@ -90,14 +90,6 @@ def test_from_handle_rejects_non_ints(h):
         ContextGuard.from_handle(h)
 
 
-def _fake(module, name, **attrs):
-    t = type(name, (), {"__module__": module})
-    o = t()
-    for k, v in attrs.items():
-        setattr(o, k, v)
-    return o
-
-
 class _Dev:
     def __init__(self, index):
         self.index = index
@@ -106,24 +98,24 @@ class _Dev:
 
 @pytest.mark.parametrize("obj, exc", [
     # torch-like stream with a float or out-of-range handle, or a bad fallback device
-    (lambda: _fake("torch.cuda", "Stream", cuda_stream=1.5, device=_Dev(0)), TypeError),
-    (lambda: _fake("torch.cuda", "Stream", cuda_stream=2**64, device=_Dev(0)), ValueError),
-    (lambda: _fake("torch.cuda", "Stream", cuda_stream=-5, device=_Dev(0)), ValueError),
-    (lambda: _fake("torch.cuda", "Stream", cuda_stream=0, device=_Dev("0")), TypeError),
-    (lambda: _fake("torch.cuda", "Stream", cuda_stream=0, device=_Dev(-1)), ValueError),
+    (lambda: fake("torch.cuda", "Stream", cuda_stream=1.5, device=_Dev(0)), TypeError),
+    (lambda: fake("torch.cuda", "Stream", cuda_stream=2**64, device=_Dev(0)), ValueError),
+    (lambda: fake("torch.cuda", "Stream", cuda_stream=-5, device=_Dev(0)), ValueError),
+    (lambda: fake("torch.cuda", "Stream", cuda_stream=0, device=_Dev("0")), TypeError),
+    (lambda: fake("torch.cuda", "Stream", cuda_stream=0, device=_Dev(-1)), ValueError),
     # torch.device-like with a bad index
-    (lambda: _fake("torch", "device", type="cuda", index=1.5), TypeError),
-    (lambda: _fake("torch", "device", type="cuda", index=-1), ValueError),
+    (lambda: fake("torch", "device", type="cuda", index=1.5), TypeError),
+    (lambda: fake("torch", "device", type="cuda", index=-1), ValueError),
     # CuPy-like
-    (lambda: _fake("cupy.cuda.device", "Device", id="0"), TypeError),
-    (lambda: _fake("cupy.cuda.device", "Device", id=1.9), TypeError),
-    (lambda: _fake("cupy.cuda.stream", "Stream", ptr=1.5, device_id=0), TypeError),
-    (lambda: _fake("cupy.cuda.stream", "Stream", ptr=2**65, device_id=0), ValueError),
-    (lambda: _fake("cupy.cuda.stream", "Stream", ptr=0, device_id=-3), ValueError),
+    (lambda: fake("cupy.cuda.device", "Device", id="0"), TypeError),
+    (lambda: fake("cupy.cuda.device", "Device", id=1.9), TypeError),
+    (lambda: fake("cupy.cuda.stream", "Stream", ptr=1.5, device_id=0), TypeError),
+    (lambda: fake("cupy.cuda.stream", "Stream", ptr=2**65, device_id=0), ValueError),
+    (lambda: fake("cupy.cuda.stream", "Stream", ptr=0, device_id=-3), ValueError),
     # cuda.core-like
-    (lambda: _fake("cuda.core.experimental", "Device", device_id=0.5), TypeError),
-    (lambda: _fake("cuda.core.experimental", "Context", handle=-1), ValueError),
-    (lambda: _fake("cuda.core.experimental", "Context", handle="0x1"), TypeError),
+    (lambda: fake("cuda.core.experimental", "Device", device_id=0.5), TypeError),
+    (lambda: fake("cuda.core.experimental", "Context", handle=-1), ValueError),
+    (lambda: fake("cuda.core.experimental", "Context", handle="0x1"), TypeError),
 ])
 def test_duck_typed_objects_are_validated(obj, exc, sim):
     base = [sim.retain_count(i) for i in range(2)]
@@ -138,7 +130,7 @@ def test_duck_typed_objects_are_validated(obj, exc, sim):
 # the WeakSet.add of the guard registry, after the driver calls, while the old code held its
 # non-reentrant lock.
 TRACE_INSIDE_SHARED = """
-    import os, sys, cyctx
+    import sys, cyctx
     fired = []
     def tracer(frame, event, arg):
         if event == "call" and frame.f_code.co_name == "add" and "weakref" in frame.f_code.co_filename and not fired:
@@ -154,23 +146,14 @@ TRACE_INSIDE_SHARED = """
 
 
 def test_fork_inside_first_shared_gives_the_child_ForkError_not_a_hang():
+    # A hang would be the child's: its timeout is below the whole child's, to be reported.
     action = """
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    cyctx.ContextGuard.shared(D1)
-                    os._exit(1)
-                except cyctx.ForkError:
-                    os._exit(42)
-                except BaseException:
-                    os._exit(2)
-            st = os.waitpid(pid, 0)[1]
-            print("CHILD", os.waitstatus_to_exitcode(st))
+            from helpers.forking import raised_in_fork
+            print("CHILD", raised_in_fork(lambda: cyctx.ContextGuard.shared(D1), timeout=30))
     """
-    out = run_child(TRACE_INSIDE_SHARED.format(action=action.strip().replace("\n            ", "\n            ")),
-                    timeout=60, check=False)
+    out = run_child(TRACE_INSIDE_SHARED.format(action=action.strip()), timeout=60, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "CHILD 42" in out.stdout and "FIRED True SAME True" in out.stdout, out.stdout
+    assert "CHILD ForkError" in out.stdout and "FIRED True SAME True" in out.stdout, out.stdout
 
 
 def test_shared_reentered_from_python_code_inside_shared_does_not_deadlock(sim):
@@ -179,8 +162,7 @@ def test_shared_reentered_from_python_code_inside_shared_does_not_deadlock(sim):
             print("INNER", inner.is_shared)
     """
     out = run_child(TRACE_INSIDE_SHARED.format(action=action.strip()) + """
-    import _drv
-    print("RETAINS", _drv.SIM.retain_count(1))
+    print("RETAINS", drivers.SIM.retain_count(1))
     """, timeout=60, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "INNER True" in out.stdout and "FIRED True SAME True" in out.stdout
@@ -190,7 +172,7 @@ def test_shared_reentered_from_python_code_inside_shared_does_not_deadlock(sim):
 def test_shared_from_a_finalizer_during_shared(sim):
     # A __del__ that uses shared(), run by the garbage collector inside the first shared().
     out = run_child("""
-        import gc, sys, cyctx, _drv
+        import gc, sys, cyctx
         got = []
         class Cyc:
             def __del__(self):
@@ -204,7 +186,7 @@ def test_shared_from_a_finalizer_during_shared(sim):
         sys.settrace(tracer)
         g = cyctx.ContextGuard.shared(D1)
         sys.settrace(None)
-        print("OK", got[0] is g, _drv.SIM.retain_count(1))
+        print("OK", got[0] is g, drivers.SIM.retain_count(1))
     """, timeout=60, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "OK True 1" in out.stdout
@@ -214,7 +196,7 @@ def test_thread_stalled_inside_the_first_shared_does_not_block_others(sim):
     # A thread that stops inside the first shared() (here: forever, as a daemon thread frozen
     # at interpreter shutdown would) used to hold the registry lock; every other caller hung.
     out = run_child("""
-        import sys, threading, time, cyctx, _drv
+        import sys, threading, time, cyctx
         inside = threading.Event()
         def tracer(frame, event, arg):
             if event == "call" and frame.f_code.co_name == "add" and "weakref" in frame.f_code.co_filename:
@@ -229,7 +211,7 @@ def test_thread_stalled_inside_the_first_shared_does_not_block_others(sim):
         inside.wait(30)
         g = cyctx.ContextGuard.shared(D1)
         with g:
-            print("MAIN", _drv.current() == g.handle, g.is_shared)
+            print("MAIN", drivers.current() == g.handle, g.is_shared)
         import os
         os._exit(0)  # the stalled daemon thread never finishes
     """, timeout=60, check=False)
@@ -239,16 +221,16 @@ def test_thread_stalled_inside_the_first_shared_does_not_block_others(sim):
 
 def test_shared_first_use_raced_by_many_threads(sim):
     out = run_child("""
-        import threading, cyctx, _drv
+        import threading, cyctx
+        from helpers.threads import run_threads
         for k in (0, 1):
             got = []
             b = threading.Barrier(16)
             def f():
                 b.wait(); got.append(cyctx.ContextGuard.shared(k))
-            ts = [threading.Thread(target=f) for _ in range(16)]
-            [t.start() for t in ts]; [t.join() for t in ts]
+            run_threads(*[f] * 16)
             assert len(got) == 16 and all(g is got[0] for g in got) and got[0].is_shared
-        print("RETAINS", [_drv.SIM.retain_count(i) for i in range(2)])
+        print("RETAINS", [drivers.SIM.retain_count(i) for i in range(2)])
     """, timeout=60)
     assert "RETAINS [1, 1]" in out.stdout
 
@@ -258,9 +240,9 @@ def test_shared_first_use_raced_by_many_threads(sim):
 def test_guard_freed_while_entered_is_not_matched_by_a_new_guard_at_its_address():
     # In a child, on its main thread: the dead guard's entry stays there (orphaned).
     out = run_child("""
-        import gc, cyctx, _drv
+        import gc, cyctx
         from cyctx import ContextGuard, GuardError
-        base = _drv.SIM.retain_count(0) if _drv.SIM else None
+        base = drivers.SIM.retain_count(0) if drivers.SIM else None
         a = ContextGuard(0)
         a.__enter__()
         addr = id(a)
@@ -281,8 +263,8 @@ def test_guard_freed_while_entered_is_not_matched_by_a_new_guard_at_its_address(
                 print("EXIT refused", "without a matching enter" in str(e))
             b.close()
             print("CLOSED", b.closed)
-        if _drv.SIM:
-            print("RETAINS", _drv.SIM.retain_count(0) - base)
+        if drivers.SIM:
+            print("RETAINS", drivers.SIM.retain_count(0) - base)
     """)
     assert "REUSED True" in out.stdout, "the allocator did not reuse the address: test proves nothing"
     assert "EXIT refused True" in out.stdout and "CLOSED True" in out.stdout, out.stdout
@@ -303,7 +285,6 @@ def test_orphaned_entry_does_not_block_the_outer_guard(sim):
         # never be left), reported, and the outer exit restores what was current before it.
         with pytest.warns(ResourceWarning, match="freed while entered"):
             outer.__exit__(None, None, None)
-        from cyctx._guard import _open_entries
         assert _open_entries() == 0 and current() == 0
         outer.close()
 
@@ -315,7 +296,6 @@ def test_orphaned_entry_does_not_block_the_outer_guard(sim):
 
 def test_generator_abandoned_inside_a_guard_collected_under_another_guard(sim):
     base = [sim.retain_count(i) for i in range(2)]
-    from cyctx._guard import _open_entries
 
     def body():
         g0, g1 = ContextGuard(0), ContextGuard(D1)
@@ -352,7 +332,6 @@ def test_generator_closed_explicitly_under_another_guard_raises_on_close():
         assert current() == 0
         g0.close()
         g1.close()
-        from cyctx._guard import _open_entries
         return _open_entries()
 
     assert in_thread(body) == 0
@@ -371,32 +350,15 @@ def test_generator_closed_on_another_thread_raises_and_keeps_the_entering_thread
 
     def body():
         next(it)
-        err = []
-        t = threading.Thread(target=lambda: err.append(_catch(it.close)))
-        t.start()
-        t.join()
-        left = _open_entries_here()
+        with pytest.raises(GuardError, match="without a matching enter"):
+            in_thread(it.close)
+        left = _open_entries()
         g0.__exit__(None, None, None)  # the entering thread leaves its entry itself
-        return err[0], left, current()
+        return left, current()
 
-    err, left, cur = in_thread(body)
-    assert isinstance(err, GuardError) and "without a matching enter" in str(err)
+    left, cur = in_thread(body)
     assert left == 1 and cur == 0
     g0.close()
-
-
-def _catch(fn):
-    try:
-        fn()
-    except BaseException as e:  # noqa: BLE001
-        return e
-    return None
-
-
-def _open_entries_here():
-    from cyctx._guard import _open_entries
-
-    return _open_entries()
 
 
 def test_generator_finalized_in_order_is_quiet():
@@ -438,7 +400,6 @@ def test_coroutine_holding_a_guard_across_await_interleaved():
             await tb
 
         asyncio.run(main())
-        from cyctx._guard import _open_entries
         left = _open_entries()
         # a's refused exit left its entry; leave it in order now
         g0.__exit__(None, None, None)
@@ -461,7 +422,7 @@ def test_close_during_reset_reactivation_does_not_reopen_or_steal_a_retain(sim):
     def body():
         other = ContextGuard(0)  # another guard's retain that must survive
         g = ContextGuard(0)
-        _reset(0)
+        reset_primary(0)
         closed_in_hook = []
 
         def hook(*a, **k):
@@ -503,12 +464,12 @@ def test_reset_again_while_the_reactivation_warns_is_acted_on(sim):
     def body():
         g = ContextGuard(0)
         dev = ok(d.cuDeviceGet(0))
-        _reset(0)
+        reset_primary(0)
         ok(d.cuDevicePrimaryCtxRetain(dev))  # someone re-activates it
 
         def hook(*a, **k):
             ok(d.cuDevicePrimaryCtxRelease(dev))
-            _reset(0)  # ... and resets it again while cyctx warns
+            reset_primary(0)  # ... and resets it again while cyctx warns
 
         with warnings.catch_warnings():
             warnings.simplefilter("always")
@@ -539,9 +500,7 @@ def test_close_from_two_threads_releases_once(sim):
             b.wait()
             g.close()
 
-        ts = [threading.Thread(target=f) for _ in range(4)]
-        [t.start() for t in ts]
-        [t.join() for t in ts]
+        run_threads(*[f] * 4)
         assert g.closed and sim.retain_count(0) == base + 1
     keep.close()
     assert sim.retain_count(0) == base
@@ -549,17 +508,9 @@ def test_close_from_two_threads_releases_once(sim):
 
 # --- construction from a context: the device probe under faults --------------------------
 
-def _created_context():
-    """A created (non-primary) context on device 0, popped again; returns the CUcontext."""
-    d = driver()
-    ctx = create_context(0)
-    ok(d.cuCtxPopCurrent())
-    return ctx
-
-
 def test_probe_pop_failure_leaves_the_stack_as_it_was(sim):
     def body():
-        ctx = _created_context()
+        ctx = create_context(current=False)
         depth = sim.stack_depth()
         sim.inject_fault("cuCtxPopCurrent", 999)
         try:
@@ -579,7 +530,7 @@ def test_probe_release_failure_leaks_no_retain(sim):
 
     def body():
         holder = ContextGuard(0)  # primary active: the probe retains it to compare handles
-        ctx = _created_context()
+        ctx = create_context(current=False)
         sim.inject_fault("cuDevicePrimaryCtxRelease", 999)
         try:
             try:
@@ -626,56 +577,48 @@ def test_current_handle_before_cuInit_is_zero_not_an_error():
     # Found by the adversarial pass: a thread calling current_handle() while another thread
     # constructs the first guard got NotInitializedError or 0 depending on timing.
     out = run_child("""
-        import os, cyctx
+        import cyctx
+        from helpers.forking import raised_in_fork
         print("FIRST", cyctx.current_handle())
         g = cyctx.ContextGuard(0)
         with g:
             print("INSIDE", cyctx.current_handle() == g.handle)
-        pid = os.fork()
-        if pid == 0:
-            try:
-                cyctx.current_handle()
-                os._exit(1)
-            except cyctx.ForkError:
-                os._exit(42)
-        print("CHILD", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        print("CHILD", raised_in_fork(cyctx.current_handle))
         g.close()
     """, init=False)
-    assert "FIRST 0" in out.stdout and "INSIDE True" in out.stdout and "CHILD 42" in out.stdout, out.stdout
+    assert "FIRST 0" in out.stdout and "INSIDE True" in out.stdout and "CHILD ForkError" in out.stdout, out.stdout
 
 
 def test_driver_error_blames_fork_only_in_a_forked_process():
     assert "fork" not in str(cyctx.DriverError(3)).lower()
     out = run_child("""
-        import os, cyctx
-        pid = os.fork()
-        if pid == 0:
-            os._exit(7 if "fork" in str(cyctx.DriverError(3)).lower() else 3)
-        print("CHILD", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        import cyctx
+        from helpers.forking import run_forked
+        print("CHILD", run_forked(lambda: "fork" in str(cyctx.DriverError(3)).lower()))
     """, init=False)
-    assert "CHILD 7" in out.stdout
+    assert "CHILD True" in out.stdout
 
 
 # --- on the real driver only ---------------------------------------------------------------
-# The simulated driver models these; the H200 has the last word (tests/differential/).
+# The simulated driver models these; the H200 has the last word (tests/sim/differential/).
 
 @pytest.mark.gpu
 def test_real_enter_after_the_owner_destroyed_a_created_context():
     # cuCtxGetId with the handle of a destroyed created context: a typed error, not a crash
     # (results/2026-11-30-lab/2026-11-30-gpu1.log saw 201 for an explicit dead handle).
     out = run_child("""
-        import cyctx, _drv
-        d = _drv.driver()
-        ctx = _drv.create_context(0)
-        _drv.ok(d.cuCtxPopCurrent())
+        import cyctx
+        d = drivers.driver()
+        ctx = drivers.create_context(0)
+        drivers.ok(d.cuCtxPopCurrent())
         g = cyctx.ContextGuard(ctx)
-        _drv.ok(d.cuCtxDestroy(ctx))
+        drivers.ok(d.cuCtxDestroy(ctx))
         try:
             g.__enter__()
             print("ENTERED")
         except cyctx.DriverError as e:
             print("ERROR", e.code)
-        print("CURRENT", _drv.current())
+        print("CURRENT", drivers.current())
         g.close()
     """, timeout=120, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -687,22 +630,22 @@ def test_real_construct_from_contexts_keeps_the_stack():
     # The device probe pushes and pops (or, when the context is current, does neither): count
     # the stack by popping it empty afterwards.
     out = run_child("""
-        import cyctx, _drv
-        d = _drv.driver()
+        import cyctx
+        d = drivers.driver()
         holder = cyctx.ContextGuard(0)
-        ctx = _drv.create_context(0)                  # pushed: depth 1
-        _drv.ok(d.cuCtxPushCurrent(holder.context))   # depth 2, primary on top
+        ctx = drivers.create_context(0)                  # pushed: depth 1
+        drivers.ok(d.cuCtxPushCurrent(holder.context))   # depth 2, primary on top
         a = cyctx.ContextGuard(ctx)                   # probe push/pop
         b = cyctx.ContextGuard(holder.context)        # current: no push
         c = cyctx.ContextGuard.from_handle(int(ctx))
-        print("TOP", _drv.current() == holder.handle, "PRIMARY", a.is_primary, b.is_primary, c.is_primary)
+        print("TOP", drivers.current() == holder.handle, "PRIMARY", a.is_primary, b.is_primary, c.is_primary)
         n = 0
-        while _drv.current():
-            _drv.ok(d.cuCtxPopCurrent()); n += 1
+        while drivers.current():
+            drivers.ok(d.cuCtxPopCurrent()); n += 1
         print("DEPTH", n)
         for g in (a, b, c, holder):
             g.close()
-        _drv.ok(d.cuCtxDestroy(ctx))
+        drivers.ok(d.cuCtxDestroy(ctx))
     """, timeout=120)
     assert "TOP True PRIMARY False True False" in out.stdout and "DEPTH 2" in out.stdout, out.stdout
 
@@ -710,9 +653,9 @@ def test_real_construct_from_contexts_keeps_the_stack():
 @pytest.mark.gpu
 def test_real_generator_late_exit_and_orphan_drop():
     out = run_child("""
-        import gc, sys, warnings, cyctx, _drv
+        import gc, sys, warnings, cyctx
         from cyctx._guard import _open_entries
-        n = _drv.device_count()
+        n = drivers.device_count()
         g0, g1 = cyctx.ContextGuard(0), cyctx.ContextGuard(1 % n)
         def gen():
             with g0:
@@ -727,7 +670,7 @@ def test_real_generator_late_exit_and_orphan_drop():
                 warnings.simplefilter("always")
                 pass
         print("SEEN", len(seen), type(seen[0].exc_value).__name__)
-        print("STATE", _drv.current(), _open_entries())
+        print("STATE", drivers.current(), _open_entries())
         g0.close(); g1.close()
     """, timeout=120, check=False)
     assert out.returncode == 0, out.stderr[-2000:]

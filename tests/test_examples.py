@@ -11,7 +11,8 @@ import sys
 import pytest
 
 import cyctx
-from _drv import current, device_count, in_thread
+from helpers.drivers import current, device_count
+from helpers.threads import in_thread
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KERNELS = os.path.join(os.path.dirname(HERE), "examples", "kernels")

@@ -16,7 +16,9 @@ import pytest
 import cyctx
 from cyctx import ContextGuard, ContextResetWarning, DriverError
 
-from _drv import create_context, driver, in_thread, ok, run_child
+from helpers.children import run_child
+from helpers.drivers import create_context, driver, ok, reset_primary
+from helpers.threads import in_thread
 
 FUNCS = (
     "cuInit", "cuDeviceGetCount", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease",
@@ -46,21 +48,13 @@ def state(sim):
             "retains": [sim.retain_count(i) for i in range(2)]}
 
 
-def _reset0():
-    d = driver()
-    ok(d.cuDevicePrimaryCtxReset(ok(d.cuDeviceGet(0))))
-
-
 # A created (non-primary) context of device 0 for the scenarios that need one; made by the
 # prepare step on the case's thread, destroyed by the cleanup.
 _CREATED = {}
 
 
 def _make_created(current=False):
-    ctx = create_context(0)
-    if not current:
-        ok(driver().cuCtxPopCurrent())
-    _CREATED["ctx"] = ctx
+    _CREATED["ctx"] = create_context(0, current=current)
 
 
 # (name, prepare(g0, g1) -> None run on the thread before the op, op(g0, g1))
@@ -79,7 +73,7 @@ SCENARIOS = {
     "enter from no context": (lambda g0, g1: None, lambda g0, g1: g0.__enter__()),
     "enter over dev1": (lambda g0, g1: _set(g1.context), lambda g0, g1: g0.__enter__()),
     "enter already current": (lambda g0, g1: _set(g0.context), lambda g0, g1: g0.__enter__()),
-    "enter after reset": (lambda g0, g1: _reset0(), lambda g0, g1: g0.__enter__()),
+    "enter after reset": (lambda g0, g1: reset_primary(0), lambda g0, g1: g0.__enter__()),
     "exit to no context": (lambda g0, g1: g0.__enter__(), lambda g0, g1: g0.__exit__(None, None, None)),
     "exit to dev1": (lambda g0, g1: (_set(g1.context), g0.__enter__()), lambda g0, g1: g0.__exit__(None, None, None)),
     "exit fast path": (lambda g0, g1: (_set(g0.context), g0.__enter__()), lambda g0, g1: g0.__exit__(None, None, None)),
@@ -231,8 +225,8 @@ def test_shared_first_use_under_every_fault(sim):
     # shared() publishes only a guard it constructed: a failed first use registers nothing and
     # keeps no retain, so the next call tries again. In a child: a shared guard lives forever.
     out = run_child("""
-        import cyctx, _drv
-        sim = _drv.SIM
+        import cyctx
+        sim = drivers.SIM
         FUNCS = %r
         CODES = (201, 709, 999, 2, 46)
         counts = {f: sim.call_count(f) for f in FUNCS}
@@ -255,7 +249,7 @@ def test_shared_first_use_under_every_fault(sim):
                     finally:
                         sim.clear_faults()
                     assert [sim.retain_count(i) for i in range(2)] == base, (func, nth, code)
-                    assert sim.stack_depth() == 0 and _drv.current() == 0
+                    assert sim.stack_depth() == 0 and drivers.current() == 0
                     tried += 1
         g = cyctx.ContextGuard.shared(1)
         assert g is cyctx.ContextGuard.shared(1) and sim.retain_count(1) == base[1] + 1

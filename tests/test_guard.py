@@ -2,13 +2,16 @@
 
 import sys
 import threading
+from functools import partial
 
 import pytest
 
 import cyctx
 from cyctx import ContextGuard, DriverError, GuardError, InvalidContextError, InvalidDeviceError
 
-from _drv import SIM_DEVICES, current, device_count, driver, in_thread, ok, primary_state, run_child
+from helpers.children import run_child
+from helpers.drivers import SIM_DEVICES, current, device_count, driver, ok, primary_state
+from helpers.threads import in_thread, run_threads
 
 
 @pytest.fixture
@@ -73,15 +76,15 @@ def test_dealloc_releases(sim):
 def test_retain_balance_real_driver_in_fresh_process():
     # A fresh process so nothing else holds the primary context: after close it is inactive.
     out = run_child("""
-        import cyctx, _drv
+        import cyctx
         g = cyctx.ContextGuard(0)
-        a = _drv.primary_state(0)[1]
+        a = drivers.primary_state(0)[1]
         for _ in range(1000):
             with g:
                 pass
-        b = _drv.primary_state(0)[1]
+        b = drivers.primary_state(0)[1]
         g.close()
-        c = _drv.primary_state(0)[1]
+        c = drivers.primary_state(0)[1]
         print(a, b, c)
     """)
     assert out.stdout.split() == ["True", "True", "False"]
@@ -107,11 +110,10 @@ def test_close_inside_block_refused(guard):
 def test_shared_guard_is_one_object_and_not_closable():
     # In a child: the shared guard holds its retain until the process ends.
     out = run_child("""
-        import threading, cyctx, _drv
+        import cyctx
         from cyctx import ContextGuard, GuardError
-        got = []
-        ts = [threading.Thread(target=lambda: got.append(ContextGuard.shared(0))) for _ in range(8)]
-        [t.start() for t in ts]; [t.join() for t in ts]
+        from helpers.threads import run_threads
+        got = run_threads(*[lambda: ContextGuard.shared(0)] * 8)
         a = ContextGuard.shared(0)
         assert all(g is a for g in got) and a.is_shared
         try:
@@ -119,9 +121,9 @@ def test_shared_guard_is_one_object_and_not_closable():
         except GuardError as e:
             print("REFUSED", "shared" in str(e))
         with a:
-            print("CURRENT", _drv.current() == a.handle)
-        if _drv.SIM:
-            print("RETAINS", _drv.SIM.retain_count(0))
+            print("CURRENT", drivers.current() == a.handle)
+        if drivers.SIM:
+            print("RETAINS", drivers.SIM.retain_count(0))
     """)
     assert "REFUSED True" in out.stdout and "CURRENT True" in out.stdout
     if "RETAINS" in out.stdout:
@@ -466,11 +468,7 @@ def test_one_guard_shared_by_many_threads(guard, guard1):
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(*(partial(worker, k) for k in range(8)))
     assert errors == []
 
 

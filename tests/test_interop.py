@@ -8,13 +8,10 @@ import pytest
 import cyctx
 from cyctx import ContextGuard, ContextDestroyedError
 
-from _drv import create_context, device_count, driver, in_thread, ok, run_child
-
-
-def _created_context(dev=0):
-    ctx = create_context(dev)
-    ok(driver().cuCtxPopCurrent())  # cuCtxCreate pushes it
-    return ctx
+from helpers.children import run_child
+from helpers.drivers import create_context, device_count, driver, ok
+from helpers.fakes import fake
+from helpers.threads import in_thread
 
 
 # --- raw handles -----------------------------------------------------------------------------
@@ -35,7 +32,7 @@ def test_primary_context_object_is_retained(sim):
 def test_created_context_is_the_callers():
     d = driver()
     dev = device_count() - 1  # device 1 where there are two: not the default
-    ctx = _created_context(dev)
+    ctx = create_context(dev, current=False)
     try:
         g = ContextGuard(ctx)
         assert not g.is_primary and g.device == dev and g.handle == int(ctx)
@@ -60,7 +57,7 @@ def test_created_context_is_the_callers():
 
 def test_destroyed_context_is_refused_on_enter():
     d = driver()
-    ctx = _created_context(0)
+    ctx = create_context(0, current=False)
     g = ContextGuard(ctx)
     ok(d.cuCtxDestroy(ctx))
     with pytest.raises(ContextDestroyedError) as ei:
@@ -72,7 +69,7 @@ def test_destroyed_context_is_refused_on_enter():
 
 def test_dead_handles_and_bad_objects():
     d = driver()
-    ctx = _created_context(0)
+    ctx = create_context(0, current=False)
     ok(d.cuCtxDestroy(ctx))
     with pytest.raises(cyctx.DriverError):
         ContextGuard(ctx)  # checked at construction too
@@ -93,21 +90,13 @@ def test_cudevice_is_an_ordinal(sim):
 
 # --- framework objects, recognised without importing the framework ----------------------------
 
-def _fake(module, name, **attrs):
-    cls = type(name, (), {"__module__": module})
-    obj = cls()
-    for k, v in attrs.items():
-        setattr(obj, k, v)
-    return obj
-
-
 @pytest.mark.multigpu  # device 1, so that the default device 0 cannot pass by accident
 @pytest.mark.parametrize("make, device", [
-    (lambda: _fake("cupy.cuda.device", "Device", id=1), 1),
-    (lambda: _fake("cuda.core._device", "Device", device_id=1), 1),
-    (lambda: _fake("torch", "device", type="cuda", index=1), 1),
-    (lambda: _fake("torch.cuda.streams", "Stream", cuda_stream=0, device=_fake("torch", "device", index=1)), 1),
-    (lambda: _fake("cupy.cuda.stream", "Stream", ptr=0, device_id=1), 1),
+    (lambda: fake("cupy.cuda.device", "Device", id=1), 1),
+    (lambda: fake("cuda.core._device", "Device", device_id=1), 1),
+    (lambda: fake("torch", "device", type="cuda", index=1), 1),
+    (lambda: fake("torch.cuda.streams", "Stream", cuda_stream=0, device=fake("torch", "device", index=1)), 1),
+    (lambda: fake("cupy.cuda.stream", "Stream", ptr=0, device_id=1), 1),
 ])
 def test_framework_objects_by_type(make, device):
     g = ContextGuard(make())
@@ -117,8 +106,8 @@ def test_framework_objects_by_type(make, device):
 
 def test_framework_object_errors():
     with pytest.raises(ValueError, match="not a CUDA device"):
-        ContextGuard(_fake("torch", "device", type="cpu", index=None))
-    stream = _fake("somelib", "S")
+        ContextGuard(fake("torch", "device", type="cpu", index=None))
+    stream = fake("somelib", "S")
     type(stream).__cuda_stream__ = lambda self: (0, 0)
     with pytest.raises(ValueError, match="default stream"):
         ContextGuard(stream)
@@ -126,7 +115,7 @@ def test_framework_object_errors():
 
 def test_no_framework_is_imported():
     out = run_child("""
-        import sys, cyctx, _drv
+        import sys, cyctx
         g = cyctx.ContextGuard(0)
         h = cyctx.ContextGuard(g.context)
         with g:
@@ -140,8 +129,8 @@ def test_no_framework_is_imported():
 # --- the real frameworks on two GPUs ------------------------------------------------------------
 
 FRAMEWORKS = """
-    import sys, cyctx, _drv
-    d = _drv.driver()
+    import sys, cyctx
+    d = drivers.driver()
     results = {}
     def primary(k):
         return cyctx.ContextGuard(k).handle
@@ -196,7 +185,7 @@ def test_frameworks_view_is_unchanged_and_allocations_land_inside():
     with gs[0]:
         torch.cuda.set_device(1)             # a framework switching device inside the block
         cupy.cuda.Device(1).use()
-    print("RESTORED", _drv.current() == gs[0].handle or _drv.current() == 0, _drv.current() == primary(0))
+    print("RESTORED", drivers.current() == gs[0].handle or drivers.current() == 0, drivers.current() == primary(0))
     """, timeout=300)
     allocs = [l.split()[1:] for l in out.stdout.splitlines() if l.startswith("ALLOC")]
     assert allocs and all(len(set(a)) == 1 for a in allocs), allocs
@@ -207,9 +196,9 @@ def test_frameworks_view_is_unchanged_and_allocations_land_inside():
 @pytest.mark.gpu
 def test_green_context():
     out = run_child("""
-        import cyctx, _drv
-        d = _drv.driver()
-        dev = _drv.ok(d.cuDeviceGet(0))
+        import cyctx
+        d = drivers.driver()
+        dev = drivers.ok(d.cuDeviceGet(0))
         err, res = d.cuDeviceGetDevResource(dev, d.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM)
         if err != d.CUresult.CUDA_SUCCESS:
             print("UNSUPPORTED", err); raise SystemExit(0)
@@ -219,7 +208,7 @@ def test_green_context():
         assert err == d.CUresult.CUDA_SUCCESS, err
         g = cyctx.ContextGuard(green)
         with g:
-            print("GREEN", not g.is_primary, _drv.current() == g.handle, int(_drv.ok(d.cuCtxGetDevice())))
+            print("GREEN", not g.is_primary, drivers.current() == g.handle, int(drivers.ok(d.cuCtxGetDevice())))
         g.close()
         d.cuGreenCtxDestroy(green)
     """)

@@ -9,12 +9,9 @@ import pytest
 import cyctx
 from cyctx import ContextGuard, ContextResetWarning, ForkError
 
-from _drv import cudart, current, driver, in_thread, ok, primary_state, run_child
-
-
-def reset_primary(dev):
-    d = driver()
-    ok(d.cuDevicePrimaryCtxReset(ok(d.cuDeviceGet(dev))))
+from helpers.children import run_child
+from helpers.drivers import current, driver, ok, primary_state, reset_primary
+from helpers.threads import in_thread
 
 
 def api_version_ok():
@@ -131,8 +128,8 @@ def test_reset_reactivation_release_failure_is_not_leaked(sim):
 @pytest.mark.cudart
 def test_cudaDeviceReset_is_detected():
     out = run_child("""
-        import ctypes, warnings, cyctx, _drv
-        rt = _drv.cudart()
+        import ctypes, warnings, cyctx
+        rt = drivers.cudart()
         g = cyctx.ContextGuard(0)
         with g:
             pass
@@ -142,7 +139,7 @@ def test_cudaDeviceReset_is_detected():
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             with g:
-                err, ver = _drv.driver().cuCtxGetApiVersion(None)
+                err, ver = drivers.driver().cuCtxGetApiVersion(None)
         print("WARNED", any(issubclass(x.category, cyctx.ContextResetWarning) for x in w), "API", int(err))
         g.close()
     """)
@@ -151,24 +148,20 @@ def test_cudaDeviceReset_is_detected():
 
 # --- fork ----------------------------------------------------------------------------------
 
+# {child} runs in a forked child and notes what it saw in msgs; the driver calls it made are
+# counted on the simulated driver.
 FORK_CHILD = """
-    import os, sys, cyctx, _drv
+    import cyctx
+    from helpers.forking import run_forked
     {setup}
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
+    def child():
         msgs = []
-        calls0 = _drv.SIM.call_count() if _drv.SIM else None
+        calls0 = drivers.SIM.call_count() if drivers.SIM else None
         {child}
-        if _drv.SIM:
-            msgs.append(f"driver-calls={{_drv.SIM.call_count() - calls0}}")
-        os.write(w, "|".join(msgs).encode())
-        os._exit(0)
-    os.close(w)
-    data = os.read(r, 65536).decode()
-    os.waitpid(pid, 0)
-    print("CHILD", data)
+        if drivers.SIM:
+            msgs.append(f"driver-calls={{drivers.SIM.call_count() - calls0}}")
+        return "|".join(msgs)
+    print("CHILD", run_forked(child))
 """
 
 
@@ -199,7 +192,7 @@ def test_fork_inside_a_block_leaves_quietly():
         child="""
         g.__exit__(None, None, None)
         msgs.append("exited")
-        """) + "    g.__exit__(None, None, None)\n    print('PARENT', _drv.current())\n")
+        """) + "    g.__exit__(None, None, None)\n    print('PARENT', drivers.current())\n")
     assert "CHILD exited" in out.stdout and "PARENT 0" in out.stdout
 
 
@@ -207,7 +200,7 @@ def test_fork_after_cuda_used_by_someone_else():
     # The parent used the driver directly, not through cyctx: the child's cuInit fails with 3
     # and cyctx still names fork.
     out = run_child(FORK_CHILD.format(
-        setup="d = _drv.driver(); _drv.ok(d.cuInit(0)); _drv.ok(d.cuDevicePrimaryCtxRetain(_drv.ok(d.cuDeviceGet(0))))",
+        setup="d = drivers.driver(); drivers.ok(d.cuInit(0)); drivers.ok(d.cuDevicePrimaryCtxRetain(drivers.ok(d.cuDeviceGet(0))))",
         child="""
         try:
             cyctx.ContextGuard(0)
@@ -224,16 +217,16 @@ def test_child_without_inherited_cuda_is_unaffected():
         child="""
         g = cyctx.ContextGuard(0)
         with g:
-            msgs.append("ok=" + str(_drv.current() == g.handle))
+            msgs.append("ok=" + str(drivers.current() == g.handle))
         g.close()
         """), init=False)
     assert "ok=True" in out.stdout
 
 
 def _spawn_target(q):
-    import _drv
+    from helpers import drivers
 
-    _drv.select(os.environ["CYCTX_TEST_DRIVER"])
+    drivers.select(os.environ["CYCTX_TEST_DRIVER"])
     import cyctx
 
     g = cyctx.ContextGuard(0)
@@ -298,15 +291,10 @@ def test_shutdown_with_live_guards_100_runs():
 def test_shutdown_releases_module_level_guards(sim):
     # Without daemon threads holding them, guards left in globals are released at exit:
     # the simulated driver reports its retain counts from its own destructor.
-    env_code = """
+    out = run_child("""
         import os, cyctx, threading
         g = cyctx.ContextGuard(0)
         h = cyctx.ContextGuard(1)
         threading.Thread(target=g.__enter__).start()
-    """
-    os.environ["CYCTX_SIM_REPORT_AT_EXIT"] = "1"
-    try:
-        out = run_child(env_code)
-    finally:
-        del os.environ["CYCTX_SIM_REPORT_AT_EXIT"]
+    """, env={"CYCTX_SIM_REPORT_AT_EXIT": "1"})
     assert "cyctxsim at exit: retains=[0, 0]" in out.stderr, out.stderr

@@ -6,14 +6,15 @@ for the life of the process, which must not leak into other tests.
 
 import pytest
 
-from _drv import run_child
+from helpers.children import run_child
 
 pytestmark = pytest.mark.cudart
 
 PRELUDE = """
-    import ctypes, threading, cyctx, _drv
-    rt = _drv.cudart()
-    d = _drv.driver()
+    import ctypes, cyctx
+    from helpers.threads import in_thread
+    rt = drivers.cudart()
+    d = drivers.driver()
     def rt_get():
         k = ctypes.c_int(-1); assert rt.cudaGetDevice(ctypes.byref(k)) == 0; return k.value
     class PtrAttr(ctypes.Structure):  # struct cudaPointerAttributes, CUDA 13 layout (12: smaller)
@@ -25,7 +26,7 @@ PRELUDE = """
         a = PtrAttr(); assert rt.cudaPointerGetAttributes(ctypes.byref(a), p) == 0
         assert rt.cudaFree(p) == 0
         return a.device
-    n = _drv.device_count()
+    n = drivers.device_count()
     guards = [cyctx.ContextGuard(k) for k in range(n)]
 """
 
@@ -46,14 +47,12 @@ def test_block_calling_cudaSetDevice_is_repaired():
     def body(start):
         if start is not None:
             assert rt.cudaSetDevice(start) == 0
-        before = _drv.current()
+        before = drivers.current()
         with guards[0]:
             assert rt.cudaSetDevice(1) == 0          # a library switching device behind our back
-            assert _drv.current() == guards[1].handle
-        return before == _drv.current()
-    res = []
-    for start in (None, 0, 1):
-        t = threading.Thread(target=lambda: res.append(body(start))); t.start(); t.join()
+            assert drivers.current() == guards[1].handle
+        return before == drivers.current()
+    res = [in_thread(body, start) for start in (None, 0, 1)]
     print("RESTORED", res)
     """)
     assert "RESTORED [True, True, True]" in out.stdout

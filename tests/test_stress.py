@@ -5,17 +5,17 @@ under results/ (2026-11-30-h200x2-run1 on 2 GPUs, 2026-12-01-h200-run2 on 1)."""
 import json
 import os
 
-from _drv import run_child
+from helpers.children import run_child
 
 BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench")
 
 
 def test_stress_small_seeded():
     out = run_child(f"""
-        import json, sys, _drv
+        import json, sys
         sys.path.insert(0, {os.path.abspath(BENCH)!r})
         import stress
-        print("RESULT", json.dumps(stress.run(threads=8, pairs=40000, seed=7, sim=_drv.SIM)))
+        print("RESULT", json.dumps(stress.run(threads=8, pairs=40000, seed=7, sim=drivers.SIM)))
     """, timeout=600)
     res = json.loads(out.stdout.split("RESULT", 1)[1])
     assert res["pairs"] >= 40000 and res["exceptions"] > 0
@@ -30,10 +30,10 @@ def test_stress_small_seeded():
 def test_stress_small_seeded_with_the_edges():
     # Shared guards, orphaned entries and late generator exits under load (docs/guarantees.md).
     out = run_child(f"""
-        import json, sys, _drv
+        import json, sys
         sys.path.insert(0, {os.path.abspath(BENCH)!r})
         import stress
-        print("RESULT", json.dumps(stress.run(threads=8, pairs=40000, seed=11, sim=_drv.SIM, edges=True)))
+        print("RESULT", json.dumps(stress.run(threads=8, pairs=40000, seed=11, sim=drivers.SIM, edges=True)))
     """, timeout=600)
     res = json.loads(out.stdout.split("RESULT", 1)[1])
     assert res["violations"] == 0, res

@@ -13,7 +13,7 @@
  * What is modelled, and where each rule comes from. "lab/gpuN" = results/2026-11-30-lab/2026-11-30-gpuN.log;
  * "H200" = checked on an H200 with driver 580.159 (CUDA 13.0) by running one C probe
  * against that driver and this library and comparing every answer; "record" =
- * tests/differential/real_h200.json; "doc" = the function's comment in cuda.h.
+ * tests/sim/differential/real_h200.json; "doc" = the function's comment in cuda.h.
  *   - cuInit, devices and their attributes (the H200's values for all 147);
  *   - one primary context per device: a handle that never changes, a reference
  *     count, active/inactive, and a context id from one process-wide counter that

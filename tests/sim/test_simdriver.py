@@ -18,13 +18,12 @@ environment variable ``CYCTX_SIM_LIBRARY``; otherwise the module is skipped.
 """
 
 import ctypes
+import functools
 import os
 import shutil
 import subprocess
-import sys
 import textwrap
 import threading
-import warnings
 
 import pytest
 
@@ -47,8 +46,10 @@ def _load_simulator():
 
 sim = _load_simulator()
 from cuda.bindings import driver as _bdrv  # noqa: E402  (after the simulator is loaded)
-from _drv import in_thread  # noqa: E402
 from cyctx.testing import declare_control_api  # noqa: E402
+from helpers.children import TESTS_DIR, run_python  # noqa: E402
+from helpers.forking import run_forked  # noqa: E402
+from helpers.threads import in_thread, run_threads, running  # noqa: E402
 
 # CUDA 13 added cuCtxGetDevice_v2/cuCtxSynchronize_v2 to the bindings; steps using them run
 # only there. With 12.x bindings cuCtxCreate is the old (flags, dev) ABI and the v4 one is
@@ -176,8 +177,10 @@ def primary():
 
 def run_fresh(code, devices=None, timeout=60):
     """Run `code` in a new interpreter with the simulator loaded and cuda.bindings
-    imported as `drv`, nothing called yet; return its stdout."""
-    env = dict(os.environ, CYCTX_SIM_LIBRARY=SIM_PATH)
+    imported as `drv`, nothing called yet; return its stdout. tests/ is on its sys.path
+    (for helpers), cyctx is not imported."""
+    env = dict(os.environ, CYCTX_SIM_LIBRARY=SIM_PATH,
+               PYTHONPATH=os.pathsep.join(filter(None, [TESTS_DIR, os.environ.get("PYTHONPATH")])))
     env.pop("CYCTX_SIM_DEVICES", None)
     if devices is not None:
         env["CYCTX_SIM_DEVICES"] = str(devices)
@@ -190,10 +193,7 @@ def run_fresh(code, devices=None, timeout=60):
         def rc(result):
             return int(result[0])
     """)
-    proc = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
+    return run_python(code, prelude, env=env, timeout=timeout).stdout
 
 
 # --- library, versions, initialisation -----------------------------------------------
@@ -508,22 +508,20 @@ def test_reset_keeps_refcount_new_id_and_other_threads_see_it(primary):
         seen["again"] = (ok(drv.cuCtxGetId(None)), ok(drv.cuCtxGetApiVersion(None)))
         ok(drv.cuCtxPopCurrent())
 
-    t = threading.Thread(target=other)
-    t.start()
-    ok(drv.cuDevicePrimaryCtxReset(0))
-    assert sim.cyctxsim_retain_count(0) == base          # reset keeps the references
-    assert sim.cyctxsim_primary_active(0) == 0
-    assert ok(drv.cuDevicePrimaryCtxGetState(0))[1] == 0
-    assert err(drv.cuCtxGetId(primary)) == DESTROYED
-    assert err(drv.cuCtxGetApiVersion(primary)) == INVALID_CONTEXT
-    reset_done.set()
-    done.wait(30)
-    again = ok(drv.cuDevicePrimaryCtxRetain(0))          # re-activates: same handle, new id
-    assert handle(again) == handle(primary)
-    new_id = ok(drv.cuCtxGetId(primary))
-    assert new_id > old_id
-    reactivated.set()
-    t.join()
+    with running(other):
+        ok(drv.cuDevicePrimaryCtxReset(0))
+        assert sim.cyctxsim_retain_count(0) == base          # reset keeps the references
+        assert sim.cyctxsim_primary_active(0) == 0
+        assert ok(drv.cuDevicePrimaryCtxGetState(0))[1] == 0
+        assert err(drv.cuCtxGetId(primary)) == DESTROYED
+        assert err(drv.cuCtxGetApiVersion(primary)) == INVALID_CONTEXT
+        reset_done.set()
+        done.wait(30)
+        again = ok(drv.cuDevicePrimaryCtxRetain(0))          # re-activates: same handle, new id
+        assert handle(again) == handle(primary)
+        new_id = ok(drv.cuCtxGetId(primary))
+        assert new_id > old_id
+        reactivated.set()
     assert seen["stale"] == (DESTROYED, DESTROYED, handle(primary), 0)
     assert seen["again"] == (new_id, 3020)
     ok(drv.cuDevicePrimaryCtxRelease(0))
@@ -766,11 +764,7 @@ def test_threads_hammering_push_pop_have_no_cross_talk(primary):
             barrier.abort()
 
     live = sim.cyctxsim_live_contexts()
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(n_threads)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(*(functools.partial(worker, k) for k in range(n_threads)))
     assert not errors, errors[:3]
     assert sim.cyctxsim_live_contexts() == live
 
@@ -782,11 +776,7 @@ def test_concurrent_retain_release_balances():
         for _ in range(500):
             ok(drv.cuDevicePrimaryCtxRetain(0))
             ok(drv.cuDevicePrimaryCtxRelease(0))
-    threads = [threading.Thread(target=worker) for _ in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(*[worker] * 16)
     assert sim.cyctxsim_retain_count(0) == base
 
 
@@ -885,13 +875,11 @@ def test_destroyed_while_current_on_another_thread():
         finished.set()
 
     box["ctx"] = ok(drv.cuCtxCreate(None, 0, 0))
-    t = threading.Thread(target=other)
-    t.start()
-    created.wait(30)
-    ok(drv.cuCtxDestroy(box["ctx"]))                      # current here too: popped here only
-    destroyed.set()
-    finished.wait(30)
-    t.join()
+    with running(other):
+        created.wait(30)
+        ok(drv.cuCtxDestroy(box["ctx"]))                      # current here too: popped here only
+        destroyed.set()
+        finished.wait(30)
     h = handle(box["ctx"])
     # H200: the id, api version, synchronise -> 709; its device and flags still answer;
     # it can be pushed again
@@ -1054,11 +1042,7 @@ def test_fault_fires_exactly_count_times_across_threads():
             r = drv.cuCtxGetCurrent()
             if r[0] != SUCCESS:
                 failures.append(r[0])
-    threads = [threading.Thread(target=worker) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(*[worker] * 8)
     assert failures == [R.CUDA_ERROR_UNKNOWN] * 5
 
 
@@ -1099,11 +1083,7 @@ def test_call_counts_are_exact_under_threads():
         out = ctypes.c_void_p()
         for _ in range(20000):
             get_current(ctypes.byref(out))
-    threads = [threading.Thread(target=worker) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(*[worker] * 8)
     assert count("cuCtxGetCurrent") - before == 160000
 
 
@@ -1200,37 +1180,14 @@ def test_report_at_exit():
         (drv.cuCtxCreate if drv.CUDA_VERSION >= 13000 else drv.cuCtxCreate_v4)(None, 0, 0)
     """)
     env = dict(os.environ, CYCTX_SIM_DEVICES="3", CYCTX_SIM_REPORT_AT_EXIT="1")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    proc = run_python(code, env=env, timeout=60)
     assert proc.stderr == "cyctxsim at exit: retains=[0, 2, 0] active=[0, 1, 0] live_contexts=1\n"
     env["CYCTX_SIM_REPORT_AT_EXIT"] = "0"
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    proc = run_python(code, env=env, timeout=60)
     assert proc.stderr == ""
 
 
 # --- fork --------------------------------------------------------------------------------
-
-def _fork_and_report(child):
-    """Run child() in a forked child; return what it wrote through a pipe."""
-    r, w = os.pipe()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
-        pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(r)
-            os.write(w, repr(child()).encode())
-        except BaseException as e:
-            os.write(w, repr(("error", repr(e))).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    data = b""
-    while chunk := os.read(r, 4096):
-        data += chunk
-    os.close(r)
-    os.waitpid(pid, 0)
-    return eval(data.decode())  # noqa: S307 (our own child's repr of ints)
-
 
 def test_fork_after_cuinit_child_gets_not_initialized(primary):
     ok(drv.cuCtxPushCurrent(primary))
@@ -1243,7 +1200,7 @@ def test_fork_after_cuinit_child_gets_not_initialized(primary):
         )] + [int(drv.cuDriverGetVersion()[0]), int(drv.cuGetErrorName(R.CUDA_ERROR_INVALID_VALUE)[0]),
               sim.cyctxsim_configure(2)]
     try:
-        assert _fork_and_report(child) == [3] * 8 + [0, 0, -1]
+        assert run_forked(child) == [3] * 8 + [0, 0, -1]
         # the parent is unaffected
         assert handle(ok(drv.cuCtxGetCurrent())) == handle(primary)
         ok(drv.cuCtxGetId(None))
@@ -1253,15 +1210,13 @@ def test_fork_after_cuinit_child_gets_not_initialized(primary):
 
 def test_fork_without_cuinit_child_can_initialise():
     out = run_fresh("""
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
+        from helpers.forking import run_forked
+        def child():
             codes = [rc(drv.cuCtxGetCurrent()), rc(drv.cuInit(0)), rc(drv.cuDeviceGetCount())]
             c = drv.cuDevicePrimaryCtxRetain(0)
             codes += [rc(c), rc(drv.cuCtxPushCurrent(c[1])), int(drv.cuCtxGetId(None)[1])]
-            os.write(w, " ".join(map(str, codes)).encode()); os._exit(0)
-        os.close(w); os.waitpid(pid, 0)
-        print("child", os.read(r, 100).decode())
+            return " ".join(map(str, codes))
+        print("child", run_forked(child))
         print("parent", rc(drv.cuCtxGetCurrent()), rc(drv.cuInit(0)), rc(drv.cuCtxGetCurrent()))
     """)
     assert out.splitlines() == ["child 3 0 0 0 0 1", "parent 3 0 0"]

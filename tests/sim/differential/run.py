@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Record the differential scenarios against a driver, or compare two records.
 
-    python tests/differential/run.py record --driver real --out real.json
-    python tests/differential/run.py record --driver sim --out sim.json \
+    python tests/sim/differential/run.py record --driver real --out real.json
+    python tests/sim/differential/run.py record --driver sim --out sim.json \
         [--sim-library PATH] [--devices N]
-    python tests/differential/run.py compare real.json sim.json \
-        [--known-differences tests/differential/known_differences.json]
-    python tests/differential/run.py list
+    python tests/sim/differential/run.py compare real.json sim.json \
+        [--known-differences tests/sim/differential/known_differences.json]
+    python tests/sim/differential/run.py list
 
 Each scenario runs in its own fresh interpreter (``sys.executable``): primary-context
 refcounts, ``cuInit`` and the thread's context stack are process-global, so a scenario must

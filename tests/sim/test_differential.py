@@ -1,11 +1,11 @@
 """Differential test: the simulated driver against what the real driver did.
 
-The scenarios (``tests/differential/scenarios.py``) run each in a fresh subprocess, so this
+The scenarios (``tests/sim/differential/scenarios.py``) run each in a fresh subprocess, so this
 module never calls the driver in the pytest process and is indifferent to which driver the
 session selected.
 
 1. ``test_sim_matches_real_record``: every scenario on the simulated driver against the
-   committed real-driver record ``tests/differential/real_h200.json`` (recorded on the GPU
+   committed real-driver record ``tests/sim/differential/real_h200.json`` (recorded on the GPU
    machine with ``run.py record --driver real``), minus the justified entries of
    ``known_differences.json``.
 2. ``test_real_vs_sim_live`` (``gpu``): both drivers recorded in this run and compared.
@@ -38,7 +38,7 @@ KNOWN_DIFFERENCES = DIFF_DIR / "known_differences.json"
 
 
 def _load(name: str):
-    # By path: tests/differential is not a package, and run.py must stay runnable as a script.
+    # By path: tests/sim/differential is not a package, and run.py must stay runnable as a script.
     mod_name = f"_cyctx_differential_{name}"
     if mod_name in sys.modules:
         return sys.modules[mod_name]
@@ -206,7 +206,7 @@ def test_lab_facts(which, request):
     if which == "real":
         record = _real_record()
         if record is None:
-            pytest.skip("no real-driver record yet (tests/differential/real_h200.json)")
+            pytest.skip("no real-driver record yet (tests/sim/differential/real_h200.json)")
     else:
         record = request.getfixturevalue("sim_record")
     failures = []

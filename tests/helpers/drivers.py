@@ -1,18 +1,13 @@
-"""Which driver this test process runs on, and small helpers shared by the tests.
+"""Which driver this test process runs on, and small driver calls the tests share.
 
 Importable from subprocesses too: `select()` there repeats the parent's choice, so a child
 runs on the same driver (the simulated one must be loaded before any driver call).
 """
 
 import os
-import subprocess
-import sys
-import textwrap
-import threading
 
 KIND = None  # "real" or "sim"
 SIM = None  # cyctx.testing.Sim when KIND == "sim"
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 SIM_DEVICES = 2
 
 
@@ -47,14 +42,17 @@ def ok(result):
     return rest[0] if len(rest) == 1 else tuple(rest) if rest else None
 
 
-def create_context(dev=0, flags=0):
+def create_context(dev=0, flags=0, current=True):
     """cuCtxCreate on both majors: bindings 13 take (params, flags, dev), 12 take (flags, dev).
-    The new context is pushed, as the driver does."""
+    The new context is pushed, as the driver does; current=False pops it again."""
     d = driver()
     try:
-        return ok(d.cuCtxCreate(None, flags, ok(d.cuDeviceGet(dev))))
+        ctx = ok(d.cuCtxCreate(None, flags, ok(d.cuDeviceGet(dev))))
     except TypeError:
-        return ok(d.cuCtxCreate(flags, ok(d.cuDeviceGet(dev))))
+        ctx = ok(d.cuCtxCreate(flags, ok(d.cuDeviceGet(dev))))
+    if not current:
+        ok(d.cuCtxPopCurrent())
+    return ctx
 
 
 def device_count():
@@ -78,6 +76,12 @@ def primary_state(dev):
     """(flags, active) of a device's primary context, through the driver."""
     flags, active = ok(driver().cuDevicePrimaryCtxGetState(dev))
     return flags, bool(active)
+
+
+def reset_primary(dev):
+    """cuDevicePrimaryCtxReset of a device: what cudaDeviceReset does to the primary context."""
+    d = driver()
+    ok(d.cuDevicePrimaryCtxReset(ok(d.cuDeviceGet(dev))))
 
 
 def thread_state():
@@ -110,62 +114,3 @@ def cudart():
         except Exception:
             _cudart = None
     return _cudart
-
-
-def run_child(code, timeout=120, check=True, init=True):
-    """Run `code` in a fresh interpreter on the same driver; returns CompletedProcess.
-    init=False: the prologue selects the driver without calling cuInit."""
-    # D1 in the child: the second device where there are two, else device 0 (a one-GPU
-    # machine); passed down so that a child that must not initialise the driver has it too.
-    prologue = (f"import _drv, os; _drv.select(os.environ['CYCTX_TEST_DRIVER'], init={init}); "
-                f"D1 = int(os.environ['CYCTX_TEST_D1'])\n")
-    env = dict(os.environ, PYTHONPATH=TESTS_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               CYCTX_TEST_D1=str(second_device()))
-    proc = subprocess.run(
-        [sys.executable, "-c", prologue + textwrap.dedent(code)],
-        capture_output=True, text=True, timeout=timeout, env=env, cwd=TESTS_DIR,
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return proc
-
-
-def in_thread(fn, *args):
-    """Run fn in a new thread (which starts with no current context); re-raise its error."""
-    out = {}
-
-    def body():
-        try:
-            out["value"] = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            out["error"] = exc
-
-    t = threading.Thread(target=body)
-    t.start()
-    t.join()
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
-
-
-def suspended_in(guard):
-    """A generator suspended inside `with guard:` (the guard entered on the calling thread)."""
-    def gen():
-        with guard:
-            yield
-
-    it = gen()
-    next(it)
-    return it
-
-
-def collect_unraisable(fn):
-    """Run fn and return what it reported through sys.unraisablehook (finalizer errors)."""
-    seen = []
-    old = sys.unraisablehook
-    sys.unraisablehook = seen.append
-    try:
-        fn()
-    finally:
-        sys.unraisablehook = old
-    return seen
