@@ -392,7 +392,7 @@ def assemble(args, groups_run, seconds):
     from groups import PATHS, peers
 
     core = groups_run["core"] if groups_run["core"]["status"] == "ok" else {}
-    paths = [p for p in PATHS if p != "from_other" or (core.get("devices") or 0) > 1]
+    paths = [p for p in PATHS if p != "from_other" or core.get("other_context") or (core.get("devices") or 0) > 1]
     cost = []
     for name, res in groups_run.items():
         for row in res.get("rows", []) if name != "threads" else []:
@@ -424,7 +424,8 @@ def assemble(args, groups_run, seconds):
             "round_seconds": timer.round_s,
             "paths": {"fast": "the target context already current",
                       "from_none": "no context current before the enter",
-                      "from_other": "device 1's primary context current before the enter"},
+                      "from_other": "another context current before the enter: "
+                                    + (core.get("other_context") or "device 1's primary context")},
             "python_loop": "a plain Python function per row (bench/groups/): for _ in range(n): <the "
                            "enter+exit>, its objects passed in as arguments; `python.loop` is that "
                            "loop's own cost",

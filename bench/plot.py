@@ -12,7 +12,7 @@ import json
 import os
 
 PATH_STYLE = {"fast": ("already current", "#2a7ab0"), "from_none": ("from no context", "#e08a1e"),
-              "from_other": ("from device 1", "#6a9f3a")}
+              "from_other": ("from another context", "#6a9f3a")}
 
 
 def _cost_panel(ax, rows, title):

@@ -7,7 +7,7 @@ import statistics
 # the numerator costs more.
 RATIO_TARGETS = (
     ("python_vs_empty_with", "Python `with guard:` / empty extension-type `with` (fast path)",
-     ("python.guard", "fast"), ("python.empty_with", "fast"), "<=", 1.3),
+     ("python.guard", "fast"), ("python.empty_with", "fast"), "<=", 1.1),
     ("cupy_vs_python", "CuPy `with Device(0)` (pre-built) / `with guard:` (fast path)",
      ("cupy.device", "fast"), ("python.guard", "fast"), ">=", 2.5),
     ("cuda_core_vs_python", "cuda.core set_current()+restore / `with guard:` (fast path)",
@@ -15,11 +15,11 @@ RATIO_TARGETS = (
     ("torch_vs_python", "`torch.cuda.device(0)` / `with guard:` (fast path)",
      ("torch.device", "fast"), ("python.guard", "fast"), ">=", 5.0),
     ("cython_switch_vs_pushpop", "Cython enter()/exit() / push+pop, switching from no context",
-     ("cython.guard", "from_none"), ("driver.pushpop", "from_none"), "<=", 1.10),
-    ("cython_switch_other_vs_pushpop", "Cython enter()/exit() / push+pop, switching from device 1",
-     ("cython.guard", "from_other"), ("driver.pushpop", "from_other"), "<=", 1.10),
+     ("cython.guard", "from_none"), ("driver.pushpop", "from_none"), "<=", 2.0),
+    ("cython_switch_other_vs_pushpop", "Cython enter()/exit() / push+pop, switching from another context",
+     ("cython.guard", "from_other"), ("driver.pushpop", "from_other"), "<=", 2.0),
     ("cython_fast_vs_pushpop", "Cython enter()/exit() already current / push+pop",
-     ("cython.guard", "fast"), ("driver.pushpop", "from_none"), "<=", 0.5),
+     ("cython.guard", "fast"), ("driver.pushpop", "from_none"), "<=", 0.9),
 )
 THREAD_LABELS = {
     "guard.fast": "guard enter+exit, already current",
@@ -28,7 +28,7 @@ THREAD_LABELS = {
     "switch.fast": "switch_to/back, already current",
     "driver.getid": "cuCtxGetId",
 }
-PATH_TITLES = {"fast": "fast", "from_none": "from none", "from_other": "from dev 1"}
+PATH_TITLES = {"fast": "fast", "from_none": "from none", "from_other": "from other"}
 MEMORY_FLAT_KIB = 1024  # 10M cycles leaking even 1 byte each would grow ~10 MB
 
 
@@ -125,10 +125,10 @@ def evaluate(result):
 
     one, sixteen = _thread_ns(result, "guard.fast", 1), _thread_ns(result, "guard.fast", 16)
     t = {"id": "threads16_fast_speedup", "what": "16-thread guard fast path: aggregate throughput / 1 thread",
-         "goal": ">= 10", "value": None, "met": None}
+         "goal": ">= 14", "value": None, "met": None}
     if one and sixteen:
         t["value"] = round(one / sixteen, 2)
-        t["met"] = t["value"] >= 10
+        t["met"] = t["value"] >= 14
         if not t["met"]:
             t["detail"] = _why_threads(result)
         core_one = c.get(("cython.guard", "fast"))
@@ -240,7 +240,7 @@ def tables(result):
     missing = [f"missing ({why}): {', '.join(sorted(peers))}" for why, peers in missing.items()]
     meta = result["method"]
     out.append((f"Per enter+exit, ns: median over {meta.get('processes', 1)} process(es) of the median of "
-                f"{meta['rounds']} rounds; paths: target already current / no context before / device 1's "
+                f"{meta['rounds']} rounds; paths: target already current / no context before / another "
                 f"context before",
                 ["layer", "what"] + [PATH_TITLES[p] for p in paths], rows,
                 legend + missing + [f"{k}: {v}" for k, v in meta["restore"].items()]))

@@ -88,11 +88,20 @@ def open_core(bench):
     g0 = cyctx.ContextGuard(0)
     g1 = cyctx.ContextGuard(1) if ndev > 1 else None
     starts = {"fast": g0.handle, "from_none": 0}
+    created = None
     if g1:
         starts["from_other"] = g1.handle
+        other = "device 1's primary context"
+    else:
+        # One GPU: another context is a created one on device 0. Switching to it is the same
+        # driver work (cuCtxSetCurrent to a different context) as to device 1's primary.
+        created = _create_context(d)
+        starts["from_other"] = int(created)
+        other = "a context created on device 0 (cuCtxCreate; one GPU)"
     bench.set_current(0)
     bench.checked()  # also resolves the floor's entry points
     return SimpleNamespace(bench=bench, driver=d, ndev=ndev, g0=g0, g1=g1, h0=g0.handle, starts=starts,
+                           other=other, created=created,
                            empty=bench.Empty(), set_start=bench.set_current, current=cyctx.current_handle)
 
 
@@ -101,11 +110,28 @@ def run_core(h):
     d = env.driver
     result = {"rows": h.measure(env, core_cases()), "devices": env.ndev,
               "driver_api_version": d.cuDriverGetVersion()[1],
-              "device_names": [_device_name(d, i) for i in range(env.ndev)]}
+              "device_names": [_device_name(d, i) for i in range(env.ndev)],
+              "other_context": env.other}
     for g in (env.g1, env.g0):
         if g:
             g.close()
+    if env.created is not None:
+        d.cuCtxDestroy(env.created)
     return result
+
+
+def _create_context(d):
+    """A created context on device 0, left current on no thread. cuCtxCreate takes
+    (params, flags, dev) in bindings 13 and (flags, dev) in 12; it pushes the new context."""
+    dev = d.cuDeviceGet(0)[1]
+    try:
+        err, ctx = d.cuCtxCreate(None, 0, dev)
+    except TypeError:
+        err, ctx = d.cuCtxCreate(0, dev)
+    if err != d.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuCtxCreate failed: {err!r}")
+    d.cuCtxPopCurrent()
+    return ctx
 
 
 def _device_name(d, i):

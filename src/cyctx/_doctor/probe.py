@@ -141,7 +141,7 @@ def context_info(guards: list[GuardInfo], devices: list[DeviceInfo]) -> ContextI
     # cuCtxDestroy freed on another thread stays current here, and passing its handle risks
     # a freed pointer. The H200 answers a dead current context -- an inactive primary or a
     # destroyed created one, alike -- with 709 from cuCtxGetApiVersion(NULL) and cuCtxGetId,
-    # and cuCtxGetDevice still works (tests/differential/real_h200.json, reset_stale_current
+    # and cuCtxGetDevice still works (tests/sim/differential/real_h200.json, reset_stale_current
     # and destroy_current_on_other_thread); the handle passed explicitly gives 201 (results/2026-11-30-lab/2026-11-30-gpu1.log).
     null = d.CUcontext(0)
     e, api = call(d.cuCtxGetApiVersion, null)
