@@ -42,6 +42,15 @@ struct Stack {
 
 static thread_local Stack t_stack;  // zero-initialised: no constructor, no destructor
 
+// This thread's stack, its address computed once per operation: with TLS descriptors the
+// compiler would otherwise repeat the descriptor call for each field an operation touches
+// (three in tls_push); the empty asm hides where the pointer came from.
+inline Stack *my_stack() noexcept {
+    Stack *s = &t_stack;
+    __asm__("" : "+r"(s));
+    return s;
+}
+
 struct HeapOwner {
     ~HeapOwner() {
         std::free(t_stack.heap);
@@ -113,7 +122,7 @@ inline void live_unlock() noexcept { g_live_mu.unlock(); }
 
 // 0, or -1 when memory ran out (the caller raises MemoryError).
 inline int tls_push(unsigned long long token, CUcontext prev, int switched) noexcept {
-    Stack &s = t_stack;
+    Stack &s = *my_stack();
     if (s.depth >= kInline + s.cap && grow(s) != 0) return -1;
     Entry *e = slot(s, s.depth);
     e->token = token;
@@ -125,13 +134,13 @@ inline int tls_push(unsigned long long token, CUcontext prev, int switched) noex
 
 // The innermost open entry, or NULL.
 inline Entry *tls_top() noexcept {
-    Stack &s = t_stack;
+    Stack &s = *my_stack();
     return s.depth ? slot(s, s.depth - 1) : nullptr;
 }
 
 // Remove the innermost entry into *out if it belongs to `token` (0); else change nothing (-1).
 inline int tls_pop_matching(unsigned long long token, Entry *out) noexcept {
-    Stack &s = t_stack;
+    Stack &s = *my_stack();
     if (!s.depth) return -1;
     Entry *e = slot(s, s.depth - 1);
     if (e->token != token) return -1;
@@ -140,11 +149,11 @@ inline int tls_pop_matching(unsigned long long token, Entry *out) noexcept {
     return 0;
 }
 
-inline std::size_t tls_depth() noexcept { return t_stack.depth; }
+inline std::size_t tls_depth() noexcept { return my_stack()->depth; }
 
 // How many open entries of `token` this thread has.
 inline std::size_t tls_count(unsigned long long token) noexcept {
-    Stack &s = t_stack;
+    Stack &s = *my_stack();
     std::size_t n = 0;
     for (std::size_t i = 0; i < s.depth; i++) n += (slot(s, i)->token == token);
     return n;
@@ -155,7 +164,7 @@ inline std::size_t tls_count(unsigned long long token) noexcept {
 // how many were dropped. The context they made current is not touched: the exit that follows
 // restores what was current before its own enter, which is what leaving them would have led to.
 inline std::size_t tls_drop_dead_top(unsigned long long keep) noexcept {
-    Stack &s = t_stack;
+    Stack &s = *my_stack();
     std::size_t n = 0;
     while (s.depth) {
         unsigned long long t = slot(s, s.depth - 1)->token;
@@ -173,7 +182,7 @@ inline std::size_t tls_drop_dead_top(unsigned long long keep) noexcept {
 // block still open above keeps its context. 0, or -1 when `token` has no entry below the top
 // (nothing changed).
 inline int tls_splice(unsigned long long token) noexcept {
-    Stack &s = t_stack;
+    Stack &s = *my_stack();
     if (s.depth < 2) return -1;
     for (std::size_t i = s.depth - 1; i-- > 0;) {
         Entry *e = slot(s, i);
@@ -190,7 +199,7 @@ inline int tls_splice(unsigned long long token) noexcept {
 
 // The token of the innermost entry (0: none).
 inline unsigned long long tls_top_token() noexcept {
-    Stack &s = t_stack;
+    Stack &s = *my_stack();
     return s.depth ? slot(s, s.depth - 1)->token : 0;
 }
 
