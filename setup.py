@@ -113,7 +113,26 @@ class BuildExtWithSim(build_ext):
 
     def build_extensions(self):
         _without_run_paths(self.compiler)
+        if TLS_ARGS and not self._compiles_with(TLS_ARGS):
+            # An older clang (before LLVM 19) has no TLS descriptors on x86-64: build without
+            # them (correct, the per-thread stack is just a little slower to reach).
+            print(f"cyctx build: the compiler does not take {TLS_ARGS}; building without", flush=True)
+            for ext in self.extensions:
+                ext.extra_compile_args = [a for a in ext.extra_compile_args if a not in TLS_ARGS]
         super().build_extensions()
+
+    def _compiles_with(self, args):
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            src = os.path.join(tmp, "tls.cpp")
+            with open(src, "w") as f:
+                f.write("thread_local int t; int *f() { return &t; }\n")
+            try:
+                self.compiler.compile([src], output_dir=tmp, extra_postargs=["-fPIC"] + args)
+            except Exception:  # CompileError, or the compiler missing altogether
+                return False
+        return True
 
     def run(self):
         super().run()
