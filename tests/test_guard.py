@@ -479,7 +479,7 @@ def test_python_facade_exports():
 
 
 def test_deep_nesting_beyond_the_inline_entries(guard, guard1):
-    # The per-thread entry stack keeps 32 entries inline and spills to the heap beyond.
+    # The per-thread entry stack keeps 8 entries inline (_tls.h, kInline) and spills to the heap beyond.
     def body():
         def nest(k):
             g = (guard, guard1)[k % 2]
