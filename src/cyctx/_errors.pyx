@@ -5,7 +5,6 @@ carrying the ``CUresult`` as ``.code`` and its name as ``.name``, with a message
 what happened and what to do. Misuse of a guard is a :class:`GuardError`.
 """
 
-
 from cuda.bindings cimport cydriver
 
 from cyctx._driver cimport DriverApi, driver_load

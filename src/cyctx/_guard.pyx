@@ -535,6 +535,7 @@ cdef class ContextGuard:
         cdef Switch s
         cdef cydriver.CUcontext cur = NULL
         cdef cydriver.CUresult err
+        cdef const DriverApi* d
         cdef size_t dropped = 0
         # The entry ends here even if the restore below fails: a failed restore leaves the
         # driver's stack as it was, and keeping the entry would make every later exit on
@@ -551,11 +552,12 @@ cdef class ContextGuard:
         if not e.switched and not dropped:
             # The fast path: one cuCtxGetCurrent, and a switch back only if the block left
             # another context current (cudaSetDevice inside the block).
-            err = driver_api().CtxGetCurrent(&cur)
+            d = driver_api()  # loaded: the matching enter ran
+            err = d.CtxGetCurrent(&cur)
             if err != cydriver.CUresult.CUDA_SUCCESS:
                 return raise_driver_error(err, "cuCtxGetCurrent")
             if cur != e.prev:
-                check(driver_api().CtxSetCurrent(e.prev), "cuCtxSetCurrent")
+                check(d.CtxSetCurrent(e.prev), "cuCtxSetCurrent")
             return 0
         s.prev = e.prev
         s.switched = e.switched
