@@ -176,10 +176,10 @@ cdef extern from *:
     // static in the header), so it cannot disturb a guard's entries.
     #include "_tls.h"
     __attribute__((noinline)) static int bench_tls_push(unsigned long long token) {
-        return cyctx::tls_push(token, nullptr, 0);
+        return cyctx::tls_push(token, nullptr, nullptr, 0, 0);
     }
     __attribute__((noinline)) static int bench_tls_pop(unsigned long long token, cyctx::Entry *out) {
-        return cyctx::tls_pop_matching(token, out);
+        return cyctx::tls_pop_matching(token, nullptr, out);
     }
     """
     int bench_tls_push(unsigned long long token) noexcept nogil

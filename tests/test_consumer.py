@@ -115,8 +115,9 @@ def test_raw_layer_under_every_fault(consumer_dir, start, sim):
         for phase in ("to", "back"):
             before = prepare()
             if phase == "to":
-                made = calls(lambda: cyctx_consumer.switch_to_only(g0.handle))
-                cyctx_consumer.switch_back_only(before[0], before[0] != g0.handle)
+                box = []
+                made = calls(lambda: box.append(cyctx_consumer.switch_to_only(g0.handle)))
+                cyctx_consumer.switch_back_only(*box[0])
             else:
                 s = cyctx_consumer.switch_to_only(g0.handle)
                 made = calls(lambda: cyctx_consumer.switch_back_only(*s))

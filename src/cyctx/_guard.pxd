@@ -14,6 +14,7 @@ from cuda.bindings cimport cydriver
 
 cdef struct Switch:
     cydriver.CUcontext prev    # current before switch_to (NULL: none)
+    unsigned long long prev_id # prev's cuCtxGetId then (0: prev was already dead)
     bint switched              # switch_to changed the current context
 
 
@@ -24,7 +25,9 @@ cdef int switch_to(Switch* s, cydriver.CUcontext target) except -1 nogil
 
 # Make `s.prev` current again, whatever the code in between made current (it may have called
 # cudaSetDevice/cuCtxSetCurrent); from an empty stack, pop to empty again (GuardError when the
-# code in between left pushes, after popping them). GIL: not needed.
+# code in between left pushes, after popping them). A `s.prev` that was destroyed or reset in
+# between is never handed to the driver: ContextDestroyedError, with the switch undone by a pop
+# (docs/guarantees.md, "A context that dies inside the block"). GIL: not needed.
 cdef int switch_back(const Switch* s) except -1 nogil
 
 
@@ -52,6 +55,11 @@ cdef class ContextGuard:
     cdef int enter(self) except -1 nogil
 
     # Restore what was current before the matching enter() on this thread.
+    # The nogil pair matches entries by guard: a thread's enter()/exit() of one guard nest.
+    # (Python's `with` also records its frame, so two open blocks of one guard on a thread,
+    # a suspended generator's and its caller's, are told apart.)
+    # A context current before the enter that was destroyed or reset during the block is not
+    # made current again: ContextDestroyedError (switch_back's rule).
     # Entries of guards freed while entered that lie above this guard's entry are dropped
     # first (they can never be left), then ResourceWarning is warned after the restore.
     # GIL: not needed (taken only to warn or raise). Errors: GuardError on exit without enter
@@ -62,4 +70,5 @@ cdef class ContextGuard:
     # Internal. Release the guard's own retain and the extra ones; GuardError/DriverError.
     cdef int _release_all(self) except -1
     # Internal. __exit__ for a GeneratorExit: splices a late entry out instead of refusing.
-    cdef int _exit_generator(self) except -1
+    # `block` is the Python frame of the with-block (see enter/exit's per-block entries).
+    cdef int _exit_generator(self, const void* block) except -1

@@ -27,19 +27,23 @@ from cyctx._errors import (
 cdef extern from "_tls.h" namespace "cyctx" nogil:
     cdef struct Entry:
         unsigned long long token
+        const void* block
         cydriver.CUcontext prev
+        unsigned long long prev_id
         int switched
     unsigned long long new_token() noexcept
     int live_add(unsigned long long token) noexcept
     void live_remove(unsigned long long token) noexcept
     bint live_has(unsigned long long token) noexcept
-    int tls_push(unsigned long long token, cydriver.CUcontext prev, int switched) noexcept
-    int tls_pop_matching(unsigned long long token, Entry* out) noexcept
+    int tls_push(unsigned long long token, const void* block, cydriver.CUcontext prev,
+                 unsigned long long prev_id, int switched) noexcept
+    int tls_pop_matching(unsigned long long token, const void* block, Entry* out) noexcept
     size_t tls_depth() noexcept
     size_t tls_count(unsigned long long token) noexcept
     size_t tls_drop_dead_top(unsigned long long keep) noexcept
-    int tls_splice(unsigned long long token) noexcept
+    int tls_splice(unsigned long long token, const void* block) noexcept
     unsigned long long tls_top_token() noexcept
+    const void* tls_top_block() noexcept
     cydriver.CUcontext ctx_load(cydriver.CUcontext* p) noexcept
     void ctx_store(cydriver.CUcontext* p, cydriver.CUcontext v) noexcept
     unsigned long long u64_load(unsigned long long* p) noexcept
@@ -50,6 +54,26 @@ cdef extern from "_tls.h" namespace "cyctx" nogil:
     int gate_enter(int* gate) noexcept
     void gate_leave(int* gate) noexcept
     int gate_close(int* gate) noexcept
+
+
+# The Python frame running a `with guard:` statement identifies its block (_tls.h's Entry.block).
+# A frame object lives as long as its frame runs, which is as long as its block is open; a
+# generator's or coroutine's frame is its own across yield and await.
+cdef extern from "Python.h":
+    const void* PyEval_GetFrame()
+
+# Free-threaded CPython: the Python-level enter takes the guard's gate so that close() cannot
+# release the retain between the enter's read of the handle and its switch. With the GIL the
+# two cannot interleave (the enter holds the GIL throughout), so the check compiles away.
+cdef extern from *:
+    """
+    #ifdef Py_GIL_DISABLED
+    #define CYCTX_FREE_THREADED 1
+    #else
+    #define CYCTX_FREE_THREADED 0
+    #endif
+    """
+    bint CYCTX_FREE_THREADED
 
 
 cdef extern from "_fork.h" namespace "cyctx" nogil:
@@ -91,6 +115,12 @@ cdef const DriverApi* _load_api() except NULL nogil:
 cdef enum:
     _MAX_UNWIND = 4096
 
+# Re-activations a construction tries when resets on other threads keep deactivating the primary
+# context it just retained: each try is a retain+release pair, so this only bounds a loop that a
+# reset storm could otherwise keep going.
+cdef enum:
+    _MAX_REACTIVATIONS = 64
+
 
 # --- the raw layer ---------------------------------------------------------------------
 
@@ -104,6 +134,7 @@ cdef int switch_to(Switch* s, cydriver.CUcontext target) except -1 nogil:
     check(d.CtxGetCurrent(&cur), "cuCtxGetCurrent")
     if cur == target:
         s.prev = cur
+        s.prev_id = 0  # never read: nothing was switched, and exit finds `cur` current
         s.switched = False
         return 0
     return _switch_from(s, target, cur, d)
@@ -116,29 +147,94 @@ cdef int _switch_from(Switch* s, cydriver.CUcontext target, cydriver.CUcontext c
     # cuCtxSetCurrent pair (results/2026-11-30-lab/2026-11-30-gpu4-primitives.log: 31.8 vs 39.2 ns).
     # Over another context, cuCtxSetCurrent replaces it, so the exit can restore it whatever
     # the block did (docs/design.md, "The restore rule").
+    # The context replaced is remembered with its id, so that the way back can tell it from a
+    # context that died meanwhile and left its handle to a new one (_set_prev). An id that
+    # cannot be read means it is dead already (a stale handle after a reset): 0.
+    cdef unsigned long long prev_id = 0
+    cdef cydriver.CUresult err
     if cur == NULL:
         check(d.CtxPushCurrent(target), "cuCtxPushCurrent")
     else:
+        err = d.CtxGetId(cur, &prev_id)
+        if err == cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED or \
+                err == cydriver.CUresult.CUDA_ERROR_INVALID_CONTEXT:
+            prev_id = 0
+        elif err != cydriver.CUresult.CUDA_SUCCESS:
+            return raise_driver_error(err, "cuCtxGetId")
         check(d.CtxSetCurrent(target), "cuCtxSetCurrent")
     s.prev = cur
+    s.prev_id = prev_id
     s.switched = True
     return 0
 
 
 cdef int switch_back(const Switch* s) except -1 nogil:
+    return _restore(_api(), s.prev, s.prev_id, s.switched)
+
+
+cdef inline int _restore(const DriverApi* d, cydriver.CUcontext prev, unsigned long long prev_id,
+                         bint switched) except -1 nogil:
+    # The one way back, for switch_back and for a guard's exit (inline: it is the exit's fast
+    # path when nothing was switched: one cuCtxGetCurrent).
     cdef cydriver.CUcontext cur = NULL
-    cdef const DriverApi* d = _api()
-    if s.switched:
-        if s.prev == NULL:
-            return _pop_to_empty(d)
-        # Unconditional: cheaper than reading first, and it also undoes a replacement of
-        # the top made inside the block.
-        check(d.CtxSetCurrent(s.prev), "cuCtxSetCurrent")
-        return 0
-    check(d.CtxGetCurrent(&cur), "cuCtxGetCurrent")
-    if cur != s.prev:
-        check(d.CtxSetCurrent(s.prev), "cuCtxSetCurrent")
-    return 0
+    if switched and prev == NULL:
+        return _pop_to_empty(d)
+    if not switched:
+        check(d.CtxGetCurrent(&cur), "cuCtxGetCurrent")
+        if cur == prev:
+            return 0
+    # Switched over `prev` (set it again unconditionally: that also undoes a replacement of
+    # the top made inside the block), or the block made another context current.
+    return _set_prev(d, prev, prev_id, switched)
+
+
+cdef int _set_prev(const DriverApi* d, cydriver.CUcontext prev, unsigned long long prev_id,
+                   bint switched) except -1 nogil:
+    # Make `prev` current again, unless it did not survive the block: a context destroyed
+    # meanwhile may have been freed by the driver (its handle is then garbage to it), and a
+    # handle whose id changed holds another context (a reset primary, or a new context at a
+    # freed address). One cuCtxGetId tells; it is never called on the exit's fast path.
+    cdef unsigned long long now = 0
+    cdef cydriver.CUresult err = d.CtxGetId(prev, &now)
+    if err == cydriver.CUresult.CUDA_SUCCESS:
+        if now == prev_id or prev_id == 0:  # unchanged; or dead at the enter, alive again
+            return check(d.CtxSetCurrent(prev), "cuCtxSetCurrent")
+    elif err == cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED:
+        if prev_id == 0:  # dead at the enter already, and still the same handle to the driver
+            return check(d.CtxSetCurrent(prev), "cuCtxSetCurrent")
+    elif err != cydriver.CUresult.CUDA_ERROR_INVALID_CONTEXT:
+        return raise_driver_error(err, "cuCtxGetId")  # cannot tell: change nothing
+    return _prev_died(d, prev, err, switched)
+
+
+cdef int _prev_died(const DriverApi* d, cydriver.CUcontext prev, cydriver.CUresult err,
+                    bint switched) except -1 nogil:
+    # What cuCtxDestroy does to a context that is current: it pops it. The switch replaced
+    # prev's place on the stack, so that place is popped; without a switch the block's own
+    # destroy already popped it, and what the block left is left.
+    cdef cydriver.CUcontext popped = NULL
+    cdef cydriver.CUcontext cur = NULL
+    if switched:
+        d.CtxPopCurrent(&popped)  # fails only on a stack the block emptied: nothing to undo
+    if d.CtxGetCurrent(&cur) != cydriver.CUresult.CUDA_SUCCESS:
+        cur = NULL
+    return _raise_prev_died(<size_t>prev, <int>err, switched, <size_t>cur)
+
+
+cdef int _raise_prev_died(size_t prev, int err, bint switched, size_t cur) except -1 with gil:
+    how = ("its id changed: it was reset, or its handle now holds another context" if err == 0
+           else "cuCtxGetId: CUDA_ERROR_CONTEXT_IS_DESTROYED (709)" if err == 709
+           else "cuCtxGetId: CUDA_ERROR_INVALID_CONTEXT (201), the driver no longer knows it")
+    now = f"context 0x{cur:x} is current" if cur else "no context is current"
+    undone = ("cyctx popped its own switch, as cuCtxDestroy pops a destroyed context that is "
+              "current" if switched else "cyctx left the stack as the block left it")
+    raise driver_error(
+        <int>cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED, "cuCtxGetId",
+        f"The context that was current before the block (0x{prev:x}) did not survive it ({how}), "
+        f"so it was not made current again: {undone}; {now}. Do not destroy or reset a context "
+        f"that an enclosing block returns to.",
+    )
+
 
 
 cdef int _pop_to_empty(const DriverApi* d) except -1 nogil:
@@ -469,9 +565,9 @@ cdef class ContextGuard:
         # of an enclosing guard on that thread drops them (tls_drop_dead_top).
         if self._token:
             live_remove(self._token)
-        if self._ctx != NULL and not forked_after_cuda():
-            _release(self._dev, (1 if self._owns_retain else 0) + self._extra_retains)
-        self._ctx = NULL
+        if ctx_load(&self._ctx) != NULL and not forked_after_cuda():
+            _release(self._dev, (1 if self._owns_retain else 0) + int_load(&self._extra_retains))
+        ctx_store(&self._ctx, NULL)
 
     @staticmethod
     def shared(device):
@@ -498,81 +594,28 @@ cdef class ContextGuard:
         return guard
 
     cdef int enter(self) except -1 nogil:
-        # The fast path (the context is already current) is written out here rather than
-        # through switch_to: two cheap thread-local driver calls and one thread-local entry,
-        # nothing else (docs/design.md, "Costs").
-        cdef cydriver.CUcontext cur = NULL
-        cdef unsigned long long ctx_id = 0
-        cdef cydriver.CUresult err
-        cdef Switch s
-        cdef const DriverApi* d = driver_api()  # loaded: this guard's construction did it
-        cdef cydriver.CUcontext ctx = ctx_load(&self._ctx)  # a plain load on x86/ARM
-        if forked_after_cuda():
-            return _raise_fork()
-        if ctx == NULL:
-            return _raise_closed(self)
-        # A reset keeps the handle and changes the id (results/2026-11-30-lab/probe2.cpp), so
-        # the pointer alone proves nothing: one cuCtxGetId, ~9-11 ns, on every enter.
-        err = d.CtxGetId(ctx, &ctx_id)
-        if err != cydriver.CUresult.CUDA_SUCCESS or ctx_id != u64_load(&self._ctx_id):
-            _after_reset(self, err, ctx_id)
-            ctx = ctx_load(&self._ctx)
-        err = d.CtxGetCurrent(&cur)
-        if err != cydriver.CUresult.CUDA_SUCCESS:
-            return raise_driver_error(err, "cuCtxGetCurrent")
-        if cur == ctx:
-            if tls_push(self._token, ctx, 0) != 0:
-                return _raise_no_memory()
-            return 0
-        _switch_from(&s, ctx, cur, d)
-        if tls_push(self._token, s.prev, 1) != 0:
-            switch_back(&s)
-            return _raise_no_memory()
-        return 0
+        return _enter_block(self, NULL)
 
     cdef int exit(self) except -1 nogil:
-        cdef Entry e
-        cdef Switch s
-        cdef cydriver.CUcontext cur = NULL
-        cdef cydriver.CUresult err
-        cdef const DriverApi* d
-        cdef size_t dropped = 0
-        # The entry ends here even if the restore below fails: a failed restore leaves the
-        # driver's stack as it was, and keeping the entry would make every later exit on
-        # this thread look out of order.
-        if tls_pop_matching(self._token, &e) != 0:
-            # Slow path. Entries of guards freed while entered can never be left: drop them
-            # and try again; anything else is misuse and changes nothing.
-            if tls_count(self._token):
-                dropped = tls_drop_dead_top(self._token)
-            if dropped == 0 or tls_pop_matching(self._token, &e) != 0:
-                return _raise_exit_misuse(self, dropped)
-        if forked_after_cuda():
-            return 0  # a block left in a forked child: the driver is gone, nothing to restore
-        if not e.switched and not dropped:
-            # The fast path: one cuCtxGetCurrent, and a switch back only if the block left
-            # another context current (cudaSetDevice inside the block).
-            d = driver_api()  # loaded: the matching enter ran
-            err = d.CtxGetCurrent(&cur)
-            if err != cydriver.CUresult.CUDA_SUCCESS:
-                return raise_driver_error(err, "cuCtxGetCurrent")
-            if cur != e.prev:
-                check(d.CtxSetCurrent(e.prev), "cuCtxSetCurrent")
-            return 0
-        s.prev = e.prev
-        s.switched = e.switched
-        switch_back(&s)
-        if dropped:
-            return _warn_dropped(self, dropped)  # after the restore: the exit itself is done
-        return 0
+        return _exit_block(self, NULL)
 
     def __enter__(self):
-        self.enter()
+        cdef const void* block = PyEval_GetFrame()
+        if not CYCTX_FREE_THREADED:
+            _enter_block(self, block)
+            return self
+        if gate_enter(&self._gate) != 0:
+            _raise_closed(self)  # a close() is in flight: it wins
+        try:
+            _enter_block(self, block)
+        finally:
+            gate_leave(&self._gate)
         return self
 
     def __exit__(self, exc_type, exc, tb):
+        cdef const void* block = PyEval_GetFrame()
         if exc is None:
-            self.exit()
+            _exit_block(self, block)
             return False
         if isinstance(exc, GeneratorExit):
             # A generator or coroutine closed with the block open: from close(), or from its
@@ -582,11 +625,11 @@ cdef class ContextGuard:
             # entered after this block is still open on this thread) is not refused: the entry
             # is removed and the still-open block, when left, restores what was current before
             # this one; the GuardError says so.
-            self._exit_generator()
+            self._exit_generator(block)
             return False
         # The block's exception wins; a cleanup failure rides along as a note.
         try:
-            self.exit()
+            _exit_block(self, block)
         except BaseException as cleanup:
             _add_note(exc, f"cyctx: leaving {self!r} also failed: {type(cleanup).__name__}: {cleanup}")
         return False
@@ -618,8 +661,8 @@ cdef class ContextGuard:
         busy = gate_close(&self._gate)
         if busy > 0:
             raise GuardError(
-                f"{self!r}: close() while another thread re-activates the guard's context after a "
-                f"reset; nothing was released. Close it when no thread uses it."
+                f"{self!r}: close() while another thread is entering the guard or re-activating "
+                f"its context after a reset; nothing was released. Close it when no thread uses it."
             )
         if busy < 0:
             raise GuardError(f"{self!r}: close() while another thread is closing it; nothing was done")
@@ -644,25 +687,29 @@ cdef class ContextGuard:
             check(d.PrimaryCtxRelease(self._dev), "cuDevicePrimaryCtxRelease")
         return 0
 
-    cdef int _exit_generator(self) except -1:
+    cdef int _exit_generator(self, const void* block) except -1:
         cdef Entry e
-        cdef Switch s
-        if tls_pop_matching(self._token, &e) == 0 or (tls_count(self._token) and
-                tls_drop_dead_top(self._token) and tls_pop_matching(self._token, &e) == 0):
+        cdef size_t dropped = 0
+        cdef int popped = tls_pop_matching(self._token, block, &e)
+        if popped != 0 and tls_count(self._token):
+            dropped = tls_drop_dead_top(self._token)
+            if dropped:
+                popped = tls_pop_matching(self._token, block, &e)
+        if popped == 0:
             if not forked_after_cuda():
-                s.prev = e.prev
-                s.switched = e.switched
-                switch_back(&s)
+                _restore(driver_api(), e.prev, e.prev_id, e.switched)
+            if dropped:
+                return _warn_dropped(self, dropped)  # after the restore, as exit() does
             return 0
-        if tls_splice(self._token) == 0:
+        if tls_splice(self._token, block) == 0:
             raise GuardError(
                 f"{self!r}: a generator or coroutine holding this guard was closed (or collected) "
                 f"while a guard entered after it is still open on this thread. Its entry was "
                 f"removed; the current context was left to the open block, and leaving that block "
                 f"restores what was current before this one. Leave guards in reverse order of "
-                f"entry: do not hold one across yield/await."
+                f"entry: do not hold one across yield/await.{_dropped_note(dropped)}"
             )
-        return _raise_exit_misuse(self, 0)
+        return _raise_exit_misuse(self, dropped)
 
     @property
     def device(self):
@@ -688,9 +735,10 @@ cdef class ContextGuard:
     @property
     def handle(self):
         """The primary context's ``CUcontext`` as an int address. GuardError when closed."""
-        if self._ctx == NULL:
+        cdef cydriver.CUcontext ctx = ctx_load(&self._ctx)
+        if ctx == NULL:
             _raise_closed(self)
-        return <size_t>self._ctx
+        return <size_t>ctx
 
     @property
     def context(self):
@@ -706,12 +754,72 @@ cdef class ContextGuard:
     @property
     def resets(self):
         """How many resets of the primary context enter() detected and re-activated."""
-        return self._resets
+        return int_load(&self._resets)
 
     def __repr__(self):
-        state = "closed" if self._ctx == NULL else f"ctx=0x{<size_t>self._ctx:x} id={self._ctx_id}"
+        cdef cydriver.CUcontext ctx = ctx_load(&self._ctx)
+        state = "closed" if ctx == NULL else f"ctx=0x{<size_t>ctx:x} id={u64_load(&self._ctx_id)}"
         shared = " shared" if self._shared else ""
         return f"<cyctx.ContextGuard device={self._ordinal}{shared} {state}>"
+
+
+cdef inline int _enter_block(ContextGuard self, const void* block) except -1 nogil:
+    # enter() for a block: the nogil enter() is block NULL, Python's `with` its frame. The fast
+    # path (the context is already current) is written out here rather than through switch_to:
+    # two cheap thread-local driver calls and one thread-local entry, nothing else
+    # (docs/design.md, "Costs").
+    cdef cydriver.CUcontext cur = NULL
+    cdef unsigned long long ctx_id = 0
+    cdef cydriver.CUresult err
+    cdef Switch s
+    cdef const DriverApi* d = driver_api()  # loaded: this guard's construction did it
+    cdef cydriver.CUcontext ctx = ctx_load(&self._ctx)  # an acquire load: free on x86
+    if forked_after_cuda():
+        return _raise_fork()
+    if ctx == NULL:
+        return _raise_closed(self)
+    # A reset keeps the handle and changes the id (results/2026-11-30-lab/probe2.cpp), so the pointer
+    # alone proves nothing: one cuCtxGetId, ~9-11 ns, on every enter.
+    err = d.CtxGetId(ctx, &ctx_id)
+    if err != cydriver.CUresult.CUDA_SUCCESS or ctx_id != u64_load(&self._ctx_id):
+        _after_reset(self, err, ctx_id)
+        ctx = ctx_load(&self._ctx)
+        ctx_id = u64_load(&self._ctx_id)
+    err = d.CtxGetCurrent(&cur)
+    if err != cydriver.CUresult.CUDA_SUCCESS:
+        return raise_driver_error(err, "cuCtxGetCurrent")
+    if cur == ctx:
+        if tls_push(self._token, block, ctx, ctx_id, 0) != 0:
+            return _raise_no_memory()
+        return 0
+    _switch_from(&s, ctx, cur, d)
+    if tls_push(self._token, block, s.prev, s.prev_id, 1) != 0:
+        switch_back(&s)
+        return _raise_no_memory()
+    return 0
+
+
+cdef inline int _exit_block(ContextGuard self, const void* block) except -1 nogil:
+    # exit() for a block (see _enter_block). The entry ends here even if the restore below
+    # fails: a failed restore leaves the driver's stack as it was, and keeping the entry would
+    # make every later exit on this thread look out of order.
+    cdef Entry e
+    cdef size_t dropped = 0
+    if tls_pop_matching(self._token, block, &e) != 0:
+        # Slow path. Entries of guards freed while entered can never be left: drop them
+        # and try again; anything else is misuse and changes nothing.
+        if tls_count(self._token):
+            dropped = tls_drop_dead_top(self._token)
+        if dropped == 0 or tls_pop_matching(self._token, block, &e) != 0:
+            return _raise_exit_misuse(self, dropped)
+    if forked_after_cuda():
+        return 0  # a block left in a forked child: the driver is gone, nothing to restore
+    # The fast path (nothing switched): one cuCtxGetCurrent, and a switch back only if the
+    # block left another context current (cudaSetDevice inside the block).
+    _restore(driver_api(), e.prev, e.prev_id, e.switched)  # loaded: the matching enter ran
+    if dropped:
+        return _warn_dropped(self, dropped)  # after the restore: the exit itself is done
+    return 0
 
 
 cdef int _init_primary(ContextGuard self, ordinal, count) except -1:
@@ -726,24 +834,47 @@ cdef int _init_primary(ContextGuard self, ordinal, count) except -1:
             f"Device {ordinal} does not exist: the driver reports {count} device(s), "
             f"ordinals 0..{count - 1} (CUDA_VISIBLE_DEVICES renumbers them)",
         )
+    cdef int extra = 0
+    cdef int tries = 0
     cdef const DriverApi* d = driver_api()  # loaded by _device_count
     check(d.DeviceGet(&dev, <int>ordinal), "cuDeviceGet")
     with nogil:
         # Activating a primary context creates it on the GPU: can take milliseconds.
         check(d.PrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain")
-    err = d.CtxGetId(ctx, &ctx_id)
+        err = d.CtxGetId(ctx, &ctx_id)
+        # A reset on another thread between the retain and the id read leaves the context
+        # inactive with our retain counted: re-activate it as enter() does after a reset (a
+        # retain+release pair), a bounded number of times, since resets may keep coming.
+        while err == cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED and tries < _MAX_REACTIVATIONS:
+            tries += 1
+            err = d.PrimaryCtxRetain(&ctx, dev)
+            if err != cydriver.CUresult.CUDA_SUCCESS:
+                break
+            if d.PrimaryCtxRelease(dev) != cydriver.CUresult.CUDA_SUCCESS:
+                extra += 1  # still balanced: released with the guard's own retain
+            err = d.CtxGetId(ctx, &ctx_id)
     if err != cydriver.CUresult.CUDA_SUCCESS:
         # Construction failed: no retain may be kept. If even the release fails, say so
         # rather than claim nothing was left behind.
+        while extra and d.PrimaryCtxRelease(dev) == cydriver.CUresult.CUDA_SUCCESS:
+            extra -= 1
         rerr = d.PrimaryCtxRelease(dev)
-        if rerr != cydriver.CUresult.CUDA_SUCCESS:
+        if rerr != cydriver.CUresult.CUDA_SUCCESS or extra:
             raise driver_error(
                 <int>err, "cuCtxGetId",
-                f"and releasing the retain just taken failed too (cuDevicePrimaryCtxRelease: "
-                f"{<int>rerr}): device {ordinal}'s primary context keeps one retain more "
-                f"until the process exits",
+                f"and releasing the retain(s) just taken failed too (cuDevicePrimaryCtxRelease: "
+                f"{<int>rerr}): device {ordinal}'s primary context keeps {1 + extra if rerr else extra} "
+                f"retain(s) more until the process exits",
+            )
+        if err == cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED:
+            raise driver_error(
+                <int>err, "cuCtxGetId",
+                f"device {ordinal}'s primary context was reset again each time it was re-activated "
+                f"({tries} times) while the guard was being constructed; no retain is kept. "
+                f"Construct it when no other thread resets the device",
             )
         check(err, "cuCtxGetId")
+    self._extra_retains = extra
     self._dev = dev
     self._ordinal = ordinal
     self._ctx_id = ctx_id
@@ -914,19 +1045,28 @@ cdef int _raise_no_memory() except -1 with gil:
     raise MemoryError("cyctx: no memory to record a guard entry")
 
 
+def _dropped_note(size_t dropped):
+    if not dropped:
+        return ""
+    return (f" ({dropped} entr{'y' if dropped == 1 else 'ies'} of guards freed while entered "
+            f"were dropped from the top of this thread's entries first.)")
+
+
 cdef int _raise_exit_misuse(ContextGuard g, size_t dropped) except -1 with gil:
     cdef unsigned long long top = tls_top_token()
-    also = (f" ({dropped} entr{'y' if dropped == 1 else 'ies'} of guards freed while entered "
-            f"were dropped from the top of this thread's entries first.)") if dropped else ""
+    also = _dropped_note(dropped)
     if tls_count(g._token) == 0:
         raise GuardError(
             f"{g!r}: exit without a matching enter on this thread. Entries are per thread: "
             f"leave a guard on the thread that entered it, once per enter.{also}"
         )
+    who = ("another block of this same guard" if top == g._token
+           else f"another guard (guard #{top})")
     raise GuardError(
-        f"{g!r}: exit out of order: another guard (guard #{top}) was entered after it on this "
-        f"thread and is still open. Guards are left in reverse order of entry; a generator or "
-        f"coroutine holding a guard across yield/await breaks that. Nothing was changed.{also}"
+        f"{g!r}: exit out of order: {who} was entered after this block on this thread and is "
+        f"still open. Blocks are left in reverse order of entry; a generator or coroutine "
+        f"holding a guard across yield/await breaks that (also when two tasks share one guard). "
+        f"Nothing was changed.{also}"
     )
 
 

@@ -13,7 +13,7 @@
 // The stack is small on purpose: built with TLS descriptors (setup.py), glibc can place a
 // dlopen'ed module's TLS in its static-TLS surplus (a few hundred bytes shared by the whole
 // process) and then an access is a few instructions; a larger block falls back to the slower
-// dynamic path. Eight inline entries is deeper than guards nest in practice.
+// dynamic path. Six inline entries is deeper than guards nest in practice.
 #pragma once
 #include <cuda.h>
 #include <atomic>
@@ -27,11 +27,18 @@ namespace cyctx {
 
 struct Entry {
     unsigned long long token;  // the guard's token (new_token)
+    // Which block of the guard this is: the Python frame that ran `with guard:` (0 for the
+    // nogil enter()). Two open blocks of one guard on one thread (a generator suspended in
+    // one, its caller in another; two asyncio tasks sharing a guard) are told apart by it.
+    const void *block;
     CUcontext prev;     // what was current before the enter (NULL: nothing)
+    // prev's cuCtxGetId at the enter (0: prev was already dead then). A handle can outlive its
+    // context and be reused for a new one; the id tells whether prev is still what it was.
+    unsigned long long prev_id;
     int switched;       // 1 if the enter changed the current context
 };
 
-enum { kInline = 8 };
+enum { kInline = 6 };
 
 struct Stack {
     Entry inline_[kInline];
@@ -121,29 +128,41 @@ inline void live_unlock() noexcept { g_live_mu.unlock(); }
 // --- the per-thread stack ------------------------------------------------------------------
 
 // 0, or -1 when memory ran out (the caller raises MemoryError).
-inline int tls_push(unsigned long long token, CUcontext prev, int switched) noexcept {
+inline int tls_push(unsigned long long token, const void *block, CUcontext prev,
+                    unsigned long long prev_id, int switched) noexcept {
     Stack &s = *my_stack();
     if (s.depth >= kInline + s.cap && grow(s) != 0) return -1;
     Entry *e = slot(s, s.depth);
     e->token = token;
+    e->block = block;
     e->prev = prev;
+    e->prev_id = prev_id;
     e->switched = switched;
     s.depth++;
     return 0;
 }
 
-// The innermost open entry, or NULL.
-inline Entry *tls_top() noexcept {
-    Stack &s = *my_stack();
-    return s.depth ? slot(s, s.depth - 1) : nullptr;
+// Whether an entry of (token, block) lies below the innermost one.
+inline bool tls_below(const Stack &s, unsigned long long token, const void *block) noexcept {
+    for (std::size_t i = s.depth - 1; i-- > 0;) {
+        const Entry *e = slot(const_cast<Stack &>(s), i);
+        if (e->token == token && e->block == block) return true;
+    }
+    return false;
 }
 
-// Remove the innermost entry into *out if it belongs to `token` (0); else change nothing (-1).
-inline int tls_pop_matching(unsigned long long token, Entry *out) noexcept {
+// Remove the innermost entry into *out if it is this exit's own (0); else change nothing (-1).
+// It is when it belongs to `token` and, for an exit that knows its block, to that block. An
+// entry of the same guard made by another block is not this exit's when this block's own
+// entry lies deeper (the exit is out of order); with no entry of this block at all (a block
+// left from another frame than it was entered in: contextlib.ExitStack, a Cython generator),
+// the guard's innermost entry is taken, as for the nogil exit().
+inline int tls_pop_matching(unsigned long long token, const void *block, Entry *out) noexcept {
     Stack &s = *my_stack();
     if (!s.depth) return -1;
     Entry *e = slot(s, s.depth - 1);
     if (e->token != token) return -1;
+    if (block && e->block != block && tls_below(s, token, block)) return -1;
     *out = *e;
     s.depth--;
     return 0;
@@ -181,14 +200,18 @@ inline std::size_t tls_drop_dead_top(unsigned long long keep) noexcept {
 // what was current before the removed enter. The current context is not touched now: the
 // block still open above keeps its context. 0, or -1 when `token` has no entry below the top
 // (nothing changed).
-inline int tls_splice(unsigned long long token) noexcept {
+// The entry removed is this block's own (token and block); only when this block has none, the
+// guard's innermost below the top (see tls_pop_matching).
+inline int tls_splice(unsigned long long token, const void *block) noexcept {
     Stack &s = *my_stack();
     if (s.depth < 2) return -1;
+    bool own = block && tls_below(s, token, block);
     for (std::size_t i = s.depth - 1; i-- > 0;) {
         Entry *e = slot(s, i);
-        if (e->token != token) continue;
+        if (e->token != token || (own && e->block != block)) continue;
         Entry *above = slot(s, i + 1);
         above->prev = e->prev;
+        above->prev_id = e->prev_id;
         above->switched = above->switched || e->switched;
         for (std::size_t j = i; j + 1 < s.depth; j++) *slot(s, j) = *slot(s, j + 1);
         s.depth--;
@@ -201,6 +224,12 @@ inline int tls_splice(unsigned long long token) noexcept {
 inline unsigned long long tls_top_token() noexcept {
     Stack &s = *my_stack();
     return s.depth ? slot(s, s.depth - 1)->token : 0;
+}
+
+// The block of the innermost entry (NULL: none, or the nogil enter()).
+inline const void *tls_top_block() noexcept {
+    Stack &s = *my_stack();
+    return s.depth ? slot(s, s.depth - 1)->block : nullptr;
 }
 
 // --- a guard's own shared fields ----------------------------------------------------------

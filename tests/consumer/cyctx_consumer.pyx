@@ -79,16 +79,17 @@ def switch_pair(size_t target):
 
 
 def switch_to_only(size_t target):
-    """switch_to(target) alone; returns (prev, switched) so the caller can switch back."""
+    """switch_to(target) alone; returns (prev, prev_id, switched) so the caller can switch back."""
     cdef Switch s
     with nogil:
         switch_to(&s, <cydriver.CUcontext>target)
-    return <size_t>s.prev, s.switched
+    return <size_t>s.prev, s.prev_id, s.switched
 
 
-def switch_back_only(size_t prev, bint switched):
+def switch_back_only(size_t prev, unsigned long long prev_id, bint switched):
     cdef Switch s
     s.prev = <cydriver.CUcontext>prev
+    s.prev_id = prev_id
     s.switched = switched
     with nogil:
         switch_back(&s)
