@@ -221,7 +221,7 @@ def test_many_guards_freed_while_entered_on_one_thread(sim):
     def body():
         outer = ContextGuard(D1)
         outer.__enter__()
-        for _ in range(100):  # beyond the 8 inline entries (_tls.h): the spill path too
+        for _ in range(100):  # beyond the inline entries (_tls.h): the spill path too
             ContextGuard(0).__enter__()
         gc.collect()
         assert _open_entries() == 101

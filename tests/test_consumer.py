@@ -154,3 +154,29 @@ def test_raw_layer_under_every_fault(consumer_dir, start, sim):
     """)
     assert "RETAINS [0, 0]" in out.stdout
     assert int(out.stdout.split("TRIED")[1].split()[0]) >= 3
+
+
+def test_switch_back_never_hands_a_destroyed_context_to_the_driver(consumer_dir, sim):
+    # The raw layer keeps the guard's rule: a context that died between switch_to and
+    # switch_back is not made current again; the switch's place on the stack is popped.
+    out = run_child(f"""
+        import sys; sys.path.insert(0, {consumer_dir!r})
+        import cyctx, cyctx_consumer
+        from cuda.bindings import driver as d
+        sim = drivers.SIM
+        ctx = drivers.create_context(0)                  # current, depth 1
+        g = cyctx.ContextGuard(1)
+        s = cyctx_consumer.switch_to_only(g.handle)      # replaces ctx on top
+        assert s[1] != 0, s                              # its id was recorded
+        drivers.ok(d.cuCtxDestroy(ctx))
+        sets = sim.call_count("cuCtxSetCurrent")
+        try:
+            cyctx_consumer.switch_back_only(*s)
+            raise SystemExit("no error")
+        except cyctx.ContextDestroyedError as e:
+            assert "did not survive" in str(e), e
+        assert sim.call_count("cuCtxSetCurrent") == sets
+        print("STATE", drivers.current(), sim.stack_depth())
+        g.close()
+    """)
+    assert "STATE 0 0" in out.stdout

@@ -281,6 +281,14 @@ def test_shared_first_use_under_every_fault(sim):
                     tried += 1
         g = cyctx.ContextGuard.shared(1)
         assert g is cyctx.ContextGuard.shared(1) and sim.retain_count(1) == base[1] + 1
+        # A first use that reads 709 for the context it just retained (a reset landed in
+        # between) re-activates it and publishes its guard.
+        sim.inject_fault("cuCtxGetId", 709, nth=1)
+        g0 = cyctx.ContextGuard.shared(0)
+        sim.clear_faults()
+        assert sim.retain_count(0) == base[0] + 1 and not g0.closed
+        with g0:
+            assert drivers.current() == g0.handle
         print("TRIED", tried)
     """ % (FUNCS,))
     assert int(out.stdout.split("TRIED")[1]) >= 10
