@@ -499,3 +499,21 @@ def test_construction_helpers_are_not_methods():
     # They would re-initialise a live guard (and leak its retain) if Python could call them.
     for name in ("_init_primary", "_init_context"):
         assert not hasattr(ContextGuard, name)
+
+
+def test_driver_error_survives_a_trip_through_another_process():
+    # Errors of a worker process reach the parent pickled: the class, the code, the call and
+    # the advice (detail) all survive, so the parent sees the same message.
+    import concurrent.futures
+    import multiprocessing
+
+    err = cyctx.InvalidDeviceError(101, "ContextGuard", "Device 7 does not exist: 2 device(s)")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as ex:
+        back = ex.submit(_echo, err).result()
+    assert type(back) is cyctx.InvalidDeviceError
+    assert (back.code, back.call, back.detail) == (101, "ContextGuard", err.detail)
+    assert str(back) == str(err) and "Device 7 does not exist" in str(back)
+
+
+def _echo(x):
+    return x

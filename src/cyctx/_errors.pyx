@@ -52,12 +52,15 @@ class DriverError(CyctxError):
         Its name, e.g. ``"CUDA_ERROR_INVALID_CONTEXT"``.
     call : str or None
         The driver function that returned it.
+    detail : str or None
+        What cyctx knows of the failure beyond the code (replaces the generic hint).
     """
 
     def __init__(self, code, call=None, detail=None):
         self.code = int(code)
         self.name, description = error_name_and_string(self.code)
         self.call = call
+        self.detail = detail
         where = f"{call} failed: " if call else ""
         msg = f"{where}{self.name} ({self.code}): {description}"
         hint = detail or _hint(self.code)
@@ -66,7 +69,9 @@ class DriverError(CyctxError):
         super().__init__(msg)
 
     def __reduce__(self):
-        return (type(self), (self.code, self.call))
+        # The constructor's arguments, so that an error sent across processes (multiprocessing,
+        # concurrent.futures) keeps its advice.
+        return (type(self), (self.code, self.call, self.detail))
 
 
 class InvalidContextError(DriverError):
