@@ -3,10 +3,8 @@ guard on one thread (a generator and its caller, asyncio tasks sharing a guard),
 dies inside a block, and a guard built while another thread resets its device."""
 
 import contextlib
-import ctypes
 import gc
 import threading
-import time
 import warnings
 
 import pytest
@@ -16,12 +14,30 @@ from cyctx import ContextDestroyedError, ContextGuard, ContextResetWarning, Guar
 
 from cyctx._guard import _open_entries
 
+from helpers import drivers
 from helpers.children import run_child
 from helpers.drivers import create_context, current, driver, ok, reset_primary, second_device
 from helpers.finalizers import collect_unraisable, suspended_in
 from helpers.threads import in_thread
 
 D1 = second_device()  # device 1, or 0 on a one-GPU machine
+
+
+def retains():
+    """Every device's primary refcount on the simulated driver; None on the real one (which
+    cannot show it): these tests run on both, and check refcounts where they can."""
+    return None if drivers.SIM is None else [drivers.SIM.retain_count(i) for i in range(2)]
+
+
+def handed_over():
+    """Calls that could hand a context to the driver (simulated driver only; None on the real)."""
+    sim = drivers.SIM
+    return None if sim is None else sim.call_count("cuCtxSetCurrent") + sim.call_count("cuCtxPushCurrent")
+
+
+def depth():
+    """The thread's context-stack depth where it can be seen (simulated driver), else None."""
+    return None if drivers.SIM is None else drivers.SIM.stack_depth()
 
 
 # --- two open blocks of the same guard on one thread --------------------------------------
@@ -44,8 +60,8 @@ def test_same_guard_generator_closed_inside_the_callers_block_removes_its_own_en
     in_thread(body)
 
 
-def test_same_guard_generator_collected_inside_another_block_of_it(sim):
-    base = [sim.retain_count(i) for i in range(2)]
+def test_same_guard_generator_collected_inside_another_block_of_it():
+    base = retains()
 
     def body():
         g = ContextGuard(0)
@@ -58,7 +74,7 @@ def test_same_guard_generator_collected_inside_another_block_of_it(sim):
         g.close()
 
     in_thread(body)
-    assert [sim.retain_count(i) for i in range(2)] == base
+    assert retains() == base
 
 
 def test_same_guard_generators_closed_in_entry_order_each_take_their_own():
@@ -139,7 +155,7 @@ def test_blocks_left_from_other_frames_still_match_their_guard():
 
 # --- a context that dies inside the block ------------------------------------------------
 
-def test_exit_never_makes_a_context_destroyed_in_the_block_current_again(sim):
+def test_exit_never_makes_a_context_destroyed_in_the_block_current_again():
     # A guard of the caller's own context, which was current before the block; the block
     # destroys it (the driver pops it). Leaving must not hand the dead handle back.
     def body():
@@ -148,38 +164,38 @@ def test_exit_never_makes_a_context_destroyed_in_the_block_current_again(sim):
         g = ContextGuard(ctx)
         g.__enter__()                      # fast path: nothing switched
         ok(d.cuCtxDestroy(ctx))            # popped by the driver: nothing current
-        sets = sim.call_count("cuCtxSetCurrent") + sim.call_count("cuCtxPushCurrent")
+        sets = handed_over()
         with pytest.raises(ContextDestroyedError, match="did not survive") as ei:
             g.__exit__(None, None, None)
-        assert sim.call_count("cuCtxSetCurrent") + sim.call_count("cuCtxPushCurrent") == sets
+        assert handed_over() == sets
         assert "left the stack as the block left it" in str(ei.value)
-        assert current() == 0 and sim.stack_depth() == 0 and _open_entries() == 0
+        assert current() == 0 and depth() in (0, None) and _open_entries() == 0
         g.close()
 
     in_thread(body)
 
 
-def test_exit_over_a_context_destroyed_in_the_block_pops_the_switch(sim):
+def test_exit_over_a_context_destroyed_in_the_block_pops_the_switch():
     def body():
         d = driver()
         ctx = create_context(0)            # current, depth 1
         g = ContextGuard(D1)
         g.__enter__()                      # replaces ctx on top of the stack
-        assert current() == g.handle and sim.stack_depth() == 1
+        assert current() == g.handle and depth() in (1, None)
         ok(d.cuCtxDestroy(ctx))            # not current here: only destroyed
-        sets = sim.call_count("cuCtxSetCurrent")
+        sets = handed_over()
         with pytest.raises(ContextDestroyedError, match="did not survive") as ei:
             g.__exit__(None, None, None)
-        assert sim.call_count("cuCtxSetCurrent") == sets  # the dead handle was not handed over
+        assert handed_over() == sets       # the dead handle was not handed over
         assert "popped its own switch" in str(ei.value) and "no context is current" in str(ei.value)
         # As if ctx had been destroyed while current: its place is popped.
-        assert current() == 0 and sim.stack_depth() == 0 and _open_entries() == 0
+        assert current() == 0 and depth() in (0, None) and _open_entries() == 0
         g.close()
 
     in_thread(body)
 
 
-def test_exit_after_the_outer_primary_was_reset_and_reactivated_in_the_block(sim):
+def test_exit_after_the_outer_primary_was_reset_and_reactivated_in_the_block():
     # Its handle is alive again but holds another context (a new id): not what was current.
     def body():
         g0, g1 = ContextGuard(0), ContextGuard(D1)
@@ -203,7 +219,7 @@ def test_exit_after_the_outer_primary_was_reset_and_reactivated_in_the_block(sim
     in_thread(body)
 
 
-def test_a_context_already_dead_at_the_enter_is_restored_as_it_was(sim):
+def test_a_context_already_dead_at_the_enter_is_restored_as_it_was():
     # The classic stale handle (a reset left it current, inactive): the block did not kill it,
     # so the thread gets exactly it back, as before the block.
     def body():
@@ -250,52 +266,54 @@ def test_construction_gives_up_after_bounded_reactivations_and_keeps_no_retain(s
     assert [sim.retain_count(i) for i in range(2)] == base
 
 
-def _c_reset(dev):
-    """cuDevicePrimaryCtxReset through ctypes, which releases the GIL around the call: resets
-    then land anywhere in another thread's construction, also between its driver calls."""
-    lib = ctypes.CDLL("libcuda.so.1")
-    lib.cuGetProcAddress_v2.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p),
-                                        ctypes.c_int, ctypes.c_uint64, ctypes.POINTER(ctypes.c_int)]
-    pfn, status = ctypes.c_void_p(), ctypes.c_int()
-    assert lib.cuGetProcAddress_v2(b"cuDevicePrimaryCtxReset", ctypes.byref(pfn), 11000, 0,
-                                   ctypes.byref(status)) == 0 and pfn.value
-    reset = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(pfn.value)
-    return lambda: reset(dev)
+def test_construction_under_constant_resets_never_fails():
+    # In a child: the resets reach every guard of the process. Two threads reset device D1
+    # through ctypes, which releases the GIL around each call, so resets land anywhere in a
+    # construction, also between its driver calls. A race, so not every run of the unfixed
+    # code failed (0 to 15 failures in 20000 here); the exact case is
+    # test_construction_reactivates_after_a_reset_between_retain_and_id_read.
+    out = run_child("""
+        import ctypes, threading, time
+        import cyctx
+        lib = ctypes.CDLL("libcuda.so.1")
+        lib.cuGetProcAddress_v2.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p),
+                                            ctypes.c_int, ctypes.c_uint64, ctypes.POINTER(ctypes.c_int)]
+        pfn, status = ctypes.c_void_p(), ctypes.c_int()
+        assert lib.cuGetProcAddress_v2(b"cuDevicePrimaryCtxReset", ctypes.byref(pfn), 11000, 0,
+                                       ctypes.byref(status)) == 0 and pfn.value
+        reset = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(pfn.value)
+        holder = cyctx.ContextGuard(D1)  # keeps the refcount above zero throughout
+        base = [drivers.SIM.retain_count(i) for i in range(2)] if drivers.SIM else None
+        stop, resets = threading.Event(), [0]
 
+        def resetter():
+            while not stop.is_set():
+                reset(D1)
+                resets[0] += 1
 
-def test_construction_under_constant_resets_never_fails(sim):
-    base = [sim.retain_count(i) for i in range(2)]
-    reset = _c_reset(D1)
-    stop, resets = threading.Event(), [0]
-
-    def resetter():
-        while not stop.is_set():
-            reset()
-            resets[0] += 1
-
-    holder = ContextGuard(D1)  # keeps the primary context's refcount above zero throughout
-    threads = [threading.Thread(target=resetter) for _ in range(2)]
-    for t in threads:
-        t.start()
-    failures = []
-    # A race, so not every run of the unfixed code failed: 0 to 15 failures in 20000 here.
-    # test_construction_reactivates_after_a_reset_between_retain_and_id_read is the exact case.
-    try:
-        while resets[0] == 0:
-            time.sleep(0.001)
-        for _ in range(20_000):
-            try:
-                ContextGuard(D1).close()
-            except cyctx.CyctxError as e:
-                failures.append(e)
-    finally:
-        stop.set()
+        threads = [threading.Thread(target=resetter) for _ in range(2)]
         for t in threads:
-            t.join()
-    holder.close()
-    assert resets[0] > 1000, resets
-    assert failures == [], f"{len(failures)} of 20000 failed, first: {failures[0]!r}"
-    assert [sim.retain_count(i) for i in range(2)] == base
+            t.start()
+        failures = []
+        try:
+            while resets[0] == 0:
+                time.sleep(0.001)
+            for _ in range(N):
+                try:
+                    cyctx.ContextGuard(D1).close()
+                except cyctx.CyctxError as e:
+                    failures.append(repr(e))
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        assert not drivers.SIM or [drivers.SIM.retain_count(i) for i in range(2)] == base
+        holder.close()
+        print("RESETS", resets[0], "FAILURES", len(failures), failures[:1])
+    """.replace("N)", "20_000)" if drivers.SIM else "2_000)"), timeout=300)
+    words = out.stdout.split()
+    assert int(words[words.index("RESETS") + 1]) > 100, out.stdout
+    assert "FAILURES 0 " in out.stdout, out.stdout
 
 
 # --- late exits report every entry they drop --------------------------------------------
