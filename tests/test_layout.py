@@ -44,6 +44,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
 # --- the document -------------------------------------------------------------------------------
 
 def _block(text: str, name: str) -> str:
@@ -70,7 +75,7 @@ def _ticked(cell: str) -> str:
 
 def documented_layout(text: str | None = None):
     """{path: (what, eager imports, lazy imports)} as design.md states them."""
-    text = text if text is not None else open(DESIGN, encoding="utf-8").read()
+    text = text if text is not None else _read(DESIGN)
     out = {}
     for row in _rows(_block(text, "layout")):
         assert len(row) == 3, f"a layout row has three cells: {row}"
@@ -87,7 +92,7 @@ def documented_layout(text: str | None = None):
 
 
 def documented_circles(text: str | None = None) -> set[frozenset[str]]:
-    text = text if text is not None else open(DESIGN, encoding="utf-8").read()
+    text = text if text is not None else _read(DESIGN)
     block = _block(text, "circles").strip()
     if re.fullmatch(r"(?i)none\.?", block):
         return set()
@@ -102,7 +107,7 @@ def documented_circles(text: str | None = None) -> set[frozenset[str]]:
 
 
 def documented_extensions(text: str | None = None) -> dict[str, str]:
-    text = text if text is not None else open(DESIGN, encoding="utf-8").read()
+    text = text if text is not None else _read(DESIGN)
     return {_ticked(r[0]): _ticked(r[1]) for r in _rows(_block(text, "extensions"))}
 
 
@@ -155,7 +160,7 @@ def _resolve(module: str, names: list[str]) -> set[str]:
 
 
 def _py_imports(path: str) -> tuple[set[str], set[str]]:
-    tree = ast.parse(open(os.path.join(PKG, path), encoding="utf-8").read(), path)
+    tree = ast.parse(_read(os.path.join(PKG, path)), path)
     package = module_of(path) if path.endswith("__init__.py") else module_of(path).rpartition(".")[0]
     eager, lazy = set(), set()
 
@@ -198,7 +203,7 @@ def _text_imports(path: str) -> tuple[set[str], set[str]]:
     """Cython and C files, by regex: an indented Python import counts as lazy (it is inside a
     function); text inside triple-quoted strings (docstring examples) is skipped."""
     eager, lazy = set(), set()
-    lines = open(os.path.join(PKG, path), encoding="utf-8").read().splitlines()
+    lines = _read(os.path.join(PKG, path)).splitlines()
     in_string = False
     i = 0
     while i < len(lines):
@@ -290,7 +295,7 @@ def setup_extensions() -> dict[str, str]:
     """{built: source} from setup.py: each `_ext("name")` (cyctx.name from name.pyx) or
     `Extension("cyctx.x", ["src/cyctx/x.pyx"])`, and the library `link_shared_object` makes
     from the C file `compiler.compile` compiles."""
-    tree = ast.parse(open(SETUP, encoding="utf-8").read(), "setup.py")
+    tree = ast.parse(_read(SETUP), "setup.py")
     out = {}
     c_sources, libraries = [], []
     for node in ast.walk(tree):
@@ -367,7 +372,7 @@ def test_an_undocumented_module_is_caught(tmp_path, monkeypatch):
 
 
 def test_a_changed_import_and_a_new_circle_are_caught():
-    text = open(DESIGN, encoding="utf-8").read()
+    text = _read(DESIGN)
     doc = documented_layout(text)
     # Drop one documented import of a file that has one: the table no longer matches.
     path = next(p for p in sorted(doc) if doc[p][1])
