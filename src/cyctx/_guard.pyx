@@ -683,7 +683,7 @@ cdef class ContextGuard:
         try:
             self.exit()
         except BaseException as cleanup:
-            _add_note(exc, f"cyctx: leaving {self!r} also failed: {type(cleanup).__name__}: {cleanup}")
+            _note_cleanup_failure(exc, self, cleanup)
         return False
 
     def close(self):
@@ -890,22 +890,40 @@ cdef int _init_context(ContextGuard self, size_t handle, count) except -1:
     return 0
 
 
+def _note_cleanup_failure(exc, guard, cleanup):
+    # Runs while the block's exception propagates: the note is best effort and nothing here
+    # may raise, or it would replace that exception (a subclass's __repr__, a cleanup error's
+    # __str__, or the user's exception refusing notes).
+    try:
+        what = str(cleanup)
+    except Exception:
+        what = "(its message could not be made)"
+    _add_note(exc, f"cyctx: leaving {_shown(guard, 200)} also failed: {type(cleanup).__name__}: {what}")
+
+
 def _add_note(exc, note):
     # PEP 678 (3.11+). On 3.10 the same attribute is set, so code that reads __notes__ finds
-    # it, and, since 3.10's traceback does not print notes, it is also written to stderr:
-    # the failure is never lost.
-    if hasattr(exc, "add_note"):
-        exc.add_note(note)
-        return
-    notes = getattr(exc, "__notes__", None)
-    if not isinstance(notes, list):
-        notes = []
+    # it, and, since 3.10's traceback does not print notes, it is also written to stderr: the
+    # failure is never lost. Best effort: an exception whose __notes__ is not a list, or whose
+    # add_note raises, keeps its own __notes__ and the note goes to stderr instead.
+    shown = False
+    try:
+        if hasattr(exc, "add_note"):  # 3.11+, or the exception's own on 3.10
+            exc.add_note(note)
+            shown = sys.version_info >= (3, 11)
+        else:
+            notes = getattr(exc, "__notes__", None)
+            if notes is None:
+                notes = exc.__notes__ = []
+            if isinstance(notes, list):
+                notes.append(note)
+    except Exception:
+        pass
+    if not shown:
         try:
-            exc.__notes__ = notes
-        except AttributeError:
-            pass
-    notes.append(note)
-    print(f"{note} (while {type(exc).__name__} propagated)", file=sys.stderr)
+            print(f"{note} (while {type(exc).__name__} propagated)", file=sys.stderr)
+        except Exception:
+            pass  # no usable stderr
 
 
 cdef int _after_reset(ContextGuard g, cydriver.CUresult err, unsigned long long ctx_id) except -1 nogil:
