@@ -531,6 +531,48 @@ def test_no_device_on_the_simulator():
     assert "[SIMULATED]" in text.splitlines()[0]
 
 
+# A wrong libcuda.so.1 first on the library path: the doctor says what cyctx's own error says
+# (tests/helpers/fakelibs.py builds the stand-ins), and that CUDA is not usable here.
+WRONG_LIBRARIES = [
+    # kind, finding code, what the title says, what cyctx's error says too
+    ("stub", "driver_stub", "stub", "LD_LIBRARY_PATH"),
+    ("old", "driver_too_old", "too old", "install a driver of CUDA 12.0 or newer"),
+    ("lacking:cuGetErrorName", "driver_incomplete", "not a complete NVIDIA driver", "cuGetErrorName"),
+]
+
+
+@pytest.mark.parametrize("kind, code, title, fix", WRONG_LIBRARIES, ids=[w[0] for w in WRONG_LIBRARIES])
+def test_wrong_driver_library_is_diagnosed_as_cyctx_reports_it(tmp_path, kind, code, title, fix):
+    from helpers.fakelibs import compiler, fake_libcuda, preload
+    if compiler() is None:
+        pytest.skip("no C compiler")
+    lib = fake_libcuda(tmp_path, kind)
+    from helpers.children import run_python
+    out = run_python("""
+        import json, cyctx
+        from cyctx._doctor import diagnose
+        try:
+            cyctx.ContextGuard(0)
+            err = None
+        except cyctx.DriverError as e:
+            err = str(e)
+        r = diagnose(cudart=False)
+        print(json.dumps([r.to_dict(), str(r), err]))
+    """, preload(lib))
+    d, text, err = json.loads(out.stdout.strip().splitlines()[-1])
+    assert d["exit_status"] == 3 and d["simulated"] is False, text
+    (f,) = d["findings"]
+    assert f["code"] == code and f["severity"] == "unavailable", f
+    assert title in f["title"] and "No NVIDIA driver" not in text and "without a GPU" not in text, text
+    assert fix in f["explanation"] + f["fix"] and fix in err, (f, err)
+    # The same reason as the guard's error, word for word.
+    why = err.split("): ", 1)[1].split(". ", 1)[1]
+    assert why.split(". ")[0] in f["explanation"], (why, f)
+    # And from the command line, with the library first on the path (LD_LIBRARY_PATH).
+    rc, cli_out, _ = cli("doctor", env={"LD_LIBRARY_PATH": os.path.dirname(lib)})
+    assert rc == 3 and title in cli_out and "No NVIDIA driver" not in cli_out, cli_out
+
+
 def test_cu11_runtime_is_discovered():
     found = _doctor.cu11_candidates()
     if not found:

@@ -225,16 +225,15 @@ def load_fix(code):
 
 
 def load_problem():
-    """None when cyctx can load the driver (libcuda.so.1, CUDA 12.0+, not the stub), else the
-    DriverError a guard would raise for it. For the doctor: it loads the library as a guard does,
-    and calls no driver function but cuGetProcAddress."""
+    """None when cyctx can load the driver (a libcuda.so.1 of CUDA 12.0+ that is not the
+    toolkit's stub), else (code, why): the CUresult and the reason a guard's error would give
+    (its fix is load_fix(code)). For the doctor, so that both say the same. Calls no driver
+    function but cuGetProcAddress."""
     cdef const DriverApi* api = NULL
     cdef char problem[512]
     problem[0] = 0
     cdef cydriver.CUresult err = driver_load(&api, problem, sizeof(problem))
     if err == cydriver.CUresult.CUDA_SUCCESS:
         return None
-    try:
-        raise_load_error(err, problem)
-    except DriverError as e:
-        return e
+    why = problem.decode(errors="replace")
+    return (<int>err, why[:1].upper() + why[1:])
