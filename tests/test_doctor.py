@@ -466,6 +466,26 @@ def test_cli_usage_errors(args):
     assert rc == 2 and "error:" in err
 
 
+def _not_the_simulator():
+    # A shared library that loads but is not the simulator: one of cyctx's own extensions.
+    import cyctx._errors
+    return cyctx._errors.__file__
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda tmp: str(tmp / "missing.so"), "not found"),
+    (lambda tmp: (tmp / "notalib.so").write_text("not a library") and str(tmp / "notalib.so"), "not a library"),
+    (lambda tmp: _not_the_simulator(), "not cyctx's simulated driver"),
+], ids=["missing", "not a library", "not the simulator"])
+def test_simulate_with_an_unusable_sim_library_is_a_clear_error(tmp_path, make, says):
+    # Exit status 3 ("no usable driver"), one line that names the library, and no traceback.
+    path = make(tmp_path)
+    for args in (("doctor", "--simulate"), ("doctor", "--simulate", "--json"), ("doctor", "--demo", "--simulate")):
+        rc, out, err = cli(*args, env={"CYCTX_SIM_LIBRARY": path})
+        assert rc == 3, (args, rc, out, err)
+        assert "Traceback" not in err and says in err and path in err and "CYCTX_SIM_LIBRARY" in err, err
+
+
 def test_cli_without_a_command_prints_help():
     rc, out, _ = cli()
     assert rc == 2 and "doctor" in out
