@@ -268,6 +268,67 @@ def test_diagnose_changes_nothing_on_either_driver():
     assert (current(), [primary_state(i) for i in range(n)]) == before
 
 
+# --- other threads at work while the doctor looks ------------------------------------------------
+
+def test_diagnose_while_other_threads_create_close_and_free_guards():
+    # The doctor lists the live guards and reads each one's handle while other threads create,
+    # close and drop guards: a guard closed between the look and the read, or the set of guards
+    # changing during the listing, must never fail the diagnosis. Switching threads as often as
+    # the interpreter allows makes both windows likely.
+    stop = threading.Event()
+    errors = []
+
+    def churn():
+        try:
+            while not stop.is_set():
+                gs = [ContextGuard(0) for _ in range(20)]
+                for g in gs[::2]:
+                    g.close()
+                del gs
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    keep = [ContextGuard(0) for _ in range(200)]  # a long listing
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    threads = [threading.Thread(target=churn, daemon=True) for _ in range(3)]
+    try:
+        for t in threads:
+            t.start()
+        for _ in range(300):
+            r = diagnose(cudart=False)
+            assert r.context is not None and len(r.guards) >= 200
+    finally:
+        sys.setswitchinterval(interval)
+        stop.set()
+        for t in threads:
+            t.join(60)
+        for g in keep:
+            g.close()
+    assert errors == []
+
+
+class _ClosedRightAfterTheLook(ContextGuard):
+    """Says it is open, and is closed at that moment: what another thread's close() between
+    the doctor's look and its read of the handle does."""
+
+    @property
+    def closed(self):
+        was = ContextGuard.closed.__get__(self)
+        if not was:
+            self.close()
+        return was
+
+
+def test_diagnose_when_a_guard_is_closed_between_the_look_and_the_use():
+    g = _ClosedRightAfterTheLook(0)
+    try:
+        r = diagnose(cudart=False)
+    finally:
+        g.close()
+    assert g.closed and all(x.handle for x in r.guards)
+
+
 # --- broken states, recognised and explained ------------------------------------------------
 
 def test_inactive_primary_current_is_the_classic_report():

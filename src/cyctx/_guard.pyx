@@ -451,6 +451,7 @@ def _target_of(obj):
 cdef dict _shared_guards = {}
 # Every guard alive in this process, for diagnostics (cyctx's doctor compares the ids the
 # guards last saw with the driver's). Touched at construction only, never on enter/exit.
+# Read by _live_guards, never iterated: see there.
 cdef object _all_guards = weakref.WeakSet()
 
 
@@ -1098,8 +1099,18 @@ def current_handle():
 
 
 def _live_guards():
-    """The ContextGuards alive in this process (a snapshot list)."""
-    return list(_all_guards)
+    """The ContextGuards alive in this process (a snapshot list; other threads may close or
+    free them meanwhile)."""
+    # Not list(_all_guards): a WeakSet's iterator is Python code that runs between items, so a
+    # guard created on another thread meanwhile raised "Set changed size during iteration".
+    # Its set of weak references is copied in one C call instead (atomic with the GIL; under
+    # the set's own lock without it), and resolved afterwards.
+    out = []
+    for r in _all_guards.data.copy():
+        g = r()
+        if g is not None:
+            out.append(g)
+    return out
 
 
 def _open_entries():
