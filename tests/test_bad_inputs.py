@@ -125,6 +125,24 @@ def _handles_not_ints():
     _all_raise("TypeError", [lambda: ContextGuard.from_handle(1.5), lambda: ContextGuard.from_handle("0x1234")])
 
 
+def _not_devices():
+    from cuda.bindings import driver as d, runtime as r
+    return [d.CUevent(0), d.CUmodule(0), d.CUgraph(0), r.cudaEvent_t(0), d.CUresult.CUDA_SUCCESS]
+
+
+class _Index:
+    def __init__(self, v):
+        self.v = v
+
+    def __index__(self):
+        return self.v
+
+
+class _BadRepr:
+    def __repr__(self):
+        raise RuntimeError("repr of a user object")
+
+
 # (the table's wording of the input, how to try it, the error the table names)
 ROWS = [
     ("`ContextGuard(-1)`", lambda: ContextGuard(-1), "ValueError"),
@@ -135,6 +153,15 @@ ROWS = [
     ("`ContextGuard(None)`", lambda: ContextGuard(None), "TypeError"),
     ("`ContextGuard(1.5)`", lambda: ContextGuard(1.5), "TypeError"),
     ("`ContextGuard(True)`", lambda: ContextGuard(True), "TypeError"),
+    ("an object whose `__index__` returns a bool", lambda: ContextGuard(_Index(True)), "TypeError"),
+    ("`ContextGuard(CUevent(0))`, `CUmodule`, `CUgraph`, `cudaEvent_t`, `CUresult.CUDA_SUCCESS` or any other "
+     "cuda.bindings or cuda.core object that is not a device, context, stream or green context",
+     lambda: _all_raise("TypeError", [lambda o=o: ContextGuard(o) for o in _not_devices()]), "TypeError"),
+    ("`ContextGuard(10**5000)` (more than 4300 digits, also through `__index__`)",
+     lambda: _all_raise("InvalidDeviceError", [lambda: ContextGuard(10**5000), lambda: ContextGuard(_Index(10**5000))]),
+     "InvalidDeviceError"),
+    ("`ContextGuard(-10**5000)`", lambda: ContextGuard(-10**5000), "ValueError"),
+    ("a non-device whose `__repr__` raises", lambda: ContextGuard(_BadRepr()), "TypeError"),
     ("`ContextGuard()`", lambda: ContextGuard(), "TypeError"),
     ("`ContextGuard(0, 1)`", lambda: ContextGuard(0, 1), "TypeError"),
     ('`ContextGuard.shared("0")`', lambda: ContextGuard.shared("0"), "TypeError"),
@@ -332,14 +359,6 @@ def test_index_returning_an_int_subclass_is_taken_without_a_warning():
 HUGE = 10**5000
 
 
-class _Index:
-    def __init__(self, v):
-        self.v = v
-
-    def __index__(self):
-        return self.v
-
-
 class _Stream:
     def __init__(self, v):
         self.v = v
@@ -389,11 +408,6 @@ def test_huge_values_read_from_framework_objects_get_the_documented_error():
 
 
 # --- a value whose __repr__ raises ----------------------------------------------------------
-
-class _BadRepr:
-    def __repr__(self):
-        raise RuntimeError("repr of a user object")
-
 
 class _BadModule:
     pass
