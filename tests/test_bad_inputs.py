@@ -3,6 +3,7 @@ says, and changes no state (the autouse fixture checks this thread's context sta
 retain counts are checked on the simulated driver). The table and this list must agree."""
 
 import builtins
+import operator
 import os
 import re
 import warnings
@@ -318,6 +319,34 @@ def test_cuda_core_objects_that_mean_no_device_are_type_errors(name):
                          "handle": 0, "device_id": 0})()
     with pytest.raises(TypeError, match=cls):
         ContextGuard(obj)
+
+
+def test_from_handle_refuses_bindings_objects_that_are_not_contexts():
+    # from_handle takes a context's address: a CUstream or a CUevent is not one, whatever int
+    # it converts to (the driver would be handed a stream or an event as a context).
+    from cuda.bindings import driver as d, runtime as r
+    for obj in (d.CUstream(5), d.CUevent(3), r.cudaEvent_t(3), d.CUgreenCtx(7)):
+        with pytest.raises(TypeError, match=type(obj).__name__):
+            ContextGuard.from_handle(obj)
+
+
+def test_index_defined_as_a_classmethod_or_staticmethod_is_called_as_python_does():
+    class ByClass:
+        @classmethod
+        def __index__(cls):
+            return 0
+
+    class Static:
+        @staticmethod
+        def __index__():
+            return 0
+
+    for obj in (ByClass(), Static()):
+        g = ContextGuard(obj)
+        try:
+            assert g.device == operator.index(obj) == 0
+        finally:
+            g.close()
 
 
 def test_index_returning_a_bool_is_a_bool():

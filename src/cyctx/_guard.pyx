@@ -221,7 +221,11 @@ def _index(value, what):
     """operator.index(value) as an exact int; an __index__ that returns a bool is refused
     (a bool is not a number here), one that returns an int subclass is taken as its value
     (operator.index would warn DeprecationWarning). Errors of the __index__ itself pass."""
-    r = type(value).__index__(value)
+    # Called as the interpreter's slot calls it: found in the type's MRO, bound, called.
+    t = type(value)
+    m = next(c.__dict__["__index__"] for c in t.__mro__ if "__index__" in c.__dict__)
+    get = getattr(type(m), "__get__", None)
+    r = (get(m, value, t) if get is not None else m)()
     if type(r) is int:
         return r
     if isinstance(r, bool):
@@ -307,7 +311,8 @@ def _handle_of(value, what, kinds=_CONTEXT_TYPES):
     lib = _library_class(t)
     if lib is not None:
         if not _is_bindings(lib, kinds):
-            raise _not_a(lib, f"a {' or '.join(kinds)}: {what} must be one, or an int handle")
+            raise TypeError(f"{what} must be an int handle or a {' or '.join(kinds)}, got "
+                            f"{lib.__module__}.{lib.__name__}")
         h = int(value)
     elif isinstance(value, bool) or not hasattr(t, "__index__"):
         raise TypeError(f"{what} must be an int handle, got {t.__name__} {_shown(value)}")
