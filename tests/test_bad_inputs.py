@@ -348,6 +348,18 @@ def test_index_defined_as_a_classmethod_or_staticmethod_is_called_as_python_does
         finally:
             g.close()
 
+    class Meta(type):
+        def __index__(cls):
+            return 0
+
+    class OnlyTheMetaclass(metaclass=Meta):  # the class is an index, its instances are not
+        pass
+
+    with pytest.raises(TypeError):
+        operator.index(OnlyTheMetaclass())
+    with pytest.raises(TypeError):
+        ContextGuard(OnlyTheMetaclass())
+
 
 def test_index_returning_a_bool_is_a_bool():
     class Flag:

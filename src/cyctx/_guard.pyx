@@ -223,7 +223,9 @@ def _index(value, what):
     (operator.index would warn DeprecationWarning). Errors of the __index__ itself pass."""
     # Called as the interpreter's slot calls it: found in the type's MRO, bound, called.
     t = type(value)
-    m = next(c.__dict__["__index__"] for c in t.__mro__ if "__index__" in c.__dict__)
+    m = next((c.__dict__["__index__"] for c in t.__mro__ if "__index__" in c.__dict__), None)
+    if m is None:  # only its metaclass has one: not an integer to Python either
+        raise TypeError(f"'{t.__name__}' object cannot be interpreted as an integer")
     get = getattr(type(m), "__get__", None)
     r = (get(m, value, t) if get is not None else m)()
     if type(r) is int:
