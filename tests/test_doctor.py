@@ -268,6 +268,67 @@ def test_diagnose_changes_nothing_on_either_driver():
     assert (current(), [primary_state(i) for i in range(n)]) == before
 
 
+# --- other threads at work while the doctor looks ------------------------------------------------
+
+def test_diagnose_while_other_threads_create_close_and_free_guards():
+    # The doctor lists the live guards and reads each one's handle while other threads create,
+    # close and drop guards: a guard closed between the look and the read, or the set of guards
+    # changing during the listing, must never fail the diagnosis. Switching threads as often as
+    # the interpreter allows makes both windows likely.
+    stop = threading.Event()
+    errors = []
+
+    def churn():
+        try:
+            while not stop.is_set():
+                gs = [ContextGuard(0) for _ in range(20)]
+                for g in gs[::2]:
+                    g.close()
+                del gs
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    keep = [ContextGuard(0) for _ in range(200)]  # a long listing
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    threads = [threading.Thread(target=churn, daemon=True) for _ in range(3)]
+    try:
+        for t in threads:
+            t.start()
+        for _ in range(300):
+            r = diagnose(cudart=False)
+            assert r.context is not None and len(r.guards) >= 200
+    finally:
+        sys.setswitchinterval(interval)
+        stop.set()
+        for t in threads:
+            t.join(60)
+        for g in keep:
+            g.close()
+    assert errors == []
+
+
+class _ClosedRightAfterTheLook(ContextGuard):
+    """Says it is open, and is closed at that moment: what another thread's close() between
+    the doctor's look and its read of the handle does."""
+
+    @property
+    def closed(self):
+        was = ContextGuard.closed.__get__(self)
+        if not was:
+            self.close()
+        return was
+
+
+def test_diagnose_when_a_guard_is_closed_between_the_look_and_the_use():
+    g = _ClosedRightAfterTheLook(0)
+    try:
+        r = diagnose(cudart=False)
+    finally:
+        g.close()
+    assert g.closed and all(x.handle for x in r.guards)
+
+
 # --- broken states, recognised and explained ------------------------------------------------
 
 def test_inactive_primary_current_is_the_classic_report():
@@ -466,6 +527,26 @@ def test_cli_usage_errors(args):
     assert rc == 2 and "error:" in err
 
 
+def _not_the_simulator():
+    # A shared library that loads but is not the simulator: one of cyctx's own extensions.
+    import cyctx._errors
+    return cyctx._errors.__file__
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda tmp: str(tmp / "missing.so"), "not found"),
+    (lambda tmp: (tmp / "notalib.so").write_text("not a library") and str(tmp / "notalib.so"), "not a library"),
+    (lambda tmp: _not_the_simulator(), "not cyctx's simulated driver"),
+], ids=["missing", "not a library", "not the simulator"])
+def test_simulate_with_an_unusable_sim_library_is_a_clear_error(tmp_path, make, says):
+    # Exit status 3 ("no usable driver"), one line that names the library, and no traceback.
+    path = make(tmp_path)
+    for args in (("doctor", "--simulate"), ("doctor", "--simulate", "--json"), ("doctor", "--demo", "--simulate")):
+        rc, out, err = cli(*args, env={"CYCTX_SIM_LIBRARY": path})
+        assert rc == 3, (args, rc, out, err)
+        assert "Traceback" not in err and says in err and path in err and "CYCTX_SIM_LIBRARY" in err, err
+
+
 def test_cli_without_a_command_prints_help():
     rc, out, _ = cli()
     assert rc == 2 and "doctor" in out
@@ -529,6 +610,48 @@ def test_no_device_on_the_simulator():
     (f,) = d["findings"]
     assert f["code"] == "no_device" and "CUDA_VISIBLE_DEVICES is ''" in f["explanation"]
     assert "[SIMULATED]" in text.splitlines()[0]
+
+
+# A wrong libcuda.so.1 first on the library path: the doctor says what cyctx's own error says
+# (tests/helpers/fakelibs.py builds the stand-ins), and that CUDA is not usable here.
+WRONG_LIBRARIES = [
+    # kind, finding code, what the title says, what cyctx's error says too
+    ("stub", "driver_stub", "stub", "LD_LIBRARY_PATH"),
+    ("old", "driver_too_old", "too old", "install a driver of CUDA 12.0 or newer"),
+    ("lacking:cuGetErrorName", "driver_incomplete", "not a complete NVIDIA driver", "cuGetErrorName"),
+]
+
+
+@pytest.mark.parametrize("kind, code, title, fix", WRONG_LIBRARIES, ids=[w[0] for w in WRONG_LIBRARIES])
+def test_wrong_driver_library_is_diagnosed_as_cyctx_reports_it(tmp_path, kind, code, title, fix):
+    from helpers.fakelibs import compiler, fake_libcuda, preload
+    if compiler() is None:
+        pytest.skip("no C compiler")
+    lib = fake_libcuda(tmp_path, kind)
+    from helpers.children import run_python
+    out = run_python("""
+        import json, cyctx
+        from cyctx._doctor import diagnose
+        try:
+            cyctx.ContextGuard(0)
+            err = None
+        except cyctx.DriverError as e:
+            err = str(e)
+        r = diagnose(cudart=False)
+        print(json.dumps([r.to_dict(), str(r), err]))
+    """, preload(lib))
+    d, text, err = json.loads(out.stdout.strip().splitlines()[-1])
+    assert d["exit_status"] == 3 and d["simulated"] is False, text
+    (f,) = d["findings"]
+    assert f["code"] == code and f["severity"] == "unavailable", f
+    assert title in f["title"] and "No NVIDIA driver" not in text and "without a GPU" not in text, text
+    assert fix in f["explanation"] + f["fix"] and fix in err, (f, err)
+    # The same reason as the guard's error, word for word.
+    why = err.split("): ", 1)[1].split(". ", 1)[1]
+    assert why.split(". ")[0] in f["explanation"], (why, f)
+    # And from the command line, with the library first on the path (LD_LIBRARY_PATH).
+    rc, cli_out, _ = cli("doctor", env={"LD_LIBRARY_PATH": os.path.dirname(lib)})
+    assert rc == 3 and title in cli_out and "No NVIDIA driver" not in cli_out, cli_out
 
 
 def test_cu11_runtime_is_discovered():

@@ -293,3 +293,66 @@ def test_shared_first_use_under_every_fault(sim):
     """ % (FUNCS,))
     assert int(out.stdout.split("TRIED")[1]) >= 10
     assert "REACTIVATED" in out.stdout
+
+
+# --- the driver library itself is wrong ---------------------------------------------------------
+# cyctx loads libcuda.so.1 itself; when that fails the code is cyctx's own choice, the driver
+# cannot be asked for its name or text, and the message must still say what the code means and
+# what is wrong: not "unrecognised error code", and not "too old" for a library that is simply
+# not a complete driver.
+
+LOAD_CHILD = """
+import json, cyctx
+try:
+    cyctx.ContextGuard(0)
+    print(json.dumps(None))
+except cyctx.DriverError as e:
+    print(json.dumps([type(e).__name__, e.code, e.name, e.call, str(e)]))
+"""
+
+
+@pytest.mark.parametrize("kind, code, name, says, not_said", [
+    ("stub", 34, "CUDA_ERROR_STUB_LIBRARY", ["stub", "LD_LIBRARY_PATH"], ["too old"]),
+    ("old", 801, "CUDA_ERROR_NOT_SUPPORTED", ["older than CUDA 12.0", "install a driver"], []),
+    ("lacking:cuGetErrorName", 500, "CUDA_ERROR_NOT_FOUND", ["cuGetErrorName", "not a complete NVIDIA driver"],
+     ["too old", "older than"]),
+    ("lacking:cuCtxGetId", 500, "CUDA_ERROR_NOT_FOUND", ["cuCtxGetId", "not a complete NVIDIA driver"],
+     ["too old", "older than"]),
+])
+def test_driver_load_errors_say_what_their_code_means(tmp_path, kind, code, name, says, not_said):
+    from helpers.children import run_python
+    from helpers.fakelibs import compiler, fake_libcuda, preload
+    if compiler() is None:
+        pytest.skip("no C compiler")
+    import json
+    out = run_python(LOAD_CHILD, preload(fake_libcuda(tmp_path, kind)))
+    cls, got_code, got_name, call, msg = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (cls, got_code, got_name, call) == ("DriverError", code, name, "loading the CUDA driver"), msg
+    assert "unrecognised" not in msg, msg
+    for s in says:
+        assert s in msg, msg
+    for s in not_said:
+        assert s not in msg, msg
+
+
+def test_no_driver_library_is_described(tmp_path):
+    # No libcuda.so.1 anywhere (this machine without a driver): NoDeviceError, described.
+    from cyctx import testing
+
+    from helpers.children import run_python
+    if testing.real_driver_available():
+        pytest.skip("this machine has an NVIDIA driver")
+    import json
+    out = run_python(LOAD_CHILD)
+    cls, code, name, call, msg = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (cls, code, name) == ("NoDeviceError", 100, "CUDA_ERROR_NO_DEVICE"), msg
+    assert "unrecognised" not in msg and "No NVIDIA driver" in msg, msg
+
+
+def test_error_names_and_texts_without_a_driver_cover_cyctxs_own_codes():
+    # Every code the load can return has a name and a text of its own, without a driver to ask.
+    from cyctx import _errors
+
+    for code in (34, 100, 500, 801, 2):
+        name, text = _errors._fallback_name_and_string(code)
+        assert name.startswith("CUDA_ERROR_") and text and "unrecognised" not in text, code

@@ -411,6 +411,76 @@ def test_cleanup_failure_does_not_replace_block_exception(guard, sim, capfd):
         assert "CUDA_ERROR_UNKNOWN" in err and "while KeyError propagated" in err
 
 
+class _NotesNotAList(KeyError):
+    """Its __notes__ is set to something that is not a list: add_note refuses (TypeError)."""
+
+
+class _AddNoteRaises(KeyError):
+    def add_note(self, note):
+        raise RuntimeError("add_note of the user's exception")
+
+
+def _notes_not_a_list(value):
+    exc = _NotesNotAList("from the block")
+    exc.__notes__ = value
+    return exc
+
+
+class _GuardWithRaisingRepr(ContextGuard):
+    def __repr__(self):
+        raise RuntimeError("repr of the guard subclass")
+
+
+@pytest.mark.parametrize("make_exc", [
+    lambda: _notes_not_a_list("a str"),
+    lambda: _notes_not_a_list(("a", "tuple")),
+    lambda: _AddNoteRaises("from the block"),
+], ids=["notes str", "notes tuple", "add_note raises"])
+def test_block_exception_wins_when_the_cleanup_note_cannot_be_attached(make_exc, capfd):
+    # The exit fails on any driver: the block pushed a context from an empty stack (a new
+    # thread) and left it, which the exit pops and reports (GuardError). Attaching that as a
+    # note fails; the block's own exception must still be what propagates, and the note,
+    # best effort, goes to stderr instead.
+    g = ContextGuard(0)
+    exc = make_exc()
+    notes_before = exc.__dict__.get("__notes__")
+
+    def body():
+        with pytest.raises(KeyError) as ei:
+            with g:
+                ok(driver().cuCtxPushCurrent(g.context))
+                raise exc
+        assert ei.value is exc
+        return current()
+
+    try:
+        assert in_thread(body) == 0
+    finally:
+        g.close()
+    assert exc.__dict__.get("__notes__") == notes_before  # the user's own value, untouched
+    err = capfd.readouterr().err
+    assert "pushed 1 context" in err and "propagated" in err, err
+
+
+def test_cleanup_note_survives_a_guard_whose_repr_raises():
+    # A note that can be attached is attached, even when the guard's repr cannot be made
+    # (a subclass may override __repr__); the block's exception still propagates.
+    g = _GuardWithRaisingRepr(0)
+
+    def body():
+        with pytest.raises(KeyError) as ei:
+            with g:
+                ok(driver().cuCtxPushCurrent(g.context))
+                raise KeyError("from the block")
+        return getattr(ei.value, "__notes__", [])
+
+    try:
+        notes = in_thread(body)
+    finally:
+        g.close()
+    assert any("pushed 1 context" in n for n in notes), notes
+
+
 def test_cleanup_failure_raises_when_block_succeeded(guard, sim):
     def body():
         with pytest.raises(DriverError) as ei:

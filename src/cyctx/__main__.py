@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m cyctx") -> int:
 
         try:
             use_simulated_driver(device_count=2)
-        except (RuntimeError, FileNotFoundError) as exc:
+        except (RuntimeError, OSError) as exc:  # not found, not a library, not the simulator
             print(f"cyctx doctor: cannot use the simulated driver: {exc}", file=sys.stderr)
             return _doctor.EXIT_NO_CUDA
 

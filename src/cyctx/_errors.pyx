@@ -159,25 +159,35 @@ def error_name_and_string(code):
     cdef const char* text = NULL
     cdef const DriverApi* api = NULL
     cdef cydriver.CUresult err = <cydriver.CUresult>code
-    cdef char problem[512]  # unused: without a driver the names come from _FALLBACK_NAMES
-    if driver_load(&api, problem, sizeof(problem)) == cydriver.CUresult.CUDA_SUCCESS:
-        if api.GetErrorName(err, &name) != cydriver.CUresult.CUDA_SUCCESS:
-            name = NULL
-        if api.GetErrorString(err, &text) != cydriver.CUresult.CUDA_SUCCESS:
-            text = NULL
+    cdef char problem[512]  # unused: without a driver the names come from _FALLBACK
+    if driver_load(&api, problem, sizeof(problem)) != cydriver.CUresult.CUDA_SUCCESS:
+        return _fallback_name_and_string(code)
+    if api.GetErrorName(err, &name) != cydriver.CUresult.CUDA_SUCCESS:
+        name = NULL
+    if api.GetErrorString(err, &text) != cydriver.CUresult.CUDA_SUCCESS:
+        text = NULL
+    fallback_name, _ = _fallback_name_and_string(code)
     return (
-        name.decode() if name != NULL else _FALLBACK_NAMES.get(int(code), f"CUresult({int(code)})"),
+        name.decode() if name != NULL else fallback_name,
+        # The driver was asked and does not know the code.
         text.decode() if text != NULL else "unrecognised error code",
     )
 
 
-# Names of the codes cyctx itself reports when no driver could be loaded to ask.
-_FALLBACK_NAMES = {
-    cydriver.CUresult.CUDA_ERROR_STUB_LIBRARY: "CUDA_ERROR_STUB_LIBRARY",
-    cydriver.CUresult.CUDA_ERROR_NO_DEVICE: "CUDA_ERROR_NO_DEVICE",
-    cydriver.CUresult.CUDA_ERROR_NOT_FOUND: "CUDA_ERROR_NOT_FOUND",
-    cydriver.CUresult.CUDA_ERROR_NOT_SUPPORTED: "CUDA_ERROR_NOT_SUPPORTED",
+# The codes cyctx itself reports when loading the driver fails (driver_load in _driver.h),
+# named and described as the driver does: no driver could be loaded to ask.
+_FALLBACK = {
+    cydriver.CUresult.CUDA_ERROR_OUT_OF_MEMORY: ("CUDA_ERROR_OUT_OF_MEMORY", "out of memory"),
+    cydriver.CUresult.CUDA_ERROR_STUB_LIBRARY: ("CUDA_ERROR_STUB_LIBRARY", "CUDA driver is a stub library"),
+    cydriver.CUresult.CUDA_ERROR_NO_DEVICE: ("CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"),
+    cydriver.CUresult.CUDA_ERROR_NOT_FOUND: ("CUDA_ERROR_NOT_FOUND", "named symbol not found"),
+    cydriver.CUresult.CUDA_ERROR_NOT_SUPPORTED: ("CUDA_ERROR_NOT_SUPPORTED", "operation not supported"),
 }
+
+
+def _fallback_name_and_string(code):
+    """(name, description) of a CUresult without asking a driver."""
+    return _FALLBACK.get(int(code), (f"CUresult({int(code)})", "no CUDA driver could be loaded to describe it"))
 
 
 def driver_error(code, call=None, detail=None):
@@ -191,13 +201,44 @@ cdef int raise_driver_error(cydriver.CUresult err, const char* call) except -1 w
 
 cdef int raise_load_error(cydriver.CUresult err, const char* problem) except -1 with gil:
     why = problem.decode(errors="replace") if problem != NULL else "unknown reason"
-    if err == cydriver.CUresult.CUDA_ERROR_NO_DEVICE:
-        fix = ("No NVIDIA driver is installed or visible here. On a GPU machine install the "
-               "NVIDIA driver; without a GPU, use cyctx's simulated driver "
-               "(cyctx.testing.use_simulated_driver, or `cyctx doctor --simulate`)")
-    elif err == cydriver.CUresult.CUDA_ERROR_STUB_LIBRARY:
-        fix = ("Remove the toolkit's stubs directory (e.g. /usr/local/cuda/lib64/stubs) from "
-               "LD_LIBRARY_PATH so that the NVIDIA driver's libcuda.so.1 is found")
-    else:
-        fix = "The NVIDIA driver is too old for cyctx: install a driver of CUDA 12.0 or newer"
-    raise driver_error(<int>err, "loading the CUDA driver", f"{why}. {fix}")
+    why = why[:1].upper() + why[1:]
+    raise driver_error(<int>err, "loading the CUDA driver", f"{why}. {load_fix(<int>err)}")
+
+
+def load_fix(code):
+    """What to do about a failure to load the driver with `code` (driver_load's codes): the
+    same words for a guard's error and for the doctor's finding."""
+    if code == cydriver.CUresult.CUDA_ERROR_NO_DEVICE:
+        return ("No NVIDIA driver is installed or visible here. On a GPU machine install the "
+                "NVIDIA driver; without a GPU, use cyctx's simulated driver "
+                "(cyctx.testing.use_simulated_driver, or `cyctx doctor --simulate`)")
+    if code == cydriver.CUresult.CUDA_ERROR_STUB_LIBRARY:
+        return ("Remove the toolkit's stubs directory (e.g. /usr/local/cuda/lib64/stubs) from "
+                "LD_LIBRARY_PATH so that the NVIDIA driver's libcuda.so.1 is found")
+    if code == cydriver.CUresult.CUDA_ERROR_NOT_SUPPORTED:
+        return "The NVIDIA driver is too old for cyctx: install a driver of CUDA 12.0 or newer"
+    if code == cydriver.CUresult.CUDA_ERROR_NOT_FOUND:
+        # It has cuGetProcAddress_v2 (CUDA 12.0+), and every driver of 12.0+ provides each
+        # function cyctx resolves: not an old driver, not a driver at all.
+        return ("The libcuda.so.1 that loaded is not a complete NVIDIA driver: every driver of "
+                "CUDA 12.0 or newer provides this function. Check which libcuda.so.1 is found "
+                "first (LD_LIBRARY_PATH, LD_PRELOAD, `ldconfig -p | grep libcuda`) and reinstall "
+                "the NVIDIA driver")
+    if code == cydriver.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
+        return "The process ran out of memory while loading the driver"
+    return "Check the NVIDIA driver installation (`nvidia-smi`)"
+
+
+def load_problem():
+    """None when cyctx can load the driver (a libcuda.so.1 of CUDA 12.0+ that is not the
+    toolkit's stub), else (code, why): the CUresult and the reason a guard's error would give
+    (its fix is load_fix(code)). For the doctor, so that both say the same. Calls no driver
+    function but cuGetProcAddress."""
+    cdef const DriverApi* api = NULL
+    cdef char problem[512]
+    problem[0] = 0
+    cdef cydriver.CUresult err = driver_load(&api, problem, sizeof(problem))
+    if err == cydriver.CUresult.CUDA_SUCCESS:
+        return None
+    why = problem.decode(errors="replace")
+    return (<int>err, why[:1].upper() + why[1:])

@@ -290,16 +290,101 @@ cdef int _raise_value(str msg) except -1 with gil:
 
 
 # --- argument checks ------------------------------------------------------------------
+# Messages show user values through _shown/_int_text: a repr that raises, or an int too long
+# for Python to print (more than 4300 digits), must not replace the error being raised.
+
+def _shown(value, limit=80):
+    """repr(value) for an error message, at most `limit` characters; never raises."""
+    try:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return _int_text(int.__index__(value))
+        text = repr(value)
+        if not isinstance(text, str):
+            raise TypeError("__repr__ returned a non-str")
+    except Exception:
+        return f"<{type(value).__name__} object>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _int_text(n):
+    """An int for a message: its digits when short (up to 2**256), else its size."""
+    if n.bit_length() <= 256:
+        return str(n)
+    return f"{'-' if n < 0 else ''}<an int of {n.bit_length()} bits>"
+
+
+def _index(value, what):
+    """operator.index(value) as an exact int; an __index__ that returns a bool is refused
+    (a bool is not a number here), one that returns an int subclass is taken as its value
+    (operator.index would warn DeprecationWarning). Errors of the __index__ itself pass."""
+    # Called as the interpreter's slot calls it: found in the type's MRO, bound, called.
+    t = type(value)
+    m = next((c.__dict__["__index__"] for c in t.__mro__ if "__index__" in c.__dict__), None)
+    if m is None:  # only its metaclass has one: not an integer to Python either
+        raise TypeError(f"'{t.__name__}' object cannot be interpreted as an integer")
+    get = getattr(type(m), "__get__", None)
+    r = (get(m, value, t) if get is not None else m)()
+    if type(r) is int:
+        return r
+    if isinstance(r, bool):
+        raise TypeError(f"{what}: {type(value).__name__}.__index__() returned a bool; a bool is not "
+                        f"an int here")
+    if isinstance(r, int):
+        return int.__index__(r)
+    raise TypeError(f"{type(value).__name__}.__index__() returned {type(r).__name__}, not an int")
+
+
+# The cuda.bindings types that mean a device, a context, a stream or a green context: every
+# other type of cuda.bindings (events, modules, graphs, device pointers, enums, ...) has an
+# int value too, but it is no device: refused by its type, never read as an ordinal or handle.
+# cudaStream_t is the driver's stream (both are CUstream_st*); CUdevice_v1 is CUdevice. The
+# runtime's cudaExecutionContext_t is opaque: the runtime offers no conversion to a CUcontext.
+_DEVICE_TYPES = ("CUdevice", "CUdevice_v1")
+_CONTEXT_TYPES = ("CUcontext",)
+_STREAM_TYPES = ("CUstream", "cudaStream_t")
+_GREEN_TYPES = ("CUgreenCtx",)
+_LIBRARIES = ("cuda.bindings", "cuda.core")
+
+
+def _library_class(t):
+    """The class of cuda.bindings or cuda.core that type `t` is or derives from, else None."""
+    for c in t.__mro__:
+        m = getattr(c, "__module__", None)
+        if isinstance(m, str) and m.startswith(_LIBRARIES):
+            return c
+    return None
+
+
+def _is_bindings(c, names):
+    return c.__module__.startswith("cuda.bindings") and c.__name__ in names
+
+
+def _not_a(c, what):
+    hint = ""
+    if c.__name__ == "cudaExecutionContext_t":
+        hint = (" (the runtime cannot convert an execution context to a CUcontext: pass its "
+                "device, from cudaExecutionCtxGetDevice, or the CUcontext or CUgreenCtx itself)")
+    return TypeError(f"{c.__module__}.{c.__name__} is not {what}{hint}")
+
 
 def _ordinal_of(device):
     """The device ordinal as a Python int, or TypeError/ValueError. No driver call."""
-    if isinstance(device, bool) or not hasattr(type(device), "__index__"):
-        raise TypeError(
-            f"device must be an int ordinal (0, 1, ...), got {type(device).__name__} {device!r}"
-        )
-    ordinal = operator.index(device)
+    t = type(device)
+    if t is int:
+        ordinal = device
+    else:
+        lib = _library_class(t)
+        if lib is not None:
+            if not _is_bindings(lib, _DEVICE_TYPES):
+                raise _not_a(lib, "a device ordinal")
+            device = int(device)  # a CUdevice is its ordinal (cuDeviceGet(&dev, k) gives k)
+        elif isinstance(device, bool) or not hasattr(t, "__index__"):
+            raise TypeError(
+                f"device must be an int ordinal (0, 1, ...), got {t.__name__} {_shown(device)}"
+            )
+        ordinal = _index(device, "device")
     if ordinal < 0:
-        raise ValueError(f"device ordinal must be >= 0, got {ordinal}")
+        raise ValueError(f"device ordinal must be >= 0, got {_int_text(ordinal)}")
     return ordinal
 
 
@@ -314,18 +399,23 @@ _HANDLE_BITS = 8 * sizeof(void*)
 _HANDLE_LIMIT = 1 << _HANDLE_BITS
 
 
-def _handle_of(value, what):
+def _handle_of(value, what, kinds=_CONTEXT_TYPES):
     """A handle as a Python int in [0, 2**64), or TypeError/ValueError. No driver call.
 
-    An int (anything with ``__index__``, not bool) or a cuda.bindings handle object (which
-    converts with int()). A float, str or bytes is refused, never truncated or parsed."""
+    An int (anything with ``__index__``, not bool) or a cuda.bindings handle object of one of
+    the types `kinds` (which converts with int()). A float, str or bytes is refused, never
+    truncated or parsed; so is any other cuda.bindings or cuda.core object."""
     t = type(value)
-    if (t.__module__ or "").startswith("cuda.bindings") and hasattr(t, "__int__"):
+    lib = _library_class(t)
+    if lib is not None:
+        if not _is_bindings(lib, kinds):
+            raise TypeError(f"{what} must be an int handle or a {' or '.join(kinds)}, got "
+                            f"{lib.__module__}.{lib.__name__}")
         h = int(value)
     elif isinstance(value, bool) or not hasattr(t, "__index__"):
-        raise TypeError(f"{what} must be an int handle, got {t.__name__} {value!r:.80}")
+        raise TypeError(f"{what} must be an int handle, got {t.__name__} {_shown(value)}")
     else:
-        h = operator.index(value)
+        h = _index(value, what)
     if not 0 <= h < _HANDLE_LIMIT:
         raise ValueError(
             f"{what} {h:#x} is out of range: a handle is a {_HANDLE_BITS}-bit address, "
@@ -340,18 +430,20 @@ def _cuda_stream_handle(obj):
     """The handle of the CUDA stream protocol: ``__cuda_stream__()`` returns (version, handle)."""
     v = obj.__cuda_stream__()
     # Checked before it is looked into (this module is compiled with boundscheck=False): a
-    # tuple of exactly two, unpacked (never indexed), both ints.
+    # tuple of exactly two, both ints. Read with tuple's own length and items: a subclass's
+    # __iter__, __len__ or __getitem__ may say anything.
     if not isinstance(v, tuple) or tuple.__len__(v) != 2:
         raise TypeError(
             f"{type(obj).__name__}.__cuda_stream__() must return a (version, handle) tuple of "
-            f"two ints, got {type(v).__name__} {v!r:.80}"
+            f"two ints, got {type(v).__name__} {_shown(v)}"
         )
-    version, handle = v
+    version = tuple.__getitem__(v, 0)
+    handle = tuple.__getitem__(v, 1)
     if isinstance(version, bool) or not hasattr(type(version), "__index__"):
         raise TypeError(
-            f"{type(obj).__name__}.__cuda_stream__() returned version {version!r:.40}; an int is needed"
+            f"{type(obj).__name__}.__cuda_stream__() returned version {_shown(version, 40)}; an int is needed"
         )
-    return _handle_of(handle, f"{type(obj).__name__}.__cuda_stream__() handle")
+    return _handle_of(handle, f"{type(obj).__name__}.__cuda_stream__() handle", _STREAM_TYPES)
 
 
 cdef int _device_count() except -1:
@@ -393,50 +485,60 @@ def _target_of(obj):
     """('ordinal', k) or ('context', handle) or ('stream', handle, fallback ordinal or None)
     or ('green', handle) for anything ContextGuard accepts; TypeError/ValueError otherwise."""
     t = type(obj)
-    mod = t.__module__ or ""
-    name = t.__name__
     # Every value read from a duck-typed object is checked (_ordinal_of, _handle_of) before
     # it is used: these are user objects, and a float, a str or a huge int must be a
     # TypeError/ValueError, never truncated, parsed or overflowed.
-    if mod.startswith("cuda.bindings"):
-        if name == "CUcontext":
-            return ("context", _handle_of(obj, "CUcontext"))
-        if name == "CUstream":
-            return ("stream", _handle_of(obj, "CUstream"), None)
-        if name == "CUgreenCtx":
-            return ("green", _handle_of(obj, "CUgreenCtx"))
-        if name == "CUdevice":
-            return ("ordinal", _ordinal_of(int(obj)))  # a CUdevice is its ordinal
-    elif mod == "torch" and name == "device":
+    lib = _library_class(t)
+    if lib is not None:
+        # cuda.bindings and cuda.core: only the types that mean a device, a context, a stream
+        # or a green context; any other of their objects is refused by its type, whatever
+        # __index__/__int__ it has (a CUevent is no device ordinal).
+        name = lib.__name__
+        if lib.__module__.startswith("cuda.bindings"):
+            if name in _CONTEXT_TYPES:
+                return ("context", _handle_of(obj, name, _CONTEXT_TYPES))
+            if name in _STREAM_TYPES:
+                return ("stream", _handle_of(obj, name, _STREAM_TYPES), None)
+            if name in _GREEN_TYPES:
+                return ("green", _handle_of(obj, name, _GREEN_TYPES))
+            if name in _DEVICE_TYPES:
+                return ("ordinal", _ordinal_of(obj))
+        else:
+            if name == "Device" and hasattr(obj, "device_id"):
+                return ("ordinal", _ordinal_of(obj.device_id))
+            if name == "Stream":
+                return ("stream", _handle_of(obj.handle, f"{name}.handle", _STREAM_TYPES),
+                        _ordinal_of(obj.device.device_id))
+            if name == "Context":
+                return ("context", _handle_of(obj.handle, f"{name}.handle", _CONTEXT_TYPES))
+            if hasattr(obj, "__cuda_stream__"):  # another cuda.core stream kind
+                return ("stream", _cuda_stream_handle(obj), None)
+        raise _not_a(lib, "a device, a context, a stream or a green context, which ContextGuard takes")
+    mod = t.__module__ if isinstance(t.__module__, str) else ""
+    name = t.__name__
+    if mod == "torch" and name == "device":
         if obj.type != "cuda":
-            raise ValueError(f"{obj!r} is not a CUDA device")
+            raise ValueError(f"{_shown(obj)} is not a CUDA device")
         if obj.index is None:  # torch.device("cuda"): torch's current device
             import torch
             return ("ordinal", _ordinal_of(torch.cuda.current_device()))
         return ("ordinal", _ordinal_of(obj.index))
     elif mod.startswith("torch") and hasattr(obj, "cuda_stream"):
-        return ("stream", _handle_of(obj.cuda_stream, f"{name}.cuda_stream"),
+        return ("stream", _handle_of(obj.cuda_stream, f"{name}.cuda_stream", _STREAM_TYPES),
                 _optional_ordinal(obj.device.index))
     elif mod.startswith("cupy"):
         if name == "Device":
             return ("ordinal", _ordinal_of(obj.id))
         if hasattr(obj, "ptr") and "Stream" in name:
-            return ("stream", _handle_of(obj.ptr, f"{name}.ptr"),
+            return ("stream", _handle_of(obj.ptr, f"{name}.ptr", _STREAM_TYPES),
                     _optional_ordinal(getattr(obj, "device_id", None)))
-    elif mod.startswith("cuda.core"):
-        if hasattr(obj, "device_id") and name == "Device":
-            return ("ordinal", _ordinal_of(obj.device_id))
-        if name == "Stream":
-            return ("stream", _handle_of(obj.handle, f"{name}.handle"), _ordinal_of(obj.device.device_id))
-        if name == "Context":
-            return ("context", _handle_of(obj.handle, f"{name}.handle"))
     if hasattr(obj, "__cuda_stream__"):  # the CUDA stream protocol: (version, handle)
         return ("stream", _cuda_stream_handle(obj), None)
     if isinstance(obj, bool) or not hasattr(t, "__index__"):
         raise TypeError(
             f"ContextGuard takes a device ordinal (int), a device (cuda.core Device, "
             f"cupy.cuda.Device, torch.device), a CUcontext, a stream or a green context; got "
-            f"{mod}.{name} {obj!r}"
+            f"{mod}.{name} {_shown(obj)}"
         )
     return ("ordinal", _ordinal_of(obj))
 
@@ -452,6 +554,7 @@ def _target_of(obj):
 cdef dict _shared_guards = {}
 # Every guard alive in this process, for diagnostics (cyctx's doctor compares the ids the
 # guards last saw with the driver's). Touched at construction only, never on enter/exit.
+# Read by _live_guards, never iterated: see there.
 cdef object _all_guards = weakref.WeakSet()
 
 
@@ -631,7 +734,7 @@ cdef class ContextGuard:
         try:
             _exit_block(self, block)
         except BaseException as cleanup:
-            _add_note(exc, f"cyctx: leaving {self!r} also failed: {type(cleanup).__name__}: {cleanup}")
+            _note_cleanup_failure(exc, self, cleanup)
         return False
 
     def close(self):
@@ -835,7 +938,7 @@ cdef int _init_primary(ContextGuard self, ordinal, count) except -1:
     if ordinal >= count:
         raise InvalidDeviceError(
             <int>cydriver.CUresult.CUDA_ERROR_INVALID_DEVICE, "ContextGuard",
-            f"Device {ordinal} does not exist: the driver reports {count} device(s), "
+            f"Device {_int_text(ordinal)} does not exist: the driver reports {count} device(s), "
             f"ordinals 0..{count - 1} (CUDA_VISIBLE_DEVICES renumbers them)",
         )
     cdef int extra = 0
@@ -930,22 +1033,40 @@ cdef int _init_context(ContextGuard self, size_t handle, count) except -1:
     return 0
 
 
+def _note_cleanup_failure(exc, guard, cleanup):
+    # Runs while the block's exception propagates: the note is best effort and nothing here
+    # may raise, or it would replace that exception (a subclass's __repr__, a cleanup error's
+    # __str__, or the user's exception refusing notes).
+    try:
+        what = str(cleanup)
+    except Exception:
+        what = "(its message could not be made)"
+    _add_note(exc, f"cyctx: leaving {_shown(guard, 200)} also failed: {type(cleanup).__name__}: {what}")
+
+
 def _add_note(exc, note):
     # PEP 678 (3.11+). On 3.10 the same attribute is set, so code that reads __notes__ finds
-    # it, and, since 3.10's traceback does not print notes, it is also written to stderr:
-    # the failure is never lost.
-    if hasattr(exc, "add_note"):
-        exc.add_note(note)
-        return
-    notes = getattr(exc, "__notes__", None)
-    if not isinstance(notes, list):
-        notes = []
+    # it, and, since 3.10's traceback does not print notes, it is also written to stderr: the
+    # failure is never lost. Best effort: an exception whose __notes__ is not a list, or whose
+    # add_note raises, keeps its own __notes__ and the note goes to stderr instead.
+    shown = False
+    try:
+        if hasattr(exc, "add_note"):  # 3.11+, or the exception's own on 3.10
+            exc.add_note(note)
+            shown = sys.version_info >= (3, 11)
+        else:
+            notes = getattr(exc, "__notes__", None)
+            if notes is None:
+                notes = exc.__notes__ = []
+            if isinstance(notes, list):
+                notes.append(note)
+    except Exception:
+        pass
+    if not shown:
         try:
-            exc.__notes__ = notes
-        except AttributeError:
-            pass
-    notes.append(note)
-    print(f"{note} (while {type(exc).__name__} propagated)", file=sys.stderr)
+            print(f"{note} (while {type(exc).__name__} propagated)", file=sys.stderr)
+        except Exception:
+            pass  # no usable stderr
 
 
 cdef int _after_reset(ContextGuard g, cydriver.CUresult err, unsigned long long ctx_id) except -1 nogil:
@@ -1129,8 +1250,18 @@ def current_handle():
 
 
 def _live_guards():
-    """The ContextGuards alive in this process (a snapshot list)."""
-    return list(_all_guards)
+    """The ContextGuards alive in this process (a snapshot list; other threads may close or
+    free them meanwhile)."""
+    # Not list(_all_guards): a WeakSet's iterator is Python code that runs between items, so a
+    # guard created on another thread meanwhile raised "Set changed size during iteration".
+    # Its set of weak references is copied in one C call instead (atomic with the GIL; under
+    # the set's own lock without it), and resolved afterwards.
+    out = []
+    for r in _all_guards.data.copy():
+        g = r()
+        if g is not None:
+            out.append(g)
+    return out
 
 
 def _open_entries():

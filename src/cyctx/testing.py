@@ -30,8 +30,12 @@ def sim_library_path() -> str:
     """Path of the simulated ``libcuda.so.1`` (env ``CYCTX_SIM_LIBRARY`` overrides)."""
     path = os.environ.get("CYCTX_SIM_LIBRARY") or os.path.join(os.path.dirname(__file__), "_sim", "libcuda.so.1")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"simulated driver not found at {path}; was cyctx built with its build_ext?")
+        raise FileNotFoundError(f"simulated driver not found at {path}{_from_env()}; was cyctx built with its build_ext?")
     return path
+
+
+def _from_env() -> str:
+    return " (from CYCTX_SIM_LIBRARY)" if os.environ.get("CYCTX_SIM_LIBRARY") else ""
 
 
 def _loaded_libcuda() -> str | None:
@@ -119,7 +123,9 @@ def use_simulated_driver(device_count: int = 2) -> Sim:
     """Route this process's driver calls to the simulated driver; returns its :class:`Sim`.
 
     Must run before the first driver call (by cyctx, cuda.bindings, CuPy, ...). Calling it
-    again returns the same Sim.
+    again returns the same Sim. FileNotFoundError when the library is missing; RuntimeError
+    when it does not load or is not the simulator (``CYCTX_SIM_LIBRARY`` names another
+    library), or another driver library is loaded already.
     """
     global _sim
     if _sim is not None:
@@ -131,7 +137,15 @@ def use_simulated_driver(device_count: int = 2) -> Sim:
             f"a driver library is already loaded in this process ({loaded}); the simulated "
             f"driver must be selected before the first driver call"
         )
-    lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    try:
+        lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    except OSError as exc:
+        raise RuntimeError(f"{path}{_from_env()} is not a library that loads: {exc}") from None
+    # A library that loads but is not the simulator (another libcuda.so.1, an older build):
+    # say so before any of its functions is called.
+    missing = [name for name, _, _ in CONTROL_API if not hasattr(lib, name)]
+    if missing:
+        raise RuntimeError(f"{path}{_from_env()} is not cyctx's simulated driver: it has no {missing[0]}")
     sim = Sim(lib, path)
     if lib.cyctxsim_configure(device_count) != 0 and sim.device_count != device_count:
         raise RuntimeError(f"simulated driver already initialised with {sim.device_count} devices")

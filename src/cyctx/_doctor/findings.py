@@ -26,6 +26,7 @@ from cyctx._doctor.probe import (
     simulated_driver_path,
 )
 from cyctx._doctor.runtime import add_runtimes
+from cyctx._errors import load_fix, load_problem
 
 
 def diagnose(cudart: str | bool | None = None) -> Diagnosis:
@@ -73,6 +74,17 @@ def diagnose(cudart: str | bool | None = None) -> Diagnosis:
     )
 
     d = driver
+    # First the way a guard loads the driver (cyctx._errors.load_problem): a stub, a driver
+    # older than CUDA 12.0 or a library that is not a complete driver get the diagnosis of
+    # cyctx's own error, not cuda.bindings' failure to find a function.
+    problem = load_problem()
+    if problem is not None and problem[0] != NO_DEVICE:
+        code, why = problem
+        diag.driver_library = loaded_libcuda()
+        diag.driver_error = f"{error_name(code)}: {why}"
+        findings.append(_f_unusable_library(code, why, diag.driver_library))
+        add_runtimes(diag, cudart, query_device=False)
+        return diag
     try:
         err, _ = call(d.cuInit, 0)
     except Exception as exc:  # cuda.bindings could not load libcuda.so.1 at all
@@ -135,6 +147,26 @@ def _f_no_driver(error: str) -> Finding:
         f"in CUDA can run without it; this is normal on a machine without an NVIDIA GPU.",
         "On a GPU machine, install the NVIDIA driver. To try cyctx here, use its simulated driver: "
         "`python -m cyctx doctor --simulate` and `python -m cyctx doctor --demo --simulate`.",
+    )
+
+
+# The libraries cyctx cannot use, by the CUresult its loader reports (_driver.h, driver_load).
+_UNUSABLE = {
+    34: ("driver_stub", "The libcuda.so.1 that loads is the CUDA toolkit's stub, not the NVIDIA driver"),
+    801: ("driver_too_old", "The NVIDIA driver is too old: cyctx needs a driver of CUDA 12.0 or newer"),
+    500: ("driver_incomplete", "The libcuda.so.1 that loads is not a complete NVIDIA driver"),
+}
+
+
+def _f_unusable_library(code: int, why: str, path: str | None) -> Finding:
+    # The words of cyctx's own error (cyctx._errors.raise_load_error): the reason and the fix.
+    fid, title = _UNUSABLE.get(code, ("driver_unusable", "The CUDA driver library cannot be used"))
+    where = f" ({path})" if path else ""
+    return Finding(
+        fid, "unavailable", title,
+        f"Loading libcuda.so.1{where} as a ContextGuard does fails with {error_name(code)}. "
+        f"{why}. Nothing in CUDA can run with this library.",
+        load_fix(code) + ".",
     )
 
 

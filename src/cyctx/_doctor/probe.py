@@ -13,6 +13,7 @@ from typing import Any, Callable
 from cuda.bindings import driver
 
 from cyctx._doctor.model import ContextInfo, DeviceInfo, GuardInfo
+from cyctx._errors import GuardError
 from cyctx._guard import _fork_state, _live_guards
 
 # The CUresult values the doctor reasons about, by name; plain ints, as call() returns codes.
@@ -112,9 +113,11 @@ def guard_infos() -> list[GuardInfo]:
     d = driver
     out = []
     for g in _live_guards():
-        if g.closed:
+        # Read, not looked at first: another thread may close the guard at any moment.
+        try:
+            h = g.handle
+        except GuardError:  # closed
             continue
-        h = g.handle
         # The handle value survives a reset, the id does not (docs/design.md "Reset",
         # results/2026-11-30-lab/2026-11-30-gpu3.log): CONTEXT_IS_DESTROYED means the context
         # behind the handle is destroyed and the primary is inactive.

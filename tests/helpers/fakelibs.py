@@ -1,0 +1,86 @@
+"""Stand-ins for a broken ``libcuda.so.1``, compiled on demand with the system C compiler.
+
+A child that loads one of them first (``ctypes.CDLL(path, RTLD_GLOBAL)``, as a wrong
+``LD_LIBRARY_PATH`` would) gets it from every later ``dlopen("libcuda.so.1")``: cyctx's and
+cuda.bindings' alike. Each kind models a real misconfiguration:
+
+stub           the CUDA toolkit's lib64/stubs/libcuda.so.1: every entry point answers
+               CUDA_ERROR_STUB_LIBRARY (34)
+old            a driver older than CUDA 12.0: no cuGetProcAddress_v2
+lacking:NAME   a library with cuGetProcAddress_v2 that does not provide NAME (every other
+               function is found, and answers CUDA_ERROR_UNKNOWN)
+"""
+
+import os
+import shutil
+import subprocess
+
+_HEAD = r"""
+typedef int CUresult;
+typedef unsigned long long cuuint64_t;
+static CUresult unknown(void) { return 999; }
+"""
+
+_STUB = _HEAD + r"""
+CUresult cuGetProcAddress_v2(const char *s, void **p, int v, cuuint64_t f, int *st) {
+    (void)s; (void)v; (void)f; if (p) *p = 0; if (st) *st = 0; return 34;
+}
+CUresult cuGetProcAddress(const char *s, void **p, int v, cuuint64_t f) {
+    (void)s; (void)v; (void)f; if (p) *p = 0; return 34;
+}
+CUresult cuInit(unsigned int flags) { (void)flags; return 34; }
+CUresult cuDriverGetVersion(int *v) { if (v) *v = 0; return 34; }
+"""
+
+_OLD = _HEAD + r"""
+/* What a driver of CUDA 11.x exports: cuGetProcAddress without the status argument. */
+CUresult cuGetProcAddress(const char *s, void **p, int v, cuuint64_t f) {
+    (void)s; (void)v; (void)f; if (p) *p = (void *)unknown; return 0;
+}
+CUresult cuInit(unsigned int flags) { (void)flags; return 0; }
+CUresult cuDriverGetVersion(int *v) { if (v) *v = 11080; return 0; }
+"""
+
+_LACKING = _HEAD + r"""
+#include <string.h>
+CUresult cuGetProcAddress_v2(const char *s, void **p, int v, cuuint64_t f, int *st) {
+    (void)v; (void)f;
+    if (strcmp(s, "%(name)s") == 0) { if (p) *p = 0; if (st) *st = 1; return 0; }  /* SYMBOL_NOT_FOUND */
+    if (p) *p = (void *)unknown; if (st) *st = 0; return 0;
+}
+CUresult cuGetProcAddress(const char *s, void **p, int v, cuuint64_t f) {
+    int st; return cuGetProcAddress_v2(s, p, v, f, &st);
+}
+CUresult cuInit(unsigned int flags) { (void)flags; return 999; }
+CUresult cuDriverGetVersion(int *v) { if (v) *v = 13000; return 0; }
+"""
+
+
+def compiler():
+    """The C compiler, or None."""
+    return shutil.which("cc") or shutil.which("gcc")
+
+
+def fake_libcuda(directory, kind):
+    """Build the `kind` stand-in in `directory`; its path (soname libcuda.so.1)."""
+    if kind == "stub":
+        src = _STUB
+    elif kind == "old":
+        src = _OLD
+    elif kind.startswith("lacking:"):
+        src = _LACKING % {"name": kind.split(":", 1)[1]}
+    else:
+        raise ValueError(kind)
+    out = os.path.join(str(directory), kind.replace(":", "-"))
+    os.makedirs(out, exist_ok=True)
+    c, lib = os.path.join(out, "fake.c"), os.path.join(out, "libcuda.so.1")
+    with open(c, "w") as f:
+        f.write(src)
+    subprocess.run([compiler(), "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", lib, c],
+                   check=True, capture_output=True)
+    return lib
+
+
+def preload(lib):
+    """Child-code prologue: load `lib` first, as the process's libcuda.so.1."""
+    return f"import ctypes; ctypes.CDLL({lib!r}, mode=ctypes.RTLD_GLOBAL)\n"
