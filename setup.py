@@ -155,7 +155,7 @@ class BuildExtWithSim(build_ext):
 
 setup(
     ext_modules=cythonize(
-        [_ext("_errors"), _ext("_guard")],
+        [_ext("_guard")],
         compiler_directives=DIRECTIVES,
         include_path=["src"],
         # Always regenerate: the C++ depends on the installed cydriver.pxd, and a .cpp left

@@ -30,7 +30,7 @@ SETUP = textwrap.dedent("""
 def consumer_dir(tmp_path_factory):
     installed = os.path.realpath(os.path.dirname(cyctx.__file__))
     assert not installed.startswith(REPO_SRC), f"cyctx imported from the source tree ({installed}), not installed"
-    for f in ("__init__.pxd", "_guard.pxd", "_errors.pxd"):
+    for f in ("__init__.pxd", "_guard.pxd"):
         assert os.path.isfile(os.path.join(installed, f)), f"installed cyctx lacks {f}"
     d = tmp_path_factory.mktemp("consumer")
     shutil.copy(os.path.join(HERE, "consumer", "cyctx_consumer.pyx"), d)

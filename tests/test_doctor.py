@@ -529,8 +529,8 @@ def test_cli_usage_errors(args):
 
 def _not_the_simulator():
     # A shared library that loads but is not the simulator: one of cyctx's own extensions.
-    import cyctx._errors
-    return cyctx._errors.__file__
+    import cyctx._guard
+    return cyctx._guard.__file__
 
 
 @pytest.mark.parametrize("make, says", [

@@ -64,5 +64,5 @@ def test_console_script_is_the_doctor():
 def test_installed_files_are_sources_and_binaries_only():
     names = set(os.listdir(PKG))
     assert not [n for n in names if n.endswith((".cpp", ".c"))], "generated C++ shipped"
-    assert {"__init__.pxd", "_guard.pxd", "_errors.pxd", "_driver.pxd", "py.typed"} <= names
+    assert {"__init__.pxd", "_guard.pxd", "_driver.pxd", "py.typed"} <= names
     assert os.path.isfile(os.path.join(PKG, "_sim", "libcuda.so.1"))

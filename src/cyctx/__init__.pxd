@@ -4,4 +4,4 @@
 from cyctx._guard cimport ContextGuard, Switch, switch_to, switch_back
 # The driver-result checker, under a name that says what it checks: 0 on CUDA_SUCCESS, else
 # raises the typed cyctx.DriverError (taking the GIL only then). Usable inside `with nogil:`.
-from cyctx._errors cimport check as check_result
+from cyctx._guard cimport check as check_result

@@ -12,6 +12,21 @@
 from cuda.bindings cimport cydriver
 
 
+# Driver results. `check` is inline and its success path never touches the GIL; only a failure
+# takes it, in raise_driver_error, to raise the typed error of cyctx._errors for the code.
+cdef int raise_driver_error(cydriver.CUresult err, const char* call) except -1 with gil
+
+# The DriverError for a failed driver load (no libcuda.so.1, a driver older than CUDA 12.0, the
+# toolkit's stub, a missing function), with `problem` in the message. GIL: takes it.
+cdef int raise_load_error(cydriver.CUresult err, const char* problem) except -1 with gil
+
+# 0 on CUDA_SUCCESS, else raises. GIL: only on failure. Errors: DriverError.
+cdef inline int check(cydriver.CUresult err, const char* call) except -1 nogil:
+    if err == cydriver.CUresult.CUDA_SUCCESS:
+        return 0
+    return raise_driver_error(err, call)
+
+
 cdef struct Switch:
     cydriver.CUcontext prev    # current before switch_to (NULL: none)
     unsigned long long prev_id # prev's cuCtxGetId then (0: prev was already dead)

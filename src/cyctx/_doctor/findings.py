@@ -26,7 +26,8 @@ from cyctx._doctor.probe import (
     simulated_driver_path,
 )
 from cyctx._doctor.runtime import add_runtimes
-from cyctx._errors import load_fix, load_problem
+from cyctx._errors import load_fix
+from cyctx._guard import load_problem
 
 
 def diagnose(cudart: str | bool | None = None) -> Diagnosis:
@@ -74,7 +75,7 @@ def diagnose(cudart: str | bool | None = None) -> Diagnosis:
     )
 
     d = driver
-    # First the way a guard loads the driver (cyctx._errors.load_problem): a stub, a driver
+    # First the way a guard loads the driver (cyctx._guard.load_problem): a stub, a driver
     # older than CUDA 12.0 or a library that is not a complete driver get the diagnosis of
     # cyctx's own error, not cuda.bindings' failure to find a function.
     problem = load_problem()
@@ -159,7 +160,7 @@ _UNUSABLE = {
 
 
 def _f_unusable_library(code: int, why: str, path: str | None) -> Finding:
-    # The words of cyctx's own error (cyctx._errors.raise_load_error): the reason and the fix.
+    # The words of cyctx's own error (cyctx._guard.raise_load_error): the reason and the fix.
     fid, title = _UNUSABLE.get(code, ("driver_unusable", "The CUDA driver library cannot be used"))
     where = f" ({path})" if path else ""
     return Finding(

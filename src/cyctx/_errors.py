@@ -1,22 +1,32 @@
-"""Typed errors of cyctx.
+"""Typed errors of cyctx, and their words.
 
 Every driver failure becomes a :class:`DriverError` (or a subclass a user would catch)
 carrying the ``CUresult`` as ``.code`` and its name as ``.name``, with a message that says
 what happened and what to do. Misuse of a guard is a :class:`GuardError`.
+
+Pure Python on purpose: the native state (the driver table, the fork flags) has one owner,
+the ``_guard`` extension module, which raises these classes. Two things only it can know are
+handed to this module when it loads (``_install``): how the driver names a code, and whether
+this process is a forked child. Until then, and with no driver, the names come from
+``_FALLBACK``.
 """
 
-from cuda.bindings cimport cydriver
-
-from cyctx._driver cimport DriverApi, driver_load
-
-# The fork flags of _fork.h, read for the fork hint. Like _driver.h's table, each extension
-# module has its own copy of them, so this one installs its own handler (both run at a fork).
-cdef extern from "_fork.h" namespace "cyctx" nogil:
-    int fork_child() noexcept
-    int install_fork_handler()
-
-if install_fork_handler() != 0:
-    raise ImportError("cyctx: pthread_atfork failed; fork safety cannot be guaranteed")
+# The CUresult codes cyctx names (cuda.h), as plain ints: this module imports no bindings.
+CUDA_ERROR_INVALID_VALUE = 1
+CUDA_ERROR_OUT_OF_MEMORY = 2
+CUDA_ERROR_NOT_INITIALIZED = 3
+CUDA_ERROR_DEINITIALIZED = 4
+CUDA_ERROR_STUB_LIBRARY = 34
+CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER = 36
+CUDA_ERROR_DEVICE_UNAVAILABLE = 46
+CUDA_ERROR_NO_DEVICE = 100
+CUDA_ERROR_INVALID_DEVICE = 101
+CUDA_ERROR_INVALID_CONTEXT = 201
+CUDA_ERROR_NOT_FOUND = 500
+CUDA_ERROR_CONTEXT_IS_DESTROYED = 709
+CUDA_ERROR_NOT_SUPPORTED = 801
+CUDA_ERROR_SYSTEM_DRIVER_MISMATCH = 803
+CUDA_ERROR_UNKNOWN = 999
 
 
 class CyctxError(Exception):
@@ -58,7 +68,7 @@ class DriverError(CyctxError):
 
     def __init__(self, code, call=None, detail=None):
         self.code = int(code)
-        self.name, description = error_name_and_string(self.code)
+        self.name, description = _describe(self.code)
         self.call = call
         self.detail = detail
         where = f"{call} failed: " if call else ""
@@ -96,41 +106,41 @@ class InvalidDeviceError(DriverError, ValueError):
 
 # Tables keyed by CUresult, written by name (the numbers are in the class docstrings above).
 _HINTS = {
-    cydriver.CUresult.CUDA_ERROR_INVALID_VALUE: "An argument was out of range for the driver",
-    cydriver.CUresult.CUDA_ERROR_NOT_INITIALIZED:
+    CUDA_ERROR_INVALID_VALUE: "An argument was out of range for the driver",
+    CUDA_ERROR_NOT_INITIALIZED:
         "The driver is not initialised in this process: call cuInit(0) first",
-    cydriver.CUresult.CUDA_ERROR_DEINITIALIZED:
+    CUDA_ERROR_DEINITIALIZED:
         "The driver is shutting down (interpreter exit?); no CUDA work can run now",
-    cydriver.CUresult.CUDA_ERROR_STUB_LIBRARY:
+    CUDA_ERROR_STUB_LIBRARY:
         ("The libcuda.so.1 that was loaded is the toolkit's stub, not the driver: "
          "remove the stubs directory from LD_LIBRARY_PATH"),
-    cydriver.CUresult.CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER:
+    CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER:
         "The installed NVIDIA driver is older than this call needs: upgrade the driver",
-    cydriver.CUresult.CUDA_ERROR_DEVICE_UNAVAILABLE:
+    CUDA_ERROR_DEVICE_UNAVAILABLE:
         "The device is in use by another process or in exclusive/prohibited compute mode",
-    cydriver.CUresult.CUDA_ERROR_NO_DEVICE:
+    CUDA_ERROR_NO_DEVICE:
         "No CUDA-capable device is visible: check the driver, CUDA_VISIBLE_DEVICES and nvidia-smi",
-    cydriver.CUresult.CUDA_ERROR_INVALID_DEVICE:
+    CUDA_ERROR_INVALID_DEVICE:
         "The device ordinal does not exist: check cuDeviceGetCount and CUDA_VISIBLE_DEVICES",
-    cydriver.CUresult.CUDA_ERROR_INVALID_CONTEXT:
+    CUDA_ERROR_INVALID_CONTEXT:
         ("The context is not usable: it was destroyed, or it is a primary context that is "
          "inactive (never retained, released to zero, or reset by cudaDeviceReset). A "
          "cyctx.ContextGuard retains and activates it; `python -m cyctx doctor` explains "
          "this thread's state"),
-    cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED:
+    CUDA_ERROR_CONTEXT_IS_DESTROYED:
         ("The context was destroyed (cuCtxDestroy, or its primary context was reset or "
          "released to zero) while this handle was still in use. Retain it again, e.g. with a "
          "new cyctx.ContextGuard"),
-    cydriver.CUresult.CUDA_ERROR_SYSTEM_DRIVER_MISMATCH:
+    CUDA_ERROR_SYSTEM_DRIVER_MISMATCH:
         "The driver and kernel module versions do not match: reboot or reinstall the driver",
-    cydriver.CUresult.CUDA_ERROR_UNKNOWN:
+    CUDA_ERROR_UNKNOWN:
         "The driver reported an unknown error; the GPU may need attention (nvidia-smi)",
 }
 
 # Fork is named only in a process that was forked: elsewhere it would send the reader after a
-# cause that cannot be theirs (issue 11).
+# cause that cannot be theirs.
 _FORKED_HINTS = {
-    cydriver.CUresult.CUDA_ERROR_NOT_INITIALIZED:
+    CUDA_ERROR_NOT_INITIALIZED:
         ("The driver is not initialised in this process, which is a forked child: if its "
          "parent used CUDA, CUDA cannot be used here. Start workers with the 'spawn' "
          "multiprocessing start method"),
@@ -138,50 +148,29 @@ _FORKED_HINTS = {
 
 
 def _hint(code):
-    if fork_child() and code in _FORKED_HINTS:
+    if _forked() and code in _FORKED_HINTS:
         return _FORKED_HINTS[code]
     return _HINTS.get(code)
 
 
 _CLASSES = {
-    cydriver.CUresult.CUDA_ERROR_NOT_INITIALIZED: NotInitializedError,
-    cydriver.CUresult.CUDA_ERROR_DEINITIALIZED: NotInitializedError,
-    cydriver.CUresult.CUDA_ERROR_NO_DEVICE: NoDeviceError,
-    cydriver.CUresult.CUDA_ERROR_INVALID_DEVICE: InvalidDeviceError,
-    cydriver.CUresult.CUDA_ERROR_INVALID_CONTEXT: InvalidContextError,
-    cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED: ContextDestroyedError,
+    CUDA_ERROR_NOT_INITIALIZED: NotInitializedError,
+    CUDA_ERROR_DEINITIALIZED: NotInitializedError,
+    CUDA_ERROR_NO_DEVICE: NoDeviceError,
+    CUDA_ERROR_INVALID_DEVICE: InvalidDeviceError,
+    CUDA_ERROR_INVALID_CONTEXT: InvalidContextError,
+    CUDA_ERROR_CONTEXT_IS_DESTROYED: ContextDestroyedError,
 }
-
-
-def error_name_and_string(code):
-    """(name, description) of a CUresult, from the driver; works before cuInit."""
-    cdef const char* name = NULL
-    cdef const char* text = NULL
-    cdef const DriverApi* api = NULL
-    cdef cydriver.CUresult err = <cydriver.CUresult>code
-    cdef char problem[512]  # unused: without a driver the names come from _FALLBACK
-    if driver_load(&api, problem, sizeof(problem)) != cydriver.CUresult.CUDA_SUCCESS:
-        return _fallback_name_and_string(code)
-    if api.GetErrorName(err, &name) != cydriver.CUresult.CUDA_SUCCESS:
-        name = NULL
-    if api.GetErrorString(err, &text) != cydriver.CUresult.CUDA_SUCCESS:
-        text = NULL
-    fallback_name, _ = _fallback_name_and_string(code)
-    return (
-        name.decode() if name != NULL else fallback_name,
-        # The driver was asked and does not know the code.
-        text.decode() if text != NULL else "unrecognised error code",
-    )
 
 
 # The codes cyctx itself reports when loading the driver fails (driver_load in _driver.h),
 # named and described as the driver does: no driver could be loaded to ask.
 _FALLBACK = {
-    cydriver.CUresult.CUDA_ERROR_OUT_OF_MEMORY: ("CUDA_ERROR_OUT_OF_MEMORY", "out of memory"),
-    cydriver.CUresult.CUDA_ERROR_STUB_LIBRARY: ("CUDA_ERROR_STUB_LIBRARY", "CUDA driver is a stub library"),
-    cydriver.CUresult.CUDA_ERROR_NO_DEVICE: ("CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"),
-    cydriver.CUresult.CUDA_ERROR_NOT_FOUND: ("CUDA_ERROR_NOT_FOUND", "named symbol not found"),
-    cydriver.CUresult.CUDA_ERROR_NOT_SUPPORTED: ("CUDA_ERROR_NOT_SUPPORTED", "operation not supported"),
+    CUDA_ERROR_OUT_OF_MEMORY: ("CUDA_ERROR_OUT_OF_MEMORY", "out of memory"),
+    CUDA_ERROR_STUB_LIBRARY: ("CUDA_ERROR_STUB_LIBRARY", "CUDA driver is a stub library"),
+    CUDA_ERROR_NO_DEVICE: ("CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"),
+    CUDA_ERROR_NOT_FOUND: ("CUDA_ERROR_NOT_FOUND", "named symbol not found"),
+    CUDA_ERROR_NOT_SUPPORTED: ("CUDA_ERROR_NOT_SUPPORTED", "operation not supported"),
 }
 
 
@@ -195,50 +184,41 @@ def driver_error(code, call=None, detail=None):
     return _CLASSES.get(int(code), DriverError)(code, call, detail)
 
 
-cdef int raise_driver_error(cydriver.CUresult err, const char* call) except -1 with gil:
-    raise driver_error(<int>err, call.decode() if call != NULL else None)
-
-
-cdef int raise_load_error(cydriver.CUresult err, const char* problem) except -1 with gil:
-    why = problem.decode(errors="replace") if problem != NULL else "unknown reason"
-    why = why[:1].upper() + why[1:]
-    raise driver_error(<int>err, "loading the CUDA driver", f"{why}. {load_fix(<int>err)}")
-
-
 def load_fix(code):
     """What to do about a failure to load the driver with `code` (driver_load's codes): the
     same words for a guard's error and for the doctor's finding."""
-    if code == cydriver.CUresult.CUDA_ERROR_NO_DEVICE:
+    if code == CUDA_ERROR_NO_DEVICE:
         return ("No NVIDIA driver is installed or visible here. On a GPU machine install the "
                 "NVIDIA driver; without a GPU, use cyctx's simulated driver "
                 "(cyctx.testing.use_simulated_driver, or `cyctx doctor --simulate`)")
-    if code == cydriver.CUresult.CUDA_ERROR_STUB_LIBRARY:
+    if code == CUDA_ERROR_STUB_LIBRARY:
         return ("Remove the toolkit's stubs directory (e.g. /usr/local/cuda/lib64/stubs) from "
                 "LD_LIBRARY_PATH so that the NVIDIA driver's libcuda.so.1 is found")
-    if code == cydriver.CUresult.CUDA_ERROR_NOT_SUPPORTED:
+    if code == CUDA_ERROR_NOT_SUPPORTED:
         return "The NVIDIA driver is too old for cyctx: install a driver of CUDA 12.0 or newer"
-    if code == cydriver.CUresult.CUDA_ERROR_NOT_FOUND:
+    if code == CUDA_ERROR_NOT_FOUND:
         # It has cuGetProcAddress_v2 (CUDA 12.0+), and every driver of 12.0+ provides each
         # function cyctx resolves: not an old driver, not a driver at all.
         return ("The libcuda.so.1 that loaded is not a complete NVIDIA driver: every driver of "
                 "CUDA 12.0 or newer provides this function. Check which libcuda.so.1 is found "
                 "first (LD_LIBRARY_PATH, LD_PRELOAD, `ldconfig -p | grep libcuda`) and reinstall "
                 "the NVIDIA driver")
-    if code == cydriver.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
+    if code == CUDA_ERROR_OUT_OF_MEMORY:
         return "The process ran out of memory while loading the driver"
     return "Check the NVIDIA driver installation (`nvidia-smi`)"
 
 
-def load_problem():
-    """None when cyctx can load the driver (a libcuda.so.1 of CUDA 12.0+ that is not the
-    toolkit's stub), else (code, why): the CUresult and the reason a guard's error would give
-    (its fix is load_fix(code)). For the doctor, so that both say the same. Calls no driver
-    function but cuGetProcAddress."""
-    cdef const DriverApi* api = NULL
-    cdef char problem[512]
-    problem[0] = 0
-    cdef cydriver.CUresult err = driver_load(&api, problem, sizeof(problem))
-    if err == cydriver.CUresult.CUDA_SUCCESS:
-        return None
-    why = problem.decode(errors="replace")
-    return (<int>err, why[:1].upper() + why[1:])
+
+def _fallback_forked():
+    return False
+
+
+# Replaced by the _guard module when it loads (_install): the driver's names, the fork flag.
+_describe = _fallback_name_and_string
+_forked = _fallback_forked
+
+
+def _install(describe, forked):
+    """Called once by the native module: how to name a code, and whether this is a forked child."""
+    global _describe, _forked
+    _describe, _forked = describe, forked
