@@ -55,6 +55,7 @@ def _parser(prog: str = "python -m cyctx") -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m cyctx") -> int:
+    """Run the command line with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     # Importing the doctor loads no driver (its first driver call does), so --simulate below
     # still comes first.
     from cyctx import _doctor

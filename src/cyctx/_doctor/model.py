@@ -24,9 +24,6 @@ def version_str(v: int | None) -> str | None:
     return None if v is None else f"{v // 1000}.{(v % 1000) // 10}"
 
 
-Severity = Literal["error", "warning", "info", "unavailable"]
-
-
 @dataclass
 class Finding:
     """One thing the doctor recognised: what, why, and what to do.
@@ -38,7 +35,7 @@ class Finding:
     """
 
     code: str
-    severity: Severity
+    severity: Literal["error", "warning", "info", "unavailable"]
     title: str
     explanation: str
     fix: str
