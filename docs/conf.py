@@ -77,7 +77,6 @@ doctest_test_doctest_blocks = "default"
 
 html_theme = "furo"
 html_title = f"cyctx {release}"
-html_static_path = ["_static"]
 html_theme_options = {
     "source_repository": "https://github.com/cyctx/cyctx",
     "source_branch": "main",

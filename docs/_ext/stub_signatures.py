@@ -56,6 +56,8 @@ def process_signature(app, what, name, obj, options, signature, return_annotatio
         init = _load().get(f"{name}.__init__")
         if isinstance(init, ast.FunctionDef) and signature is not None:
             return _args(init), None
+        if any(isinstance(d, ast.Name) and d.id == "dataclass" for d in node.decorator_list):
+            return "", None  # a report users receive, never build: its fields are listed below
         return None
     if isinstance(node, ast.FunctionDef):
         ret = ast.unparse(node.returns) if node.returns else None
@@ -67,7 +69,10 @@ def process_signature(app, what, name, obj, options, signature, return_annotatio
 
 def process_docstring(app, what, name, obj, options, lines):
     node = _load().get(name)
-    if what == "property" and isinstance(node, ast.FunctionDef) and node.returns is not None:
+    # A Python property shows its type already; a compiled class's (autodoc calls it an
+    # attribute: a getset descriptor) does not.
+    if what in ("property", "attribute") and not isinstance(obj, property) and isinstance(node, ast.FunctionDef) \
+            and node.returns is not None:
         lines.insert(0, f"*Type:* ``{ast.unparse(node.returns)}``")
         lines.insert(1, "")
 

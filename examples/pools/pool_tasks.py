@@ -28,9 +28,10 @@ def _check(result, what: str):
 def device_task(device: int, i: int) -> dict:
     """One task on ``device``: driver work inside the device's shared guard.
 
-    On a GPU: allocate 1 MiB, fill it with ``i``, read it back and check it, and check that
-    the driver put it on ``device``. On cyctx's simulated driver (no memory): check the device
-    of the current context. Returns what the thread had current before and after."""
+    On a GPU: allocate 1 MiB, fill it with ``i``, read it back, and check
+    that the driver put it on ``device``. On cyctx's simulated driver (no
+    memory): check the current context's device. Returns what the thread
+    had current before and after."""
     before = cyctx.current_handle()
     with cyctx.ContextGuard.shared(device):
         dev = int(_check(driver.cuCtxGetDevice(), "cuCtxGetDevice"))
@@ -38,8 +39,9 @@ def device_task(device: int, i: int) -> dict:
             raise AssertionError(f"task for device {device} ran on device {dev}")
         if not _simulated():
             _memory_roundtrip(device, i)
-    return {"thread": threading.get_ident(), "device": device, "before": before,
-            "after": cyctx.current_handle()}
+    after = cyctx.current_handle()
+    return {"thread": threading.get_ident(), "device": device,
+            "before": before, "after": after}
 
 
 def _memory_roundtrip(device: int, i: int) -> None:

@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     out = run(args.tasks, args.workers)
     for dev in out["devices"]:
         n = sum(r["device"] == dev for r in out["results"])
-        print(f"device {dev}: {n} tasks, on {len({r['thread'] for r in out['results'] if r['device'] == dev})} threads")
+        threads = len({r["thread"] for r in out["results"] if r["device"] == dev})
+        print(f"device {dev}: {n} tasks, on {threads} thread{'s' if threads != 1 else ''}")
     left = [s for s in out["threads"] if s["current"] or s["open_entries"]]
     print(f"pool threads: {len(out['threads'])}; left with a context current or a guard entered: {len(left)}")
     if out["threads"][0]["retains"] is not None:
