@@ -127,7 +127,7 @@ def test_new_thread_has_no_current_context():
     r = out["r"]
     assert r.context.handle == 0 and r.thread_name != threading.current_thread().name
     (f,) = r.findings
-    assert f.code == "no_current_context" and f.severity == "warning"
+    assert f.code == "no_current_context" and f.severity == "info"
     assert "new thread" in f.explanation and "ContextGuard" in f.fix
     assert r.ok and r.exit_status == 0
 
@@ -151,7 +151,7 @@ def test_json_schema():
     assert set(d["thread"]) == {"name", "native_id", "current_context", "runtime_current_device"}
     for f in d["findings"]:
         assert set(f) == {"code", "severity", "title", "explanation", "fix"}
-        assert f["severity"] in ("error", "warning", "unavailable")
+        assert f["severity"] in ("error", "warning", "info", "unavailable")
 
 
 def test_json_schema_with_a_context_and_a_guard():
@@ -180,6 +180,8 @@ def test_exit_status_and_ok():
 
     assert diag().exit_status == 0 and diag().ok
     assert diag("warning").exit_status == 0 and diag("warning").ok
+    assert diag("info").exit_status == 0 and diag("info").ok
+    assert "Result: OK (exit status 0)" in str(diag("info")), "a note is not a warning"
     assert diag("error").exit_status == 1 and not diag("error").ok
     assert diag("warning", "error").exit_status == 1
     assert diag("unavailable").exit_status == 3 and not diag("unavailable").ok
@@ -501,8 +503,10 @@ def test_cli_report_on_the_simulator():
     assert rc == 0
     assert "cyctx simulated GPU" in out and "cc 9.0" in out
     assert "primary context: inactive" in out
-    assert "No current context on this thread" in out and "cyctx.diagnose()" in out
-    assert "OK, 1 warning (exit status 0)" in out
+    assert "NOTE  No current context on this thread" in out and "cyctx.diagnose()" in out
+    # The doctor's own new thread has no context, as every new thread: a note, not a warning.
+    assert "WARNING" not in out
+    assert "Result  [SIMULATED]: OK (exit status 0)" in out
 
 
 def test_cli_exit_status_1_when_something_is_wrong():
@@ -545,6 +549,43 @@ def test_simulate_with_an_unusable_sim_library_is_a_clear_error(tmp_path, make, 
         rc, out, err = cli(*args, env={"CYCTX_SIM_LIBRARY": path})
         assert rc == 3, (args, rc, out, err)
         assert "Traceback" not in err and says in err and path in err and "CYCTX_SIM_LIBRARY" in err, err
+
+
+def test_help_lists_every_exit_status():
+    rc, out, _ = cli("doctor", "--help")
+    text = " ".join(out.split())  # argparse wraps the description
+    assert rc == 0
+    for status in ("0 nothing wrong", "1 a problem found", "2 bad command line", "3 no usable driver or GPU"):
+        assert status in text, status
+
+
+def test_packages_line_lists_the_installed_frameworks(tmp_path):
+    # A framework is listed from its metadata alone (never imported): a bare dist-info is enough.
+    for name, ver in (("torch", "9.8.7"), ("cupy-cuda13x", "99.1.0")):
+        info = tmp_path / f"{name.replace('-', '_')}-{ver}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {ver}\n")
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    rc, out, err = cli("doctor", "--simulate", env=env)
+    assert rc == 0, err
+    (line,) = [l for l in out.splitlines() if l.strip().startswith("packages")]
+    assert "torch 9.8.7" in line and "cupy-cuda13x 99.1.0" in line, line
+    assert line.rstrip().endswith(f"Python {sys.version.split()[0]}"), line
+    rc, out, err = cli("doctor", "--simulate", "--json", env=env)
+    versions = json.loads(out)["versions"]
+    assert versions["torch"] == "9.8.7" and versions["cupy-cuda13x"] == "99.1.0"
+    from importlib.metadata import PackageNotFoundError, version
+    for name in set(_doctor.findings.FRAMEWORK_DISTRIBUTIONS) - set(versions):
+        with pytest.raises(PackageNotFoundError):  # only what is installed is listed
+            version(name)
+
+
+def test_advice_names_the_console_script():
+    # The README teaches `cyctx doctor`; the doctor's advice says the same.
+    from cyctx._doctor import findings
+
+    for f in (findings._f_no_driver("OSError: x"), findings._f_no_device()):
+        assert "`cyctx doctor --simulate`" in f.fix and "python -m" not in f.fix, f.fix
 
 
 def test_cli_without_a_command_prints_help():

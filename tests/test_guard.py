@@ -391,6 +391,30 @@ def test_driver_error_on_enter_changes_nothing(guard, guard1, sim):
     assert in_thread(body) == 0
 
 
+def test_errors_are_named_as_users_import_them():
+    import pickle
+    import traceback
+    import warnings
+
+    public = [getattr(cyctx, n) for n in cyctx.__all__]
+    errors = [c for c in public if isinstance(c, type) and issubclass(c, (Exception, Warning))]
+    assert len(errors) == 11
+    for cls in errors:
+        assert f"{cls.__module__}.{cls.__qualname__}" == f"cyctx.{cls.__name__}"
+    with pytest.raises(InvalidDeviceError) as ei:
+        ContextGuard(10**9)
+    text = "".join(traceback.format_exception(ei.value))
+    assert "\ncyctx.InvalidDeviceError: " in text, text
+    assert "_errors" not in text.splitlines()[-1]
+    back = pickle.loads(pickle.dumps(ei.value))
+    assert type(back) is InvalidDeviceError and back.code == ei.value.code
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # `-W error::cyctx.ContextResetWarning` names the class by its public path.
+        warnings.filterwarnings("error", category=cyctx.ContextResetWarning)
+        assert repr(cyctx.ContextResetWarning("x")) == "ContextResetWarning('x')"
+
+
 def test_cleanup_failure_does_not_replace_block_exception(guard, sim, capfd):
     def body():
         with pytest.raises(KeyError) as ei:

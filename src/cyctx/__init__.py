@@ -39,6 +39,14 @@ except ModuleNotFoundError as exc:
 
 from cyctx._version import __version__
 
+# The errors are defined in private modules but public here: tracebacks, reprs and pickles
+# name them as users import them (`cyctx.NoDeviceError`, not `cyctx._errors.NoDeviceError`).
+for _cls in (ContextDestroyedError, ContextResetWarning, CyctxError, DriverError, ForkError, GuardError,
+             IncompatibleBindingsError, InvalidContextError, InvalidDeviceError, NoDeviceError,
+             NotInitializedError):
+    _cls.__module__ = __name__
+del _cls
+
 __all__ = [
     "BUILD_INFO",
     "ContextDestroyedError",

@@ -1,6 +1,17 @@
+"""cyctx: safe, fast CUDA context guards for Python and nogil Cython.
+
+``ContextGuard(device)`` retains a device's primary context, makes it current around driver
+work and restores exactly what was current before. Errors are typed: :class:`CyctxError` is
+the base, :class:`DriverError` carries the ``CUresult``. :func:`diagnose` reports the driver,
+the runtime and this thread's context, and explains what is wrong.
+"""
+
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Protocol, SupportsIndex
+
+# The records a Diagnosis holds; not re-exported (a stub's plain import is private).
+from cyctx._doctor.model import ContextInfo, DeviceInfo, Finding, GuardInfo, RuntimeInfo
 
 # What ContextGuard accepts (docs/guarantees.md, "What a guard can be made from"): an ordinal
 # (an int, or anything with __index__ but bool), or an object of cuda.core, CuPy, torch or
@@ -8,117 +19,225 @@ from typing import Any, Literal, Protocol, SupportsIndex
 # not imported here (cyctx never imports a framework), so they appear as these protocols; a
 # str such as "0" matches none of them, so a type checker rejects it as the run time does.
 class _CudaStream(Protocol):
+    """Anything with the CUDA stream protocol, ``__cuda_stream__() -> (version, handle)``."""
     def __cuda_stream__(self) -> tuple[int, int]: ...
 
-class _HasDeviceId(Protocol):   # cuda.core Device / Stream
+class _HasDeviceId(Protocol):
+    """A cuda.core ``Device`` (its primary context) or ``Stream`` (its context)."""
     @property
     def device_id(self) -> int: ...
 
-class _HasId(Protocol):         # cupy.cuda.Device
+class _HasId(Protocol):
+    """A ``cupy.cuda.Device``: its primary context."""
     @property
     def id(self) -> int: ...
 
-class _HasPtr(Protocol):        # cupy.cuda.Stream
+class _HasPtr(Protocol):
+    """A ``cupy.cuda.Stream``: its context."""
     @property
     def ptr(self) -> int: ...
 
-class _HasCudaStream(Protocol): # torch.cuda.Stream
+class _HasCudaStream(Protocol):
+    """A ``torch.cuda.Stream``: its context."""
     @property
     def cuda_stream(self) -> int: ...
 
-class _HasHandle(Protocol):     # cuda.core Context / Stream
+class _HasHandle(Protocol):
+    """A cuda.core ``Context`` or ``Stream``."""
     @property
     def handle(self) -> Any: ...
 
-class _BindingsHandle(Protocol):  # cuda.bindings.driver.CUdevice (CUcontext & co. have __index__)
-    def getPtr(self) -> int: ...
+class _BindingsHandle(Protocol):
+    """A cuda.bindings ``CUdevice`` (``CUcontext`` and the other handles have ``__index__``)."""
+    def getPtr(self) -> int:
+        """The handle's address."""
 
-class _HasIndex(Protocol):      # torch.device
+class _HasIndex(Protocol):
+    """A ``torch.device("cuda", k)``: device k's primary context."""
     @property
     def index(self) -> int | None: ...
     @property
     def type(self) -> str: ...
 
 DeviceLike = SupportsIndex | _BindingsHandle | _CudaStream | _HasDeviceId | _HasId | _HasPtr | _HasCudaStream | _HasHandle | _HasIndex
+"""What :class:`ContextGuard` accepts: a device ordinal, or a device, context or stream object of
+cuda.bindings, cuda.core, CuPy or torch (recognised at run time by its type)."""
 
 BUILD_INFO: dict[str, Any]
+"""How this cyctx was built: the cuda-bindings whose types it was compiled with, Cython, Python."""
 __version__: str
+"""cyctx's version."""
 
-class CyctxError(Exception): ...
-class GuardError(CyctxError): ...
-class ForkError(CyctxError): ...
-class ContextResetWarning(RuntimeWarning): ...
+class CyctxError(Exception):
+    """Base class of every error cyctx raises on purpose."""
+
+class GuardError(CyctxError):
+    """A guard was misused: exit without enter, exit on another thread or out of order, use
+    after close, closing a guard that is entered. Nothing was changed."""
+
+class ForkError(CyctxError):
+    """CUDA was used in the parent of this forked process and cannot be used in the child.
+    Start worker processes with the ``spawn`` start method."""
+
+class ContextResetWarning(RuntimeWarning):
+    """A guard found its primary context reset (``cudaDeviceReset``/``cuDevicePrimaryCtxReset``)
+    since it last looked, and re-activated it. Memory allocated before the reset is gone.
+
+    Make it an error to have guards refuse instead:
+    ``warnings.simplefilter("error", cyctx.ContextResetWarning)``."""
 
 class DriverError(CyctxError):
-    code: int
-    name: str
-    call: str | None
-    def __init__(self, code: int, call: str | None = ..., detail: str | None = ...) -> None: ...
+    """A CUDA driver call failed; the message says what happened and what to do."""
 
-class InvalidContextError(DriverError): ...
-class ContextDestroyedError(InvalidContextError): ...
-class NotInitializedError(DriverError): ...
-class NoDeviceError(DriverError): ...
-class InvalidDeviceError(DriverError, ValueError): ...
-class IncompatibleBindingsError(ImportError): ...
+    code: int
+    """The ``CUresult`` value, e.g. 201."""
+    name: str
+    """Its name, e.g. ``"CUDA_ERROR_INVALID_CONTEXT"``."""
+    call: str | None
+    """The driver function that returned it, when known."""
+    def __init__(self, code: int, call: str | None = None, detail: str | None = None) -> None:
+        """The error of ``CUresult`` ``code`` from driver function ``call``; ``detail``
+        replaces the standard hint in the message."""
+
+class InvalidContextError(DriverError):
+    """``CUDA_ERROR_INVALID_CONTEXT`` (201): the context is not usable on this thread."""
+
+class ContextDestroyedError(InvalidContextError):
+    """``CUDA_ERROR_CONTEXT_IS_DESTROYED`` (709): the context was destroyed or reset."""
+
+class NotInitializedError(DriverError):
+    """``CUDA_ERROR_NOT_INITIALIZED`` (3) or ``CUDA_ERROR_DEINITIALIZED`` (4)."""
+
+class NoDeviceError(DriverError):
+    """``CUDA_ERROR_NO_DEVICE`` (100): the driver sees no CUDA device."""
+
+class InvalidDeviceError(DriverError, ValueError):
+    """``CUDA_ERROR_INVALID_DEVICE`` (101): the ordinal names no device. Also a ``ValueError``."""
+
+class IncompatibleBindingsError(ImportError):
+    """The installed cuda-bindings is outside the range this cyctx supports (``>=12.9,<14``)."""
 
 class ContextGuard:
-    """Retains a device's primary context; ``with guard:`` makes it current and restores."""
-    def __init__(self, device: DeviceLike) -> None: ...
+    """Retain a device's primary context; ``with guard:`` makes it current and restores.
+
+    Construct it once and keep it: construction retains the primary context (which activates
+    it), :meth:`close` releases it. Each ``with guard:`` makes the context current on the
+    calling thread and, on leaving, restores exactly what was current before (no context
+    included), also when the block raised or called ``cudaSetDevice``. One guard may be entered
+    from many threads at once; each thread's entries are its own.
+
+    Raises ``TypeError`` for what is not a device (``"0"``, ``None``, ``1.5``, ``True``),
+    ``ValueError`` for a negative ordinal, :class:`InvalidDeviceError` for no such device,
+    :class:`DriverError` when the driver fails."""
+
+    def __init__(self, device: DeviceLike) -> None:
+        """Retain ``device``'s primary context (for a context or stream object: refer to its
+        context, which stays the caller's)."""
     @staticmethod
-    def shared(device: SupportsIndex) -> ContextGuard: ...
+    def shared(device: SupportsIndex) -> ContextGuard:
+        """The process-wide guard of ``device``: created on first use, never closed.
+        Thread-safe; the easy way to keep the primary context alive between blocks."""
     @staticmethod
-    def from_handle(handle: SupportsIndex) -> ContextGuard: ...
-    def __enter__(self) -> ContextGuard: ...
+    def from_handle(handle: SupportsIndex) -> ContextGuard:
+        """A guard for an existing context given as an int handle (a ``CUcontext`` address);
+        ``ContextGuard(int)`` means a device ordinal."""
+    def __enter__(self) -> ContextGuard:
+        """Make the guard's context current on this thread (no switch when it already is).
+        Re-activates a reset primary context, warning :class:`ContextResetWarning`."""
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> Literal[False]: ...
-    def close(self) -> None: ...
+    ) -> Literal[False]:
+        """Restore what was current before the matching enter on this thread; never swallows
+        the block's exception."""
+    def close(self) -> None:
+        """Release the retain taken at construction. Idempotent. :class:`GuardError` when the
+        guard is entered on this thread or is a :meth:`shared` guard."""
     @property
-    def device(self) -> int: ...
+    def device(self) -> int:
+        """The device ordinal."""
     @property
-    def closed(self) -> bool: ...
+    def closed(self) -> bool:
+        """True once :meth:`close` released the retain."""
     @property
-    def is_shared(self) -> bool: ...
+    def is_shared(self) -> bool:
+        """True for the process-wide guards of :meth:`shared`."""
     @property
-    def is_primary(self) -> bool: ...
+    def is_primary(self) -> bool:
+        """True when the guard holds a retain of a primary context; False for a context the
+        caller owns (from ``cuCtxCreate`` or a green context)."""
     @property
-    def handle(self) -> int: ...
+    def handle(self) -> int:
+        """The context's ``CUcontext`` as an int address. :class:`GuardError` when closed."""
     @property
-    def context(self) -> Any: ...  # cuda.bindings.driver.CUcontext
+    def context(self) -> Any:
+        """The context as a ``cuda.bindings.driver.CUcontext``."""
     @property
-    def context_id(self) -> int: ...
+    def context_id(self) -> int:
+        """The driver's unique id of the context (``cuCtxGetId``) as enter last saw it."""
     @property
-    def resets(self) -> int: ...
+    def resets(self) -> int:
+        """How many resets of the primary context enter detected and re-activated."""
 
 @dataclass
 class Diagnosis:
-    # A report of cyctx.diagnose(); the nested records are documented in cyctx/_doctor/model.py.
-    simulated: bool
-    driver_library: str | None
-    driver_version: int | None
-    driver_error: str | None
-    runtime: Any
-    other_runtimes: list[Any]
-    devices: list[Any]
-    thread_name: str
-    thread_native_id: int
-    context: Any
-    guards: list[Any]
-    findings: list[Any]
-    pid: int = ...
-    forked_from: int | None = ...
-    versions: dict[str, str | None] = ...
-    @property
-    def cuda_usable(self) -> bool: ...
-    @property
-    def ok(self) -> bool: ...
-    @property
-    def exit_status(self) -> int: ...
-    def to_dict(self) -> dict[str, Any]: ...
-    def to_json(self, indent: int | None = ...) -> str: ...
-    def render(self, colour: bool = ..., width: int = ..., cli: bool = ...) -> str: ...
+    """What :func:`diagnose` saw: ``print()`` it for people, :meth:`to_json` for machines,
+    :attr:`ok` and :attr:`findings` for code."""
 
-def diagnose(cudart: str | bool | None = ...) -> Diagnosis: ...
-def current_handle() -> int: ...
-def get_include() -> list[str]: ...
+    simulated: bool
+    """The process runs on cyctx's simulated driver, not a GPU."""
+    driver_library: str | None
+    """Path of the loaded ``libcuda.so.1``."""
+    driver_version: int | None
+    """``cuDriverGetVersion``, e.g. 13000."""
+    driver_error: str | None
+    """Why the driver cannot be used (no library, no device, forked child), else None."""
+    runtime: RuntimeInfo | None
+    """The ``libcudart`` asked for its version and current device."""
+    other_runtimes: list[RuntimeInfo]
+    """Other CUDA runtimes found installed (a CUDA 11 one, say)."""
+    devices: list[DeviceInfo]
+    """Every device, with its primary context's state."""
+    thread_name: str
+    """The name of the thread the report is of."""
+    thread_native_id: int
+    """Its native thread id."""
+    context: ContextInfo | None
+    """The thread's current context (``handle`` 0: none)."""
+    guards: list[GuardInfo]
+    """The ContextGuards alive in this process, and whether their context was reset."""
+    findings: list[Finding]
+    """What is wrong (or worth knowing) and how to fix it, worst first."""
+    pid: int = ...
+    """The process's id."""
+    forked_from: int | None = None
+    """The parent's pid, in a child forked after CUDA was used."""
+    versions: dict[str, str | None] = ...
+    """Versions of Python, cyctx, cuda-bindings and the installed CUDA frameworks."""
+    @property
+    def cuda_usable(self) -> bool:
+        """A driver and a device are usable."""
+    @property
+    def ok(self) -> bool:
+        """No finding is an error and CUDA is usable."""
+    @property
+    def exit_status(self) -> int:
+        """``cyctx doctor``'s: 0 nothing wrong, 1 a problem was found, 3 no usable driver or GPU."""
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain JSON-able data (schema ``cyctx.diagnosis/1``)."""
+    def to_json(self, indent: int | None = 2) -> str:
+        """The report as JSON text."""
+    def render(self, colour: bool = False, width: int = 88, cli: bool = False) -> str:
+        """The human report, as ``str()`` gives it; ANSI colour when ``colour`` is true."""
+
+def diagnose(cudart: str | bool | None = None) -> Diagnosis:
+    """Report the CUDA driver, runtime, devices and the calling thread's context, with findings.
+
+    Changes no state: it only queries. ``cudart``: the ``libcudart`` to ask (a path), None for
+    one already loaded or cuda-pathfinder's, False for none."""
+
+def current_handle() -> int:
+    """The calling thread's current ``CUcontext`` as an int (0: none). One ``cuCtxGetCurrent``."""
+
+def get_include() -> list[str]:
+    """Include directories for compiling Cython code that cimports cyctx (they hold a ``cuda.h``
+    matching the installed cuda-bindings)."""

@@ -36,7 +36,9 @@ def _parser(prog: str = "python -m cyctx") -> argparse.ArgumentParser:
         description=(
             "Report the CUDA driver, runtime, devices, primary contexts and this thread's current "
             "context, and explain in plain words (with the fix) what is wrong. Changes no state. "
-            "Exit status: 0 nothing wrong, 1 a problem found, 3 no usable driver or GPU."),
+            "Exit status: 0 nothing wrong, 1 a problem found, 2 bad command line, 3 no usable "
+            "driver or GPU. With --demo: 0 the guarded steps worked, 1 they did not, 2 bad "
+            "command line, 3 it cannot run here."),
     )
     doc.add_argument("--json", action="store_true", help="print the report as JSON (schema cyctx.diagnosis/1)")
     doc.add_argument("--demo", action="store_true",
@@ -53,6 +55,7 @@ def _parser(prog: str = "python -m cyctx") -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m cyctx") -> int:
+    """Run the command line with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     # Importing the doctor loads no driver (its first driver call does), so --simulate below
     # still comes first.
     from cyctx import _doctor
@@ -104,7 +107,7 @@ def _demo(args: argparse.Namespace, colour: bool) -> int:
         report = _doctor.diagnose(cudart=False)
         if report.driver_error is not None:  # no driver, no device, forked child...
             print(report.render(colour=colour, cli=True))
-            print("\nThe demo needs a GPU; `python -m cyctx doctor --demo --simulate` runs it on "
+            print("\nThe demo needs a GPU; `cyctx doctor --demo --simulate` runs it on "
                   "cyctx's simulated driver.")
             return _doctor.EXIT_NO_CUDA
         cudart, why = _doctor.load_cudart(args.cudart)

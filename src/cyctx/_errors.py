@@ -125,7 +125,7 @@ _HINTS = {
     CUDA_ERROR_INVALID_CONTEXT:
         ("The context is not usable: it was destroyed, or it is a primary context that is "
          "inactive (never retained, released to zero, or reset by cudaDeviceReset). A "
-         "cyctx.ContextGuard retains and activates it; `python -m cyctx doctor` explains "
+         "cyctx.ContextGuard retains and activates it; `cyctx doctor` explains "
          "this thread's state"),
     CUDA_ERROR_CONTEXT_IS_DESTROYED:
         ("The context was destroyed (cuCtxDestroy, or its primary context was reset or "

@@ -51,7 +51,7 @@ def _loaded_libcuda() -> str | None:
 
 
 # The simulated driver's control API (src/cyctx/_sim/simdriver.h): name, restype, argtypes.
-CONTROL_API = (
+CONTROL_API: tuple[tuple[str, type | None, list[type]], ...] = (
     ("cyctxsim_is_simulated", ctypes.c_int, []),
     ("cyctxsim_configure", ctypes.c_int, [ctypes.c_int]),
     ("cyctxsim_device_count", ctypes.c_int, []),
@@ -82,6 +82,7 @@ class Sim:
 
     @property
     def device_count(self) -> int:
+        """How many devices the simulated driver has."""
         return self._lib.cyctxsim_device_count()
 
     def retain_count(self, device: int) -> int:
@@ -92,6 +93,7 @@ class Sim:
         return n
 
     def primary_active(self, device: int) -> bool:
+        """Whether the primary context on ``device`` is active (created)."""
         n = self._lib.cyctxsim_primary_active(device)
         if n < 0:
             raise ValueError(f"no simulated device {device}")
@@ -112,6 +114,7 @@ class Sim:
             raise ValueError(f"bad fault: {function!r} nth={nth} code={code} count={count}")
 
     def clear_faults(self) -> None:
+        """Drop every fault injected and not yet delivered."""
         self._lib.cyctxsim_clear_faults()
 
     def call_count(self, function: str | None = None) -> int:

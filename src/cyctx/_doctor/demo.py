@@ -135,7 +135,7 @@ def run_demo(rt: Runtime, device: int = 0, stream: TextIO | None = None, colour:
             "dead handle still appears after a reset, on every version: part 2.")
         if not rt.simulated:
             for p in cu11_candidates():
-                o.para(f"A CUDA 11 runtime is installed: `python -m cyctx doctor --demo --cudart {p}` "
+                o.para(f"A CUDA 11 runtime is installed: `cyctx doctor --demo --cudart {p}` "
                        f"shows the classic failure itself.", s.dim)
                 break
     else:

@@ -30,6 +30,12 @@ from cyctx._errors import load_fix
 from cyctx._guard import load_problem
 
 
+# Distributions whose versions the report lists when they are installed (CuPy's wheels are
+# named for their CUDA major).
+FRAMEWORK_DISTRIBUTIONS = ("torch", "cupy", "cupy-cuda13x", "cupy-cuda12x", "cupy-cuda11x", "cuda-core",
+                           "numba-cuda", "jax-cuda13-plugin", "jax-cuda12-plugin")
+
+
 def diagnose(cudart: str | bool | None = None) -> Diagnosis:
     """Report the CUDA driver, runtime, devices and the calling thread's context, with findings.
 
@@ -66,6 +72,13 @@ def diagnose(cudart: str | bool | None = None) -> Diagnosis:
             versions[dist] = version(dist)
         except PackageNotFoundError:
             versions[dist] = None
+    # The frameworks that make contexts current in this environment, only those installed:
+    # read from their metadata, never imported (importing torch or CuPy can touch the driver).
+    for dist in FRAMEWORK_DISTRIBUTIONS:
+        try:
+            versions[dist] = version(dist)
+        except PackageNotFoundError:
+            pass
     t = threading.current_thread()
     diag = Diagnosis(
         simulated=False, driver_library=None, driver_version=None, driver_error=None,
@@ -130,8 +143,8 @@ def diagnose(cudart: str | bool | None = None) -> Diagnosis:
             findings.append(_f_reset(g))
         elif g.destroyed:
             findings.append(_f_guard_context_destroyed(g))
-    order = {"unavailable": 0, "error": 1, "warning": 2}
-    findings.sort(key=lambda f: order.get(f.severity, 3))
+    order = {"unavailable": 0, "error": 1, "warning": 2, "info": 3}
+    findings.sort(key=lambda f: order.get(f.severity, 4))
     return diag
 
 
@@ -147,7 +160,7 @@ def _f_no_driver(error: str) -> Finding:
         f"libcuda.so.1, the NVIDIA driver's CUDA library, cannot be loaded ({error}). Nothing "
         f"in CUDA can run without it; this is normal on a machine without an NVIDIA GPU.",
         "On a GPU machine, install the NVIDIA driver. To try cyctx here, use its simulated driver: "
-        "`python -m cyctx doctor --simulate` and `python -m cyctx doctor --demo --simulate`.",
+        "`cyctx doctor --simulate` and `cyctx doctor --demo --simulate`.",
     )
 
 
@@ -178,7 +191,7 @@ def _f_no_device() -> Finding:
         "no_device", "unavailable", "The driver loads but finds no CUDA device",
         f"cuInit returned {error_name(NO_DEVICE)}; {seen}.",
         "Check `nvidia-smi`; an empty or wrong CUDA_VISIBLE_DEVICES hides every GPU. "
-        "Without a GPU, `python -m cyctx doctor --simulate` runs on cyctx's simulated driver.",
+        "Without a GPU, `cyctx doctor --simulate` runs on cyctx's simulated driver.",
     )
 
 
@@ -209,7 +222,9 @@ def _f_fork(parent: int | None) -> Finding:
 def _f_no_current(diag: Diagnosis) -> Finding:
     dev = next((g.device for g in diag.guards), 0)
     return Finding(
-        "no_current_context", "warning", "No current context on this thread",
+        # A note, not a warning: every new thread starts so, guards make their context current
+        # when they need it, and the doctor's own process is always in this state.
+        "no_current_context", "info", "No current context on this thread",
         "cuCtxGetCurrent returned NULL. The current context is per-thread state: every new thread "
         "starts without one, even when another thread called cudaSetDevice or entered a guard. "
         f"Driver calls that need a context fail here with {error_name(INVALID_CONTEXT)}.",

@@ -11,11 +11,11 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 SCHEMA = "cyctx.diagnosis/1"
 
-# Exit statuses of `python -m cyctx doctor` (2 is argparse's usage error).
+# Exit statuses of `cyctx doctor` (2 is argparse's usage error).
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_NO_CUDA = 0, 1, 2, 3
 
 
@@ -29,11 +29,13 @@ class Finding:
     """One thing the doctor recognised: what, why, and what to do.
 
     ``severity`` is ``"error"`` (driver calls fail or data was lost), ``"warning"`` (they
-    will fail unless something is done first) or ``"unavailable"`` (no driver or no GPU).
+    will fail unless something is done first), ``"info"`` (a state worth knowing that is
+    normal, such as a thread with no current context; it never makes a report less than OK)
+    or ``"unavailable"`` (no driver or no GPU).
     """
 
     code: str
-    severity: str
+    severity: Literal["error", "warning", "info", "unavailable"]
     title: str
     explanation: str
     fix: str

@@ -89,7 +89,10 @@ def render(r: Diagnosis, colour: bool = False, width: int = 88, cli: bool = Fals
     for o in r.other_runtimes:
         kv("also found", f"CUDA {version_str(o.version) or '?'} runtime  {o.library}  [{o.source}]")
     v = r.versions
-    kv("packages", f"cyctx {v.get('cyctx')}, cuda-bindings {v.get('cuda-bindings')}, Python {v.get('python')}")
+    frameworks = "".join(f", {name} {ver}" for name, ver in v.items()
+                         if name not in ("cyctx", "cuda-bindings", "python"))
+    kv("packages", f"cyctx {v.get('cyctx')}, cuda-bindings {v.get('cuda-bindings')}{frameworks}, "
+                   f"Python {v.get('python')}")
     kv("process", f"pid {r.pid}" + (f", forked from pid {r.forked_from}" if r.forked_from else ""))
 
     if r.driver_error is None:  # cuInit succeeded: there is a machine to describe
@@ -146,7 +149,7 @@ def render(r: Diagnosis, colour: bool = False, width: int = 88, cli: bool = Fals
     if not r.findings:
         out.append("  " + s.green("nothing wrong"))
     for f in r.findings:
-        label = {"error": s.red("ERROR"), "warning": s.yellow("WARNING"),
+        label = {"error": s.red("ERROR"), "warning": s.yellow("WARNING"), "info": s.cyan("NOTE"),
                  "unavailable": s.red("NO CUDA")}.get(f.severity, f.severity.upper())
         out.append(f"  {label}  {s.bold(f.title)}")
         out.append(wrap(f.explanation, "      ", width))

@@ -285,5 +285,5 @@ def add_runtimes(diag: Diagnosis, cudart: str | bool | None, query_device: bool)
             v, frm = wheel_version(p)
             diag.other_runtimes.append(RuntimeInfo(
                 library=p, source="nvidia-cuda-runtime-cu11 wheel", version=v, version_from=frm,
-                note="not loaded; `python -m cyctx doctor --demo --cudart PATH` shows the classic "
+                note="not loaded; `cyctx doctor --demo --cudart PATH` shows the classic "
                      "failure with it"))
