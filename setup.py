@@ -115,6 +115,7 @@ COMPAT_STUBS = {
     "libdl.so.2": ["dlopen", "dlsym", "dlclose", "dlerror"],
     "libpthread.so.0": ["pthread_key_create", "pthread_setspecific"],
 }
+NO_TLS_TAG = ["-Wl,--no-gnu2-tls-tag"]
 USE_COMPAT_STUBS = (sys.platform.startswith("linux") and platform.machine() == "x86_64"
                     and platform.libc_ver()[0] == "glibc" and os.environ.get("CYCTX_COMPAT_STUBS", "1") == "1")
 
@@ -144,7 +145,28 @@ class BuildExtWithSim(build_ext):
             print(f"cyctx build: the compiler does not take {TLS_ARGS}; building without", flush=True)
             for ext in self.extensions:
                 ext.extra_compile_args = [a for a in ext.extra_compile_args if a not in TLS_ARGS]
+        elif TLS_ARGS and USE_COMPAT_STUBS and self._links_with(NO_TLS_TAG):
+            # A linker of binutils 2.45+ on glibc 2.42+ tags a module that uses TLS descriptors
+            # as needing GLIBC_ABI_GNU2_TLS, which only glibc 2.42+ defines, so the wheel would
+            # not load on an older glibc. Builds on an older glibc never add the tag; leaving it
+            # out here makes these modules the same as theirs (docs/install.md, "Wheels").
+            for ext in self.extensions:
+                ext.extra_link_args = list(ext.extra_link_args) + NO_TLS_TAG
         super().build_extensions()
+
+    def _links_with(self, args):
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            src = os.path.join(tmp, "t.c")
+            with open(src, "w") as f:
+                f.write("int f(void) { return 0; }\n")
+            try:
+                objects = self.compiler.compile([src], output_dir=tmp, extra_postargs=["-fPIC"])
+                self.compiler.link_shared_object(objects, "t.so", output_dir=tmp, extra_postargs=args)
+            except Exception:  # CompileError, LinkError: the linker does not know the option
+                return False
+        return True
 
     def _build_compat_stubs(self):
         # Each stub: empty functions in a version node GLIBC_2.2.5, soname the real library's,

@@ -9,8 +9,9 @@
 #                                                directory, bind-mounted at the same path)
 #
 # CYCTX_SID_CHROOT picks the directory (default /work/cache/sid-chroot, else ~/.cache/...).
-# `run` uses a private mount namespace (unshare), so /proc, /dev/shm and the bind mounts it
-# makes vanish with the command: nothing is left mounted on the host, even after a kill.
+# `run` uses a private mount namespace (unshare), so /proc, /dev/shm, /tmp and the bind mounts
+# it makes (DIR, and the host's /etc/ssl/certs, which pip there then trusts) vanish with the
+# command: nothing is left mounted on the host, even after a kill.
 # Needs root, debootstrap (installed with apt-get when missing) and Debian's package mirror.
 set -euo pipefail
 if [ -n "${CYCTX_SID_CHROOT:-}" ]; then CH=$CYCTX_SID_CHROOT
@@ -64,6 +65,8 @@ case "${1:-}" in
             mount -t tmpfs tmpfs "$ch/tmp"
             mkdir -p "$ch$dir"
             mount --bind "$dir" "$ch$dir"
+            # Trust what the host trusts (a proxy of the network may re-sign what pip fetches).
+            mount --bind -o ro /etc/ssl/certs "$ch/etc/ssl/certs"
             cd /
             exec chroot "$ch" env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
                 HOME=/root TMPDIR=/tmp bash -c "cd \"\$0\" && exec \"\$@\"" "$dir" "$@"
