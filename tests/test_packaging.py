@@ -8,6 +8,8 @@ import subprocess
 import sys
 import sysconfig
 
+import pytest
+
 import cyctx
 from cyctx import _compat
 
@@ -90,3 +92,13 @@ def test_installed_files_are_sources_and_binaries_only():
     assert not [n for n in names if n.endswith((".cpp", ".c"))], "generated C++ shipped"
     assert {"__init__.pxd", "_guard.pxd", "_errors.pxd", "_driver.pxd", "py.typed"} <= names
     assert os.path.isfile(os.path.join(PKG, "_sim", "libcuda.so.1"))
+
+
+def test_changelog_has_a_dated_section_for_this_version():
+    # docs/versioning.md: every release has a dated section, "## X.Y.Z (YYYY-MM-DD)".
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "CHANGELOG.md")
+    if not os.path.isfile(path):
+        pytest.skip("no CHANGELOG.md beside the tests (an installed test tree)")
+    with open(path, encoding="utf-8") as f:
+        headings = re.findall(r"^## (\S+) \((\d{4}-\d{2}-\d{2})\)$", f.read(), re.M)
+    assert cyctx.__version__ in [v for v, _ in headings], headings
