@@ -89,8 +89,8 @@ inline unsigned long long new_token() noexcept {
 // locked or the set half-modified.
 //
 // Plain C (a pthread mutex, an open-addressing table from malloc): no C++ library symbols, so
-// the modules need nothing newer from libstdc++ than the oldest manylinux systems have (a
-// std::unordered_set pulled in a GLIBCXX_3.4.29 symbol). Linear probing with backward-shift
+// the modules need nothing newer from libstdc++ than manylinux_2_28 systems have (built with
+// GCC 12, a std::unordered_set needs GLIBCXX_3.4.29). Linear probing with backward-shift
 // deletion, 0 marks an empty slot (tokens are never 0), at most half full.
 static pthread_mutex_t g_live_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned long long *g_live = NULL;  // never freed: see live_remove
