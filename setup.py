@@ -50,7 +50,9 @@ def _write_build_info():
         "cuda_bindings": BFULL,
         "cuda_bindings_major_minor": [BMAJ, BMIN],
         "cuda_header_version": HDR.version,
-        "cuda_header_found_via": HDR.found_via,
+        # How, not where: a path here would be the build machine's (pip's temporary build
+        # environment), which a wheel must not carry.
+        "cuda_header_found_via": "sys.path" if HDR.found_via.startswith("sys.path") else HDR.found_via,
         "cython": Cython.__version__,
         "python": sys.version.split()[0],
     }
@@ -94,8 +96,28 @@ def _ext(name):
         # dynamic linker merges across modules despite RTLD_LOCAL. Each module keeps its own
         # copies, as _driver.h and _fork.h say; only PyInit_* is exported (Python marks it).
         extra_compile_args=["-std=c++17", "-O2", "-fvisibility=hidden"] + TLS_ARGS,
-        extra_link_args=LINK_ARGS + ["-ldl"],  # dlopen of libcuda.so.1 (_driver.h); in libc since glibc 2.34
+        extra_link_args=LINK_ARGS,
+        libraries=["dl"],  # dlopen of libcuda.so.1 (_driver.h); in libc since glibc 2.34
     )
+
+
+# The oldest glibc the wheels run on: manylinux_2_28 (RHEL 8, Ubuntu 20.04, Debian 11; the
+# baseline of cuda-bindings' and torch's wheels). A build on a newer glibc binds dlopen,
+# dlsym, dlclose, dlerror (the extensions) and pthread_key_create, pthread_setspecific (the
+# simulated driver) to their GLIBC_2.34 versions, made when glibc merged libdl and libpthread
+# into libc, and 2.34 cannot load them. So the links see link-only stubs first: a libdl.so.2
+# and a libpthread.so.0 defining those functions at version GLIBC_2.2.5, where glibc before
+# 2.34 has them. The result references them exactly as a build on such a glibc does
+# (libdl.so.2 and libpthread.so.0 needed, GLIBC_2.2.5), which every later glibc still serves:
+# they keep the old versions for old binaries. The stubs are not shipped (no run path points
+# at them; the real libraries are found at run time). x86-64 only: GLIBC_2.2.5 is its base.
+COMPAT_STUBS = {
+    "libdl.so.2": ["dlopen", "dlsym", "dlclose", "dlerror"],
+    "libpthread.so.0": ["pthread_key_create", "pthread_setspecific"],
+}
+NO_TLS_TAG = ["-Wl,--no-gnu2-tls-tag"]
+USE_COMPAT_STUBS = (sys.platform.startswith("linux") and platform.machine() == "x86_64"
+                    and platform.libc_ver()[0] == "glibc" and os.environ.get("CYCTX_COMPAT_STUBS", "1") == "1")
 
 
 def _without_run_paths(compiler):
@@ -113,13 +135,59 @@ class BuildExtWithSim(build_ext):
 
     def build_extensions(self):
         _without_run_paths(self.compiler)
+        if USE_COMPAT_STUBS:
+            self._stub_dir = self._build_compat_stubs()
+            for ext in self.extensions:
+                ext.library_dirs = [self._stub_dir] + list(ext.library_dirs or [])
         if TLS_ARGS and not self._compiles_with(TLS_ARGS):
             # An older clang (before LLVM 19) has no TLS descriptors on x86-64: build without
             # them (correct, the per-thread stack is just a little slower to reach).
             print(f"cyctx build: the compiler does not take {TLS_ARGS}; building without", flush=True)
             for ext in self.extensions:
                 ext.extra_compile_args = [a for a in ext.extra_compile_args if a not in TLS_ARGS]
+        elif TLS_ARGS and USE_COMPAT_STUBS and self._links_with(NO_TLS_TAG):
+            # A linker of binutils 2.45+ on glibc 2.42+ tags a module that uses TLS descriptors
+            # as needing GLIBC_ABI_GNU2_TLS, which only glibc 2.42+ defines, so the wheel would
+            # not load on an older glibc. Builds on an older glibc never add the tag; leaving it
+            # out here makes these modules the same as theirs (docs/install.md, "Wheels").
+            for ext in self.extensions:
+                ext.extra_link_args = list(ext.extra_link_args) + NO_TLS_TAG
         super().build_extensions()
+
+    def _links_with(self, args):
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            src = os.path.join(tmp, "t.c")
+            with open(src, "w") as f:
+                f.write("int f(void) { return 0; }\n")
+            try:
+                objects = self.compiler.compile([src], output_dir=tmp, extra_postargs=["-fPIC"])
+                self.compiler.link_shared_object(objects, "t.so", output_dir=tmp, extra_postargs=args)
+            except Exception:  # CompileError, LinkError: the linker does not know the option
+                return False
+        return True
+
+    def _build_compat_stubs(self):
+        # Each stub: empty functions in a version node GLIBC_2.2.5, soname the real library's,
+        # named lib<x>.so so that -l<x> finds it before the system's.
+        out = os.path.join(os.path.abspath(self.build_temp), "compat-stubs")
+        os.makedirs(out, exist_ok=True)
+        for soname, funcs in COMPAT_STUBS.items():
+            stem = soname.split(".so")[0]
+            src = os.path.join(out, f"{stem}.c")
+            vmap = os.path.join(out, f"{stem}.map")
+            with open(src, "w") as f:
+                f.write("".join(f"void {fn}(void) {{}}\n" for fn in funcs))
+            with open(vmap, "w") as f:
+                f.write("GLIBC_2.2.5 { global: " + " ".join(f"{fn};" for fn in funcs) + " local: *; };\n")
+            objects = self.compiler.compile([src], output_dir=out, extra_postargs=["-fPIC"])
+            self.compiler.link_shared_object(
+                objects, f"{stem}.so", output_dir=out,
+                extra_postargs=["-nostdlib", f"-Wl,-soname,{soname}", f"-Wl,--version-script={vmap}"])
+        print(f"cyctx build: linking against glibc 2.2.5-versioned stubs of {', '.join(COMPAT_STUBS)} "
+              f"(the wheel runs on glibc 2.28+)", flush=True)
+        return out
 
     def _compiles_with(self, args):
         import tempfile
@@ -144,10 +212,13 @@ class BuildExtWithSim(build_ext):
             include_dirs=[HDR.include_dir],
             extra_postargs=["-std=c11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra"],
         )
+        stubs = getattr(self, "_stub_dir", None)
         self.compiler.link_shared_object(
             objects,
             "libcuda.so.1",
             output_dir=out_dir,
+            library_dirs=[stubs] if stubs else None,
+            libraries=["pthread"] if stubs else None,  # the stub first; see COMPAT_STUBS
             extra_postargs=["-Wl,-soname,libcuda.so.1", "-pthread"] + LINK_ARGS,
         )
         print(f"cyctx build: simulated driver -> {os.path.join(out_dir, 'libcuda.so.1')}", flush=True)

@@ -1,5 +1,5 @@
 # Sourced by scripts/build_wheels.sh and .ci/run: where a CPython of a given minor is.
-# find_python 3.10 -> the newest 3.10.x under pyenv, else python3.10 on PATH, else nothing.
+# find_python 3.11 -> the newest 3.11.x under pyenv, else python3.11 on PATH, else nothing.
 find_python() {
     local p
     p=$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$1".*/bin/python 2>/dev/null | sort -V | tail -1 || true)

@@ -3,30 +3,35 @@
 #
 #   bash scripts/build_wheels.sh [PYTHON ...]
 #
-# PYTHONs default to every CPython 3.10-3.13 found under pyenv (or on PATH). Each wheel is
-# built in an isolated environment (the build requirements of pyproject.toml: cuda-bindings
-# and CUDA headers 13.0, so the wheel serves every cuda-bindings 12.9+ and 13.x), linked
-# stripped and without run paths (setup.py), then repaired and tagged by auditwheel, which
-# refuses a wheel that needs more than its manylinux policy allows. Then every artefact is
-# checked: `twine check`, `auditwheel show`, no build-machine path inside any binary, the
-# simulated driver present. A CI with containers runs the same through cibuildwheel
-# ([tool.cibuildwheel] in pyproject.toml).
+# PYTHONs default to CPython 3.11 to 3.15: each from pyenv (or PATH), else from Debian
+# unstable in a chroot (scripts/sid_chroot.sh; it packages 3.14 and 3.15, which need a newer
+# glibc than older hosts have). A PYTHON is a path, or sid:3.15 for the chroot's. Each wheel
+# is built in an isolated environment (the build requirements of pyproject.toml: cuda-bindings
+# and CUDA headers 13.0, 13.4 for 3.15, so the wheel serves every cuda-bindings 12.9+ and
+# 13.x), linked stripped, without run paths and against glibc 2.2.5-versioned link stubs
+# (setup.py), then repaired and tagged by auditwheel for $CYCTX_MANYLINUX (default
+# manylinux_2_28_x86_64, the baseline of cuda-bindings' own wheels): the script fails when a
+# wheel needs anything newer. Then every artefact is checked: `twine check`, `auditwheel
+# show`, no build-machine path inside any binary or in _build_info.py, the simulated driver
+# present. A CI with containers runs the same through cibuildwheel ([tool.cibuildwheel] in
+# pyproject.toml).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=wheelhouse
 RAW=build/wheels-raw
 TOOLS=build/wheel-tools
+PLAT=${CYCTX_MANYLINUX:-manylinux_2_28_x86_64}
+SUPPORTED="3.11 3.12 3.13 3.14 3.15"
 
 # shellcheck source=scripts/_python.sh
 . scripts/_python.sh
 pythons=("$@")
 if [ ${#pythons[@]} -eq 0 ]; then
-    for v in 3.10 3.11 3.12 3.13; do
+    for v in $SUPPORTED; do
         p=$(find_python "$v")
-        if [ -n "$p" ]; then pythons+=("$p"); else echo "build_wheels: no Python $v found, skipped" >&2; fi
+        if [ -n "$p" ]; then pythons+=("$p"); else pythons+=("sid:$v"); fi
     done
 fi
-[ ${#pythons[@]} -gt 0 ] || { echo "build_wheels: no Python found" >&2; exit 1; }
 
 # The tools, in a venv of their own (nothing installed by hand is assumed).
 if [ ! -x "$TOOLS/bin/auditwheel" ]; then
@@ -45,33 +50,60 @@ echo "== sdist"
 "$TOOLS/bin/python" -m build --sdist --outdir "$OUT" . >"$RAW/sdist.log" 2>&1 || { cat "$RAW/sdist.log"; exit 1; }
 
 for py in "${pythons[@]}"; do
-    echo "== wheel for $("$py" -c 'import sys; print(sys.version.split()[0])') ($py)"
-    "$py" -m pip --version >/dev/null
-    # `python -m build` of the tools venv, run with this interpreter: build the wheel for it.
-    "$py" -m venv "$RAW/venv" --clear
-    "$RAW/venv/bin/python" -m pip install -q --upgrade pip build
-    "$RAW/venv/bin/python" -m build --wheel --outdir "$RAW" . >"$RAW/build.log" 2>&1 || { cat "$RAW/build.log"; exit 1; }
+    case "$py" in
+    sid:*)
+        v=${py#sid:}
+        echo "== wheel for Python $v (Debian unstable's python$v, in the chroot of scripts/sid_chroot.sh)"
+        bash scripts/sid_chroot.sh run "$PWD" bash -c "
+            set -e
+            python$v -m venv /tmp/build-venv
+            /tmp/build-venv/bin/python -m pip install -q --upgrade pip build
+            echo \"Python \$(/tmp/build-venv/bin/python -c 'import sys; print(sys.version.split()[0])')\"
+            /tmp/build-venv/bin/python -m build --wheel --outdir $RAW . >$RAW/build.log 2>&1
+        " || { cat "$RAW/build.log" 2>/dev/null; exit 1; }
+        ;;
+    *)
+        echo "== wheel for $("$py" -c 'import sys; print(sys.version.split()[0])') ($py)"
+        "$py" -m pip --version >/dev/null
+        # `python -m build` of the tools venv, run with this interpreter: build the wheel for it.
+        "$py" -m venv "$RAW/venv" --clear
+        "$RAW/venv/bin/python" -m pip install -q --upgrade pip build
+        "$RAW/venv/bin/python" -m build --wheel --outdir "$RAW" . >"$RAW/build.log" 2>&1 || { cat "$RAW/build.log"; exit 1; }
+        ;;
+    esac
     grep "cyctx build:" "$RAW/build.log" || true
 done
 rm -rf "$RAW/venv"
 
-echo "== auditwheel repair"
+echo "== auditwheel repair --plat $PLAT"
 for whl in "$RAW"/*.whl; do
-    auditwheel repair --wheel-dir "$OUT" "$whl" 2>&1 | grep -E "Fixed-up wheel|ValueError|cannot|too-recent" || true
+    # Refuses (non-zero) a wheel that needs more than the policy allows, naming the symbols.
+    auditwheel repair --plat "$PLAT" --wheel-dir "$OUT" "$whl" >"$RAW/repair.log" 2>&1 \
+        || { cat "$RAW/repair.log"; echo "FAIL: $(basename "$whl") cannot be $PLAT"; exit 1; }
+    grep -E "Fixed-up wheel" "$RAW/repair.log"
 done
 
 echo "== checks"
 twine check --strict "$OUT"/*
 status=0
 for whl in "$OUT"/*.whl; do
-    case "$whl" in *manylinux*) ;; *) echo "FAIL: $whl is not manylinux-tagged"; status=1 ;; esac
-    auditwheel show "$whl" | sed -n '1,3p'
+    # Every platform tag of the file name must be manylinux_2_28 or older (manylinux2014 is 2_17).
+    tags=${whl##*-}; tags=${tags%.whl}
+    newest=$(tr '.' '\n' <<<"$tags" | sed -n 's/^manylinux_2_\([0-9]*\)_.*/\1/p' | sort -n | tail -1)
+    limit=$(sed -n 's/^manylinux_2_\([0-9]*\)_.*/\1/p' <<<"$PLAT")
+    if [ -z "$newest" ] || [ "$newest" -gt "$limit" ]; then
+        echo "FAIL: $whl is not tagged $PLAT or older ($tags)"; status=1
+    fi
+    echo "$(basename "$whl"): auditwheel show: $(auditwheel show "$whl" 2>/dev/null | tr '\n' ' ' | grep -o 'consistent with the following platform tag: *"[^"]*"')"
     tmp=$(mktemp -d)
     python3 -m zipfile -e "$whl" "$tmp"
     [ -f "$tmp/cyctx/_sim/libcuda.so.1" ] || { echo "FAIL: $whl lacks the simulated driver"; status=1; }
     for py in $(cd "$tmp" && find cyctx -name "*.py" ! -name _build_info.py); do
         [ -f "src/$py" ] || { echo "FAIL: $whl ships $py, which is not in src/ (a stale build?)"; status=1; }
     done
+    if grep -qE "$HOME|/work/|\.pyenv|/tmp/|build-env" "$tmp/cyctx/_build_info.py"; then
+        echo "FAIL: $whl's _build_info.py names a build-machine path: $(grep BUILD_INFO "$tmp/cyctx/_build_info.py")"; status=1
+    fi
     for so in $(find "$tmp" -name "*.so*" -type f); do
         if readelf -d "$so" | grep -qE "RPATH|RUNPATH"; then
             # auditwheel's own $ORIGIN run path (for libraries it grafts) is fine; a host path is not.

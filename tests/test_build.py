@@ -318,3 +318,26 @@ def test_toolkit_stub_library_is_named(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("DriverError 34 CUDA_ERROR_STUB_LIBRARY |"), proc.stdout
     assert "stub" in proc.stdout and "LD_LIBRARY_PATH" in proc.stdout
+
+
+def test_header_error_inside_a_pep517_build_names_build_system_requires(monkeypatch):
+    # A package that cimports cyctx, built by pip in isolation with plain `cyctx` in its build
+    # requirements, gets cuda-bindings without headers: `pip install` cannot fix that
+    # environment, the package's [build-system] requires can.
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.delenv("_PYPROJECT_HOOKS_BUILD_BACKEND", raising=False)
+    monkeypatch.delenv("PEP517_BUILD_BACKEND", raising=False)
+    monkeypatch.setattr(hdrs, "_candidates", lambda: iter(()))  # no header anywhere
+    bmaj, bmin, _ = hdrs.bindings_version()
+    with pytest.raises(hdrs.HeaderError) as shell:
+        hdrs.find_cuda_header()
+    assert hdrs.runtime_wheel_requirement(bmaj, bmin) in str(shell.value)
+    assert "[build-system] requires" not in str(shell.value)
+
+    monkeypatch.setenv("_PYPROJECT_HOOKS_BUILD_BACKEND", "setuptools.build_meta")
+    with pytest.raises(hdrs.HeaderError) as build:
+        hdrs.find_cuda_header()
+    msg = str(build.value)
+    assert msg.startswith(str(shell.value))
+    assert "[build-system] requires" in msg and f"'cyctx[cu{bmaj}]'" in msg

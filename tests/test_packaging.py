@@ -8,6 +8,8 @@ import subprocess
 import sys
 import sysconfig
 
+import pytest
+
 import cyctx
 from cyctx import _compat
 
@@ -32,7 +34,31 @@ def test_license_metadata():
     meta = md.metadata("cyctx")
     assert meta["License-Expression"] == "Apache-2.0"
     assert "LICENSE" in (meta.get_all("License-File") or [])
-    assert "Programming Language :: Python :: 3.10" in meta.get_all("Classifier")
+
+
+def test_python_versions_are_declared_once_and_consistently():
+    # requires-python, the classifiers and the running interpreter agree: 3.11 to 3.15.
+    meta = md.metadata("cyctx")
+    declared = sorted(c.rsplit(" ", 1)[1] for c in meta.get_all("Classifier")
+                      if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c))
+    assert declared == ["3.11", "3.12", "3.13", "3.14", "3.15"], declared
+    assert meta["Requires-Python"] == ">=3.11"
+    assert f"{sys.version_info[0]}.{sys.version_info[1]}" in declared
+
+
+def test_metadata_names_no_url_that_does_not_exist():
+    # No public repository or documentation site exists yet: no Project-URL may point at one.
+    assert not md.metadata("cyctx").get_all("Project-URL")
+
+
+def test_build_info_names_no_path_of_the_build_machine():
+    # pip builds in a temporary directory: a path recorded there is meaningless (and leaks
+    # the build machine) in an installed wheel.
+    from cyctx import BUILD_INFO
+
+    for key, value in BUILD_INFO.items():
+        if isinstance(value, str):
+            assert "/" not in value and "\\" not in value, (key, value)
 
 
 def _script():
@@ -66,3 +92,13 @@ def test_installed_files_are_sources_and_binaries_only():
     assert not [n for n in names if n.endswith((".cpp", ".c"))], "generated C++ shipped"
     assert {"__init__.pxd", "_guard.pxd", "_driver.pxd", "py.typed"} <= names
     assert os.path.isfile(os.path.join(PKG, "_sim", "libcuda.so.1"))
+
+
+def test_changelog_has_a_dated_section_for_this_version():
+    # docs/versioning.md: every release has a dated section, "## X.Y.Z (YYYY-MM-DD)".
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "CHANGELOG.md")
+    if not os.path.isfile(path):
+        pytest.skip("no CHANGELOG.md beside the tests (an installed test tree)")
+    with open(path, encoding="utf-8") as f:
+        headings = re.findall(r"^## (\S+) \((\d{4}-\d{2}-\d{2})\)$", f.read(), re.M)
+    assert cyctx.__version__ in [v for v, _ in headings], headings

@@ -21,6 +21,28 @@ class HeaderError(RuntimeError):
     """No usable ``cuda.h``: the message says what to install."""
 
 
+def in_pep517_build() -> bool:
+    """Whether this runs inside a build backend called by a PEP 517 frontend (pip, build).
+
+    There, the environment is the frontend's throw-away one: ``pip install`` from a shell does
+    not reach it, only the ``[build-system] requires`` of the package being built does.
+    pyproject_hooks, which pip and build call backends through, marks the backend's process.
+    """
+    return bool(os.environ.get("_PYPROJECT_HOOKS_BUILD_BACKEND") or os.environ.get("PEP517_BUILD_BACKEND"))
+
+
+def _for_this_environment(message: str, major: int | None) -> HeaderError:
+    if not in_pep517_build():
+        return HeaderError(message)
+    extra = "cu12" if major == 12 else "cu13"
+    return HeaderError(
+        f"{message}. This is an isolated PEP 517 build, whose environment holds only what "
+        f"[build-system] requires in the pyproject.toml of the package being built lists: "
+        f"`pip install` cannot help here. Add the requirements above there; a package that "
+        f"cimports cyctx lists 'cyctx[{extra}]', which brings cuda-bindings with its headers"
+    )
+
+
 @dataclass(frozen=True)
 class CudaHeader:
     include_dir: str
@@ -114,7 +136,22 @@ def _candidates():
 
 
 def find_cuda_header() -> CudaHeader:
-    """Locate a cuda.h that matches the installed cuda-bindings, or raise HeaderError."""
+    """Locate a cuda.h that matches the installed cuda-bindings, or raise HeaderError.
+
+    Inside a PEP 517 build the error also names ``[build-system] requires`` as the place to
+    fix it (:func:`in_pep517_build`).
+    """
+    try:
+        return _find_cuda_header()
+    except HeaderError as exc:
+        try:
+            major = bindings_version()[0]
+        except HeaderError:
+            major = None
+        raise _for_this_environment(str(exc), major) from None
+
+
+def _find_cuda_header() -> CudaHeader:
     major, minor, full = bindings_version()
     needed = required_headers()
     fix = "pip install " + " ".join(f"'{header_wheel_requirement(h, major, minor)}'" for h in needed)

@@ -18,8 +18,7 @@
 #include <cuda.h>
 #include <atomic>
 #include <cstddef>
-#include <mutex>
-#include <unordered_set>
+#include <pthread.h>
 #include <cstdlib>
 #include <cstring>
 
@@ -95,35 +94,96 @@ inline unsigned long long new_token() noexcept {
 // hot path. The mutex is held for a set operation only: never across Python code or a driver
 // call; the fork handlers of _fork.h hold it across fork() so a child never inherits it
 // locked or the set half-modified.
-inline std::mutex g_live_mu;
-inline std::unordered_set<unsigned long long> *g_live = nullptr;  // never freed: see live_remove
+//
+// Plain C (a pthread mutex, an open-addressing table from malloc): no C++ library symbols, so
+// the modules need nothing newer from libstdc++ than manylinux_2_28 systems have (built with
+// GCC 12, a std::unordered_set needs GLIBCXX_3.4.29). Linear probing with backward-shift
+// deletion, 0 marks an empty slot (tokens are never 0), at most half full.
+static pthread_mutex_t g_live_mu = PTHREAD_MUTEX_INITIALIZER;
+static unsigned long long *g_live = NULL;  // never freed: see live_remove
+static size_t g_live_cap = 0;              // slots, a power of two (0 before the first add)
+static size_t g_live_n = 0;                // tokens held
 
-// 0, or -1 when memory ran out.
-inline int live_add(unsigned long long token) noexcept {
-    try {
-        std::lock_guard<std::mutex> lock(g_live_mu);
-        if (!g_live) g_live = new std::unordered_set<unsigned long long>();
-        g_live->insert(token);
-        return 0;
-    } catch (...) {
-        return -1;
-    }
+static inline size_t live_slot(unsigned long long token, size_t cap) {
+    return (size_t)((token * 0x9E3779B97F4A7C15ull) >> 17) & (cap - 1);  // Fibonacci hashing
 }
 
-// Safe at interpreter shutdown and from __dealloc__: no Python, no allocation. The set is
-// never destroyed, so a guard deallocated after static destructors ran still finds it.
+static inline void live_put(unsigned long long *table, size_t cap, unsigned long long token) {
+    size_t i = live_slot(token, cap);
+    while (table[i] != 0 && table[i] != token) i = (i + 1) & (cap - 1);
+    table[i] = token;
+}
+
+// 0, or -1 when memory ran out (nothing changed).
+inline int live_add(unsigned long long token) noexcept {
+    int rc = 0;
+    pthread_mutex_lock(&g_live_mu);
+    if (2 * (g_live_n + 1) > g_live_cap) {
+        size_t cap = g_live_cap ? 2 * g_live_cap : 64;
+        unsigned long long *table = (unsigned long long *)calloc(cap, sizeof *table);
+        if (!table) {
+            rc = -1;
+        } else {
+            for (size_t i = 0; i < g_live_cap; i++)
+                if (g_live[i]) live_put(table, cap, g_live[i]);
+            free(g_live);
+            g_live = table;
+            g_live_cap = cap;
+        }
+    }
+    if (rc == 0) {
+        size_t i = live_slot(token, g_live_cap);
+        while (g_live[i] != 0 && g_live[i] != token) i = (i + 1) & (g_live_cap - 1);
+        if (g_live[i] == 0) {
+            g_live[i] = token;
+            g_live_n++;
+        }
+    }
+    pthread_mutex_unlock(&g_live_mu);
+    return rc;
+}
+
+// Safe at interpreter shutdown and from __dealloc__: no Python, no allocation. The table is
+// never freed, so a guard deallocated after static destructors ran still finds it.
 inline void live_remove(unsigned long long token) noexcept {
-    std::lock_guard<std::mutex> lock(g_live_mu);
-    if (g_live) g_live->erase(token);
+    pthread_mutex_lock(&g_live_mu);
+    if (g_live) {
+        size_t mask = g_live_cap - 1, i = live_slot(token, g_live_cap);
+        while (g_live[i] != 0 && g_live[i] != token) i = (i + 1) & mask;
+        if (g_live[i] == token) {
+            // Backward shift: move each later entry of the probe run into the hole when its
+            // home slot does not lie (cyclically) between the hole and where it sits.
+            size_t hole = i, j = i;
+            for (;;) {
+                j = (j + 1) & mask;
+                if (g_live[j] == 0) break;
+                size_t home = live_slot(g_live[j], g_live_cap);
+                if (((j - home) & mask) >= ((j - hole) & mask)) {
+                    g_live[hole] = g_live[j];
+                    hole = j;
+                }
+            }
+            g_live[hole] = 0;
+            g_live_n--;
+        }
+    }
+    pthread_mutex_unlock(&g_live_mu);
 }
 
 inline bool live_has(unsigned long long token) noexcept {
-    std::lock_guard<std::mutex> lock(g_live_mu);
-    return g_live && g_live->count(token) != 0;
+    bool found = false;
+    pthread_mutex_lock(&g_live_mu);
+    if (g_live) {
+        size_t i = live_slot(token, g_live_cap);
+        while (g_live[i] != 0 && g_live[i] != token) i = (i + 1) & (g_live_cap - 1);
+        found = g_live[i] == token;
+    }
+    pthread_mutex_unlock(&g_live_mu);
+    return found;
 }
 
-inline void live_lock() noexcept { g_live_mu.lock(); }
-inline void live_unlock() noexcept { g_live_mu.unlock(); }
+inline void live_lock() noexcept { pthread_mutex_lock(&g_live_mu); }
+inline void live_unlock() noexcept { pthread_mutex_unlock(&g_live_mu); }
 
 // --- the per-thread stack ------------------------------------------------------------------
 
