@@ -341,3 +341,18 @@ def test_header_error_inside_a_pep517_build_names_build_system_requires(monkeypa
     msg = str(build.value)
     assert msg.startswith(str(shell.value))
     assert "[build-system] requires" in msg and f"'cyctx[cu{bmaj}]'" in msg
+
+
+def test_tls_descriptors_are_what_the_build_says():
+    # Before glibc 2.40 a TLS descriptor's slow path could clobber vector registers; setup.py
+    # uses them only where that is fixed (or when asked), and records the choice. The module
+    # must be built as recorded: TLSDESC relocations if and only if BUILD_INFO says so.
+    import glob
+    import shutil
+
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("readelf (binutils) is not installed")
+    (mod,) = glob.glob(os.path.join(os.path.dirname(cyctx.__file__), "_guard*.so"))
+    relocs = subprocess.run([readelf, "-rW", mod], capture_output=True, text=True, check=True).stdout
+    assert ("TLSDESC" in relocs) == cyctx.BUILD_INFO["tls_descriptors"], cyctx.BUILD_INFO
