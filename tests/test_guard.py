@@ -593,6 +593,11 @@ def test_construction_helpers_are_not_methods():
     # They would re-initialise a live guard (and leak its retain) if Python could call them.
     for name in ("_init_primary", "_init_context"):
         assert not hasattr(ContextGuard, name)
+    # Nor can Python hand the driver an arbitrary integer as a stream or green context handle:
+    # resolving one is part of construction, after the input was recognised.
+    import cyctx._guard
+    for name in ("_context_of", "_stream_context", "_green_context"):
+        assert not hasattr(cyctx._guard, name), name
 
 
 def test_driver_error_survives_a_trip_through_another_process():

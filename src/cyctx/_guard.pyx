@@ -9,7 +9,6 @@ pushes and pops its one entry (what ``cuCtxSetCurrent`` does there, for less). T
 depth is the same before and after.
 """
 
-import operator
 import os
 import sys
 import warnings
@@ -18,7 +17,7 @@ import weakref
 from cuda.bindings cimport cydriver
 
 from cyctx._driver cimport DriverApi, driver_api, driver_load
-from cyctx import _errors
+from cyctx import _errors, _inputs
 from cyctx._errors import (
     ContextResetWarning, CyctxError, ForkError, GuardError, InvalidDeviceError, driver_error,
 )
@@ -346,163 +345,6 @@ cdef int _raise_value(str msg) except -1 with gil:
     raise ValueError(msg)
 
 
-# --- argument checks ------------------------------------------------------------------
-# Messages show user values through _shown/_int_text: a repr that raises, or an int too long
-# for Python to print (more than 4300 digits), must not replace the error being raised.
-
-def _shown(value, limit=80):
-    """repr(value) for an error message, at most `limit` characters; never raises."""
-    try:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return _int_text(int.__index__(value))
-        text = repr(value)
-        if not isinstance(text, str):
-            raise TypeError("__repr__ returned a non-str")
-    except Exception:
-        return f"<{type(value).__name__} object>"
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def _int_text(n):
-    """An int for a message: its digits when short (up to 2**256), else its size."""
-    if n.bit_length() <= 256:
-        return str(n)
-    return f"{'-' if n < 0 else ''}<an int of {n.bit_length()} bits>"
-
-
-def _index(value, what):
-    """operator.index(value) as an exact int; an __index__ that returns a bool is refused
-    (a bool is not a number here), one that returns an int subclass is taken as its value
-    (operator.index would warn DeprecationWarning). Errors of the __index__ itself pass."""
-    # Called as the interpreter's slot calls it: found in the type's MRO, bound, called.
-    t = type(value)
-    m = next((c.__dict__["__index__"] for c in t.__mro__ if "__index__" in c.__dict__), None)
-    if m is None:  # only its metaclass has one: not an integer to Python either
-        raise TypeError(f"'{t.__name__}' object cannot be interpreted as an integer")
-    get = getattr(type(m), "__get__", None)
-    r = (get(m, value, t) if get is not None else m)()
-    if type(r) is int:
-        return r
-    if isinstance(r, bool):
-        raise TypeError(f"{what}: {type(value).__name__}.__index__() returned a bool; a bool is not "
-                        f"an int here")
-    if isinstance(r, int):
-        return int.__index__(r)
-    raise TypeError(f"{type(value).__name__}.__index__() returned {type(r).__name__}, not an int")
-
-
-# The cuda.bindings types that mean a device, a context, a stream or a green context: every
-# other type of cuda.bindings (events, modules, graphs, device pointers, enums, ...) has an
-# int value too, but it is no device: refused by its type, never read as an ordinal or handle.
-# cudaStream_t is the driver's stream (both are CUstream_st*); CUdevice_v1 is CUdevice. The
-# runtime's cudaExecutionContext_t is opaque: the runtime offers no conversion to a CUcontext.
-_DEVICE_TYPES = ("CUdevice", "CUdevice_v1")
-_CONTEXT_TYPES = ("CUcontext",)
-_STREAM_TYPES = ("CUstream", "cudaStream_t")
-_GREEN_TYPES = ("CUgreenCtx",)
-_LIBRARIES = ("cuda.bindings", "cuda.core")
-
-
-def _library_class(t):
-    """The class of cuda.bindings or cuda.core that type `t` is or derives from, else None."""
-    for c in t.__mro__:
-        m = getattr(c, "__module__", None)
-        if isinstance(m, str) and m.startswith(_LIBRARIES):
-            return c
-    return None
-
-
-def _is_bindings(c, names):
-    return c.__module__.startswith("cuda.bindings") and c.__name__ in names
-
-
-def _not_a(c, what):
-    hint = ""
-    if c.__name__ == "cudaExecutionContext_t":
-        hint = (" (the runtime cannot convert an execution context to a CUcontext: pass its "
-                "device, from cudaExecutionCtxGetDevice, or the CUcontext or CUgreenCtx itself)")
-    return TypeError(f"{c.__module__}.{c.__name__} is not {what}{hint}")
-
-
-def _ordinal_of(device):
-    """The device ordinal as a Python int, or TypeError/ValueError. No driver call."""
-    t = type(device)
-    if t is int:
-        ordinal = device
-    else:
-        lib = _library_class(t)
-        if lib is not None:
-            if not _is_bindings(lib, _DEVICE_TYPES):
-                raise _not_a(lib, "a device ordinal")
-            device = int(device)  # a CUdevice is its ordinal (cuDeviceGet(&dev, k) gives k)
-        elif isinstance(device, bool) or not hasattr(t, "__index__"):
-            raise TypeError(
-                f"device must be an int ordinal (0, 1, ...), got {t.__name__} {_shown(device)}"
-            )
-        ordinal = _index(device, "device")
-    if ordinal < 0:
-        raise ValueError(f"device ordinal must be >= 0, got {_int_text(ordinal)}")
-    return ordinal
-
-
-def _optional_ordinal(device):
-    """A framework stream's fallback device: None, or a checked ordinal."""
-    return None if device is None else _ordinal_of(device)
-
-
-# Handles are C pointers: anything outside [0, 2**bits) cannot be one. Checked here, with the
-# value in the message, instead of letting the C conversion raise OverflowError.
-_HANDLE_BITS = 8 * sizeof(void*)
-_HANDLE_LIMIT = 1 << _HANDLE_BITS
-
-
-def _handle_of(value, what, kinds=_CONTEXT_TYPES):
-    """A handle as a Python int in [0, 2**64), or TypeError/ValueError. No driver call.
-
-    An int (anything with ``__index__``, not bool) or a cuda.bindings handle object of one of
-    the types `kinds` (which converts with int()). A float, str or bytes is refused, never
-    truncated or parsed; so is any other cuda.bindings or cuda.core object."""
-    t = type(value)
-    lib = _library_class(t)
-    if lib is not None:
-        if not _is_bindings(lib, kinds):
-            raise TypeError(f"{what} must be an int handle or a {' or '.join(kinds)}, got "
-                            f"{lib.__module__}.{lib.__name__}")
-        h = int(value)
-    elif isinstance(value, bool) or not hasattr(t, "__index__"):
-        raise TypeError(f"{what} must be an int handle, got {t.__name__} {_shown(value)}")
-    else:
-        h = _index(value, what)
-    if not 0 <= h < _HANDLE_LIMIT:
-        raise ValueError(
-            f"{what} {h:#x} is out of range: a handle is a {_HANDLE_BITS}-bit address, "
-            f"0 <= handle < 2**{_HANDLE_BITS}" if abs(h) < (1 << 256) else
-            f"{what} is out of range: a handle is a {_HANDLE_BITS}-bit address, "
-            f"0 <= handle < 2**{_HANDLE_BITS}"
-        )
-    return h
-
-
-def _cuda_stream_handle(obj):
-    """The handle of the CUDA stream protocol: ``__cuda_stream__()`` returns (version, handle)."""
-    v = obj.__cuda_stream__()
-    # Checked before it is looked into (this module is compiled with boundscheck=False): a
-    # tuple of exactly two, both ints. Read with tuple's own length and items: a subclass's
-    # __iter__, __len__ or __getitem__ may say anything.
-    if not isinstance(v, tuple) or tuple.__len__(v) != 2:
-        raise TypeError(
-            f"{type(obj).__name__}.__cuda_stream__() must return a (version, handle) tuple of "
-            f"two ints, got {type(v).__name__} {_shown(v)}"
-        )
-    version = tuple.__getitem__(v, 0)
-    handle = tuple.__getitem__(v, 1)
-    if isinstance(version, bool) or not hasattr(type(version), "__index__"):
-        raise TypeError(
-            f"{type(obj).__name__}.__cuda_stream__() returned version {_shown(version, 40)}; an int is needed"
-        )
-    return _handle_of(handle, f"{type(obj).__name__}.__cuda_stream__() handle", _STREAM_TYPES)
-
-
 cdef int _device_count() except -1:
     cdef int n = 0
     cdef cydriver.CUresult err
@@ -528,76 +370,6 @@ cdef int _raise_fork() except -1 with gil:
         f"CUDA_ERROR_NOT_INITIALIZED. Start worker processes with the 'spawn' start method: "
         f"multiprocessing.get_context('spawn') or multiprocessing.set_start_method('spawn')."
     )
-
-
-# --- what a guard can be made from ---------------------------------------------------------
-# Users arrive holding a framework's device or stream, a raw handle, or an ordinal. Objects are
-# recognised by their type's module and name, so no framework is imported unless the caller
-# passed one of its objects (then it is already imported).
-
-_DEFAULT_STREAMS = (0, 1, 2)  # legacy, per-thread (CU_STREAM_LEGACY/PER_THREAD): no own context
-
-
-def _target_of(obj):
-    """('ordinal', k) or ('context', handle) or ('stream', handle, fallback ordinal or None)
-    or ('green', handle) for anything ContextGuard accepts; TypeError/ValueError otherwise."""
-    t = type(obj)
-    # Every value read from a duck-typed object is checked (_ordinal_of, _handle_of) before
-    # it is used: these are user objects, and a float, a str or a huge int must be a
-    # TypeError/ValueError, never truncated, parsed or overflowed.
-    lib = _library_class(t)
-    if lib is not None:
-        # cuda.bindings and cuda.core: only the types that mean a device, a context, a stream
-        # or a green context; any other of their objects is refused by its type, whatever
-        # __index__/__int__ it has (a CUevent is no device ordinal).
-        name = lib.__name__
-        if lib.__module__.startswith("cuda.bindings"):
-            if name in _CONTEXT_TYPES:
-                return ("context", _handle_of(obj, name, _CONTEXT_TYPES))
-            if name in _STREAM_TYPES:
-                return ("stream", _handle_of(obj, name, _STREAM_TYPES), None)
-            if name in _GREEN_TYPES:
-                return ("green", _handle_of(obj, name, _GREEN_TYPES))
-            if name in _DEVICE_TYPES:
-                return ("ordinal", _ordinal_of(obj))
-        else:
-            if name == "Device" and hasattr(obj, "device_id"):
-                return ("ordinal", _ordinal_of(obj.device_id))
-            if name == "Stream":
-                return ("stream", _handle_of(obj.handle, f"{name}.handle", _STREAM_TYPES),
-                        _ordinal_of(obj.device.device_id))
-            if name == "Context":
-                return ("context", _handle_of(obj.handle, f"{name}.handle", _CONTEXT_TYPES))
-            if hasattr(obj, "__cuda_stream__"):  # another cuda.core stream kind
-                return ("stream", _cuda_stream_handle(obj), None)
-        raise _not_a(lib, "a device, a context, a stream or a green context, which ContextGuard takes")
-    mod = t.__module__ if isinstance(t.__module__, str) else ""
-    name = t.__name__
-    if mod == "torch" and name == "device":
-        if obj.type != "cuda":
-            raise ValueError(f"{_shown(obj)} is not a CUDA device")
-        if obj.index is None:  # torch.device("cuda"): torch's current device
-            import torch
-            return ("ordinal", _ordinal_of(torch.cuda.current_device()))
-        return ("ordinal", _ordinal_of(obj.index))
-    elif mod.startswith("torch") and hasattr(obj, "cuda_stream"):
-        return ("stream", _handle_of(obj.cuda_stream, f"{name}.cuda_stream", _STREAM_TYPES),
-                _optional_ordinal(obj.device.index))
-    elif mod.startswith("cupy"):
-        if name == "Device":
-            return ("ordinal", _ordinal_of(obj.id))
-        if hasattr(obj, "ptr") and "Stream" in name:
-            return ("stream", _handle_of(obj.ptr, f"{name}.ptr", _STREAM_TYPES),
-                    _optional_ordinal(getattr(obj, "device_id", None)))
-    if hasattr(obj, "__cuda_stream__"):  # the CUDA stream protocol: (version, handle)
-        return ("stream", _cuda_stream_handle(obj), None)
-    if isinstance(obj, bool) or not hasattr(t, "__index__"):
-        raise TypeError(
-            f"ContextGuard takes a device ordinal (int), a device (cuda.core Device, "
-            f"cupy.cuda.Device, torch.device), a CUcontext, a stream or a green context; got "
-            f"{mod}.{name} {_shown(obj)}"
-        )
-    return ("ordinal", _ordinal_of(obj))
 
 
 # --- the guard --------------------------------------------------------------------------
@@ -681,24 +453,12 @@ cdef class ContextGuard:
         self._extra_retains = 0
         self._gate = 0
         self._token = new_token()
-        target = _target_of(device)
+        target = _inputs.recognise(device)
         count = _device_count()
-        if target[0] == "ordinal":
-            _init_primary(self, target[1], count)
-        elif target[0] == "stream" and target[1] in _DEFAULT_STREAMS:
-            # The default streams belong to whatever context is current: meaningless here. A
-            # framework's stream object still knows its device.
-            if target[2] is None:
-                raise ValueError(
-                    "a default stream (handle 0/1/2) has no context of its own; pass the device instead"
-                )
-            _init_primary(self, target[2], count)
-        elif target[0] == "stream":
-            _init_context(self, _stream_context(target[1]), count)
-        elif target[0] == "green":
-            _init_context(self, _green_context(target[1]), count)
+        if target.kind == _inputs.Kind.ORDINAL:
+            _init_primary(self, target.value, count)
         else:
-            _init_context(self, target[1], count)
+            _init_context(self, _context_of(target.kind, target.value), count)
         if live_add(self._token) != 0:
             raise MemoryError("cyctx: no memory to register the guard")  # __dealloc__ releases
         _all_guards.add(self)
@@ -712,7 +472,7 @@ cdef class ContextGuard:
         """
         if isinstance(handle, bool) or not hasattr(type(handle), "__index__"):
             raise TypeError(f"from_handle takes an int CUcontext address, got {type(handle).__name__}")
-        h = _handle_of(handle, "from_handle: the context handle")
+        h = _inputs.context_handle(handle, "from_handle: the context handle")
         from cuda.bindings.driver import CUcontext
         return ContextGuard(CUcontext(h))
 
@@ -736,7 +496,7 @@ cdef class ContextGuard:
         This is the easy way to hold the long-lived retain: every caller gets the same
         guard, so the primary context stays alive between blocks. Thread-safe.
         """
-        ordinal = _ordinal_of(device)
+        ordinal = _inputs.shared_ordinal(device)
         guard = _shared_guards.get(ordinal)
         if guard is not None:
             return guard
@@ -995,7 +755,7 @@ cdef int _init_primary(ContextGuard self, ordinal, count) except -1:
     if ordinal >= count:
         raise InvalidDeviceError(
             <int>cydriver.CUresult.CUDA_ERROR_INVALID_DEVICE, "ContextGuard",
-            f"Device {_int_text(ordinal)} does not exist: the driver reports {count} device(s), "
+            f"Device {_inputs._int_text(ordinal)} does not exist: the driver reports {count} device(s), "
             f"ordinals 0..{count - 1} (CUDA_VISIBLE_DEVICES renumbers them)",
         )
     cdef int extra = 0
@@ -1098,7 +858,7 @@ def _note_cleanup_failure(exc, guard, cleanup):
         what = str(cleanup)
     except Exception:
         what = "(its message could not be made)"
-    _add_note(exc, f"cyctx: leaving {_shown(guard, 200)} also failed: {type(cleanup).__name__}: {what}")
+    _add_note(exc, f"cyctx: leaving {_inputs._shown(guard, 200)} also failed: {type(cleanup).__name__}: {what}")
 
 
 def _add_note(exc, note):
@@ -1172,22 +932,21 @@ cdef int _after_reset(ContextGuard g, cydriver.CUresult err, unsigned long long 
     return 0
 
 
-def _stream_context(size_t handle):
-    """The context handle a stream belongs to (cuStreamGetCtx)."""
+cdef size_t _context_of(kind, size_t handle) except? 0:
+    # The context a recognised handle names: the handle itself, or a stream's or green
+    # context's own (cuStreamGetCtx, cuCtxFromGreenCtx; absent from some drivers).
     cdef cydriver.CUcontext ctx = NULL
     cdef const DriverApi* d = _api()
-    if d.StreamGetCtx == NULL:
-        check(cydriver.CUresult.CUDA_ERROR_NOT_FOUND, "cuStreamGetCtx (not provided by this driver)")
-    check(d.StreamGetCtx(<cydriver.CUstream>handle, &ctx), "cuStreamGetCtx")
-    return <size_t>ctx
-
-
-def _green_context(size_t handle):
-    cdef cydriver.CUcontext ctx = NULL
-    cdef const DriverApi* d = _api()
-    if d.CtxFromGreenCtx == NULL:
-        check(cydriver.CUresult.CUDA_ERROR_NOT_FOUND, "cuCtxFromGreenCtx (not provided by this driver)")
-    check(d.CtxFromGreenCtx(&ctx, <cydriver.CUgreenCtx>handle), "cuCtxFromGreenCtx")
+    if kind == _inputs.Kind.CONTEXT:
+        return handle
+    if kind == _inputs.Kind.STREAM:
+        if d.StreamGetCtx == NULL:
+            check(cydriver.CUresult.CUDA_ERROR_NOT_FOUND, "cuStreamGetCtx (not provided by this driver)")
+        check(d.StreamGetCtx(<cydriver.CUstream>handle, &ctx), "cuStreamGetCtx")
+    else:
+        if d.CtxFromGreenCtx == NULL:
+            check(cydriver.CUresult.CUDA_ERROR_NOT_FOUND, "cuCtxFromGreenCtx (not provided by this driver)")
+        check(d.CtxFromGreenCtx(&ctx, <cydriver.CUgreenCtx>handle), "cuCtxFromGreenCtx")
     return <size_t>ctx
 
 

@@ -1,0 +1,279 @@
+"""What a ContextGuard can be made from: recognising what the user passed.
+
+Users arrive holding a framework's device or stream, a raw handle, or an ordinal. Objects are
+recognised by their type's module and name, so no framework is imported unless the caller
+passed one of its objects (then it is already imported). Every value read from a user's object
+is checked here, in Python, before it reaches C: a float, a str or a huge int is a
+TypeError/ValueError, never truncated, parsed or overflowed. No driver call is made here.
+
+Messages show user values through _shown/_int_text: a repr that raises, or an int too long for
+Python to print (more than 4300 digits), must not replace the error being raised.
+"""
+
+import enum
+import struct
+from typing import NamedTuple
+
+
+class Kind(enum.IntEnum):
+    """What a Target names. The guard turns a STREAM or GREEN handle into its context."""
+    ORDINAL = 0   # a device ordinal: its primary context
+    CONTEXT = 1   # a CUcontext handle
+    STREAM = 2    # a CUstream handle (not a default stream): its context, by cuStreamGetCtx
+    GREEN = 3     # a CUgreenCtx handle: its context, by cuCtxFromGreenCtx
+
+
+class Target(NamedTuple):
+    kind: Kind
+    value: int    # the ordinal, or the handle
+
+
+# Messages show user values through _shown/_int_text: a repr that raises, or an int too long
+# for Python to print (more than 4300 digits), must not replace the error being raised.
+
+def _shown(value, limit=80):
+    """repr(value) for an error message, at most `limit` characters; never raises."""
+    try:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return _int_text(int.__index__(value))
+        text = repr(value)
+        if not isinstance(text, str):
+            raise TypeError("__repr__ returned a non-str")
+    except Exception:
+        return f"<{type(value).__name__} object>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _int_text(n):
+    """An int for a message: its digits when short (up to 2**256), else its size."""
+    if n.bit_length() <= 256:
+        return str(n)
+    return f"{'-' if n < 0 else ''}<an int of {n.bit_length()} bits>"
+
+
+def _index(value, what):
+    """operator.index(value) as an exact int; an __index__ that returns a bool is refused
+    (a bool is not a number here), one that returns an int subclass is taken as its value
+    (operator.index would warn DeprecationWarning). Errors of the __index__ itself pass."""
+    # Called as the interpreter's slot calls it: found in the type's MRO, bound, called.
+    t = type(value)
+    m = next((c.__dict__["__index__"] for c in t.__mro__ if "__index__" in c.__dict__), None)
+    if m is None:  # only its metaclass has one: not an integer to Python either
+        raise TypeError(f"'{t.__name__}' object cannot be interpreted as an integer")
+    get = getattr(type(m), "__get__", None)
+    r = (get(m, value, t) if get is not None else m)()
+    if type(r) is int:
+        return r
+    if isinstance(r, bool):
+        raise TypeError(f"{what}: {type(value).__name__}.__index__() returned a bool; a bool is not "
+                        f"an int here")
+    if isinstance(r, int):
+        return int.__index__(r)
+    raise TypeError(f"{type(value).__name__}.__index__() returned {type(r).__name__}, not an int")
+
+
+# The cuda.bindings types that mean a device, a context, a stream or a green context: every
+# other type of cuda.bindings (events, modules, graphs, device pointers, enums, ...) has an
+# int value too, but it is no device: refused by its type, never read as an ordinal or handle.
+# cudaStream_t is the driver's stream (both are CUstream_st*); CUdevice_v1 is CUdevice. The
+# runtime's cudaExecutionContext_t is opaque: the runtime offers no conversion to a CUcontext.
+_DEVICE_TYPES = ("CUdevice", "CUdevice_v1")
+_CONTEXT_TYPES = ("CUcontext",)
+_STREAM_TYPES = ("CUstream", "cudaStream_t")
+_GREEN_TYPES = ("CUgreenCtx",)
+_LIBRARIES = ("cuda.bindings", "cuda.core")
+
+
+def _library_class(t):
+    """The class of cuda.bindings or cuda.core that type `t` is or derives from, else None."""
+    for c in t.__mro__:
+        m = getattr(c, "__module__", None)
+        if isinstance(m, str) and m.startswith(_LIBRARIES):
+            return c
+    return None
+
+
+def _is_bindings(c, names):
+    return c.__module__.startswith("cuda.bindings") and c.__name__ in names
+
+
+def _not_a(c, what):
+    hint = ""
+    if c.__name__ == "cudaExecutionContext_t":
+        hint = (" (the runtime cannot convert an execution context to a CUcontext: pass its "
+                "device, from cudaExecutionCtxGetDevice, or the CUcontext or CUgreenCtx itself)")
+    return TypeError(f"{c.__module__}.{c.__name__} is not {what}{hint}")
+
+
+def _ordinal_of(device):
+    """The device ordinal as a Python int, or TypeError/ValueError. No driver call."""
+    t = type(device)
+    if t is int:
+        ordinal = device
+    else:
+        lib = _library_class(t)
+        if lib is not None:
+            if not _is_bindings(lib, _DEVICE_TYPES):
+                raise _not_a(lib, "a device ordinal")
+            device = int(device)  # a CUdevice is its ordinal (cuDeviceGet(&dev, k) gives k)
+        elif isinstance(device, bool) or not hasattr(t, "__index__"):
+            raise TypeError(
+                f"device must be an int ordinal (0, 1, ...), got {t.__name__} {_shown(device)}"
+            )
+        ordinal = _index(device, "device")
+    if ordinal < 0:
+        raise ValueError(f"device ordinal must be >= 0, got {_int_text(ordinal)}")
+    return ordinal
+
+
+def _optional_ordinal(device):
+    """A framework stream's fallback device: None, or a checked ordinal."""
+    return None if device is None else _ordinal_of(device)
+
+
+# Handles are C pointers: anything outside [0, 2**bits) cannot be one. Checked here, with the
+# value in the message, instead of letting the C conversion raise OverflowError.
+_HANDLE_BITS = 8 * struct.calcsize("P")
+_HANDLE_LIMIT = 1 << _HANDLE_BITS
+
+
+def _handle_of(value, what, kinds=_CONTEXT_TYPES):
+    """A handle as a Python int in [0, 2**64), or TypeError/ValueError. No driver call.
+
+    An int (anything with ``__index__``, not bool) or a cuda.bindings handle object of one of
+    the types `kinds` (which converts with int()). A float, str or bytes is refused, never
+    truncated or parsed; so is any other cuda.bindings or cuda.core object."""
+    t = type(value)
+    lib = _library_class(t)
+    if lib is not None:
+        if not _is_bindings(lib, kinds):
+            raise TypeError(f"{what} must be an int handle or a {' or '.join(kinds)}, got "
+                            f"{lib.__module__}.{lib.__name__}")
+        h = int(value)
+    elif isinstance(value, bool) or not hasattr(t, "__index__"):
+        raise TypeError(f"{what} must be an int handle, got {t.__name__} {_shown(value)}")
+    else:
+        h = _index(value, what)
+    if not 0 <= h < _HANDLE_LIMIT:
+        raise ValueError(
+            f"{what} {h:#x} is out of range: a handle is a {_HANDLE_BITS}-bit address, "
+            f"0 <= handle < 2**{_HANDLE_BITS}" if abs(h) < (1 << 256) else
+            f"{what} is out of range: a handle is a {_HANDLE_BITS}-bit address, "
+            f"0 <= handle < 2**{_HANDLE_BITS}"
+        )
+    return h
+
+
+def _cuda_stream_handle(obj):
+    """The handle of the CUDA stream protocol: ``__cuda_stream__()`` returns (version, handle)."""
+    v = obj.__cuda_stream__()
+    # Checked before it is looked into (the guard module, compiled with boundscheck=False,
+    # gets only checked ints): a tuple of exactly two, both ints. Read with tuple's own length and items: a subclass's
+    # __iter__, __len__ or __getitem__ may say anything.
+    if not isinstance(v, tuple) or tuple.__len__(v) != 2:
+        raise TypeError(
+            f"{type(obj).__name__}.__cuda_stream__() must return a (version, handle) tuple of "
+            f"two ints, got {type(v).__name__} {_shown(v)}"
+        )
+    version = tuple.__getitem__(v, 0)
+    handle = tuple.__getitem__(v, 1)
+    if isinstance(version, bool) or not hasattr(type(version), "__index__"):
+        raise TypeError(
+            f"{type(obj).__name__}.__cuda_stream__() returned version {_shown(version, 40)}; an int is needed"
+        )
+    return _handle_of(handle, f"{type(obj).__name__}.__cuda_stream__() handle", _STREAM_TYPES)
+
+
+# Users arrive holding a framework's device or stream, a raw handle, or an ordinal. Objects are
+# recognised by their type's module and name, so no framework is imported unless the caller
+# passed one of its objects (then it is already imported).
+
+_DEFAULT_STREAMS = (0, 1, 2)  # legacy, per-thread (CU_STREAM_LEGACY/PER_THREAD): no own context
+
+
+def _tagged(obj):
+    """('ordinal', k) or ('context', handle) or ('stream', handle, fallback ordinal or None)
+    or ('green', handle) for anything ContextGuard accepts; TypeError/ValueError otherwise."""
+    t = type(obj)
+    # Every value read from a duck-typed object is checked (_ordinal_of, _handle_of) before
+    # it is used: these are user objects, and a float, a str or a huge int must be a
+    # TypeError/ValueError, never truncated, parsed or overflowed.
+    lib = _library_class(t)
+    if lib is not None:
+        # cuda.bindings and cuda.core: only the types that mean a device, a context, a stream
+        # or a green context; any other of their objects is refused by its type, whatever
+        # __index__/__int__ it has (a CUevent is no device ordinal).
+        name = lib.__name__
+        if lib.__module__.startswith("cuda.bindings"):
+            if name in _CONTEXT_TYPES:
+                return ("context", _handle_of(obj, name, _CONTEXT_TYPES))
+            if name in _STREAM_TYPES:
+                return ("stream", _handle_of(obj, name, _STREAM_TYPES), None)
+            if name in _GREEN_TYPES:
+                return ("green", _handle_of(obj, name, _GREEN_TYPES))
+            if name in _DEVICE_TYPES:
+                return ("ordinal", _ordinal_of(obj))
+        else:
+            if name == "Device" and hasattr(obj, "device_id"):
+                return ("ordinal", _ordinal_of(obj.device_id))
+            if name == "Stream":
+                return ("stream", _handle_of(obj.handle, f"{name}.handle", _STREAM_TYPES),
+                        _ordinal_of(obj.device.device_id))
+            if name == "Context":
+                return ("context", _handle_of(obj.handle, f"{name}.handle", _CONTEXT_TYPES))
+            if hasattr(obj, "__cuda_stream__"):  # another cuda.core stream kind
+                return ("stream", _cuda_stream_handle(obj), None)
+        raise _not_a(lib, "a device, a context, a stream or a green context, which ContextGuard takes")
+    mod = t.__module__ if isinstance(t.__module__, str) else ""
+    name = t.__name__
+    if mod == "torch" and name == "device":
+        if obj.type != "cuda":
+            raise ValueError(f"{_shown(obj)} is not a CUDA device")
+        if obj.index is None:  # torch.device("cuda"): torch's current device
+            import torch
+            return ("ordinal", _ordinal_of(torch.cuda.current_device()))
+        return ("ordinal", _ordinal_of(obj.index))
+    elif mod.startswith("torch") and hasattr(obj, "cuda_stream"):
+        return ("stream", _handle_of(obj.cuda_stream, f"{name}.cuda_stream", _STREAM_TYPES),
+                _optional_ordinal(obj.device.index))
+    elif mod.startswith("cupy"):
+        if name == "Device":
+            return ("ordinal", _ordinal_of(obj.id))
+        if hasattr(obj, "ptr") and "Stream" in name:
+            return ("stream", _handle_of(obj.ptr, f"{name}.ptr", _STREAM_TYPES),
+                    _optional_ordinal(getattr(obj, "device_id", None)))
+    if hasattr(obj, "__cuda_stream__"):  # the CUDA stream protocol: (version, handle)
+        return ("stream", _cuda_stream_handle(obj), None)
+    if isinstance(obj, bool) or not hasattr(t, "__index__"):
+        raise TypeError(
+            f"ContextGuard takes a device ordinal (int), a device (cuda.core Device, "
+            f"cupy.cuda.Device, torch.device), a CUcontext, a stream or a green context; got "
+            f"{mod}.{name} {_shown(obj)}"
+        )
+    return ("ordinal", _ordinal_of(obj))
+
+
+def recognise(obj):
+    """The Target of anything ContextGuard accepts; TypeError/ValueError otherwise."""
+    t = _tagged(obj)
+    if t[0] == "ordinal":
+        return Target(Kind.ORDINAL, t[1])
+    if t[0] == "stream" and t[1] in _DEFAULT_STREAMS:
+        # The default streams belong to whatever context is current: meaningless here. A
+        # framework's stream object still knows its device.
+        if t[2] is None:
+            raise ValueError(
+                "a default stream (handle 0/1/2) has no context of its own; pass the device instead"
+            )
+        return Target(Kind.ORDINAL, t[2])
+    return Target({"context": Kind.CONTEXT, "stream": Kind.STREAM, "green": Kind.GREEN}[t[0]], t[1])
+
+
+def shared_ordinal(device):
+    """The ordinal ContextGuard.shared() takes (an int or a CUdevice)."""
+    return _ordinal_of(device)
+
+
+def context_handle(handle, what):
+    """A CUcontext handle given as an int or a CUcontext (from_handle)."""
+    return _handle_of(handle, what, _CONTEXT_TYPES)
