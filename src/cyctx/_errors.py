@@ -11,6 +11,8 @@ this process is a forked child. Until then, and with no driver, the names come f
 ``_FALLBACK``.
 """
 
+import sys
+
 # The CUresult codes cyctx names (cuda.h), as plain ints: this module imports no bindings.
 CUDA_ERROR_INVALID_VALUE = 1
 CUDA_ERROR_OUT_OF_MEMORY = 2
@@ -207,6 +209,188 @@ def load_fix(code):
         return "The process ran out of memory while loading the driver"
     return "Check the NVIDIA driver installation (`nvidia-smi`)"
 
+
+
+# --- the words of the guard's errors ------------------------------------------------------
+# Built here, raised by the _guard module: each says what happened, what state it left, and
+# what to do. `guard` is the guard's repr.
+
+def _entries(n):
+    return f"{n} entr{'y' if n == 1 else 'ies'}"
+
+
+def _dropped_note(dropped):
+    if not dropped:
+        return ""
+    return (f" ({_entries(dropped)} of guards freed while entered were dropped from the top of "
+            f"this thread's entries first.)")
+
+
+def closed(guard):
+    return GuardError(f"{guard} is closed: its retain was released; create a new guard")
+
+
+def close_refused(guard, why):
+    return GuardError({
+        "shared": f"{guard} is shared by the whole process and is never closed",
+        "inside": f"{guard}: close() inside a with-block of the same guard on this thread; "
+                  f"leave the block first",
+        "busy": f"{guard}: close() while another thread is entering the guard or re-activating "
+                f"its context after a reset; nothing was released. Close it when no thread uses it.",
+        "closing": f"{guard}: close() while another thread is closing it; nothing was done",
+    }[why])
+
+
+def exit_misuse(guard, entered_here, same_guard_on_top, top, dropped):
+    also = _dropped_note(dropped)
+    if not entered_here:
+        return GuardError(
+            f"{guard}: exit without a matching enter on this thread. Entries are per thread: "
+            f"leave a guard on the thread that entered it, once per enter.{also}"
+        )
+    who = "another block of this same guard" if same_guard_on_top else f"another guard (guard #{top})"
+    return GuardError(
+        f"{guard}: exit out of order: {who} was entered after this block on this thread and is "
+        f"still open. Blocks are left in reverse order of entry; a generator or coroutine "
+        f"holding a guard across yield/await breaks that (also when two tasks share one guard). "
+        f"Nothing was changed.{also}"
+    )
+
+
+def late_generator_exit(guard, dropped):
+    return GuardError(
+        f"{guard}: a generator or coroutine holding this guard was closed (or collected) "
+        f"while a guard entered after it is still open on this thread. Its entry was "
+        f"removed; the current context was left to the open block, and leaving that block "
+        f"restores what was current before this one. Leave guards in reverse order of "
+        f"entry: do not hold one across yield/await.{_dropped_note(dropped)}"
+    )
+
+
+def dropped_text(guard, dropped):
+    return (f"cyctx: leaving {guard} dropped {dropped} open entr{'y' if dropped == 1 else 'ies'} "
+            f"of a ContextGuard freed while entered on this thread (entered, never left, then "
+            f"garbage); what was current before {guard}'s enter is restored. Leave every guard "
+            f"you enter.")
+
+
+def leaked_pushes(n, still):
+    if still == 0:
+        return GuardError(
+            f"code inside the guard pushed {n} context(s) with cuCtxPushCurrent and did not pop "
+            f"them; the thread had no current context before the guard, so they were popped to "
+            f"restore that. Balance every push with a pop inside the block."
+        )
+    # The cap: say what was done and what is left, not that the stack was restored.
+    return GuardError(
+        f"code inside the guard pushed more than {n} context(s) with cuCtxPushCurrent and did "
+        f"not pop them; cyctx popped {n} and stopped there (its cap). The thread still has "
+        f"context 0x{still:x} current and more beneath it: its context stack is NOT restored to "
+        f"the empty stack it had before the guard. Pop the rest with cuCtxPopCurrent, and "
+        f"balance every push with a pop inside the block."
+    )
+
+
+def prev_died(prev, err, switched, cur):
+    how = ("its id changed: it was reset, or its handle now holds another context" if err == 0
+           else "cuCtxGetId: CUDA_ERROR_CONTEXT_IS_DESTROYED (709)" if err == 709
+           else "cuCtxGetId: CUDA_ERROR_INVALID_CONTEXT (201), the driver no longer knows it")
+    now = f"context 0x{cur:x} is current" if cur else "no context is current"
+    undone = ("cyctx popped its own switch, as cuCtxDestroy pops a destroyed context that is "
+              "current" if switched else "cyctx left the stack as the block left it")
+    return driver_error(
+        CUDA_ERROR_CONTEXT_IS_DESTROYED, "cuCtxGetId",
+        f"The context that was current before the block (0x{prev:x}) did not survive it ({how}), "
+        f"so it was not made current again: {undone}; {now}. Do not destroy or reset a context "
+        f"that an enclosing block returns to.",
+    )
+
+
+def forked(pid):
+    return ForkError(
+        f"CUDA was initialised in a parent of this forked process (pid {pid}); a "
+        f"forked child cannot use CUDA: every driver call fails with "
+        f"CUDA_ERROR_NOT_INITIALIZED. Start worker processes with the 'spawn' start method: "
+        f"multiprocessing.get_context('spawn') or multiprocessing.set_start_method('spawn')."
+    )
+
+
+def reset_text(ordinal, guard, reactivated_elsewhere):
+    how = ("someone re-activated it since" if reactivated_elsewhere
+           else "it is inactive; cyctx re-activates it (refcount unchanged)")
+    return (f"device {ordinal}'s primary context was reset (cudaDeviceReset or "
+            f"cuDevicePrimaryCtxReset) since {guard} last entered it; {how}. Memory and modules "
+            f"created in it before the reset are gone.")
+
+
+def destroyed_by_owner(guard):
+    return driver_error(
+        CUDA_ERROR_CONTEXT_IS_DESTROYED, "cuCtxGetId",
+        f"The context of {guard} was destroyed by its owner (cuCtxDestroy) while the guard "
+        f"still referred to it; the guard cannot bring it back. Close the guard.",
+    )
+
+
+def no_such_device(ordinal_text, count):
+    return InvalidDeviceError(
+        CUDA_ERROR_INVALID_DEVICE, "ContextGuard",
+        f"Device {ordinal_text} does not exist: the driver reports {count} device(s), "
+        f"ordinals 0..{count - 1} (CUDA_VISIBLE_DEVICES renumbers them)",
+    )
+
+
+def construction_kept_retains(err, rerr, ordinal, kept):
+    return driver_error(
+        err, "cuCtxGetId",
+        f"and releasing the retain(s) just taken failed too (cuDevicePrimaryCtxRelease: "
+        f"{rerr}): device {ordinal}'s primary context keeps {kept} retain(s) more until the "
+        f"process exits",
+    )
+
+
+def reset_during_construction(ordinal, tries):
+    return driver_error(
+        CUDA_ERROR_CONTEXT_IS_DESTROYED, "cuCtxGetId",
+        f"device {ordinal}'s primary context was reset again each time it was re-activated "
+        f"({tries} times) while the guard was being constructed; no retain is kept. "
+        f"Construct it when no other thread resets the device",
+    )
+
+
+def probe_stuck(perr, ctx):
+    return driver_error(
+        perr, "cuCtxPopCurrent",
+        f"cyctx pushed context 0x{ctx:x} to learn its device and could not pop it again (twice): "
+        f"it is still pushed on this thread's context stack. Pop it with cuCtxPopCurrent",
+    )
+
+
+def note_cleanup_failure(exc, guard, cleanup):
+    """Note on the block's exception `exc` that leaving `guard` failed with `cleanup`."""
+    # Runs while the block's exception propagates: the note is best effort and nothing here
+    # may raise, or it would replace that exception (a subclass's __repr__, a cleanup error's
+    # __str__, or the user's exception refusing notes).
+    try:
+        what = str(cleanup)
+    except Exception:
+        what = "(its message could not be made)"
+    _add_note(exc, f"cyctx: leaving {guard} also failed: {type(cleanup).__name__}: {what}")
+
+
+def _add_note(exc, note):
+    # PEP 678. Best effort: an exception whose __notes__ is not a list, or whose add_note
+    # raises, keeps its own __notes__, and the note goes to stderr instead: never lost.
+    shown = False
+    try:
+        exc.add_note(note)
+        shown = True
+    except Exception:
+        pass
+    if not shown:
+        try:
+            print(f"{note} (while {type(exc).__name__} propagated)", file=sys.stderr)
+        except Exception:
+            pass  # no usable stderr
 
 
 def _fallback_forked():

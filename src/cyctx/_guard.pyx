@@ -10,7 +10,6 @@ depth is the same before and after.
 """
 
 import os
-import sys
 import warnings
 import weakref
 
@@ -18,9 +17,7 @@ from cuda.bindings cimport cydriver
 
 from cyctx._driver cimport DriverApi, driver_api, driver_load
 from cyctx import _errors, _inputs
-from cyctx._errors import (
-    ContextResetWarning, CyctxError, ForkError, GuardError, InvalidDeviceError, driver_error,
-)
+from cyctx._errors import ContextResetWarning, CyctxError, driver_error
 
 
 cdef extern from "_tls.h" namespace "cyctx" nogil:
@@ -278,19 +275,7 @@ cdef int _prev_died(const DriverApi* d, cydriver.CUcontext prev, cydriver.CUresu
 
 
 cdef int _raise_prev_died(size_t prev, int err, bint switched, size_t cur) except -1 with gil:
-    how = ("its id changed: it was reset, or its handle now holds another context" if err == 0
-           else "cuCtxGetId: CUDA_ERROR_CONTEXT_IS_DESTROYED (709)" if err == 709
-           else "cuCtxGetId: CUDA_ERROR_INVALID_CONTEXT (201), the driver no longer knows it")
-    now = f"context 0x{cur:x} is current" if cur else "no context is current"
-    undone = ("cyctx popped its own switch, as cuCtxDestroy pops a destroyed context that is "
-              "current" if switched else "cyctx left the stack as the block left it")
-    raise driver_error(
-        <int>cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED, "cuCtxGetId",
-        f"The context that was current before the block (0x{prev:x}) did not survive it ({how}), "
-        f"so it was not made current again: {undone}; {now}. Do not destroy or reset a context "
-        f"that an enclosing block returns to.",
-    )
-
+    raise _errors.prev_died(prev, err, switched, cur)
 
 
 cdef int _pop_to_empty(const DriverApi* d) except -1 nogil:
@@ -325,20 +310,7 @@ cdef int _unwind_leaked_pushes(const DriverApi* d) except -1 nogil:
 
 
 cdef int _raise_leaked(int n, size_t still) except -1 with gil:
-    if still == 0:
-        raise GuardError(
-            f"code inside the guard pushed {n} context(s) with cuCtxPushCurrent and did not pop "
-            f"them; the thread had no current context before the guard, so they were popped to "
-            f"restore that. Balance every push with a pop inside the block."
-        )
-    # The cap: say what was done and what is left, not that the stack was restored.
-    raise GuardError(
-        f"code inside the guard pushed more than {n} context(s) with cuCtxPushCurrent and did "
-        f"not pop them; cyctx popped {n} and stopped there (its cap). The thread still has "
-        f"context 0x{still:x} current and more beneath it: its context stack is NOT restored to "
-        f"the empty stack it had before the guard. Pop the rest with cuCtxPopCurrent, and "
-        f"balance every push with a pop inside the block."
-    )
+    raise _errors.leaked_pushes(n, still)
 
 
 cdef int _raise_value(str msg) except -1 with gil:
@@ -364,12 +336,7 @@ cdef int _device_count() except -1:
 
 
 cdef int _raise_fork() except -1 with gil:
-    raise ForkError(
-        f"CUDA was initialised in a parent of this forked process (pid {os.getpid()}); a "
-        f"forked child cannot use CUDA: every driver call fails with "
-        f"CUDA_ERROR_NOT_INITIALIZED. Start worker processes with the 'spawn' start method: "
-        f"multiprocessing.get_context('spawn') or multiprocessing.set_start_method('spawn')."
-    )
+    raise _errors.forked(os.getpid())
 
 
 # --- the guard --------------------------------------------------------------------------
@@ -551,7 +518,7 @@ cdef class ContextGuard:
         try:
             _exit_block(self, block)
         except BaseException as cleanup:
-            _note_cleanup_failure(exc, self, cleanup)
+            _errors.note_cleanup_failure(exc, _inputs._shown(self, 200), cleanup)
         return False
 
     def close(self):
@@ -569,23 +536,17 @@ cdef class ContextGuard:
         if ctx_load(&self._ctx) == NULL:
             return
         if self._shared:
-            raise GuardError(f"{self!r} is shared by the whole process and is never closed")
+            raise _errors.close_refused(repr(self), "shared")
         if tls_count(self._token):
-            raise GuardError(
-                f"{self!r}: close() inside a with-block of the same guard on this thread; "
-                f"leave the block first"
-            )
+            raise _errors.close_refused(repr(self), "inside")
         # Claim the guard against a reset re-activation on another thread (which would
         # otherwise re-open it after this close and, later, release a retain that is not its
         # own) and against a second close() (a double release). Never waits.
         busy = gate_close(&self._gate)
         if busy > 0:
-            raise GuardError(
-                f"{self!r}: close() while another thread is entering the guard or re-activating "
-                f"its context after a reset; nothing was released. Close it when no thread uses it."
-            )
+            raise _errors.close_refused(repr(self), "busy")
         if busy < 0:
-            raise GuardError(f"{self!r}: close() while another thread is closing it; nothing was done")
+            raise _errors.close_refused(repr(self), "closing")
         try:
             if ctx_load(&self._ctx) == NULL:
                 return  # closed by another thread between the check above and the claim
@@ -617,13 +578,7 @@ cdef class ContextGuard:
                 return _warn_dropped(self, dropped)  # after the restore, as exit() does
             return 0
         if tls_splice(self._token, block) == 0:
-            raise GuardError(
-                f"{self!r}: a generator or coroutine holding this guard was closed (or collected) "
-                f"while a guard entered after it is still open on this thread. Its entry was "
-                f"removed; the current context was left to the open block, and leaving that block "
-                f"restores what was current before this one. Leave guards in reverse order of "
-                f"entry: do not hold one across yield/await.{_dropped_note(dropped)}"
-            )
+            raise _errors.late_generator_exit(repr(self), dropped)
         return _raise_exit_misuse(self, dropped)
 
     @property
@@ -753,11 +708,7 @@ cdef int _init_primary(ContextGuard self, ordinal, count) except -1:
     cdef unsigned long long ctx_id = 0
     cdef cydriver.CUresult err, rerr
     if ordinal >= count:
-        raise InvalidDeviceError(
-            <int>cydriver.CUresult.CUDA_ERROR_INVALID_DEVICE, "ContextGuard",
-            f"Device {_inputs._int_text(ordinal)} does not exist: the driver reports {count} device(s), "
-            f"ordinals 0..{count - 1} (CUDA_VISIBLE_DEVICES renumbers them)",
-        )
+        raise _errors.no_such_device(_inputs._int_text(ordinal), count)
     cdef int extra = 0
     cdef int tries = 0
     cdef const DriverApi* d = driver_api()  # loaded by _device_count
@@ -784,19 +735,9 @@ cdef int _init_primary(ContextGuard self, ordinal, count) except -1:
             extra -= 1
         rerr = d.PrimaryCtxRelease(dev)
         if rerr != cydriver.CUresult.CUDA_SUCCESS or extra:
-            raise driver_error(
-                <int>err, "cuCtxGetId",
-                f"and releasing the retain(s) just taken failed too (cuDevicePrimaryCtxRelease: "
-                f"{<int>rerr}): device {ordinal}'s primary context keeps {1 + extra if rerr else extra} "
-                f"retain(s) more until the process exits",
-            )
+            raise _errors.construction_kept_retains(<int>err, <int>rerr, ordinal, (1 if rerr else 0) + extra)
         if err == cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED:
-            raise driver_error(
-                <int>err, "cuCtxGetId",
-                f"device {ordinal}'s primary context was reset again each time it was re-activated "
-                f"({tries} times) while the guard was being constructed; no retain is kept. "
-                f"Construct it when no other thread resets the device",
-            )
+            raise _errors.reset_during_construction(ordinal, tries)
         check(err, "cuCtxGetId")
     self._extra_retains = extra
     self._dev = dev
@@ -848,42 +789,6 @@ cdef int _init_context(ContextGuard self, size_t handle, count) except -1:
     self._ctx_id = ctx_id
     self._ctx = ctx
     return 0
-
-
-def _note_cleanup_failure(exc, guard, cleanup):
-    # Runs while the block's exception propagates: the note is best effort and nothing here
-    # may raise, or it would replace that exception (a subclass's __repr__, a cleanup error's
-    # __str__, or the user's exception refusing notes).
-    try:
-        what = str(cleanup)
-    except Exception:
-        what = "(its message could not be made)"
-    _add_note(exc, f"cyctx: leaving {_inputs._shown(guard, 200)} also failed: {type(cleanup).__name__}: {what}")
-
-
-def _add_note(exc, note):
-    # PEP 678 (3.11+). On 3.10 the same attribute is set, so code that reads __notes__ finds
-    # it, and, since 3.10's traceback does not print notes, it is also written to stderr: the
-    # failure is never lost. Best effort: an exception whose __notes__ is not a list, or whose
-    # add_note raises, keeps its own __notes__ and the note goes to stderr instead.
-    shown = False
-    try:
-        if hasattr(exc, "add_note"):  # 3.11+, or the exception's own on 3.10
-            exc.add_note(note)
-            shown = sys.version_info >= (3, 11)
-        else:
-            notes = getattr(exc, "__notes__", None)
-            if notes is None:
-                notes = exc.__notes__ = []
-            if isinstance(notes, list):
-                notes.append(note)
-    except Exception:
-        pass
-    if not shown:
-        try:
-            print(f"{note} (while {type(exc).__name__} propagated)", file=sys.stderr)
-        except Exception:
-            pass  # no usable stderr
 
 
 cdef int _after_reset(ContextGuard g, cydriver.CUresult err, unsigned long long ctx_id) except -1 nogil:
@@ -959,68 +864,33 @@ cdef void _release(cydriver.CUdevice dev, int n) noexcept nogil:
 
 
 cdef int _warn_reset(ContextGuard g, bint reactivated_elsewhere) except -1 with gil:
-    how = ("someone re-activated it since" if reactivated_elsewhere
-           else "it is inactive; cyctx re-activates it (refcount unchanged)")
-    warnings.warn(
-        f"device {g._ordinal}'s primary context was reset (cudaDeviceReset or "
-        f"cuDevicePrimaryCtxReset) since {g!r} last entered it; {how}. Memory and modules "
-        f"created in it before the reset are gone.",
-        ContextResetWarning, stacklevel=2,
-    )
+    warnings.warn(_errors.reset_text(g._ordinal, repr(g), reactivated_elsewhere),
+                  ContextResetWarning, stacklevel=2)
     return 0
 
 
 cdef int _raise_destroyed(ContextGuard g) except -1 with gil:
-    raise driver_error(
-        <int>cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED, "cuCtxGetId",
-        f"The context of {g!r} was destroyed by its owner (cuCtxDestroy) while the guard "
-        f"still referred to it; the guard cannot bring it back. Close the guard.",
-    )
+    raise _errors.destroyed_by_owner(repr(g))
 
 
 cdef int _raise_closed(ContextGuard g) except -1 with gil:
-    raise GuardError(f"{g!r} is closed: its retain was released; create a new guard")
+    raise _errors.closed(repr(g))
 
 
 cdef int _raise_no_memory() except -1 with gil:
     raise MemoryError("cyctx: no memory to record a guard entry")
 
 
-def _dropped_note(size_t dropped):
-    if not dropped:
-        return ""
-    return (f" ({dropped} entr{'y' if dropped == 1 else 'ies'} of guards freed while entered "
-            f"were dropped from the top of this thread's entries first.)")
-
-
 cdef int _raise_exit_misuse(ContextGuard g, size_t dropped) except -1 with gil:
     cdef unsigned long long top = tls_top_token()
-    also = _dropped_note(dropped)
-    if tls_count(g._token) == 0:
-        raise GuardError(
-            f"{g!r}: exit without a matching enter on this thread. Entries are per thread: "
-            f"leave a guard on the thread that entered it, once per enter.{also}"
-        )
-    who = ("another block of this same guard" if top == g._token
-           else f"another guard (guard #{top})")
-    raise GuardError(
-        f"{g!r}: exit out of order: {who} was entered after this block on this thread and is "
-        f"still open. Blocks are left in reverse order of entry; a generator or coroutine "
-        f"holding a guard across yield/await breaks that (also when two tasks share one guard). "
-        f"Nothing was changed.{also}"
-    )
+    raise _errors.exit_misuse(repr(g), tls_count(g._token) != 0, top == g._token, top, dropped)
 
 
 cdef int _warn_dropped(ContextGuard g, size_t dropped) except -1 with gil:
     # Not an error: the exit itself completed. A guard freed while entered is a leak in the
     # caller's code, so it is reported as one (ResourceWarning is shown under -W default,
     # pytest and python -X dev).
-    warnings.warn(
-        f"cyctx: leaving {g!r} dropped {dropped} open entr{'y' if dropped == 1 else 'ies'} of a "
-        f"ContextGuard freed while entered on this thread (entered, never left, then garbage); "
-        f"what was current before {g!r}'s enter is restored. Leave every guard you enter.",
-        ResourceWarning, stacklevel=2,
-    )
+    warnings.warn(_errors.dropped_text(repr(g), dropped), ResourceWarning, stacklevel=2)
     return 0
 
 
@@ -1041,11 +911,7 @@ cdef int _probe_pop(const DriverApi* d, cydriver.CUcontext ctx) except -1 nogil:
 
 
 cdef int _raise_probe_stuck(cydriver.CUresult perr, size_t ctx) except -1 with gil:
-    raise driver_error(
-        <int>perr, "cuCtxPopCurrent",
-        f"cyctx pushed context 0x{ctx:x} to learn its device and could not pop it again (twice): "
-        f"it is still pushed on this thread's context stack. Pop it with cuCtxPopCurrent",
-    )
+    raise _errors.probe_stuck(<int>perr, ctx)
 
 
 def current_handle():
