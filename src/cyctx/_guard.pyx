@@ -7,6 +7,12 @@ push/pop, so a block that called ``cudaSetDevice`` or ``cuCtxSetCurrent`` (which
 the top) is repaired and the guard never pops a context it did not push. On an empty stack it
 pushes and pops its one entry (what ``cuCtxSetCurrent`` does there, for less). The stack's
 depth is the same before and after.
+
+This is cyctx's one extension module: it owns all native state (the driver table, the fork
+flags and their pthread_atfork handler, the live-guard registry, the per-thread entries), so a
+process has one of each (docs/design.md, "One owner of native state"). Its source is this file
+(the guard), _native.pxi (the driver, and the native half of the errors) and _switch.pxi (the
+raw switch layer and the restore a guard's exit shares with it).
 """
 
 import os
@@ -20,6 +26,12 @@ from cyctx import _errors, _inputs
 from cyctx._errors import ContextResetWarning, CyctxError, driver_error
 
 
+# The native state this module owns (docs/design.md, "One owner of native state").
+cdef extern from "_registry.h" namespace "cyctx" nogil:
+    unsigned long long new_token() noexcept
+    int live_add(unsigned long long token) noexcept
+    void live_remove(unsigned long long token) noexcept
+
 cdef extern from "_tls.h" namespace "cyctx" nogil:
     cdef struct Entry:
         unsigned long long token
@@ -27,10 +39,6 @@ cdef extern from "_tls.h" namespace "cyctx" nogil:
         cydriver.CUcontext prev
         unsigned long long prev_id
         int switched
-    unsigned long long new_token() noexcept
-    int live_add(unsigned long long token) noexcept
-    void live_remove(unsigned long long token) noexcept
-    bint live_has(unsigned long long token) noexcept
     int tls_push(unsigned long long token, const void* block, cydriver.CUcontext prev,
                  unsigned long long prev_id, int switched) noexcept
     int tls_pop_matching(unsigned long long token, const void* block, Entry* out) noexcept
@@ -39,7 +47,8 @@ cdef extern from "_tls.h" namespace "cyctx" nogil:
     size_t tls_drop_dead_top(unsigned long long keep) noexcept
     int tls_splice(unsigned long long token, const void* block) noexcept
     unsigned long long tls_top_token() noexcept
-    const void* tls_top_block() noexcept
+
+cdef extern from "_fields.h" namespace "cyctx" nogil:
     cydriver.CUcontext ctx_load(cydriver.CUcontext* p) noexcept
     void ctx_store(cydriver.CUcontext* p, cydriver.CUcontext v) noexcept
     unsigned long long u64_load(unsigned long long* p) noexcept
@@ -82,261 +91,8 @@ if install_fork_handler() != 0:
     raise ImportError("cyctx: pthread_atfork failed; fork safety cannot be guaranteed")
 
 
-# --- errors ------------------------------------------------------------------------------
-# The classes and their words are cyctx._errors (pure Python); what only this module can know,
-# the driver's name for a code and whether this process is a forked child, is handed to it here.
-
-def _error_name_and_string(code):
-    """(name, description) of a CUresult, from the driver; works before cuInit."""
-    cdef const char* name = NULL
-    cdef const char* text = NULL
-    cdef const DriverApi* api = NULL
-    cdef cydriver.CUresult err = <cydriver.CUresult>code
-    cdef char problem[512]  # unused: without a driver the names come from the fallback
-    if driver_load(&api, problem, sizeof(problem)) != cydriver.CUresult.CUDA_SUCCESS:
-        return _errors._fallback_name_and_string(code)
-    if api.GetErrorName(err, &name) != cydriver.CUresult.CUDA_SUCCESS:
-        name = NULL
-    if api.GetErrorString(err, &text) != cydriver.CUresult.CUDA_SUCCESS:
-        text = NULL
-    fallback_name, _ = _errors._fallback_name_and_string(code)
-    return (
-        name.decode() if name != NULL else fallback_name,
-        # The driver was asked and does not know the code.
-        text.decode() if text != NULL else "unrecognised error code",
-    )
-
-
-def _is_fork_child():
-    return bool(fork_child())
-
-
-_errors._install(_error_name_and_string, _is_fork_child)
-
-
-cdef int raise_driver_error(cydriver.CUresult err, const char* call) except -1 with gil:
-    raise driver_error(<int>err, call.decode() if call != NULL else None)
-
-
-cdef int raise_load_error(cydriver.CUresult err, const char* problem) except -1 with gil:
-    why = problem.decode(errors="replace") if problem != NULL else "unknown reason"
-    why = why[:1].upper() + why[1:]
-    raise driver_error(<int>err, "loading the CUDA driver", f"{why}. {_errors.load_fix(<int>err)}")
-
-
-def load_problem():
-    """None when cyctx can load the driver (a libcuda.so.1 of CUDA 12.0+ that is not the
-    toolkit's stub), else (code, why): the CUresult and the reason a guard's error would give
-    (its fix is cyctx._errors.load_fix(code)). For the doctor, so that both say the same. Calls
-    no driver function but cuGetProcAddress."""
-    cdef const DriverApi* api = NULL
-    cdef char problem[512]
-    problem[0] = 0
-    cdef cydriver.CUresult err = driver_load(&api, problem, sizeof(problem))
-    if err == cydriver.CUresult.CUDA_SUCCESS:
-        return None
-    why = problem.decode(errors="replace")
-    return (<int>err, why[:1].upper() + why[1:])
-
-
-# --- the driver -------------------------------------------------------------------------
-# Every driver function is called through the table of _driver.h, resolved once per process
-# at fixed ABI versions (not through cydriver's functions, so this build loads beside any
-# cuda-bindings major; _driver.h says why). A guard's construction loads it, so enter/exit
-# of a constructed guard find it loaded; the raw layer may run first and loads it itself.
-
-cdef inline const DriverApi* _api() except NULL nogil:
-    cdef const DriverApi* api = driver_api()
-    if api != NULL:
-        return api
-    return _load_api()
-
-
-cdef const DriverApi* _load_api() except NULL nogil:
-    cdef const DriverApi* api = NULL
-    cdef char problem[512]
-    problem[0] = 0
-    cdef cydriver.CUresult err = driver_load(&api, problem, sizeof(problem))
-    if err != cydriver.CUresult.CUDA_SUCCESS:
-        raise_load_error(err, problem)
-        return NULL
-    return api
-
-
-# A thread left this many contexts pushed inside a guard from an empty stack: more than
-# this and the driver is not behaving like a stack at all; stop rather than loop forever.
-cdef enum:
-    _MAX_UNWIND = 4096
-
-# Re-activations a construction tries when resets on other threads keep deactivating the primary
-# context it just retained: each try is a retain+release pair, so this only bounds a loop that a
-# reset storm could otherwise keep going.
-cdef enum:
-    _MAX_REACTIVATIONS = 64
-
-
-# --- the raw layer ---------------------------------------------------------------------
-
-cdef int switch_to(Switch* s, cydriver.CUcontext target) except -1 nogil:
-    cdef cydriver.CUcontext cur = NULL
-    if target == NULL:
-        return _raise_value("switch_to: target context is NULL")
-    cdef const DriverApi* d = _api()
-    # cuCtxGetCurrent is thread-local and ~7-12 ns; the switch is only paid when needed
-    # (docs/design.md, "Costs").
-    check(d.CtxGetCurrent(&cur), "cuCtxGetCurrent")
-    if cur == target:
-        s.prev = cur
-        s.prev_id = 0  # never read: nothing was switched, and exit finds `cur` current
-        s.switched = False
-        return 0
-    return _switch_from(s, target, cur, d)
-
-
-cdef int _switch_from(Switch* s, cydriver.CUcontext target, cydriver.CUcontext cur,
-                      const DriverApi* d) except -1 nogil:
-    # `target` is not current; `cur` is what is. On an empty stack a push is what
-    # cuCtxSetCurrent(target) would do (it pushes there), and push+pop is cheaper than a
-    # cuCtxSetCurrent pair (results/2026-11-30-lab/2026-11-30-gpu4-primitives.log: 31.8 vs 39.2 ns).
-    # Over another context, cuCtxSetCurrent replaces it, so the exit can restore it whatever
-    # the block did (docs/design.md, "The restore rule").
-    # The context replaced is remembered with its id, so that the way back can tell it from a
-    # context that died meanwhile and left its handle to a new one (_set_prev). An id that
-    # cannot be read means it is dead already (a stale handle after a reset): 0.
-    cdef unsigned long long prev_id = 0
-    cdef cydriver.CUresult err
-    if cur == NULL:
-        check(d.CtxPushCurrent(target), "cuCtxPushCurrent")
-    else:
-        err = d.CtxGetId(cur, &prev_id)
-        if err == cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED or \
-                err == cydriver.CUresult.CUDA_ERROR_INVALID_CONTEXT:
-            prev_id = 0
-        elif err != cydriver.CUresult.CUDA_SUCCESS:
-            return raise_driver_error(err, "cuCtxGetId")
-        check(d.CtxSetCurrent(target), "cuCtxSetCurrent")
-    s.prev = cur
-    s.prev_id = prev_id
-    s.switched = True
-    return 0
-
-
-cdef int switch_back(const Switch* s) except -1 nogil:
-    return _restore(_api(), s.prev, s.prev_id, s.switched)
-
-
-cdef inline int _restore(const DriverApi* d, cydriver.CUcontext prev, unsigned long long prev_id,
-                         bint switched) except -1 nogil:
-    # The one way back, for switch_back and for a guard's exit (inline: it is the exit's fast
-    # path when nothing was switched: one cuCtxGetCurrent).
-    cdef cydriver.CUcontext cur = NULL
-    if switched and prev == NULL:
-        return _pop_to_empty(d)
-    if not switched:
-        check(d.CtxGetCurrent(&cur), "cuCtxGetCurrent")
-        if cur == prev:
-            return 0
-    # Switched over `prev` (set it again unconditionally: that also undoes a replacement of
-    # the top made inside the block), or the block made another context current.
-    return _set_prev(d, prev, prev_id, switched)
-
-
-cdef int _set_prev(const DriverApi* d, cydriver.CUcontext prev, unsigned long long prev_id,
-                   bint switched) except -1 nogil:
-    # Make `prev` current again, unless it did not survive the block: a context destroyed
-    # meanwhile may have been freed by the driver (its handle is then garbage to it), and a
-    # handle whose id changed holds another context (a reset primary, or a new context at a
-    # freed address). One cuCtxGetId tells; it is never called on the exit's fast path.
-    cdef unsigned long long now = 0
-    cdef cydriver.CUresult err = d.CtxGetId(prev, &now)
-    if err == cydriver.CUresult.CUDA_SUCCESS:
-        if now == prev_id or prev_id == 0:  # unchanged; or dead at the enter, alive again
-            return check(d.CtxSetCurrent(prev), "cuCtxSetCurrent")
-    elif err == cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED:
-        if prev_id == 0:  # dead at the enter already, and still the same handle to the driver
-            return check(d.CtxSetCurrent(prev), "cuCtxSetCurrent")
-    elif err != cydriver.CUresult.CUDA_ERROR_INVALID_CONTEXT:
-        return raise_driver_error(err, "cuCtxGetId")  # cannot tell: change nothing
-    return _prev_died(d, prev, err, switched)
-
-
-cdef int _prev_died(const DriverApi* d, cydriver.CUcontext prev, cydriver.CUresult err,
-                    bint switched) except -1 nogil:
-    # What cuCtxDestroy does to a context that is current: it pops it. The switch replaced
-    # prev's place on the stack, so that place is popped; without a switch the block's own
-    # destroy already popped it, and what the block left is left.
-    cdef cydriver.CUcontext popped = NULL
-    cdef cydriver.CUcontext cur = NULL
-    if switched:
-        d.CtxPopCurrent(&popped)  # fails only on a stack the block emptied: nothing to undo
-    if d.CtxGetCurrent(&cur) != cydriver.CUresult.CUDA_SUCCESS:
-        cur = NULL
-    return _raise_prev_died(<size_t>prev, <int>err, switched, <size_t>cur)
-
-
-cdef int _raise_prev_died(size_t prev, int err, bint switched, size_t cur) except -1 with gil:
-    raise _errors.prev_died(prev, err, switched, cur)
-
-
-cdef int _pop_to_empty(const DriverApi* d) except -1 nogil:
-    # The enter pushed onto an empty stack. Pop one entry: the guard's, or whatever the block
-    # replaced it with (cudaSetDevice, cuCtxSetCurrent), as cuCtxSetCurrent(NULL) would.
-    # Anything still current after that was pushed inside the block and never popped.
-    cdef cydriver.CUcontext popped = NULL
-    cdef cydriver.CUcontext cur = NULL
-    cdef cydriver.CUresult err = d.CtxPopCurrent(&popped)
-    check(d.CtxGetCurrent(&cur), "cuCtxGetCurrent")
-    if err != cydriver.CUresult.CUDA_SUCCESS:
-        if cur == NULL:
-            return 0  # the block emptied the stack itself (a pop, or cuCtxSetCurrent(NULL))
-        return raise_driver_error(err, "cuCtxPopCurrent")
-    if cur != NULL:
-        return _unwind_leaked_pushes(d)
-    return 0
-
-
-cdef int _unwind_leaked_pushes(const DriverApi* d) except -1 nogil:
-    # The thread entered with no context; restore that exactly, and say so loudly: silently
-    # popping another library's contexts would hide its bug (docs/design.md, "The restore rule").
-    cdef cydriver.CUcontext cur = NULL
-    cdef int n = 0
-    while True:
-        check(d.CtxGetCurrent(&cur), "cuCtxGetCurrent")
-        if cur == NULL or n == _MAX_UNWIND:
-            break
-        check(d.CtxSetCurrent(NULL), "cuCtxSetCurrent")
-        n += 1
-    return _raise_leaked(n, <size_t>cur)
-
-
-cdef int _raise_leaked(int n, size_t still) except -1 with gil:
-    raise _errors.leaked_pushes(n, still)
-
-
-cdef int _raise_value(str msg) except -1 with gil:
-    raise ValueError(msg)
-
-
-cdef int _device_count() except -1:
-    cdef int n = 0
-    cdef cydriver.CUresult err
-    cdef const DriverApi* d = NULL
-    if forked_after_cuda():
-        _raise_fork()
-    with nogil:
-        # Loading the driver and cuInit can take long the first time: not under the GIL.
-        d = _api()
-        err = d.Init(0)
-    if err == cydriver.CUresult.CUDA_ERROR_NOT_INITIALIZED and fork_child():
-        _raise_fork()  # CUDA was initialised in an ancestor by someone else (torch, CuPy...)
-    check(err, "cuInit")
-    mark_cuda_initialised()
-    check(d.DeviceGetCount(&n), "cuDeviceGetCount")
-    return n
-
-
-cdef int _raise_fork() except -1 with gil:
-    raise _errors.forked(os.getpid())
+include "_native.pxi"
+include "_switch.pxi"
 
 
 # --- the guard --------------------------------------------------------------------------

@@ -3,13 +3,15 @@
 //
 // Entries are keyed by the guard's token, a process-unique 64-bit number that is never
 // reused, not by its address: Python reuses the address of a freed object, so a guard freed
-// while entered would leave an entry that a new guard at the same address matched (issue 11).
+// while entered would leave an entry that a new guard at the same address matched.
 //
 // This is on every enter and exit, so the common case must be one thread-local lookup and no
 // C++ TLS init guard: a zero-initialised POD with room for kInline nested entries. Deeper
 // nesting spills to a heap block owned by a second thread_local whose destructor frees it at
-// thread exit (no Python call: docs/design.md, "Shutdown and thread exit"); that object is only touched on the spill path.
-// (H200 run 1: a function-local `thread_local std::vector` cost ~20 ns per enter+exit.)
+// thread exit (no Python call: docs/design.md, "Shutdown and thread exit"); that object is
+// only touched on the spill path. (A `thread_local std::vector` would add a TLS init-guard
+// check and an out-of-line call to every access.)
+// The guard's token registry is _registry.h, its shared fields' accessors _fields.h.
 // The stack is small on purpose: built with TLS descriptors (setup.py), glibc can place a
 // dlopen'ed module's TLS in its static-TLS surplus (a few hundred bytes shared by the whole
 // process) and then an access is a few instructions; a larger block falls back to the slower
@@ -18,7 +20,7 @@
 #include <cuda.h>
 #include <atomic>
 #include <cstddef>
-#include <pthread.h>
+#include "_registry.h"
 #include <cstdlib>
 #include <cstring>
 
@@ -79,111 +81,6 @@ static int grow(Stack &s) noexcept {
     s.cap = cap;
     return 0;
 }
-
-// --- tokens ------------------------------------------------------------------------------
-
-// 1, 2, 3, ...: never 0, never reused in this process (2**64 guards will not be made).
-inline std::atomic<unsigned long long> g_next_token{1};
-
-inline unsigned long long new_token() noexcept {
-    return g_next_token.fetch_add(1, std::memory_order_relaxed);
-}
-
-// The tokens of the guards alive now. Touched at construction and deallocation, read only
-// on the slow path of exit (an entry on top that is not the exiting guard's), never on the
-// hot path. The mutex is held for a set operation only: never across Python code or a driver
-// call; the fork handlers of _fork.h hold it across fork() so a child never inherits it
-// locked or the set half-modified.
-//
-// Plain C (a pthread mutex, an open-addressing table from malloc): no C++ library symbols, so
-// the modules need nothing newer from libstdc++ than manylinux_2_28 systems have (built with
-// GCC 12, a std::unordered_set needs GLIBCXX_3.4.29). Linear probing with backward-shift
-// deletion, 0 marks an empty slot (tokens are never 0), at most half full.
-static pthread_mutex_t g_live_mu = PTHREAD_MUTEX_INITIALIZER;
-static unsigned long long *g_live = NULL;  // never freed: see live_remove
-static size_t g_live_cap = 0;              // slots, a power of two (0 before the first add)
-static size_t g_live_n = 0;                // tokens held
-
-static inline size_t live_slot(unsigned long long token, size_t cap) {
-    return (size_t)((token * 0x9E3779B97F4A7C15ull) >> 17) & (cap - 1);  // Fibonacci hashing
-}
-
-static inline void live_put(unsigned long long *table, size_t cap, unsigned long long token) {
-    size_t i = live_slot(token, cap);
-    while (table[i] != 0 && table[i] != token) i = (i + 1) & (cap - 1);
-    table[i] = token;
-}
-
-// 0, or -1 when memory ran out (nothing changed).
-inline int live_add(unsigned long long token) noexcept {
-    int rc = 0;
-    pthread_mutex_lock(&g_live_mu);
-    if (2 * (g_live_n + 1) > g_live_cap) {
-        size_t cap = g_live_cap ? 2 * g_live_cap : 64;
-        unsigned long long *table = (unsigned long long *)calloc(cap, sizeof *table);
-        if (!table) {
-            rc = -1;
-        } else {
-            for (size_t i = 0; i < g_live_cap; i++)
-                if (g_live[i]) live_put(table, cap, g_live[i]);
-            free(g_live);
-            g_live = table;
-            g_live_cap = cap;
-        }
-    }
-    if (rc == 0) {
-        size_t i = live_slot(token, g_live_cap);
-        while (g_live[i] != 0 && g_live[i] != token) i = (i + 1) & (g_live_cap - 1);
-        if (g_live[i] == 0) {
-            g_live[i] = token;
-            g_live_n++;
-        }
-    }
-    pthread_mutex_unlock(&g_live_mu);
-    return rc;
-}
-
-// Safe at interpreter shutdown and from __dealloc__: no Python, no allocation. The table is
-// never freed, so a guard deallocated after static destructors ran still finds it.
-inline void live_remove(unsigned long long token) noexcept {
-    pthread_mutex_lock(&g_live_mu);
-    if (g_live) {
-        size_t mask = g_live_cap - 1, i = live_slot(token, g_live_cap);
-        while (g_live[i] != 0 && g_live[i] != token) i = (i + 1) & mask;
-        if (g_live[i] == token) {
-            // Backward shift: move each later entry of the probe run into the hole when its
-            // home slot does not lie (cyclically) between the hole and where it sits.
-            size_t hole = i, j = i;
-            for (;;) {
-                j = (j + 1) & mask;
-                if (g_live[j] == 0) break;
-                size_t home = live_slot(g_live[j], g_live_cap);
-                if (((j - home) & mask) >= ((j - hole) & mask)) {
-                    g_live[hole] = g_live[j];
-                    hole = j;
-                }
-            }
-            g_live[hole] = 0;
-            g_live_n--;
-        }
-    }
-    pthread_mutex_unlock(&g_live_mu);
-}
-
-inline bool live_has(unsigned long long token) noexcept {
-    bool found = false;
-    pthread_mutex_lock(&g_live_mu);
-    if (g_live) {
-        size_t i = live_slot(token, g_live_cap);
-        while (g_live[i] != 0 && g_live[i] != token) i = (i + 1) & (g_live_cap - 1);
-        found = g_live[i] == token;
-    }
-    pthread_mutex_unlock(&g_live_mu);
-    return found;
-}
-
-inline void live_lock() noexcept { pthread_mutex_lock(&g_live_mu); }
-inline void live_unlock() noexcept { pthread_mutex_unlock(&g_live_mu); }
 
 // --- the per-thread stack ------------------------------------------------------------------
 
@@ -286,42 +183,5 @@ inline unsigned long long tls_top_token() noexcept {
     return s.depth ? slot(s, s.depth - 1)->token : 0;
 }
 
-// The block of the innermost entry (NULL: none, or the nogil enter()).
-inline const void *tls_top_block() noexcept {
-    Stack &s = *my_stack();
-    return s.depth ? slot(s, s.depth - 1)->block : nullptr;
-}
-
-// --- a guard's own shared fields ----------------------------------------------------------
-// Fields of the guard object that threads may touch concurrently, accessed with the
-// compiler's atomic builtins (plain fields, so the Cython class keeps its C layout). A relaxed
-// load is a plain load on x86 and ARM: free on the hot path.
-
-inline CUcontext ctx_load(CUcontext *p) noexcept { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-inline void ctx_store(CUcontext *p, CUcontext v) noexcept { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-inline unsigned long long u64_load(unsigned long long *p) noexcept { return __atomic_load_n(p, __ATOMIC_RELAXED); }
-inline void u64_store(unsigned long long *p, unsigned long long v) noexcept { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
-inline void int_add(int *p, int v) noexcept { __atomic_add_fetch(p, v, __ATOMIC_ACQ_REL); }
-inline int int_load(int *p) noexcept { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-inline void int_store(int *p, int v) noexcept { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-
-// Re-activation announces itself: 0, or -1 when a close() is in flight (the gate is -1).
-inline int gate_enter(int *gate) noexcept {
-    int g = __atomic_load_n(gate, __ATOMIC_ACQUIRE);
-    do {
-        if (g < 0) return -1;
-    } while (!__atomic_compare_exchange_n(gate, &g, g + 1, true, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
-    return 0;
-}
-
-inline void gate_leave(int *gate) noexcept { __atomic_sub_fetch(gate, 1, __ATOMIC_ACQ_REL); }
-
-// close() claims the gate: 0 when claimed, else what it holds (n > 0: re-activations in
-// flight; -1: another close()). Never waits: the other side may need the GIL to finish.
-inline int gate_close(int *gate) noexcept {
-    int expected = 0;
-    if (__atomic_compare_exchange_n(gate, &expected, -1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return 0;
-    return expected;
-}
 
 }  // namespace cyctx

@@ -1,0 +1,118 @@
+# Part of the _guard module (included by _guard.pyx): the driver as this module reaches it
+# (the table of _driver.h, loaded once per process), the typed errors' native half (raising
+# cyctx._errors' classes, naming codes through the driver), and the device count with the
+# fork check that every construction starts with.
+
+# --- errors ------------------------------------------------------------------------------
+# The classes and their words are cyctx._errors (pure Python); what only this module can know,
+# the driver's name for a code and whether this process is a forked child, is handed to it here.
+
+def _error_name_and_string(code):
+    """(name, description) of a CUresult, from the driver; works before cuInit."""
+    cdef const char* name = NULL
+    cdef const char* text = NULL
+    cdef const DriverApi* api = NULL
+    cdef cydriver.CUresult err = <cydriver.CUresult>code
+    cdef char problem[512]  # unused: without a driver the names come from the fallback
+    if driver_load(&api, problem, sizeof(problem)) != cydriver.CUresult.CUDA_SUCCESS:
+        return _errors._fallback_name_and_string(code)
+    if api.GetErrorName(err, &name) != cydriver.CUresult.CUDA_SUCCESS:
+        name = NULL
+    if api.GetErrorString(err, &text) != cydriver.CUresult.CUDA_SUCCESS:
+        text = NULL
+    fallback_name, _ = _errors._fallback_name_and_string(code)
+    return (
+        name.decode() if name != NULL else fallback_name,
+        # The driver was asked and does not know the code.
+        text.decode() if text != NULL else "unrecognised error code",
+    )
+
+
+def _is_fork_child():
+    return bool(fork_child())
+
+
+_errors._install(_error_name_and_string, _is_fork_child)
+
+
+cdef int raise_driver_error(cydriver.CUresult err, const char* call) except -1 with gil:
+    raise driver_error(<int>err, call.decode() if call != NULL else None)
+
+
+cdef int raise_load_error(cydriver.CUresult err, const char* problem) except -1 with gil:
+    why = problem.decode(errors="replace") if problem != NULL else "unknown reason"
+    why = why[:1].upper() + why[1:]
+    raise driver_error(<int>err, "loading the CUDA driver", f"{why}. {_errors.load_fix(<int>err)}")
+
+
+def load_problem():
+    """None when cyctx can load the driver (a libcuda.so.1 of CUDA 12.0+ that is not the
+    toolkit's stub), else (code, why): the CUresult and the reason a guard's error would give
+    (its fix is cyctx._errors.load_fix(code)). For the doctor, so that both say the same. Calls
+    no driver function but cuGetProcAddress."""
+    cdef const DriverApi* api = NULL
+    cdef char problem[512]
+    problem[0] = 0
+    cdef cydriver.CUresult err = driver_load(&api, problem, sizeof(problem))
+    if err == cydriver.CUresult.CUDA_SUCCESS:
+        return None
+    why = problem.decode(errors="replace")
+    return (<int>err, why[:1].upper() + why[1:])
+
+
+# --- the driver -------------------------------------------------------------------------
+# Every driver function is called through the table of _driver.h, resolved once per process
+# at fixed ABI versions (not through cydriver's functions, so this build loads beside any
+# cuda-bindings major; _driver.h says why). A guard's construction loads it, so enter/exit
+# of a constructed guard find it loaded; the raw layer may run first and loads it itself.
+
+cdef inline const DriverApi* _api() except NULL nogil:
+    cdef const DriverApi* api = driver_api()
+    if api != NULL:
+        return api
+    return _load_api()
+
+
+cdef const DriverApi* _load_api() except NULL nogil:
+    cdef const DriverApi* api = NULL
+    cdef char problem[512]
+    problem[0] = 0
+    cdef cydriver.CUresult err = driver_load(&api, problem, sizeof(problem))
+    if err != cydriver.CUresult.CUDA_SUCCESS:
+        raise_load_error(err, problem)
+        return NULL
+    return api
+
+
+# A thread left this many contexts pushed inside a guard from an empty stack: more than
+# this and the driver is not behaving like a stack at all; stop rather than loop forever.
+cdef enum:
+    _MAX_UNWIND = 4096
+
+# Re-activations a construction tries when resets on other threads keep deactivating the primary
+# context it just retained: each try is a retain+release pair, so this only bounds a loop that a
+# reset storm could otherwise keep going.
+cdef enum:
+    _MAX_REACTIVATIONS = 64
+
+
+cdef int _device_count() except -1:
+    cdef int n = 0
+    cdef cydriver.CUresult err
+    cdef const DriverApi* d = NULL
+    if forked_after_cuda():
+        _raise_fork()
+    with nogil:
+        # Loading the driver and cuInit can take long the first time: not under the GIL.
+        d = _api()
+        err = d.Init(0)
+    if err == cydriver.CUresult.CUDA_ERROR_NOT_INITIALIZED and fork_child():
+        _raise_fork()  # CUDA was initialised in an ancestor by someone else (torch, CuPy...)
+    check(err, "cuInit")
+    mark_cuda_initialised()
+    check(d.DeviceGetCount(&n), "cuDeviceGetCount")
+    return n
+
+
+cdef int _raise_fork() except -1 with gil:
+    raise _errors.forked(os.getpid())
