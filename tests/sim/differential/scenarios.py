@@ -1023,8 +1023,8 @@ def s_destroy_primary_handle(r):
 
 
 # No scenario pushes or sets a context after cuCtxDestroy: on the H200 (driver 580.159) both
-# crash the process (segfault, run of 2026-11-30): the handle points at freed memory, so there
-# is no behaviour to compare. cyctx never does it either (it only holds retained primaries).
+# crash the process with a segfault (docs/evidence.md, "Pushing or setting a destroyed context
+# crashes the driver"): the handle points at freed memory, so there is no behaviour to compare. cyctx never does it either (it only holds retained primaries).
 
 
 @scenario
