@@ -4,7 +4,8 @@
 
 Every loop runs without the GIL, so the timing is the driver's and cyctx's, not the
 interpreter's. The driver floor calls the driver through pointers resolved once with
-cuGetProcAddress, as a C program (results/2026-11-30-lab/bench_driver.cpp) or cyctx's own hot path does:
+cuGetProcAddress, as a C program (docs/evidence.md, "The driver calls a guard makes") or cyctx's
+own hot path does:
 cuda.bindings' cydriver adds an initialisation check and two indirect calls to each call, so
 a floor measured through it would flatter whatever is compared with it. The cydriver cost is
 measured too, as its own row. The floor loops do not check return codes (cyctx does; that is

@@ -1,4 +1,4 @@
-"""An adversarial pass (issue 11): ordinary-but-hostile user code against the guard. Each test
+"""An adversarial pass: ordinary-but-hostile user code against the guard. Each test
 is one attempt from docs/guarantees.md's table; crashes and hangs are tried in a child with a
 timeout. What is checked is always the state afterwards: no retain leaked or lost, every
 thread's context stack as it was, the error typed."""

@@ -1,4 +1,4 @@
-"""The doctor (issue 5): `cyctx._doctor.diagnose()` and `python -m cyctx doctor [--json|--demo]`.
+"""The doctor: `cyctx._doctor.diagnose()` and `python -m cyctx doctor [--json|--demo]`.
 
 States that break the process (an inactive primary context made current, a reset, a fork) are
 set up in a fresh interpreter (`run_child`) so that no other test's guards see them.
@@ -21,7 +21,7 @@ from cyctx._doctor.runtime import wheel_version
 from helpers.children import run_child
 from helpers.drivers import KIND, current, device_count, primary_state
 
-# Driver calls that change state; the doctor must make none of them (issue 5).
+# Driver calls that change state; the doctor only queries, so it must make none of them.
 MUTATORS = ("cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset",
             "cuDevicePrimaryCtxSetFlags", "cuCtxPushCurrent", "cuCtxPopCurrent", "cuCtxSetCurrent",
             "cuCtxCreate", "cuCtxDestroy", "cuCtxSetFlags")
@@ -334,7 +334,8 @@ def test_diagnose_when_a_guard_is_closed_between_the_look_and_the_use():
 # --- broken states, recognised and explained ------------------------------------------------
 
 def test_inactive_primary_current_is_the_classic_report():
-    # The state a pre-12 cudaSetDevice leaves (results/2026-11-30-lab/2026-11-30-gpu2.log), made with driver calls alone:
+    # The state a pre-12 cudaSetDevice leaves (docs/evidence.md, "Before CUDA 12.0, cudaSetDevice
+    # leaves the primary context inactive"), made with driver calls alone:
     # a primary handle retained and released (inactive again), then made current.
     out = child("""
     from cyctx._doctor import StandInRuntime
@@ -768,8 +769,9 @@ def test_cudart_that_does_not_load_is_reported():
 
 
 def test_guard_of_a_created_context_destroyed_by_its_owner_is_not_a_reset():
-    # Issue 11: a guard made from a cuCtxCreate context whose owner destroyed it was reported
-    # as a primary-context reset, with "the next enter re-activates it" -- it cannot.
+    # A guard made from a cuCtxCreate context whose owner destroyed it looks like a reset (the
+    # id is gone), but it is not one: "the next enter re-activates it" would be false advice,
+    # since nothing can re-activate a destroyed created context.
     out = child("""
     import cyctx
     ctx = _drv.create_context()

@@ -1,6 +1,6 @@
-"""Issue 11, "reliability at the edges": what ordinary user code does that the rest of the
-suite never did. Each test here failed (crashed, hung or saw the wrong state) before the fix
-it names; docs/guarantees.md lists them. Crashes and hangs run in a child with a timeout.
+"""Reliability at the edges: what ordinary user code does that the rest of the suite does
+not. Each test is one hazard that would crash, hang or leave the wrong state;
+docs/guarantees.md ("At the edges") lists them. Crashes and hangs run in a child with a timeout.
 """
 
 import gc
@@ -194,7 +194,7 @@ def test_shared_from_a_finalizer_during_shared(sim):
 
 def test_thread_stalled_inside_the_first_shared_does_not_block_others(sim):
     # A thread that stops inside the first shared() (here: forever, as a daemon thread frozen
-    # at interpreter shutdown would) used to hold the registry lock; every other caller hung.
+    # at interpreter shutdown would) must not hold the registry lock, or every other caller hangs.
     out = run_child("""
         import sys, threading, time, cyctx
         inside = threading.Event()
@@ -339,7 +339,8 @@ def test_generator_closed_explicitly_under_another_guard_raises_on_close():
 
 def test_generator_closed_on_another_thread_raises_and_keeps_the_entering_threads_entry():
     # Documented limit: the guard cannot reach another thread's entries. The close is not
-    # silent (before: the GuardError became a note on the GeneratorExit and was lost).
+    # silent: a GuardError raised while GeneratorExit propagates must not end up as a mere note
+    # on the GeneratorExit, where it is lost.
     g0 = ContextGuard(0)
 
     def gen():
@@ -415,8 +416,8 @@ def test_coroutine_holding_a_guard_across_await_interleaved():
 
 def test_close_during_reset_reactivation_does_not_reopen_or_steal_a_retain(sim):
     # The re-activation warns (Python code runs: a showwarning hook here, another thread in
-    # real life) before it retains; a close() at that moment used to be undone: the guard was
-    # re-opened without a retain of its own, and its next close released another guard's.
+    # real life) before it retains; a close() at that moment must not be undone: a guard
+    # re-opened without a retain of its own would release another guard's at its next close.
     base = sim.retain_count(0)
 
     def body():
@@ -605,7 +606,7 @@ def test_driver_error_blames_fork_only_in_a_forked_process():
 @pytest.mark.gpu
 def test_real_enter_after_the_owner_destroyed_a_created_context():
     # cuCtxGetId with the handle of a destroyed created context: a typed error, not a crash
-    # (results/2026-11-30-lab/2026-11-30-gpu1.log saw 201 for an explicit dead handle).
+    # (docs/evidence.md, "A dead context answers 201 through its handle and 709 through NULL").
     out = run_child("""
         import cyctx
         d = drivers.driver()

@@ -1,4 +1,4 @@
-"""Everything ContextGuard accepts (issue 7): ordinals, framework devices and streams, raw
+"""Everything ContextGuard accepts: ordinals, framework devices and streams, raw
 contexts, green contexts; the frameworks' own view around guards (real driver, two GPUs)."""
 
 import sys

@@ -59,9 +59,10 @@ def test_block_calling_cudaSetDevice_is_repaired():
 
 
 def test_classic_stale_current_context_is_fixed_inside_the_guard():
-    # cudaDeviceReset leaves the thread's current handle non-NULL but dead (results/2026-11-30-lab/probe.cpp):
-    # cuCtxGetApiVersion fails outside the guard (201 with the explicit handle, as the lab
-    # probe shows; 709 through the NULL "current" argument, H200 run 1) and works inside it.
+    # cudaDeviceReset leaves the thread's current handle non-NULL but dead (docs/evidence.md,
+    # "A reset leaves a dead handle current"): cuCtxGetApiVersion fails outside the guard (201
+    # with the explicit handle; 709 through the NULL "current" argument: "A dead context answers
+    # 201 through its handle and 709 through NULL") and works inside it.
     out = run_child(PRELUDE + """
     import warnings
     warnings.simplefilter("ignore", cyctx.ContextResetWarning)

@@ -1,6 +1,6 @@
 """The load test (bench/stress.py), small and seeded: zero violations, retains balanced,
-memory flat. The full runs (16 threads, 1M pairs, every device of an H200 machine) are committed
-under results/ (2026-11-30-h200x2-run1 on 2 GPUs, 2026-12-01-h200-run2 on 1)."""
+memory flat. The full-size load test (16 threads, 1M pairs) on an H200 is in docs/evidence.md,
+"The load test on the H200"."""
 
 import json
 import os

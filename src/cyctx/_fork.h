@@ -1,7 +1,7 @@
 // Fork detection without a per-call syscall: a pthread_atfork child handler flips flags that
 // the guard reads before any driver call. In a child forked after CUDA was initialised,
-// every driver call returns CUDA_ERROR_NOT_INITIALIZED (results/2026-11-30-lab/probe2.cpp: "child: getcurrent r3 ...
-// cuInit r3; retain r3"), so the guard must refuse up front.
+// every driver call returns CUDA_ERROR_NOT_INITIALIZED, cuInit included (docs/evidence.md, "A
+// forked child gets CUDA_ERROR_NOT_INITIALIZED from every call"), so the guard must refuse up front.
 //
 // The flags are atomics (relaxed: each is a single word set once, read on the hot path as a
 // plain load), so they are race-free without the GIL. The prepare/parent/child handlers also

@@ -119,7 +119,7 @@ def test_real_vs_sim_live(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# The facts the lab measured on the H200 (results/2026-11-30-lab/*.log), as events each scenario must
+# The facts C probes measured on the H200 (docs/evidence.md, "Driver behaviour"), as events each scenario must
 # contain in this order (other events may come between). They hold for the real record too,
 # which checks that the scenarios really capture what the lab saw.
 # --------------------------------------------------------------------------------------------

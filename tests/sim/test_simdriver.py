@@ -441,7 +441,9 @@ def test_retain_does_not_push():
 
 
 def test_lab_probe2_sequence_exactly():
-    """results/2026-11-30-lab/2026-11-30-gpu3.log, probe2 on two H200s: ids, stale codes, reference counts."""
+    """The C probe's sequence on two H200s (docs/evidence.md: "Context ids come from one
+    process-wide counter", "Reset keeps the handle and changes the id", "A reset keeps the retain
+    count"): ids, stale codes, reference counts."""
     out = run_fresh("""
         def ok(r):
             if r[0] != 0:

@@ -5,8 +5,8 @@ with the fix, the states that make mixed Runtime/Driver API code fail (docs/desi
 handle to an inactive primary context, no current context, a primary context reset behind a
 guard's back, a forked child. It only *queries*: cuInit, cuDriverGetVersion, cuDeviceGet*,
 cuDevicePrimaryCtxGetState, cuCtxGetCurrent, and cuCtxGetId/GetDevice/GetApiVersion on the
-current context and on the guards' handles, plus the runtime's cudaGetDevice (results/2026-11-30-lab/2026-11-30-gpu1.log:
-"new thread, after cudaGetDevice cur=(nil)": it creates no context). It never retains, pushes
+current context and on the guards' handles, plus the runtime's cudaGetDevice, which creates no context
+(docs/evidence.md, "A new thread has no current context, and cudaGetDevice makes none"). It never retains, pushes
 or sets a context.
 
 One module per job; each imports only those above it in this list:

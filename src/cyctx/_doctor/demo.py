@@ -1,13 +1,14 @@
 """``python -m cyctx doctor --demo``: the classic failure, step by step, then fixed by a guard.
 
 Three parts, run in one process in this order (each starts from the state the previous left;
-"lab/X" is results/2026-11-30-lab/, the programs and logs of an H200 run):
+the quoted headings are sections of docs/evidence.md):
 
-1. the report's program (lab/seed.cpp): ``cudaSetDevice``, ``cuCtxGetCurrent``,
-   ``cuCtxGetApiVersion``. A runtime older than 12.0 leaves an inactive primary context
-   current and the last call fails with 201 (lab/gpu2, CUDA 11.8); 12.0+ passes (lab/gpu1);
+1. the report's program: ``cudaSetDevice``, ``cuCtxGetCurrent``, ``cuCtxGetApiVersion``. A
+   runtime older than 12.0 leaves an inactive primary context current and the last call fails
+   with 201 ("Before CUDA 12.0, cudaSetDevice leaves the primary context inactive"); 12.0+
+   passes ("Since CUDA 12.0, cudaSetDevice activates the primary context");
 2. the reset variant, which fails on every version: ``cudaFree(0)``, ``cudaDeviceReset()``,
-   then the same driver calls (lab/gpu1 "after cudaDeviceReset ... apiver=0(r201)");
+   then the same driver calls ("A reset leaves a dead handle current");
 3. the same steps inside a :class:`cyctx.ContextGuard`, which succeed; after the reset the
    guard warns ``ContextResetWarning`` and re-activates the context.
 

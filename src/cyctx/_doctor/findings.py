@@ -113,7 +113,8 @@ def diagnose(cudart: str | bool | None = None) -> Diagnosis:
 
     if err == NOT_INITIALIZED:
         # A forked child of a CUDA process: nothing else will answer, and the runtime would
-        # only say the same (results/2026-11-30-lab/2026-11-30-gpu3.log, "cudaGetDevice r3"); stop here.
+        # only say the same (docs/evidence.md, "A forked child gets CUDA_ERROR_NOT_INITIALIZED
+        # from every call"); stop here.
         diag.driver_error = error_name(err)
         findings.append(_f_fork(diag.forked_from))
         return diag

@@ -118,8 +118,8 @@ def guard_infos() -> list[GuardInfo]:
             h = g.handle
         except GuardError:  # closed
             continue
-        # The handle value survives a reset, the id does not (docs/design.md "Reset",
-        # results/2026-11-30-lab/2026-11-30-gpu3.log): CONTEXT_IS_DESTROYED means the context
+        # The handle value survives a reset, the id does not (docs/design.md "Reset";
+        # docs/evidence.md, "Reset keeps the handle and changes the id"): CONTEXT_IS_DESTROYED means the context
         # behind the handle is destroyed and the primary is inactive.
         e, cid = call(d.cuCtxGetId, d.CUcontext(h))
         out.append(GuardInfo(
@@ -144,8 +144,8 @@ def context_info(guards: list[GuardInfo], devices: list[DeviceInfo]) -> ContextI
     # cuCtxDestroy freed on another thread stays current here, and passing its handle risks
     # a freed pointer. The H200 answers a dead current context -- an inactive primary or a
     # destroyed created one, alike -- with 709 from cuCtxGetApiVersion(NULL) and cuCtxGetId,
-    # and cuCtxGetDevice still works (tests/sim/differential/real_h200.json, reset_stale_current
-    # and destroy_current_on_other_thread); the handle passed explicitly gives 201 (results/2026-11-30-lab/2026-11-30-gpu1.log).
+    # and cuCtxGetDevice still works; the handle passed explicitly gives 201 (docs/evidence.md,
+    # "A dead context answers 201 through its handle and 709 through NULL").
     null = d.CUcontext(0)
     e, api = call(d.cuCtxGetApiVersion, null)
     c.usable = e == 0

@@ -106,7 +106,8 @@ class StandInRuntime(Runtime):
     without creating it (docs/design.md, "The problem"). The simulated driver hands out a primary handle only
     through ``cuDevicePrimaryCtxRetain``, which activates it; releasing it again right away
     leaves, when nothing else holds it, the same handle inactive, and ``cuCtxSetCurrent``
-    makes it current: the state lab/gpu2 shows after a CUDA 11.8 ``cudaSetDevice``.
+    makes it current: the state a CUDA 11.8 ``cudaSetDevice`` leaves (docs/evidence.md, "Before
+    CUDA 12.0, cudaSetDevice leaves the primary context inactive").
     ``version >= 12000``: ``cudaSetDevice`` initialises the context (the runtime's retain).
     The runtime's first real call (``cudaFree(0)``) takes that retain in both; ``cudaDeviceReset``
     is ``cuDevicePrimaryCtxReset`` plus the release of the runtime's retain.

@@ -10,15 +10,15 @@
  * cuGetProcAddress_v2 and the cyctxsim_* control API (simdriver.h); everything else is
  * static and reached through the proc table at the end of this file.
  *
- * What is modelled, and where each rule comes from. "lab/gpuN" = results/2026-11-30-lab/2026-11-30-gpuN.log;
- * "H200" = checked on an H200 with driver 580.159 (CUDA 13.0) by running one C probe
+ * What is modelled, and where each rule comes from. A quoted heading = that section of
+ * docs/evidence.md, which quotes the probe output; "H200" = checked on an H200 with driver 580.159 (CUDA 13.0) by running one C probe
  * against that driver and this library and comparing every answer; "record" =
  * tests/sim/differential/real_h200.json; "doc" = the function's comment in cuda.h.
  *   - cuInit, devices and their attributes (the H200's values for all 147);
  *   - one primary context per device: a handle that never changes, a reference
  *     count, active/inactive, and a context id from one process-wide counter that
- *     every activation and every cuCtxCreate advances, starting at 1 (lab/gpu3:
- *     retain -> id 1, reset + re-retain -> id 2, release to 0 + retain -> 3, then
+ *     every activation and every cuCtxCreate advances, starting at 1 ("Context
+ *     ids come from one process-wide counter": retain -> id 1, reset + re-retain -> id 2, release to 0 + retain -> 3, then
  *     device 1 -> 4); its flags go back to 0 when it is deactivated (H200, record);
  *   - contexts made by cuCtxCreate and destroyed by cuCtxDestroy;
  *   - the per-thread context stack (thread-local, no lock);
@@ -27,7 +27,8 @@
  *     see sim_resolve);
  *   - fork: in a child of a process that had initialised the driver, every call
  *     returns CUDA_ERROR_NOT_INITIALIZED except cuDriverGetVersion, cuGetProcAddress
- *     and cuGetError* (lab/gpu3 probe2 "child:" line; H200);
+ *     and cuGetError* ("A forked child gets CUDA_ERROR_NOT_INITIALIZED from
+ *     every call"; H200);
  *   - cuGetErrorName / cuGetErrorString: the H200's 101 codes and texts, verbatim;
  *   - cuGetProcAddress: the H200's answers (see proc_lookup).
  * Not modelled: memory, streams, modules, events, limits. A function the simulator
@@ -70,8 +71,10 @@
 #undef cuGetProcAddress
 
 #define SIM_EXPORT __attribute__((visibility("default")))
-#define SIM_DRIVER_VERSION 13000   /* what driver 580.159 reports (lab/gpu1) */
-#define SIM_API_VERSION 3020       /* cuCtxGetApiVersion on every context (lab/gpu1) */
+/* What driver 580.159 reports, to cuDriverGetVersion and to cuCtxGetApiVersion on every
+ * context ("Driver 580.159 reports CUDA 13000 and API version 3020"). */
+#define SIM_DRIVER_VERSION 13000
+#define SIM_API_VERSION 3020
 #define SIM_MAX_DEVICES 64
 #define SIM_ATTRIBUTE_END 148      /* CU_DEVICE_ATTRIBUTE_MAX of CUDA 13.0; the H200 refused 148+ */
 #define SIM_CTX_FLAGS_VALID 0xFFu  /* CU_CTX_FLAGS_MASK of CUDA 13 (12.0 had 0x1F) */
@@ -140,7 +143,7 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int g_state = ST_UNINIT;
 static _Atomic int g_ndev;                     /* fixed by the first successful cuInit */
 static int g_configured;                       /* cyctxsim_configure(); 0 = use env */
-static unsigned long long g_next_id = 1;       /* lab/gpu3: the first context has id 1 */
+static unsigned long long g_next_id = 1;       /* the first context has id 1 ("Context ids ...") */
 static SimCtx g_prim[SIM_MAX_DEVICES];         /* primary handles = &g_prim[dev], forever */
 static int g_refcount[SIM_MAX_DEVICES];
 
@@ -195,7 +198,7 @@ static CUresult fault_take(int fn) {
 }
 
 /* Entry of every driver function: count, inject, and (need_init) refuse before a
- * successful cuInit or in a forked child (lab/gpu3: the child gets 3 from everything). */
+ * successful cuInit or in a forked child ("A forked child gets CUDA_ERROR_NOT_INITIALIZED from every call"). */
 static inline CUresult sim_enter(int fn, int need_init) {
     atomic_fetch_add_explicit(&g_calls[fn], 1, memory_order_relaxed);
     if (atomic_load_explicit(&g_nfaults, memory_order_acquire) > 0) {
@@ -287,10 +290,11 @@ static SimCtx *stack_top(void) { return t_stack.n ? t_stack.v[t_stack.n - 1] : N
  * A dead context -- an inactive primary, or a created context after cuCtxDestroy --
  * stays a valid handle and gives `dead_code` (0: the call works on it anyway). What
  * the H200 answered, the same for both kinds: cuCtxGetDevice*, cuCtxGetFlags,
- * cuCtxPushCurrent, cuCtxSetCurrent work (lab/gpu1 "ctxdev=0(r0)", "push stale handle:
- * r0"); cuCtxGetId, cuCtxSynchronize*, cuCtxGetStreamPriorityRange give 709;
- * cuCtxGetApiVersion gives 709 through the current context and 201 when passed
- * (lab/gpu1 "apiver on stale handle after reset: r201"). */
+ * cuCtxPushCurrent, cuCtxSetCurrent work ("A reset leaves a dead handle current", "A dead
+ * context can be pushed and popped"); cuCtxGetId, cuCtxSynchronize*,
+ * cuCtxGetStreamPriorityRange give 709; cuCtxGetApiVersion gives 709 through the current
+ * context and 201 when passed ("A dead context answers 201 through its handle and 709
+ * through NULL"). */
 static CUresult sim_resolve(CUcontext ctx, SimCtx **out, CUresult dead_code) {
     SimCtx *c = ctx ? sim_lookup(ctx) : stack_top();
     if (!c) return CUDA_ERROR_INVALID_CONTEXT;
@@ -328,7 +332,7 @@ static int env_device_count(void) {
 CUresult CUDAAPI cuInit(unsigned int Flags) {
     ENTER_NOINIT(F_cuInit);
     int st = atomic_load(&g_state);
-    if (st == ST_FORKED) return CUDA_ERROR_NOT_INITIALIZED;   /* lab/gpu3 "cuInit r3" */
+    if (st == ST_FORKED) return CUDA_ERROR_NOT_INITIALIZED;   /* "A forked child gets ..." */
     if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;            /* doc: Flags must be 0 */
     if (st == ST_READY) return CUDA_SUCCESS;
     CUresult r = CUDA_SUCCESS;
@@ -616,8 +620,8 @@ static CUresult sim_device_get_by_pci_bus_id(CUdevice *dev, const char *pciBusId
  * Primary contexts
  * ------------------------------------------------------------------------------ */
 
-/* Under g_lock. A new activation is a new context: new id (lab/gpu3 "re-retain ...
- * same-ptr=1 id=2"). */
+/* Under g_lock. A new activation is a new context: new id ("Reset keeps the handle
+ * and changes the id"). */
 static void primary_activate(SimCtx *c) {
     atomic_store(&c->id, g_next_id++);
     atomic_store(&c->flags, atomic_load(&c->pflags));
@@ -642,8 +646,8 @@ static CUresult sim_primary_retain(CUcontext *pctx, CUdevice dev) {
 }
 
 /* The last release destroys it (doc: "automatically reset once the last reference
- * ... is released"; lab/gpu3 "active after release#2=0"); an unbalanced release
- * fails with 201 (lab/gpu3 "release#3 (unbalanced) r201") in the v2 ABI (11000) and
+ * ... is released"; "A reset keeps the retain count": "active after release#2=0"); an
+ * unbalanced release fails with 201 (there: "release#3 (unbalanced) r201") in the v2 ABI (11000) and
  * is a no-op success in the v1 ABI (7000; seen on the H200). Never pops (doc). The
  * deactivation sets the flags back to 0, as a reset does (H200). */
 static CUresult primary_release(CUdevice dev, CUresult unbalanced) {
@@ -712,8 +716,8 @@ static CUresult sim_primary_get_state(CUdevice dev, unsigned int *flags, int *ac
 }
 
 /* Destroys the context but keeps the references (doc: "Resetting the primary context
- * does not release it"; lab/gpu3: after cudaDeviceReset the driver's retain survived,
- * re-retain then needed two releases). The handle stays; the next retain activates it
+ * does not release it"; "A reset keeps the retain count": after cudaDeviceReset the
+ * driver's retain survived, re-retain then needed two releases). The handle stays; the next retain activates it
  * with a new id. The flags go back to 0 (seen on the H200: SetFlags(4), retain, reset
  * -> GetState flags 0). */
 static CUresult sim_primary_reset(CUdevice dev) {
@@ -844,7 +848,7 @@ static CUresult sim_ctx_destroy(CUcontext ctx) {
  * The current context: per-thread stack, no lock
  * ------------------------------------------------------------------------------ */
 
-/* A dead context can be pushed (lab/gpu1+gpu3 "push stale handle: r0"; the H200 also
+/* A dead context can be pushed ("A dead context can be pushed and popped"; the H200 also
  * pushed a destroyed created one). NULL -> INVALID_VALUE (H200). */
 static CUresult sim_ctx_push_current(CUcontext ctx) {
     ENTER(F_cuCtxPushCurrent);
@@ -853,8 +857,8 @@ static CUresult sim_ctx_push_current(CUcontext ctx) {
     return c ? stack_push(c) : CUDA_ERROR_INVALID_CONTEXT;
 }
 
-/* Empty stack -> 201 (doc); a dead context is popped like any other (lab/gpu3 "pop
- * leftover r0" after its primary was released to inactive). pctx may be NULL. */
+/* Empty stack -> 201 (doc); a dead context is popped like any other ("A dead
+ * context can be pushed and popped"). pctx may be NULL. */
 static CUresult sim_ctx_pop_current(CUcontext *pctx) {
     ENTER(F_cuCtxPopCurrent);
     if (t_stack.n == 0) return CUDA_ERROR_INVALID_CONTEXT;
@@ -883,7 +887,7 @@ static CUresult sim_ctx_set_current(CUcontext ctx) {
     return CUDA_SUCCESS;
 }
 
-/* Returns whatever is current, dead or not (lab/gpu1 "after cudaDeviceReset cur=0x..."). */
+/* Returns whatever is current, dead or not ("A reset leaves a dead handle current"). */
 static CUresult sim_ctx_get_current(CUcontext *pctx) {
     ENTER(F_cuCtxGetCurrent);
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
@@ -891,7 +895,7 @@ static CUresult sim_ctx_get_current(CUcontext *pctx) {
     return CUDA_SUCCESS;
 }
 
-/* Works on a dead context (lab/gpu1 "ctxdev=0(r0)" after reset). */
+/* Works on a dead context ("A reset leaves a dead handle current": "ctxdev=0(r0)"). */
 static CUresult sim_ctx_get_device(CUdevice *device) {
     ENTER(F_cuCtxGetDevice);
     if (!device) return CUDA_ERROR_INVALID_VALUE;
@@ -938,8 +942,8 @@ static CUresult sim_ctx_set_flags(unsigned int flags) {
     return CUDA_SUCCESS;
 }
 
-/* A dead context -> CUDA_ERROR_CONTEXT_IS_DESTROYED (lab/gpu3: "id=1000000709" on the
- * reset primary; doc lists it). */
+/* A dead context -> CUDA_ERROR_CONTEXT_IS_DESTROYED ("A dead context answers 201
+ * through its handle and 709 through NULL"; doc lists it). */
 static CUresult sim_ctx_get_id(CUcontext ctx, unsigned long long *ctxId) {
     ENTER(F_cuCtxGetId);
     if (!ctxId) return CUDA_ERROR_INVALID_VALUE;
@@ -962,8 +966,9 @@ static CUresult sim_ctx_synchronize_v2(CUcontext ctx) {
     return sim_resolve(ctx, &c, CUDA_ERROR_CONTEXT_IS_DESTROYED);
 }
 
-/* 3020 on a live context; a dead one passed -> 201 (lab/gpu1, lab/gpu2: the seed's
- * failure; lab/gpu3 "apiver r201"), dead and current -> 709 (H200). The context is
+/* 3020 on a live context; a dead one passed -> 201 ("A reset leaves a dead handle
+ * current", "Before CUDA 12.0, cudaSetDevice leaves the primary context inactive"), dead and
+ * current -> 709 ("A dead context answers 201 through its handle and 709 through NULL"). The context is
  * checked before the pointer (H200: no current context and NULL -> 201). */
 static CUresult sim_ctx_get_api_version(CUcontext ctx, unsigned int *version) {
     ENTER(F_cuCtxGetApiVersion);
@@ -1109,8 +1114,9 @@ static void atfork_parent(void) {
     pthread_mutex_unlock(&g_fault_lock);
 }
 
-/* lab/gpu3 probe2: in a child forked after cuInit, every call (cuInit included)
- * returns CUDA_ERROR_NOT_INITIALIZED. A child of a process that never initialised
+/* In a child forked after cuInit, every call (cuInit included) returns
+ * CUDA_ERROR_NOT_INITIALIZED ("A forked child gets CUDA_ERROR_NOT_INITIALIZED from every
+ * call"). A child of a process that never initialised
  * the driver can initialise it normally. */
 static void atfork_child(void) {
     if (atomic_load(&g_state) == ST_READY) atomic_store(&g_state, ST_FORKED);

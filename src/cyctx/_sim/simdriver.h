@@ -4,8 +4,8 @@
  * The simulator is a shared library with soname libcuda.so.1 (simdriver.c). Loaded
  * before cuda.bindings resolves the driver, it stands in for NVIDIA's libcuda and
  * models devices, primary contexts, created contexts and the per-thread context
- * stack as the real driver behaves (see the logs in results/2026-11-30-lab). The functions below are
- * not part of any CUDA API: tests use them (through ctypes, cyctx.testing) to set
+ * stack as the real driver behaves (docs/evidence.md, "Driver behaviour"). The functions
+ * below are not part of any CUDA API: tests use them (through ctypes, cyctx.testing) to set
  * the simulator up, to look at state the driver API cannot show, and to inject
  * faults. All of them are thread-safe and never touch the GIL.
  */

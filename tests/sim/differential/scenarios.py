@@ -17,8 +17,8 @@ two machines can be compared event by event:
 * machine-specific data (device name, memory size, SM count, driver version) under the key
   ``"info"``, which the comparer ignores.
 
-The facts the lab measured on an H200 (driver 580.159, ``results/2026-11-30-lab/*.log``) are quoted
-next to the scenario that checks them ("lab: ..."); everything else is what the real record
+The facts measured by C probes on an H200 (driver 580.159; docs/evidence.md, "Driver behaviour")
+are quoted next to the scenario that checks them ("lab: ..."); everything else is what the real record
 says once it has been made on the GPU machine (``real_h200.json``).
 
 Only the driver API is used: no cudart, because the simulated driver implements only
@@ -1023,8 +1023,8 @@ def s_destroy_primary_handle(r):
 
 
 # No scenario pushes or sets a context after cuCtxDestroy: on the H200 (driver 580.159) both
-# crash the process (segfault, run of 2026-11-30): the handle points at freed memory, so there
-# is no behaviour to compare. cyctx never does it either (it only holds retained primaries).
+# crash the process with a segfault (docs/evidence.md, "Pushing or setting a destroyed context
+# crashes the driver"): the handle points at freed memory, so there is no behaviour to compare. cyctx never does it either (it only holds retained primaries).
 
 
 @scenario

@@ -144,7 +144,7 @@ def run_worker(DeviceKernel k, int n, int launches, str mode="guard_per_launch",
             _check(cydriver.cuMemAlloc(&x, n * sizeof(float)), b"cuMemAlloc")
             # On the thread's own stream, so it is ordered before the launches: a plain
             # cuMemsetD32 runs on the legacy default stream, which a non-blocking stream does
-            # not wait for (an H200 run with 16 threads saw a launch land before the zeroing).
+            # not wait for (with 16 threads on an H200, a launch can land before the zeroing).
             _check(cydriver.cuMemsetD32Async(x, 0, n, s), b"cuMemsetD32Async")
         finally:
             k.guard.exit()
