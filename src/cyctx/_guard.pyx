@@ -99,8 +99,8 @@ include "_switch.pxi"
 
 # The shared guards, one per ordinal. No lock: a lock held across the construction (which
 # releases the GIL in driver calls and runs Python code that can run finalizers and signal
-# handlers) deadlocked a re-entrant shared() and hung a child forked at that moment (issue
-# 11). Racing first users each construct a guard; dict.setdefault, atomic with or without the
+# handlers) would deadlock a re-entrant shared() and hang a child forked at that moment.
+# Racing first users each construct a guard; dict.setdefault, atomic with or without the
 # GIL (free-threaded CPython locks the dict), publishes exactly one, and the others release
 # theirs. Nothing is held while Python code or the driver runs.
 cdef dict _shared_guards = {}
@@ -404,7 +404,8 @@ cdef inline int _enter_block(ContextGuard self, const void* block) except -1 nog
         return _raise_fork()
     if ctx == NULL:
         return _raise_closed(self)
-    # A reset keeps the handle and changes the id (results/2026-11-30-lab/probe2.cpp), so the pointer
+    # A reset keeps the handle and changes the id (docs/evidence.md, "Reset keeps the handle and
+    # changes the id"), so the pointer
     # alone proves nothing: one cuCtxGetId, ~9-11 ns, on every enter.
     err = d.CtxGetId(ctx, &ctx_id)
     if err != cydriver.CUresult.CUDA_SUCCESS or ctx_id != u64_load(&self._ctx_id):
@@ -549,7 +550,8 @@ cdef int _init_context(ContextGuard self, size_t handle, count) except -1:
 
 cdef int _after_reset(ContextGuard g, cydriver.CUresult err, unsigned long long ctx_id) except -1 nogil:
     # The primary context was reset since this guard last saw it. Our retain survived the
-    # reset (results/2026-11-30-lab/probe2.cpp: the refcount is kept), so a retain+release pair re-activates it
+    # reset (docs/evidence.md, "A reset keeps the retain count"), so a retain+release pair
+    # re-activates it
     # and leaves the refcount as it was. GIL: only to warn.
     cdef cydriver.CUcontext ctx = NULL
     if err != cydriver.CUresult.CUDA_SUCCESS and err != cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED:
@@ -564,7 +566,8 @@ cdef int _after_reset(ContextGuard g, cydriver.CUresult err, unsigned long long 
     # Warn first: it runs Python code (filters, showwarning, other threads), and may raise;
     # nothing has changed yet. Only then announce the re-activation on the gate, which close()
     # respects: a close() that ran meanwhile wins, and this enter reports the guard closed
-    # instead of re-opening it (issue 11). The gate is held across driver calls only, never
+    # instead of re-opening it: a re-opened guard would hold no retain of its own and release
+    # another guard's at its next close. The gate is held across driver calls only, never
     # across Python code.
     _warn_reset(g, err == cydriver.CUresult.CUDA_SUCCESS)
     if gate_enter(&g._gate) != 0:

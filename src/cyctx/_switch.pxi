@@ -23,7 +23,8 @@ cdef int _switch_from(Switch* s, cydriver.CUcontext target, cydriver.CUcontext c
                       const DriverApi* d) except -1 nogil:
     # `target` is not current; `cur` is what is. On an empty stack a push is what
     # cuCtxSetCurrent(target) would do (it pushes there), and push+pop is cheaper than a
-    # cuCtxSetCurrent pair (results/2026-11-30-lab/2026-11-30-gpu4-primitives.log: 31.8 vs 39.2 ns).
+    # cuCtxSetCurrent pair (docs/evidence.md, "Push+pop vs the cuCtxSetCurrent pair": 31.8 vs
+    # 39.2 ns).
     # Over another context, cuCtxSetCurrent replaces it, so the exit can restore it whatever
     # the block did (docs/design.md, "The restore rule").
     # The context replaced is remembered with its id, so that the way back can tell it from a
