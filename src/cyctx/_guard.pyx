@@ -405,8 +405,8 @@ cdef inline int _enter_block(ContextGuard self, const void* block) except -1 nog
     if ctx == NULL:
         return _raise_closed(self)
     # A reset keeps the handle and changes the id (docs/evidence.md, "Reset keeps the handle and
-    # changes the id"), so the pointer
-    # alone proves nothing: one cuCtxGetId, ~9-11 ns, on every enter.
+    # changes the id"), so the pointer alone proves nothing: one cuCtxGetId, ~9-11 ns, on
+    # every enter.
     err = d.CtxGetId(ctx, &ctx_id)
     if err != cydriver.CUresult.CUDA_SUCCESS or ctx_id != u64_load(&self._ctx_id):
         _after_reset(self, err, ctx_id)
