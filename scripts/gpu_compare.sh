@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The guard's per-call cost for several builds side by side on one machine: the benchmarks'
+# `core` group (driver floor, nogil guard, Python `with`) for each build, alternating, so that
+# drift of the machine hits every build alike. For before/after figures of a change.
+#
+#   bash scripts/gpu_compare.sh ROUNDS TAG=WHEEL[=BENCHDIR] ...
+#
+# Each WHEEL is installed (no deps) into its own directory put first on PYTHONPATH; BENCHDIR is
+# the bench/ to run with it (default: this checkout's; an older build needs the bench/ of its
+# own commit, e.g. `git archive <commit> bench | tar -x -C .gpu/<tag>`). Writes each run's
+# JSON under $OUT/compare (or /tmp/cyctx-compare) and prints the medians per row and build.
+# CMP_ARGS adds arguments to run_all.py (e.g. "--sim --quick" for a dry run without a GPU).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=$1; shift
+out=${OUT:-/tmp/cyctx-compare}/compare
+mkdir -p "$out"
+declare -a TAGS
+for spec in "$@"; do
+    IFS== read -r tag wheel bench <<<"$spec"
+    TAGS+=("$tag")
+    python3 -m pip install -q --no-index --no-deps --target "/tmp/cmp-$tag" "$wheel" || exit 1
+    echo "${bench:-bench}" > "/tmp/cmp-$tag.bench"
+done
+for r in $(seq 1 "$ROUNDS"); do
+    for tag in "${TAGS[@]}"; do
+        echo "== round $r: $tag ($(date -u +%H:%M:%S))"
+        (cd /tmp && PYTHONPATH="/tmp/cmp-$tag${PYTHONPATH:+:$PYTHONPATH}" timeout 200 python3 \
+            "$OLDPWD/$(cat "/tmp/cmp-$tag.bench")/run_all.py" --only core --repeat 3 \
+            --out-dir "$out/$tag-$r" --tag "$tag" ${CMP_ARGS:-} >"$out/$tag-$r.log" 2>&1) || { echo "failed:"; tail -20 "$out/$tag-$r.log"; }
+    done
+done
+python3 - "$out" "${TAGS[@]}" <<'PY'
+import glob, json, statistics, sys
+out, tags = sys.argv[1], sys.argv[2:]
+rows = {}
+for tag in tags:
+    for f in sorted(glob.glob(f"{out}/{tag}-*/*.json")):
+        for r in json.load(open(f)).get("cost", []):
+            if r.get("status") == "ok":
+                rows.setdefault((r["layer"], r["id"], r["path"]), {}).setdefault(tag, []).append(r["ns"])
+print(f"{'row':58s}" + "".join(f"{t:>16s}" for t in tags))
+for key in sorted(rows):
+    if key[0] not in ("driver", "cython", "python"):
+        continue
+    cells = "".join(f"{statistics.median(rows[key][t]):16.2f}" if t in rows[key] else f"{'-':>16s}" for t in tags)
+    print(f"{'/'.join(key):58s}{cells}")
+PY
