@@ -9,7 +9,8 @@
 # the bench/ to run with it (default: this checkout's; an older build needs the bench/ of its
 # own commit, e.g. `git archive <commit> bench | tar -x -C .gpu/<tag>`). Writes each run's
 # JSON under $OUT/compare (or /tmp/cyctx-compare) and prints the medians per row and build.
-# CMP_ARGS adds arguments to run_all.py (e.g. "--sim --quick" for a dry run without a GPU).
+# CMP_ARGS adds arguments to run_all.py (e.g. "--sim --quick" for a dry run without a GPU;
+# then also CMP_SIM=1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=$1; shift
@@ -29,6 +30,36 @@ for r in $(seq 1 "$ROUNDS"); do
             "$OLDPWD/$(cat "/tmp/cmp-$tag.bench")/run_all.py" --only core --repeat 3 \
             --out-dir "$out/$tag-$r" --tag "$tag" ${CMP_ARGS:-} >"$out/$tag-$r.log" 2>&1) || { echo "failed:"; tail -20 "$out/$tag-$r.log"; }
     done
+done
+# A Python `with guard:` in a loop reuses one frame; a block in a function called per step
+# gets a new frame each call (cyctx records the block's frame: that is where its cost shows).
+for tag in "${TAGS[@]}"; do
+    (cd /tmp && PYTHONPATH="/tmp/cmp-$tag${PYTHONPATH:+:$PYTHONPATH}" python3 - "$tag" ${CMP_SIM:+sim} <<'PY'
+import sys, timeit
+if len(sys.argv) > 2:
+    from cyctx.testing import use_simulated_driver
+    use_simulated_driver(2)
+import cyctx
+g = cyctx.ContextGuard(0)
+g.__enter__()  # the fast path: the guard's context is current
+def f():
+    with g:
+        pass
+def h():
+    pass
+def loop(n):
+    for _ in range(n):
+        with g:
+            pass
+n = 200_000
+best = {k: min(timeit.repeat(fn, number=1 if k == "loop" else n, repeat=7)) / n * 1e9
+        for k, fn in (("loop", lambda: loop(n)), ("call", f), ("empty call", h))}
+print(f"per-call {sys.argv[1]}: with in a loop {best['loop']:.1f} ns; in a function called per block "
+      f"{best['call']:.1f} ns (an empty call {best['empty call']:.1f} ns)")
+g.__exit__(None, None, None)
+g.close()
+PY
+    ) 2>&1 | tee -a "$out/per-call.txt"
 done
 python3 - "$out" "${TAGS[@]}" <<'PY'
 import glob, json, statistics, sys
