@@ -9,7 +9,8 @@ The section is written in a fixed format between HTML comments, so this test can
   lists, comma-separated and each in backticks, the cyctx modules and headers the file
   imports, cimports or includes (``cyctx`` for the package itself, ``_doctor.model`` for a
   module, ``_tls.h`` for a header); one imported inside a function is followed by
-  ``(lazy)``; ``—`` for none. Generated files say "(generated)" in the middle cell and may be
+  ``(lazy)``; ``—`` for none. An import under ``if TYPE_CHECKING:`` is left out: it never
+  runs, it only names a type for an annotation. Generated files say "(generated)" in the middle cell and may be
   absent.
 * ``<!-- circles -->`` ... ``<!-- /circles -->``: the import circles, lazy imports included:
   "none", or each circle as its modules in backticks joined by `` ↔ ``, one per ``*`` item.
@@ -159,6 +160,15 @@ def _resolve(module: str, names: list[str]) -> set[str]:
     return out
 
 
+def _is_type_checking(node: ast.AST) -> bool:
+    """``if TYPE_CHECKING:`` or ``if typing.TYPE_CHECKING:``."""
+    if not isinstance(node, ast.If):
+        return False
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
 def _py_imports(path: str) -> tuple[set[str], set[str]]:
     tree = ast.parse(_read(os.path.join(PKG, path)), path)
     package = module_of(path) if path.endswith("__init__.py") else module_of(path).rpartition(".")[0]
@@ -166,6 +176,10 @@ def _py_imports(path: str) -> tuple[set[str], set[str]]:
 
     def visit(node, in_function):
         for child in ast.iter_child_nodes(node):
+            if _is_type_checking(child):
+                for other in child.orelse:
+                    visit(ast.Module(body=[other], type_ignores=[]), in_function)
+                continue
             inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
             found = set()
             if isinstance(child, ast.Import):
@@ -383,6 +397,20 @@ def test_a_changed_import_and_a_new_circle_are_caught():
     graph = source_graph()
     graph["_compat"] = graph.get("_compat", set()) | {"cyctx"}
     assert import_circles(graph) != documented_circles(text)
+
+
+def test_an_import_for_annotations_only_is_left_out(tmp_path, monkeypatch):
+    for name in ("_errors", "_inputs", "_compat"):
+        (tmp_path / f"{name}.py").write_text("")
+    (tmp_path / "words.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from cyctx import _errors\n"
+        "if TYPE_CHECKING:\n"
+        "    from cyctx import _inputs\n"
+        "else:\n"
+        "    from cyctx import _compat\n")
+    monkeypatch.setattr(sys.modules[__name__], "PKG", str(tmp_path))
+    assert _py_imports("words.py") == ({"_errors", "_compat"}, set())
 
 
 def _cell(eager: set[str], lazy: set[str]) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-__all__ = ["Sim", "sim_library_path", "use_simulated_driver", "simulated", "real_driver_available"]
+__all__ = ["Sim", "loaded_libcuda", "sim_library_path", "use_simulated_driver", "simulated", "real_driver_available"]
 
 _sim: Sim | None = None
 
@@ -38,8 +38,10 @@ def _from_env() -> str:
     return " (from CYCTX_SIM_LIBRARY)" if os.environ.get("CYCTX_SIM_LIBRARY") else ""
 
 
-def _loaded_libcuda() -> str | None:
-    """Path of the libcuda.so.1 already mapped in this process, if any."""
+def loaded_libcuda() -> str | None:
+    """Path of the ``libcuda.so.1`` already mapped in this process (real or simulated), or
+    None. It reads ``/proc/self/maps`` and loads nothing, so it is safe before the choice of
+    driver is made."""
     try:
         with open("/proc/self/maps") as f:
             for line in f:
@@ -133,7 +135,7 @@ def use_simulated_driver(device_count: int = 2) -> Sim:
     global _sim
     if _sim is not None:
         return _sim
-    loaded = _loaded_libcuda()
+    loaded = loaded_libcuda()
     path = sim_library_path()
     if loaded and os.path.realpath(loaded) != os.path.realpath(path):
         raise RuntimeError(

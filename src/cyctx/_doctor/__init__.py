@@ -11,12 +11,15 @@ or sets a context.
 
 One module per job; each imports only those above it in this list:
 
-* ``model``: the report's data classes, their JSON form, the exit statuses;
-* ``probe``: the driver calls (cuda.bindings.driver) and the queries that fill the records;
+* ``cu``: calling cuda.bindings.driver (``call``, ``error_name``) and the named ``CUresult``
+  codes; it imports nothing of cyctx;
+* ``model``: the records a report holds (plain data classes), the exit statuses;
+* ``probe``: the queries of the driver and of the live guards that fill the records;
+* ``render``: the human report, and the styling the demo shares;
+* ``report``: :class:`Diagnosis`, with its JSON form and (through ``render``) its human one;
 * ``runtime``: the CUDA runtime protocol and its two implementations, :class:`Cudart` (a real
   ``libcudart`` through ctypes) and :class:`StandInRuntime` (on the simulated driver);
 * ``findings``: :func:`diagnose`, and the words of each finding;
-* ``render``: the human report (``Diagnosis.render()`` imports it on call);
 * ``demo``: ``python -m cyctx doctor --demo``, the classic failure step by step.
 
 ``cyctx`` imports this package on first use of ``cyctx.diagnose`` or ``cyctx.Diagnosis``;
@@ -25,9 +28,10 @@ the command line (``cyctx/__main__.py``) uses the names below.
 
 from cyctx._doctor.demo import run_demo
 from cyctx._doctor.findings import diagnose
-from cyctx._doctor.model import EXIT_NO_CUDA, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, Diagnosis, Finding
+from cyctx._doctor.model import EXIT_NO_CUDA, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, Finding
 from cyctx._doctor.probe import device_count
 from cyctx._doctor.render import use_colour
+from cyctx._doctor.report import Diagnosis
 from cyctx._doctor.runtime import Cudart, Runtime, StandInRuntime, cu11_candidates, find_cudart, load_cudart
 
 __all__ = [

@@ -1,5 +1,5 @@
 """What the doctor recognises: :func:`diagnose` gathers the state (:mod:`.probe`,
-:mod:`.runtime`) into a :class:`~.model.Diagnosis` and adds a :class:`~.model.Finding`, in
+:mod:`.runtime`) into a :class:`~.report.Diagnosis` and adds a :class:`~.model.Finding`, in
 plain words and with the fix, for each problem it sees.
 """
 
@@ -9,25 +9,14 @@ import os
 import platform
 import threading
 
-from cyctx._doctor.model import ContextInfo, Diagnosis, Finding, GuardInfo
-from cyctx._doctor.probe import (
-    CONTEXT_IS_DESTROYED,
-    INVALID_CONTEXT,
-    NO_DEVICE,
-    NOT_INITIALIZED,
-    call,
-    context_info,
-    device_info,
-    driver,
-    error_name,
-    forked_from,
-    guard_infos,
-    loaded_libcuda,
-    simulated_driver_path,
-)
+from cyctx._doctor.cu import CONTEXT_IS_DESTROYED, INVALID_CONTEXT, NO_DEVICE, NOT_INITIALIZED, call, driver, error_name
+from cyctx._doctor.model import ContextInfo, Finding, GuardInfo
+from cyctx._doctor.probe import context_info, device_info, forked_from, guard_infos, simulated_driver_path
+from cyctx._doctor.report import Diagnosis
 from cyctx._doctor.runtime import add_runtimes
 from cyctx._errors import load_fix
 from cyctx._guard import load_problem
+from cyctx.testing import loaded_libcuda
 
 
 # Distributions whose versions the report lists when they are installed (CuPy's wheels are

@@ -1,71 +1,33 @@
-"""The doctor's access to the driver: cuda.bindings calls, and the queries that fill the report.
+"""The doctor's queries of the driver and of the live guards, which fill the report's records.
 
 Queries only (the calls are listed in cyctx/_doctor/__init__.py): nothing here retains,
-pushes or sets a context. Importing cuda.bindings.driver loads no driver, its first call does,
-so ``python -m cyctx doctor --simulate`` still loads the simulated one first.
+pushes or sets a context. The calls go through :mod:`.cu`.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
 
-from cuda.bindings import driver
-
+from cyctx._doctor.cu import call, cstr, driver, error_name
 from cyctx._doctor.model import ContextInfo, DeviceInfo, GuardInfo
 from cyctx._errors import GuardError
 from cyctx._guard import _fork_state, _live_guards
-
-# The CUresult values the doctor reasons about, by name; plain ints, as call() returns codes.
-NOT_INITIALIZED = int(driver.CUresult.CUDA_ERROR_NOT_INITIALIZED)
-NO_DEVICE = int(driver.CUresult.CUDA_ERROR_NO_DEVICE)
-INVALID_CONTEXT = int(driver.CUresult.CUDA_ERROR_INVALID_CONTEXT)
-CONTEXT_IS_DESTROYED = int(driver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED)
-
-
-def call(fn: Callable[..., Any], *args: Any) -> tuple[int, Any]:
-    """Call a cuda.bindings function: (code as int, value or tuple of values or None)."""
-    res = fn(*args)
-    if not isinstance(res, tuple):
-        res = (res,)
-    err, *vals = res
-    return int(err), (vals[0] if len(vals) == 1 else tuple(vals) if vals else None)
-
-
-def error_name(code: int) -> str:
-    """``CUDA_ERROR_INVALID_CONTEXT (201)`` for 201; no driver call."""
-    try:
-        return f"{driver.CUresult(code).name} ({code})"
-    except Exception:  # a code this cuda-bindings does not know
-        return f"CUresult {code}"
-
-
-def cstr(b: bytes) -> str:
-    return b.split(b"\0", 1)[0].decode(errors="replace").strip()
+from cyctx.testing import loaded_libcuda, sim_library_path, simulated
 
 
 def simulated_driver_path() -> str | None:
     """Path of cyctx's simulated ``libcuda.so.1`` when it is this process's driver."""
-    from cyctx import testing
-
-    sim = testing.simulated()
+    sim = simulated()
     if sim is not None:
         return sim.path
     loaded = loaded_libcuda()
     try:
-        sim_path = testing.sim_library_path()
+        sim_path = sim_library_path()
     except FileNotFoundError:
         return None
     if loaded and os.path.realpath(loaded) == os.path.realpath(sim_path):
         return loaded
     return None
-
-
-def loaded_libcuda() -> str | None:
-    """Path of the libcuda.so.1 already mapped in this process, if any."""
-    from cyctx import testing
-
-    return testing._loaded_libcuda()
 
 
 def forked_from() -> int | None:

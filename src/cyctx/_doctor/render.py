@@ -1,13 +1,20 @@
-"""The doctor's words on screen: the human report of a :class:`~.model.Diagnosis`, and the
-styling (colour, wrapping, the simulated label) that the demo shares."""
+"""The doctor's words on screen: the human report of a :class:`~.report.Diagnosis`, and the
+styling (colour, wrapping, the simulated label) that the demo shares.
+
+It reads the report through its attributes and imports only :mod:`.model` (the exit statuses,
+the version format); :mod:`.report` imports this module for ``Diagnosis.render()``.
+"""
 
 from __future__ import annotations
 
 import os
 import textwrap
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from cyctx._doctor.model import EXIT_NO_CUDA, EXIT_PROBLEM, Diagnosis, version_str
+from cyctx._doctor.model import EXIT_NO_CUDA, EXIT_PROBLEM, version_str
+
+if TYPE_CHECKING:  # for the annotation only: report.py imports this module
+    from cyctx._doctor.report import Diagnosis
 
 
 class Style:

@@ -14,8 +14,9 @@ import os
 import sys
 from typing import Any, Protocol
 
-from cyctx._doctor.model import Diagnosis, RuntimeInfo, version_str
-from cyctx._doctor.probe import call, driver, error_name
+from cyctx._doctor.cu import call, driver, error_name
+from cyctx._doctor.model import RuntimeInfo, version_str
+from cyctx._doctor.report import Diagnosis
 
 
 class Runtime(Protocol):

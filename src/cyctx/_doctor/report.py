@@ -1,0 +1,129 @@
+"""The report: :class:`Diagnosis`, the whole of what :func:`~.findings.diagnose` saw, with its
+JSON form (:meth:`Diagnosis.to_dict`) and its human form (:meth:`Diagnosis.render`).
+
+It sits above both of its parts: the records of :mod:`.model` and the words of :mod:`.render`,
+which know nothing of this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from cyctx._doctor.model import (
+    EXIT_NO_CUDA,
+    EXIT_OK,
+    EXIT_PROBLEM,
+    ContextInfo,
+    DeviceInfo,
+    Finding,
+    GuardInfo,
+    RuntimeInfo,
+    version_str,
+)
+from cyctx._doctor.render import render
+
+SCHEMA = "cyctx.diagnosis/1"
+
+
+@dataclass
+class Diagnosis:
+    """What :func:`diagnose` saw; ``str()`` gives the human report, :meth:`to_dict` the JSON one.
+
+    Attributes
+    ----------
+    ok : bool
+        True when no finding is an error and CUDA is usable.
+    findings : list of Finding
+        The recognised problems, worst first.
+    simulated : bool
+        The process runs on cyctx's simulated driver, not a GPU.
+    """
+
+    simulated: bool
+    driver_library: str | None
+    driver_version: int | None
+    driver_error: str | None
+    runtime: RuntimeInfo | None
+    other_runtimes: list[RuntimeInfo]
+    devices: list[DeviceInfo]
+    thread_name: str
+    thread_native_id: int
+    context: ContextInfo | None
+    guards: list[GuardInfo]
+    findings: list[Finding]
+    pid: int = field(default_factory=os.getpid)
+    forked_from: int | None = None
+    versions: dict[str, str | None] = field(default_factory=dict)
+
+    @property
+    def cuda_usable(self) -> bool:
+        return not any(f.severity == "unavailable" for f in self.findings)
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.severity in ("error", "unavailable") for f in self.findings)
+
+    @property
+    def exit_status(self) -> int:
+        """0 nothing wrong, 1 a problem was found, 3 no usable driver or GPU."""
+        if any(f.severity == "error" for f in self.findings):
+            return EXIT_PROBLEM
+        return EXIT_OK if self.cuda_usable else EXIT_NO_CUDA
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain JSON-able data (schema ``cyctx.diagnosis/1``)."""
+        asdict = dataclasses.asdict
+        ctx = self.context
+        return {
+            "schema": SCHEMA,
+            "ok": self.ok,
+            "exit_status": self.exit_status,
+            "simulated": self.simulated,
+            "versions": dict(self.versions),
+            "process": {"pid": self.pid, "forked_from": self.forked_from},
+            "driver": {
+                "library": self.driver_library,
+                "version": self.driver_version,
+                "version_str": version_str(self.driver_version),
+                "error": self.driver_error,
+            },
+            "runtime": asdict(self.runtime) if self.runtime else None,
+            "other_runtimes": [asdict(r) for r in self.other_runtimes],
+            "devices": [
+                {
+                    "ordinal": dev.ordinal,
+                    "name": dev.name,
+                    "compute_capability": (f"{dev.compute_capability[0]}.{dev.compute_capability[1]}"
+                                           if dev.compute_capability else None),
+                    "pci_bus_id": dev.pci_bus_id,
+                    "total_memory": dev.total_memory,
+                    "primary_context": {"active": dev.primary_active, "flags": dev.primary_flags},
+                    "error": dev.error,
+                }
+                for dev in self.devices
+            ],
+            "thread": {
+                "name": self.thread_name,
+                "native_id": self.thread_native_id,
+                # null: no current context (or the driver was not usable)
+                "current_context": asdict(ctx) if ctx and (ctx.handle or ctx.error) else None,
+                "runtime_current_device": self.runtime.current_device if self.runtime else None,
+            },
+            "guards": [{**asdict(g), "reset": g.reset} for g in self.guards],
+            "findings": [asdict(f) for f in self.findings],
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def render(self, colour: bool = False, width: int = 88, cli: bool = False) -> str:
+        """The human report; ANSI colour when ``colour`` is true. ``cli``: the report is of
+        the doctor's own new process (says so where that explains what is seen)."""
+        return render(self, colour, width, cli)
+
+    def __str__(self) -> str:
+        return self.render()
