@@ -129,7 +129,7 @@ def test_a_type_checker_rejects_what_the_run_time_rejects(tmp_path):
 # testing.py and _cuda_headers.py, outside the stub, are not held to it here.
 STUBTEST_CONFIG = """\
 [mypy]
-[mypy-cuda.*,cyctx._guard,cyctx._build_info]
+[mypy-cuda.*,torch.*,cyctx._guard,cyctx._build_info]
 ignore_missing_imports = True
 [mypy-cyctx.testing,cyctx._cuda_headers]
 ignore_errors = True
