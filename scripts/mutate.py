@@ -247,13 +247,18 @@ def pytest(build, env, tests, timeout):
     return run(cmd + list(tests), build.tree, env=env, timeout=timeout, log=build.log)
 
 
-def first_failure(out):
+def first_failure(out, rc=None):
+    """The first failing test of a pytest run's output, or what else ended it."""
     for ln in out.splitlines():
-        m = re.match(r"^(FAILED|ERROR) (\S+)", ln)
+        m = re.match(r"^(FAILED|ERROR) (.+?)(?: - .*)?$", ln)  # test ids may hold spaces
         if m:
             return m.group(2)
-    m = re.search(r"^(\S+\.py)(::\S+)? ", out, re.M)
-    return "?" if m is None else m.group(0).strip()
+    if rc is not None and rc < 0:
+        last = [ln for ln in out.splitlines() if "::" in ln or ln.startswith("tests/")]
+        where = f" in or after {last[-1].split()[0]}" if last else ""
+        return f"the test process died of signal {-rc}{where} (a crash)"
+    tail = [ln for ln in out.strip().splitlines() if ln.strip()]
+    return f"pytest exited with {rc}: {tail[-1][:200] if tail else 'no output'}"
 
 
 def try_mutant(build, m, env, timeout):
@@ -281,7 +286,7 @@ def try_mutant(build, m, env, timeout):
                 return {"status": "timeout", "note": f"the suite ran past {timeout} s: a hang, counted as killed",
                         "build_s": build_s}
             if rc != 0:
-                return {"status": "killed", "by": first_failure(out), "build_s": build_s}
+                return {"status": "killed", "by": first_failure(out, rc), "build_s": build_s}
         return {"status": "survived", "build_s": build_s}
     finally:
         # The scratch tree's generated .cpp and objects stay the mutant's: the next mutant of
@@ -377,7 +382,7 @@ def main(argv=None):
                     raise SystemExit(f"replaying the build of {target} failed:\n{err}")
             rc, out, secs = pytest(build, env, [], None)
             if rc != 0:
-                raise SystemExit(f"the unmutated suite fails ({first_failure(out)}): fix that first\n{out[-3000:]}")
+                raise SystemExit(f"the unmutated suite fails ({first_failure(out, rc)}): fix that first\n{out[-3000:]}")
             timeout = args.timeout or max(120.0, 4 * secs)
             print(f"unmutated suite: passed in {secs:.0f} s; limit per run {timeout:.0f} s", flush=True)
             for i, m in enumerate(mutants, 1):

@@ -57,6 +57,11 @@ def test_malformed_cuda_stream_values_are_typed_errors_not_crashes():
     assert out.returncode == 0, f"child died ({out.returncode}): {out.stderr[-2000:]}"
     bad = [l for l in out.stdout.splitlines() if l.startswith(("ACCEPTED", "WRONG"))]
     assert bad == [] and "DONE" in out.stdout, bad
+    # Which error (docs/guarantees.md): a value of the wrong shape or type is a TypeError, a
+    # handle out of range a ValueError.
+    got = {ln[3:].rsplit(" ", 1)[0]: ln.rsplit(" ", 1)[1] for ln in out.stdout.splitlines() if ln.startswith("OK ")}
+    out_of_range = {"(0, -1)", "(0, 2**64)", "(0, 2**200)", "(0, -2**200)"}
+    assert got == {src: "ValueError" if src in out_of_range else "TypeError" for src in MALFORMED_STREAMS}
 
 
 def test_valid_cuda_stream_value_reaches_the_driver(sim):
