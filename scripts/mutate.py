@@ -365,7 +365,9 @@ def main(argv=None):
         return 1 if bad else 0
 
     # SIGTERM as well as Ctrl-C unwinds through the finally below, which removes the scratch.
-    signal.signal(signal.SIGTERM, lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, on_term)
     scratch = tempfile.mkdtemp(prefix="cyctx-mutate-")
     t0 = time.monotonic()
     results = []
