@@ -360,7 +360,8 @@ def main(argv=None):
         for m in mutants:
             why = anchor_status(REPO, m)
             bad += why is not None
-            print(f"{m['id']:<40} {m['file']:<32} {'STALE: ' + why if why else 'ok'}")
+            note = "STALE: " + why if why else "ok" + (" (equivalent)" if m.get("equivalent") else "")
+            print(f"{m['id']:<40} {m['file']:<32} {note}")
         print(f"{len(mutants)} mutants, {bad} stale")
         return 1 if bad else 0
 
