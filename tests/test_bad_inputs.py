@@ -166,6 +166,7 @@ ROWS = [
     ("`ContextGuard()`", lambda: ContextGuard(), "TypeError"),
     ("`ContextGuard(0, 1)`", lambda: ContextGuard(0, 1), "TypeError"),
     ('`ContextGuard.shared("0")`', lambda: ContextGuard.shared("0"), "TypeError"),
+    ("`ContextGuard.shared(True)`", lambda: ContextGuard.shared(True), "TypeError"),
     ("`with` a closed guard", lambda: _with(_closed()), "GuardError"),
     ("`.handle` of a closed guard", lambda: _closed().handle, "GuardError"),
     ("exit without enter", lambda: _closed().__exit__(None, None, None), "GuardError"),

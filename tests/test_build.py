@@ -13,6 +13,8 @@ import cyctx
 from cyctx import _cuda_headers as hdrs
 from cyctx._compat import IncompatibleBindingsError, check_bindings, installed_bindings_version
 
+from helpers.children import run_child
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 PKG = os.path.dirname(cyctx.__file__)
@@ -356,3 +358,74 @@ def test_tls_descriptors_are_what_the_build_says():
     (mod,) = glob.glob(os.path.join(os.path.dirname(cyctx.__file__), "_guard*.so"))
     relocs = subprocess.run([readelf, "-rW", mod], capture_output=True, text=True, check=True).stdout
     assert ("TLSDESC" in relocs) == cyctx.BUILD_INFO["tls_descriptors"], cyctx.BUILD_INFO
+
+
+# A libcuda.so.1 that hides one function: cuGetProcAddress_v2 answers "symbol not found" for
+# the name set with shim_hide(), and a stand-in that fails with CUDA_ERROR_UNKNOWN (999) for
+# every other name (nothing may call them: the table is refused before any call).
+SHIM_C = r"""
+#include <string.h>
+typedef int CUresult;
+static char hidden[128];
+static CUresult stand_in(void) { return 999; }
+void shim_hide(const char *name) { strncpy(hidden, name, sizeof hidden - 1); }
+CUresult cuGetProcAddress_v2(const char *s, void **p, int v, unsigned long long f, int *st) {
+    (void)v; (void)f;
+    if (strcmp(s, hidden) == 0) { *p = 0; if (st) *st = 1; return 0; }  /* SYMBOL_NOT_FOUND */
+    *p = (void *)stand_in; if (st) *st = 0; return 0;
+}
+CUresult cuInit(unsigned int flags) { (void)flags; return 999; }
+"""
+
+# Every function cyctx needs (src/cyctx/_driver.h, kProcs); the optional ones are not here.
+REQUIRED = ("cuInit", "cuDeviceGetCount", "cuDeviceGet", "cuDevicePrimaryCtxRetain",
+            "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxGetState", "cuCtxGetCurrent",
+            "cuCtxSetCurrent", "cuCtxPushCurrent", "cuCtxPopCurrent", "cuCtxGetDevice", "cuCtxGetId",
+            "cuGetErrorName", "cuGetErrorString")
+
+
+def test_driver_lacking_a_required_function_is_named_and_never_called(tmp_path):
+    import shutil
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    (tmp_path / "shim.c").write_text(SHIM_C)
+    lib = tmp_path / "libcuda.so.1"
+    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(lib), str(tmp_path / "shim.c")],
+                   check=True, capture_output=True)
+    code = textwrap.dedent(f"""
+        import ctypes
+        shim = ctypes.CDLL({str(lib)!r}, mode=ctypes.RTLD_GLOBAL)  # loaded first: cyctx's dlopen finds it
+        import cyctx
+        for name in {REQUIRED!r}:
+            shim.shim_hide(name.encode())
+            try:
+                cyctx.ContextGuard(0)
+                print(name, "no error")
+            except cyctx.DriverError as e:
+                print(name, type(e).__name__, e.code, e.name, name in str(e), "|", e)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr  # a call through a null pointer would crash it
+    lines = proc.stdout.splitlines()
+    assert [ln.split()[0] for ln in lines] == list(REQUIRED), proc.stdout
+    for ln in lines:
+        assert ln.split("|")[0].split()[1:] == ["DriverError", "500", "CUDA_ERROR_NOT_FOUND", "True"], ln
+
+
+def test_primary_release_is_the_abi_whose_unbalanced_call_fails(sim):
+    # cuDevicePrimaryCtxRelease has two ABIs: the CUDA 7.0 one accepts a release with no
+    # retain left in silence, the 11.0 one fails (201). cyctx resolves the 11.0 one, so a
+    # close() whose retain someone else already released says so instead of "succeeding".
+    out = run_child("""
+        import cyctx
+        from cuda.bindings import driver as d
+        g = cyctx.ContextGuard(0)
+        d.cuDevicePrimaryCtxRelease(0)  # another library releases one retain too many
+        try:
+            g.close()
+            print("CLOSED")
+        except cyctx.DriverError as e:
+            print("REFUSED", type(e).__name__, e.code, e.call, g.closed)
+    """)
+    assert "REFUSED InvalidContextError 201 cuDevicePrimaryCtxRelease False" in out.stdout, out.stdout

@@ -180,3 +180,46 @@ def test_switch_back_never_hands_a_destroyed_context_to_the_driver(consumer_dir,
         g.close()
     """)
     assert "STATE 0 0" in out.stdout
+
+
+def test_close_during_a_nogil_reset_reactivation_refuses(consumer_dir, sim):
+    # Thread A enters without the GIL after a reset; its re-activation is held inside
+    # cuDevicePrimaryCtxRetain. close() on this thread meanwhile must refuse (or wait): it may
+    # neither release the retain under the re-activation nor be undone by it (a guard open
+    # without its retain, whose next close releases someone else's).
+    out = run_child(f"""
+        import sys, time, warnings
+        sys.path.insert(0, {consumer_dir!r})
+        import cyctx, cyctx_consumer
+        from helpers.threads import running
+        sim = drivers.SIM
+        keep = cyctx.ContextGuard(0)  # another retain, which must survive
+        g = cyctx.ContextGuard(0)
+        drivers.reset_primary(0)
+        warnings.simplefilter("ignore", cyctx.ContextResetWarning)
+        sim.stall("cuDevicePrimaryCtxRetain")
+        with running(lambda: cyctx_consumer.enter_and_exit_nogil(g)):
+            deadline = time.monotonic() + 60
+            while not sim.stalled() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            print("HELD", sim.stalled())
+            try:
+                g.close()
+                print("CLOSE returned", g.closed)
+            except cyctx.GuardError as e:
+                print("CLOSE refused", "re-activates" in str(e))
+            print("DURING", g.closed, sim.retain_count(0))
+            sim.unstall()
+        print("AFTER", g.closed, g.resets, sim.retain_count(0))
+        g.close()
+        print("CLOSED", g.closed, sim.retain_count(0))
+        keep.close()
+        print("END", sim.retain_count(0))
+    """)
+    assert "HELD 1" in out.stdout, out.stdout
+    if "CLOSE refused" in out.stdout:
+        assert "CLOSE refused True" in out.stdout and "DURING False 2" in out.stdout, out.stdout
+        assert "AFTER False 1 2" in out.stdout, out.stdout
+    else:  # a close() that waited for the re-activation: closed, with its own retain released
+        assert "CLOSE returned True" in out.stdout and "AFTER True" in out.stdout, out.stdout
+    assert "CLOSED True 1" in out.stdout and "END 0" in out.stdout, out.stdout

@@ -475,6 +475,90 @@ def test_forked_child(import_before_fork):
         assert d["process"]["forked_from"] == parent and f"pid {parent}" in f["explanation"]
 
 
+def test_forked_child_of_a_process_that_never_imported_cyctx():
+    # The parent used CUDA through cuda.bindings alone: no fork handler of cyctx's ran, so
+    # nothing but the driver's answer (NOT_INITIALIZED to cuInit) tells the child it is one.
+    # That is still the fork diagnosis, not a generic cuInit failure.
+    from helpers.children import run_python
+    out = run_python("""
+    import ctypes, importlib.util, json, os, sys
+    if os.environ["CYCTX_TEST_DRIVER"] == "sim":  # the simulator, loaded without importing cyctx
+        pkg = importlib.util.find_spec("cyctx").submodule_search_locations[0]
+        path = os.environ.get("CYCTX_SIM_LIBRARY") or os.path.join(pkg, "_sim", "libcuda.so.1")
+        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL).cyctxsim_configure(2)
+    from cuda.bindings import driver as d
+    d.cuInit(0)
+    assert "cyctx" not in sys.modules
+    r_fd, w_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            from cyctx._doctor import diagnose
+            os.write(w_fd, json.dumps(diagnose(cudart=False).to_dict()).encode())
+        finally:
+            os._exit(0)
+    os.close(w_fd)
+    data = b""
+    while chunk := os.read(r_fd, 65536):
+        data += chunk
+    os.waitpid(pid, 0)
+    print(data.decode())
+    """, env={**os.environ, "CYCTX_TEST_DRIVER": KIND})
+    d = last_json(out)
+    assert [f["code"] for f in d["findings"]] == ["forked_child"], d["findings"]
+    assert "spawn" in d["findings"][0]["fix"] and d["exit_status"] == 1
+
+
+def test_findings_are_listed_worst_first():
+    # An error (a guard's context reset) found after a warning (no current context on this
+    # thread) is still listed first.
+    out = child("""
+    from cyctx import ContextGuard
+    g = ContextGuard(0)
+    d.cuDevicePrimaryCtxReset(0)
+    r = diagnose(cudart=False).to_dict()
+    g.close()
+    print(json.dumps(r))
+    """)
+    found = [(f["severity"], f["code"]) for f in last_json(out)["findings"]]
+    assert found == [("error", "context_reset"), ("warning", "no_current_context")], found
+
+
+def test_guard_of_a_live_created_context_is_not_reported_destroyed():
+    out = child("""
+    import cyctx
+    ctx = _drv.create_context()
+    d.cuCtxPopCurrent()
+    g = cyctx.ContextGuard(ctx)
+    r = diagnose(cudart=False).to_dict()
+    g.close()
+    d.cuCtxDestroy(ctx)
+    print(json.dumps(r))
+    """)
+    r = last_json(out)
+    (g,) = r["guards"]
+    assert g["primary"] is False and g["driver_id"] == g["seen_id"] and not g["reset"]
+    assert r["findings"] == [] or [f["code"] for f in r["findings"]] == ["no_current_context"], r["findings"]
+
+
+def test_live_primary_made_current_by_another_library_is_not_called_destroyed():
+    # No guard knows this handle: another library retained the primary context and made it
+    # current. It is live, so nothing about it is dead or destroyed.
+    out = child("""
+    e, pc = d.cuDevicePrimaryCtxRetain(0)
+    d.cuCtxPushCurrent(pc)
+    r = diagnose(cudart=False).to_dict()
+    d.cuCtxPopCurrent()
+    d.cuDevicePrimaryCtxRelease(0)
+    print(json.dumps(r))
+    """)
+    r = last_json(out)
+    c = r["thread"]["current_context"]
+    assert c["usable"] is True and c["primary"] is not False, c
+    assert "cuCtxDestroy" not in (c["primary_why"] or ""), c
+    assert r["findings"] == [], r["findings"]
+
+
 # --- the command line -----------------------------------------------------------------------
 
 def _headings(text):

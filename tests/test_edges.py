@@ -57,6 +57,11 @@ def test_malformed_cuda_stream_values_are_typed_errors_not_crashes():
     assert out.returncode == 0, f"child died ({out.returncode}): {out.stderr[-2000:]}"
     bad = [l for l in out.stdout.splitlines() if l.startswith(("ACCEPTED", "WRONG"))]
     assert bad == [] and "DONE" in out.stdout, bad
+    # Which error (docs/guarantees.md): a value of the wrong shape or type is a TypeError, a
+    # handle out of range a ValueError.
+    got = {ln[3:].rsplit(" ", 1)[0]: ln.rsplit(" ", 1)[1] for ln in out.stdout.splitlines() if ln.startswith("OK ")}
+    out_of_range = {"(0, -1)", "(0, 2**64)", "(0, 2**200)", "(0, -2**200)"}
+    assert got == {src: "ValueError" if src in out_of_range else "TypeError" for src in MALFORMED_STREAMS}
 
 
 def test_valid_cuda_stream_value_reaches_the_driver(sim):
@@ -292,6 +297,30 @@ def test_orphaned_entry_does_not_block_the_outer_guard(sim):
     assert [sim.retain_count(i) for i in range(2)] == base
 
 
+def test_orphaned_entry_dropped_by_an_exit_on_the_fast_path_warns_too(sim):
+    # The outer guard's enter took the fast path (its context was current already), so its
+    # exit would too; dropping the dead entry above it is reported all the same.
+    d = driver()
+
+    def body():
+        outer = ContextGuard(0)
+        ok(d.cuCtxPushCurrent(outer.context))
+        outer.__enter__()
+        inner = ContextGuard(D1)
+        inner.__enter__()
+        del inner
+        gc.collect()
+        with pytest.warns(ResourceWarning, match="dropped 1 open entry"):
+            outer.__exit__(None, None, None)
+        restored = (_open_entries(), current() == outer.handle, sim.stack_depth())
+        ok(d.cuCtxPopCurrent())
+        outer.close()
+        return restored
+
+    # No entry left; outer's context current on the one-entry stack, as before its enter.
+    assert in_thread(body) == (0, True, 1)
+
+
 # --- generators and coroutines -----------------------------------------------------------
 
 def test_generator_abandoned_inside_a_guard_collected_under_another_guard(sim):
@@ -318,6 +347,50 @@ def test_generator_abandoned_inside_a_guard_collected_under_another_guard(sim):
 
     in_thread(body)
     assert [sim.retain_count(i) for i in range(2)] == base
+
+
+def test_late_exit_hands_its_restore_to_the_entry_just_above_it():
+    # A generator's block of g0, then g1, then h (another guard of device 0); the generator is
+    # closed late. Its restore (back to no context) goes to g1's entry, the one just above it,
+    # not to the innermost: every block left afterwards restores what it should.
+    def body():
+        g0, g1, h = ContextGuard(0), ContextGuard(D1), ContextGuard(0)
+        seen = []
+        it = suspended_in(g0)
+        with g1:
+            with h:
+                with pytest.raises(GuardError, match="generator"):
+                    it.close()
+                seen.append(current() == h.handle)
+            seen.append(current() == g1.handle)  # leaving h: back to g1
+        seen.append(current() == 0)  # leaving g1: what was before the generator's block
+        for g in (g0, g1, h):
+            g.close()
+        return seen, _open_entries()
+
+    assert in_thread(body) == ([True, True, True], 0)
+
+
+def test_late_exit_spliced_into_a_fast_path_entry_keeps_the_leaked_push_check(sim):
+    # The generator's block pushed onto an empty stack; the block above it (another guard of
+    # the same context) entered on the fast path. Spliced, that block now owns the "pop back
+    # to empty" restore, and with it the check for pushes its own body leaked.
+    d = driver()
+
+    def body():
+        g0, g1, h = ContextGuard(0), ContextGuard(D1), ContextGuard(0)
+        it = suspended_in(g0)
+        with pytest.raises(GuardError, match="pushed 1 context"):
+            with h:
+                with pytest.raises(GuardError, match="generator"):
+                    it.close()
+                ok(d.cuCtxPushCurrent(g1.context))
+        state = (current(), sim.stack_depth(), _open_entries())
+        for g in (g0, g1, h):
+            g.close()
+        return state
+
+    assert in_thread(body) == (0, 0, 0)
 
 
 def test_generator_closed_explicitly_under_another_guard_raises_on_close():
@@ -572,6 +645,24 @@ def test_unwind_cap_says_what_was_left(sim):
     msg, left = in_thread(body)
     assert left > 0
     assert "4096" in msg and "still" in msg and "were popped to restore" not in msg, msg
+
+
+def test_unwind_cap_boundary_pops_them_all(sim):
+    # Exactly the cap's number of leaked pushes: all popped, and the error says so.
+    def body():
+        g = ContextGuard(0)
+        d = driver()
+        with pytest.raises(GuardError) as ei:
+            with g:
+                for _ in range(4096):
+                    ok(d.cuCtxPushCurrent(g.context))
+        state = (str(ei.value), sim.stack_depth(), current())
+        g.close()
+        return state
+
+    msg, depth, cur = in_thread(body)
+    assert depth == 0 and cur == 0
+    assert "pushed 4096 context(s)" in msg and "were popped to restore" in msg, msg
 
 
 def test_current_handle_before_cuInit_is_zero_not_an_error():

@@ -356,3 +356,53 @@ def test_error_names_and_texts_without_a_driver_cover_cyctxs_own_codes():
     for code in (34, 100, 500, 801, 2):
         name, text = _errors._fallback_name_and_string(code)
         assert name.startswith("CUDA_ERROR_") and text and "unrecognised" not in text, code
+
+
+
+
+# Each code cyctx maps, the class it is documented to raise (docs/guarantees.md, "Errors"), and
+# the documented classes an `except` clause may name to catch it.
+CLASSES = [
+    (3, "NotInitializedError", ("NotInitializedError",)),
+    (4, "NotInitializedError", ("NotInitializedError",)),  # DEINITIALIZED: interpreter exit
+    (100, "NoDeviceError", ("NoDeviceError",)),
+    (101, "InvalidDeviceError", ("InvalidDeviceError", "ValueError")),
+    (201, "InvalidContextError", ("InvalidContextError",)),
+    (709, "ContextDestroyedError", ("ContextDestroyedError", "InvalidContextError")),
+    (1, "DriverError", ()),  # not mapped: the base class
+    (999, "DriverError", ()),
+]
+
+
+@pytest.mark.parametrize("code, cls, caught_by", CLASSES, ids=[str(c[0]) for c in CLASSES])
+def test_each_mapped_code_raises_its_documented_class(sim, code, cls, caught_by):
+    import builtins
+
+    def body():
+        g = ContextGuard(0)
+        try:
+            sim.inject_fault("cuCtxGetCurrent", code)
+            try:
+                with g:
+                    pass
+            except cyctx.CyctxError as e:
+                return e
+            finally:
+                sim.clear_faults()
+        finally:
+            g.close()
+
+    exc = in_thread(body)
+    assert type(exc).__name__ == cls and type(exc) is getattr(cyctx, cls), repr(exc)
+    assert exc.code == code and exc.call == "cuCtxGetCurrent"
+    for name in ("DriverError", "CyctxError", *caught_by):
+        catcher = getattr(cyctx, name, None) or getattr(builtins, name)
+        try:
+            raise exc
+        except catcher:
+            pass
+    # ... and nothing it is not documented to be.
+    others = {"NotInitializedError", "NoDeviceError", "InvalidDeviceError", "InvalidContextError",
+              "ContextDestroyedError", "GuardError", "ForkError"} - {cls, *caught_by}
+    assert not any(isinstance(exc, getattr(cyctx, o)) for o in others), type(exc).__mro__
+    assert isinstance(exc, ValueError) == ("ValueError" in caught_by)

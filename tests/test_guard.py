@@ -368,6 +368,28 @@ def test_nonexistent_device(bad, sim):
     assert sim.call_count("cuDevicePrimaryCtxRetain") == retains
 
 
+def test_negative_ordinal_is_refused_before_any_driver_call(sim):
+    # A plain ValueError from the argument check, not the driver's InvalidDeviceError (which
+    # is a ValueError too, so `pytest.raises(ValueError)` alone cannot tell them apart).
+    calls = sim.call_count()
+    with pytest.raises(ValueError) as ei:
+        ContextGuard(-1)
+    assert type(ei.value) is ValueError and "must be >= 0" in str(ei.value)
+    assert sim.call_count() == calls
+
+
+def test_one_past_the_last_device_is_refused_before_the_driver_is_asked(sim):
+    # cyctx's own bounds check answers, not cuDeviceGet: the error says which check refused
+    # it and how many devices there are.
+    n = device_count()
+    gets = sim.call_count("cuDeviceGet")
+    with pytest.raises(InvalidDeviceError) as ei:
+        ContextGuard(n)
+    assert ei.value.call == "ContextGuard" and ei.value.code == 101
+    assert f"Device {n} does not exist" in str(ei.value) and f"reports {n} device(s)" in str(ei.value)
+    assert sim.call_count("cuDeviceGet") == gets
+
+
 def test_nonexistent_device_real():
     with pytest.raises(InvalidDeviceError, match="does not exist"):
         ContextGuard(10**9)

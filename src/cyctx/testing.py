@@ -64,6 +64,9 @@ CONTROL_API: tuple[tuple[str, type | None, list[type]], ...] = (
     ("cyctxsim_inject_fault", ctypes.c_int, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]),
     ("cyctxsim_clear_faults", None, []),
     ("cyctxsim_call_count", ctypes.c_longlong, [ctypes.c_char_p]),
+    ("cyctxsim_stall", ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
+    ("cyctxsim_stalled", ctypes.c_int, []),
+    ("cyctxsim_unstall", None, []),
 )
 
 
@@ -118,6 +121,20 @@ class Sim:
     def clear_faults(self) -> None:
         """Drop every fault injected and not yet delivered."""
         self._lib.cyctxsim_clear_faults()
+
+    def stall(self, function: str, nth: int = 1) -> None:
+        """Make the ``nth`` next call of driver ``function`` wait, on whatever thread makes
+        it, until :meth:`unstall`; :meth:`stalled` says when a thread is held."""
+        if self._lib.cyctxsim_stall(function.encode(), nth) != 0:
+            raise ValueError(f"bad stall: {function!r} nth={nth} (or one is armed already)")
+
+    def stalled(self) -> int:
+        """Threads held by a stall now."""
+        return self._lib.cyctxsim_stalled()
+
+    def unstall(self) -> None:
+        """Let the held call go on; disarm a stall that has not fired."""
+        self._lib.cyctxsim_unstall()
 
     def call_count(self, function: str | None = None) -> int:
         """Calls of ``function`` (all driver calls when None) since the library loaded."""

@@ -102,3 +102,11 @@ def device_get_checked(int ordinal):
     with nogil:
         cyctx.check_result(cydriver.cuDeviceGet(&dev, ordinal), "cuDeviceGet")
     return dev
+
+
+def enter_and_exit_nogil(ContextGuard g):
+    """A block entered and left without the GIL: a re-activation after a reset runs inside
+    enter() without it too, so another thread can call close() meanwhile."""
+    with nogil:
+        g.enter()
+        g.exit()

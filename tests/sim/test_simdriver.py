@@ -1076,6 +1076,38 @@ def test_call_counts():
     assert count("cuCtxPushCurrent_v2") == -1
 
 
+def test_stall_holds_the_nth_call_until_unstalled():
+    # The control that lets a test hold a thread inside a driver call (and race it).
+    get_count = raw("cuDeviceGetCount", 2000, PI)  # ctypes: the GIL is dropped while it waits
+    n = ctypes.c_int(-1)
+    assert sim.cyctxsim_stall(b"cuDeviceGetCount", 2) == 0
+    assert sim.cyctxsim_stall(b"cuDeviceGetCount", 1) == -1  # one stall at a time
+    assert get_count(ctypes.byref(n)) == 0  # the 1st call passes
+    before = count("cuDeviceGetCount")
+
+    def held():
+        out = ctypes.c_int(-1)
+        return get_count(ctypes.byref(out)), out.value
+
+    with running(held) as results:
+        for _ in range(2000):
+            if sim.cyctxsim_stalled() == 1:
+                break
+            threading.Event().wait(0.005)
+        assert sim.cyctxsim_stalled() == 1
+        assert count("cuDeviceGetCount") == before + 1  # counted, then held
+        assert get_count(ctypes.byref(n)) == 0  # one call only: the next ones pass
+        assert results == [None]
+        sim.cyctxsim_unstall()
+    assert results == [(0, n.value)] and sim.cyctxsim_stalled() == 0
+    # Armed, then disarmed before it fired: the call passes.
+    assert sim.cyctxsim_stall(b"cuDeviceGetCount", 1) == 0
+    sim.cyctxsim_unstall()
+    assert get_count(ctypes.byref(n)) == 0
+    for bad in ((None, 1), (b"cuNoSuchFunction", 1), (b"cuDeviceGetCount", 0)):
+        assert sim.cyctxsim_stall(*bad) == -1
+
+
 def test_call_counts_are_exact_under_threads():
     # ctypes drops the GIL around each foreign call, so the threads do race in C
     get_current = raw("cuCtxGetCurrent", 4000, PP)

@@ -197,10 +197,40 @@ static CUresult fault_take(int fn) {
     return code;
 }
 
+/* ------------------------------------------------------------------------------
+ * Stalls (cyctxsim_stall): the nth next call of one function waits, counted but before
+ * it does anything, until cyctxsim_unstall(). A test holds a thread inside a driver call
+ * that way (inside a guard's re-activation, without the GIL) and races it from another
+ * thread. A call with no stall armed costs one atomic load.
+ * ------------------------------------------------------------------------------ */
+static pthread_mutex_t g_stall_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_stall_cv = PTHREAD_COND_INITIALIZER;
+static _Atomic int g_stall_fn = -1;            /* the armed function, or -1 */
+static int g_stall_skip;                       /* calls still let through first */
+static int g_stall_waiting;                    /* threads held now */
+static unsigned g_stall_gen;                   /* bumped by cyctxsim_unstall */
+
+static void stall_take(int fn) {
+    pthread_mutex_lock(&g_stall_lock);
+    if (atomic_load(&g_stall_fn) == fn) {
+        if (g_stall_skip > 0) {
+            g_stall_skip--;
+        } else {
+            atomic_store(&g_stall_fn, -1);     /* one call only */
+            unsigned gen = g_stall_gen;
+            g_stall_waiting++;
+            while (gen == g_stall_gen) pthread_cond_wait(&g_stall_cv, &g_stall_lock);
+            g_stall_waiting--;
+        }
+    }
+    pthread_mutex_unlock(&g_stall_lock);
+}
+
 /* Entry of every driver function: count, inject, and (need_init) refuse before a
  * successful cuInit or in a forked child ("A forked child gets CUDA_ERROR_NOT_INITIALIZED from every call"). */
 static inline CUresult sim_enter(int fn, int need_init) {
     atomic_fetch_add_explicit(&g_calls[fn], 1, memory_order_relaxed);
+    if (atomic_load_explicit(&g_stall_fn, memory_order_acquire) == fn) stall_take(fn);
     if (atomic_load_explicit(&g_nfaults, memory_order_acquire) > 0) {
         CUresult f = fault_take(fn);
         if (f != CUDA_SUCCESS) return f;
@@ -1105,6 +1135,7 @@ static CUresult proc_lookup(const char *symbol, void **pfn, int cudaVersion, cuu
  * Fork and load
  * ------------------------------------------------------------------------------ */
 static void atfork_prepare(void) {
+    pthread_mutex_lock(&g_stall_lock);
     pthread_mutex_lock(&g_fault_lock);
     pthread_mutex_lock(&g_lock);
 }
@@ -1112,6 +1143,7 @@ static void atfork_prepare(void) {
 static void atfork_parent(void) {
     pthread_mutex_unlock(&g_lock);
     pthread_mutex_unlock(&g_fault_lock);
+    pthread_mutex_unlock(&g_stall_lock);
 }
 
 /* In a child forked after cuInit, every call (cuInit included) returns
@@ -1122,6 +1154,7 @@ static void atfork_child(void) {
     if (atomic_load(&g_state) == ST_READY) atomic_store(&g_state, ST_FORKED);
     pthread_mutex_unlock(&g_lock);
     pthread_mutex_unlock(&g_fault_lock);
+    pthread_mutex_unlock(&g_stall_lock);
 }
 
 __attribute__((constructor)) static void sim_load(void) {
@@ -1212,6 +1245,34 @@ void cyctxsim_clear_faults(void) {
     g_nfault_slots = 0;
     atomic_store(&g_nfaults, 0);
     pthread_mutex_unlock(&g_fault_lock);
+}
+
+int cyctxsim_stall(const char *name, int nth) {
+    int fn = name ? fn_index(name) : -1;
+    if (fn < 0 || nth < 1) return -1;
+    pthread_mutex_lock(&g_stall_lock);
+    int busy = atomic_load(&g_stall_fn) >= 0 || g_stall_waiting > 0;
+    if (!busy) {
+        g_stall_skip = nth - 1;
+        atomic_store(&g_stall_fn, fn);
+    }
+    pthread_mutex_unlock(&g_stall_lock);
+    return busy ? -1 : 0;
+}
+
+int cyctxsim_stalled(void) {
+    pthread_mutex_lock(&g_stall_lock);
+    int n = g_stall_waiting;
+    pthread_mutex_unlock(&g_stall_lock);
+    return n;
+}
+
+void cyctxsim_unstall(void) {
+    pthread_mutex_lock(&g_stall_lock);
+    atomic_store(&g_stall_fn, -1);
+    g_stall_gen++;
+    pthread_cond_broadcast(&g_stall_cv);
+    pthread_mutex_unlock(&g_stall_lock);
 }
 
 long long cyctxsim_call_count(const char *name) {

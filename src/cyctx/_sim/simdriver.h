@@ -66,6 +66,19 @@ CYCTXSIM_API void cyctxsim_clear_faults(void);
  * -1 for a name the simulator does not implement. */
 CYCTXSIM_API long long cyctxsim_call_count(const char *name);
 
+/* Make the nth next call (1 = the very next) of the driver function `name` (base name,
+ * every ABI variant) wait, on whichever thread makes it, until cyctxsim_unstall(): it is
+ * counted, then held before it does anything (faults and the initialisation check come
+ * after). One stall at a time. Returns 0, or -1 for an unknown name, nth < 1, or a stall
+ * already armed or holding a thread. */
+CYCTXSIM_API int cyctxsim_stall(const char *name, int nth);
+
+/* Threads held by a stall now (0 or 1). */
+CYCTXSIM_API int cyctxsim_stalled(void);
+
+/* Let a held call go on (and disarm a stall that has not fired). */
+CYCTXSIM_API void cyctxsim_unstall(void);
+
 /* Not a function: with the environment variable CYCTX_SIM_REPORT_AT_EXIT set (and not
  * "0"), the library prints one line to stderr when it is unloaded at process exit,
  *   cyctxsim at exit: retains=[r0, r1, ...] active=[a0, a1, ...] live_contexts=N
