@@ -207,7 +207,7 @@ def test_close_during_a_nogil_reset_reactivation_refuses(consumer_dir, sim):
                 g.close()
                 print("CLOSE returned", g.closed)
             except cyctx.GuardError as e:
-                print("CLOSE refused", "re-activates" in str(e))
+                print("CLOSE refused", "re-activating" in str(e))
             print("DURING", g.closed, sim.retain_count(0))
             sim.unstall()
         print("AFTER", g.closed, g.resets, sim.retain_count(0))

@@ -510,7 +510,7 @@ def test_forked_child_of_a_process_that_never_imported_cyctx():
 
 
 def test_findings_are_listed_worst_first():
-    # An error (a guard's context reset) found after a warning (no current context on this
+    # An error (a guard's context reset) found after a note (no current context on this
     # thread) is still listed first.
     out = child("""
     from cyctx import ContextGuard
@@ -521,7 +521,7 @@ def test_findings_are_listed_worst_first():
     print(json.dumps(r))
     """)
     found = [(f["severity"], f["code"]) for f in last_json(out)["findings"]]
-    assert found == [("error", "context_reset"), ("warning", "no_current_context")], found
+    assert found == [("error", "context_reset"), ("info", "no_current_context")], found
 
 
 def test_guard_of_a_live_created_context_is_not_reported_destroyed():
