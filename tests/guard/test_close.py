@@ -1,0 +1,134 @@
+"""close() and release: a guard releases its retain once (close, or deallocation), refuses
+close() inside its own block, keeps a retain whose release failed for a retry, and stays
+closed against other threads and against a re-activation in progress."""
+
+import threading
+import warnings
+
+import pytest
+
+from cyctx import ContextGuard, ContextResetWarning, DriverError, GuardError
+
+from helpers.drivers import current, reset_primary
+from helpers.threads import in_thread, run_threads, running
+
+def test_dealloc_releases(sim):
+    before = sim.retain_count(1)
+    g = ContextGuard(1)
+    assert sim.retain_count(1) == before + 1
+    del g
+    assert sim.retain_count(1) == before
+
+
+def test_use_after_close(guard):
+    guard.close()
+    with pytest.raises(GuardError, match="closed"):
+        with guard:
+            pass
+    with pytest.raises(GuardError, match="closed"):
+        guard.handle
+
+
+def test_close_inside_block_refused(guard):
+    with guard:
+        with pytest.raises(GuardError, match="inside a with-block"):
+            guard.close()
+        assert not guard.closed
+    guard.close()
+
+
+def test_close_failure_keeps_the_retain_for_a_retry(sim):
+    before = sim.retain_count(0)
+    g = ContextGuard(0)
+    sim.inject_fault("cuDevicePrimaryCtxRelease", 999)
+    with pytest.raises(DriverError):
+        g.close()
+    assert not g.closed and sim.retain_count(0) == before + 1
+    g.close()
+    assert g.closed and sim.retain_count(0) == before
+
+
+# --- other threads and re-activations ---------------------------------------------------------
+
+def test_close_from_two_threads_releases_once(sim):
+    base = sim.retain_count(0)
+    keep = ContextGuard(0)
+    for _ in range(200):
+        g = ContextGuard(0)
+        b = threading.Barrier(4)
+
+        def f():
+            b.wait()
+            g.close()
+
+        run_threads(*[f] * 4)
+        assert g.closed and sim.retain_count(0) == base + 1
+    keep.close()
+    assert sim.retain_count(0) == base
+
+
+def test_close_while_other_threads_use_the_guard(sim):
+    # The caller's bug (README), but it must stay a typed error: no crash, no wrong retain
+    # count, every thread back to what it had.
+    base = sim.retain_count(0)
+    g = ContextGuard(0)
+    stop = threading.Event()
+    bad, ends = [], []
+
+    def worker():
+        while not stop.is_set():
+            try:
+                with g:
+                    pass
+            except GuardError:
+                pass  # closed
+            except Exception as e:  # noqa: BLE001
+                bad.append(repr(e))
+        ends.append(current())
+
+    with running(*[worker] * 4):
+        g.close()
+        stop.set()
+    assert bad == [] and ends == [0] * 4
+    assert sim.retain_count(0) == base
+
+
+def test_close_during_reset_reactivation_does_not_reopen_or_steal_a_retain(sim):
+    # The re-activation warns (Python code runs: a showwarning hook here, another thread in
+    # real life) before it retains; a close() at that moment must not be undone: a guard
+    # re-opened without a retain of its own would release another guard's at its next close.
+    base = sim.retain_count(0)
+
+    def body():
+        other = ContextGuard(0)  # another guard's retain that must survive
+        g = ContextGuard(0)
+        reset_primary(0)
+        closed_in_hook = []
+
+        def hook(*a, **k):
+            g.close()
+            closed_in_hook.append(g.closed)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            old = warnings.showwarning
+            warnings.showwarning = hook
+            try:
+                with pytest.raises(GuardError, match="closed"):
+                    g.__enter__()
+            finally:
+                warnings.showwarning = old
+        assert closed_in_hook == [True]
+        assert g.closed, "close() was undone by the re-activation"
+        assert current() == 0
+        assert sim.retain_count(0) == base + 1, "other's retain only"
+        g.close()
+        assert sim.retain_count(0) == base + 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ContextResetWarning)
+            with other:
+                assert current() == other.handle
+        other.close()
+
+    in_thread(body)
+    assert sim.retain_count(0) == base

@@ -1,0 +1,372 @@
+"""Enter and exit: what becomes current inside a block, what the thread gets back after it, what a
+block that changed the context stack itself gets back, misuse, and an exit that fails."""
+
+import contextlib
+import sys
+
+import pytest
+
+from cyctx import ContextGuard, DriverError, GuardError
+from cyctx._guard import _open_entries
+
+from helpers.drivers import current, driver, ok
+from helpers.threads import in_thread
+
+def test_restores_null_on_a_fresh_thread(guard):
+    def body():
+        assert current() == 0
+        with guard as g:
+            assert g is guard
+            assert current() == guard.handle
+        return current()
+
+    assert in_thread(body) == 0
+
+
+def test_restores_null_when_block_raises(guard):
+    def body():
+        with pytest.raises(KeyError):
+            with guard:
+                raise KeyError("boom")
+        return current()
+
+    assert in_thread(body) == 0
+
+
+def test_restores_previous_context_across_devices(guard, guard1):
+    def body():
+        with guard:
+            with guard1:
+                assert current() == guard1.handle
+                with guard:
+                    assert current() == guard.handle
+                assert current() == guard1.handle
+            assert current() == guard.handle
+        return current()
+
+    assert in_thread(body) == 0
+
+
+def test_nesting_same_guard(guard):
+    def body():
+        with guard:
+            with guard:
+                with guard:
+                    assert current() == guard.handle
+            assert current() == guard.handle
+        return current()
+
+    assert in_thread(body) == 0
+
+
+def test_fast_path_makes_no_switch(guard, sim):
+    def body():
+        with guard:
+            n = sim.call_count("cuCtxSetCurrent") + sim.call_count("cuCtxPushCurrent") + sim.call_count("cuCtxPopCurrent")
+            for _ in range(100):
+                with guard:
+                    pass
+            m = sim.call_count("cuCtxSetCurrent") + sim.call_count("cuCtxPushCurrent") + sim.call_count("cuCtxPopCurrent")
+            return m - n
+
+    assert in_thread(body) == 0
+
+
+def test_switching_keeps_stack_depth(guard, guard1, sim):
+    def body():
+        depth0 = sim.stack_depth()
+        with guard:
+            assert sim.stack_depth() == 1
+            with guard1:
+                assert sim.stack_depth() == 1, "a switch replaces the top, it does not push"
+        return depth0, sim.stack_depth()
+
+    assert in_thread(body) == (0, 0)
+
+
+def test_deep_nesting_beyond_the_inline_entries(guard, guard1):
+    # The per-thread entry stack keeps 8 entries inline (_tls.h, kInline) and spills to the heap beyond.
+    def body():
+        def nest(k):
+            g = (guard, guard1)[k % 2]
+            with g:
+                assert current() == g.handle
+                if k:
+                    nest(k - 1)
+                assert current() == g.handle
+        for _ in range(3):  # grow, shrink, grow again
+            nest(150)
+        return current()
+
+    assert in_thread(body) == 0
+
+
+def test_blocks_left_from_other_frames_still_match_their_guard():
+    # contextlib.ExitStack enters in enter_context's frame and exits in __exit__'s: the block's
+    # frame is not the one that leaves it, and the guard's innermost entry is taken.
+    def body():
+        g = ContextGuard(0)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(g)
+            stack.enter_context(g)
+            assert _open_entries() == 2 and current() == g.handle
+        assert _open_entries() == 0 and current() == 0
+        g.close()
+
+    in_thread(body)
+
+
+# --- a block that changes the context stack ---------------------------------------------------
+
+def test_repairs_cuCtxSetCurrent_inside_block(guard, guard1):
+    d = driver()
+
+    def body():
+        with guard:
+            with guard1:
+                ok(d.cuCtxSetCurrent(guard.context))  # what cudaSetDevice(0) does to the stack
+                assert current() == guard.handle
+            assert current() == guard.handle
+            ok(d.cuCtxSetCurrent(guard1.context))
+        return current()
+
+    assert in_thread(body) == 0
+
+
+def test_repairs_replacement_on_the_fast_path(guard, guard1):
+    d = driver()
+
+    def body():
+        with guard:
+            with guard:  # fast path: already current
+                ok(d.cuCtxSetCurrent(guard1.context))
+            assert current() == guard.handle
+        return current()
+
+    assert in_thread(body) == 0
+
+
+def test_block_that_popped_the_context_is_repaired(guard):
+    d = driver()
+
+    def body():
+        with guard:
+            with guard:
+                ok(d.cuCtxPopCurrent())  # the block popped what it did not push
+                assert current() == 0
+            assert current() == guard.handle
+        return current()
+
+    assert in_thread(body) == 0
+
+
+@pytest.mark.parametrize("how", ["pop", "set_null"])
+def test_block_that_emptied_the_stack_is_left_empty(guard, how):
+    # From an empty stack the guard pushes, and its exit pops one entry. When the block has
+    # already emptied the stack, that pop fails; the exit must see the stack is empty (what
+    # the thread had before the block) and raise nothing.
+    d = driver()
+
+    def body():
+        with guard:
+            if how == "pop":
+                ok(d.cuCtxPopCurrent())
+            else:
+                ok(d.cuCtxSetCurrent(None))
+            assert current() == 0
+        return current()
+
+    assert in_thread(body) == 0
+
+
+def test_leaked_push_from_empty_stack_is_unwound_and_reported(guard, guard1):
+    d = driver()
+
+    def body():
+        with pytest.raises(GuardError, match="pushed 1 context"):
+            with guard:
+                ok(d.cuCtxPushCurrent(guard1.context))
+        return current()
+
+    assert in_thread(body) == 0
+
+
+def test_leaked_push_over_a_context_restores_current(guard, guard1):
+    # Documented limitation: with a context below, the driver gives no stack depth, so a
+    # push leaked by the block stays beneath; the current context is still restored.
+    d = driver()
+
+    def body():
+        ok(d.cuCtxPushCurrent(guard.context))
+        with guard1:
+            ok(d.cuCtxPushCurrent(guard.context))
+        restored = current()
+        ok(d.cuCtxPopCurrent())
+        ok(d.cuCtxPopCurrent())
+        return restored, current()
+
+    assert in_thread(body) == (guard.handle, 0)
+
+
+def test_unwind_cap_says_what_was_left(sim):
+    def body():
+        g = ContextGuard(0)
+        d = driver()
+        with pytest.raises(GuardError) as ei:
+            with g:
+                for _ in range(4096 + 5):
+                    ok(d.cuCtxPushCurrent(g.context))
+        msg = str(ei.value)
+        left = sim.stack_depth()
+        while current():
+            ok(d.cuCtxPopCurrent())
+        g.close()
+        return msg, left
+
+    msg, left = in_thread(body)
+    assert left > 0
+    assert "4096" in msg and "still" in msg and "were popped to restore" not in msg, msg
+
+
+def test_unwind_cap_boundary_pops_them_all(sim):
+    # Exactly the cap's number of leaked pushes: all popped, and the error says so.
+    def body():
+        g = ContextGuard(0)
+        d = driver()
+        with pytest.raises(GuardError) as ei:
+            with g:
+                for _ in range(4096):
+                    ok(d.cuCtxPushCurrent(g.context))
+        state = (str(ei.value), sim.stack_depth(), current())
+        g.close()
+        return state
+
+    msg, depth, cur = in_thread(body)
+    assert depth == 0 and cur == 0
+    assert "pushed 4096 context(s)" in msg and "were popped to restore" in msg, msg
+
+
+# --- misuse -----------------------------------------------------------------------------------
+
+def test_exit_without_enter(guard):
+    with pytest.raises(GuardError, match="without a matching enter"):
+        guard.__exit__(None, None, None)
+
+
+def test_exit_on_another_thread(guard):
+    def body():
+        guard.__enter__()
+        try:
+            with pytest.raises(GuardError, match="without a matching enter on this thread"):
+                in_thread(guard.__exit__, None, None, None)
+            assert current() == guard.handle, "the failed exit must change nothing"
+        finally:
+            guard.__exit__(None, None, None)
+        return current()
+
+    assert in_thread(body) == 0
+
+
+# --- an exit that fails: the block's exception wins -------------------------------------------
+
+def test_cleanup_failure_does_not_replace_block_exception(guard, sim, capfd):
+    def body():
+        with pytest.raises(KeyError) as ei:
+            with guard:
+                # Entered from an empty stack (a new thread), so the exit restores by a pop.
+                sim.inject_fault("cuCtxPopCurrent", 999)
+                raise KeyError("from the block")
+        notes = getattr(ei.value, "__notes__", [])
+        assert any("CUDA_ERROR_UNKNOWN" in n for n in notes), notes
+        # The failed restore left the guard's context current; put the thread back.
+        ok(driver().cuCtxSetCurrent(None))
+        return current()
+
+    assert in_thread(body) == 0
+    if sys.version_info < (3, 11):
+        # 3.10's traceback does not print __notes__: the failure is also on stderr.
+        err = capfd.readouterr().err
+        assert "CUDA_ERROR_UNKNOWN" in err and "while KeyError propagated" in err
+
+
+class _NotesNotAList(KeyError):
+    """Its __notes__ is set to something that is not a list: add_note refuses (TypeError)."""
+
+
+class _AddNoteRaises(KeyError):
+    def add_note(self, note):
+        raise RuntimeError("add_note of the user's exception")
+
+
+def _notes_not_a_list(value):
+    exc = _NotesNotAList("from the block")
+    exc.__notes__ = value
+    return exc
+
+
+class _GuardWithRaisingRepr(ContextGuard):
+    def __repr__(self):
+        raise RuntimeError("repr of the guard subclass")
+
+
+@pytest.mark.parametrize("make_exc", [
+    lambda: _notes_not_a_list("a str"),
+    lambda: _notes_not_a_list(("a", "tuple")),
+    lambda: _AddNoteRaises("from the block"),
+], ids=["notes str", "notes tuple", "add_note raises"])
+def test_block_exception_wins_when_the_cleanup_note_cannot_be_attached(make_exc, capfd):
+    # The exit fails on any driver: the block pushed a context from an empty stack (a new
+    # thread) and left it, which the exit pops and reports (GuardError). Attaching that as a
+    # note fails; the block's own exception must still be what propagates, and the note,
+    # best effort, goes to stderr instead.
+    g = ContextGuard(0)
+    exc = make_exc()
+    notes_before = exc.__dict__.get("__notes__")
+
+    def body():
+        with pytest.raises(KeyError) as ei:
+            with g:
+                ok(driver().cuCtxPushCurrent(g.context))
+                raise exc
+        assert ei.value is exc
+        return current()
+
+    try:
+        assert in_thread(body) == 0
+    finally:
+        g.close()
+    assert exc.__dict__.get("__notes__") == notes_before  # the user's own value, untouched
+    err = capfd.readouterr().err
+    assert "pushed 1 context" in err and "propagated" in err, err
+
+
+def test_cleanup_note_survives_a_guard_whose_repr_raises():
+    # A note that can be attached is attached, even when the guard's repr cannot be made
+    # (a subclass may override __repr__); the block's exception still propagates.
+    g = _GuardWithRaisingRepr(0)
+
+    def body():
+        with pytest.raises(KeyError) as ei:
+            with g:
+                ok(driver().cuCtxPushCurrent(g.context))
+                raise KeyError("from the block")
+        return getattr(ei.value, "__notes__", [])
+
+    try:
+        notes = in_thread(body)
+    finally:
+        g.close()
+    assert any("pushed 1 context" in n for n in notes), notes
+
+
+def test_cleanup_failure_raises_when_block_succeeded(guard, sim):
+    def body():
+        with pytest.raises(DriverError) as ei:
+            with guard:
+                # Entered from an empty stack (a new thread), so the exit restores by a pop.
+                sim.inject_fault("cuCtxPopCurrent", 999)
+        assert ei.value.code == 999
+        ok(driver().cuCtxSetCurrent(None))
+        return current()
+
+    assert in_thread(body) == 0

@@ -1,0 +1,457 @@
+"""Blocks left late or out of order: generators and coroutines suspended inside a block, then
+resumed, closed or collected under other blocks, on another thread, or inside another block
+of the same guard. The late exit is reported, removes its own entry and hands its restore on."""
+
+import asyncio
+import gc
+
+import pytest
+
+from cyctx import ContextGuard, GuardError
+from cyctx._guard import _open_entries
+
+from helpers import drivers
+from helpers.children import run_child
+from helpers.drivers import current, driver, ok, second_device
+from helpers.finalizers import collect_unraisable, suspended_in
+from helpers.threads import in_thread
+
+D1 = second_device()  # device 1, or 0 on a one-GPU machine
+
+
+def retains():
+    """Every device's primary refcount on the simulated driver; None on the real one (which
+    cannot show it): these tests run on both, and check refcounts where they can."""
+    return None if drivers.SIM is None else [drivers.SIM.retain_count(i) for i in range(2)]
+
+
+def test_generators_interleaving_detected(guard, guard1):
+    def gen(g):
+        with g:
+            yield current()
+            yield current()
+
+    def body():
+        a, b = gen(guard), gen(guard1)
+        assert next(a) == guard.handle
+        assert next(b) == guard1.handle
+        with pytest.raises(GuardError, match="out of order"):
+            next(a)  # a's block is left while b's is still open
+            next(a)
+        # Nothing changed: b is still current; b's exit works and restores a's... state.
+        assert current() == guard1.handle
+        with pytest.raises(StopIteration):
+            next(b)
+            next(b)
+        return current()
+
+    # a's entry remains open after the refused exit; b's exit restored guard (a's context).
+    def run():
+        r = body()
+        # leave a's still-open entry properly
+        guard.__exit__(None, None, None)
+        return r, current()
+
+    r, after = in_thread(run)
+    assert r == guard.handle and after == 0
+
+
+def test_generator_abandoned_inside_a_guard_collected_under_another_guard(sim):
+    base = [sim.retain_count(i) for i in range(2)]
+
+    def body():
+        g0, g1 = ContextGuard(0), ContextGuard(D1)
+
+        it = suspended_in(g0)
+        g1.__enter__()
+        holder = [it]
+        del it
+        seen = collect_unraisable(holder.clear)  # the last reference: the finalizer runs
+        # The late exit is reported (not swallowed with the GeneratorExit) ...
+        assert len(seen) == 1 and isinstance(seen[0].exc_value, GuardError), seen
+        assert "generator" in str(seen[0].exc_value)
+        # ... its entry is gone, and the open guard still sees its own context current.
+        assert _open_entries() == 1 and current() == g1.handle
+        g1.__exit__(None, None, None)
+        # Leaving g1 restores what was current before g0's block, not g0's context.
+        assert current() == 0 and _open_entries() == 0
+        g0.close()
+        g1.close()
+
+    in_thread(body)
+    assert [sim.retain_count(i) for i in range(2)] == base
+
+
+def test_late_exit_hands_its_restore_to_the_entry_just_above_it():
+    # A generator's block of g0, then g1, then h (another guard of device 0); the generator is
+    # closed late. Its restore (back to no context) goes to g1's entry, the one just above it,
+    # not to the innermost: every block left afterwards restores what it should.
+    def body():
+        g0, g1, h = ContextGuard(0), ContextGuard(D1), ContextGuard(0)
+        seen = []
+        it = suspended_in(g0)
+        with g1:
+            with h:
+                with pytest.raises(GuardError, match="generator"):
+                    it.close()
+                seen.append(current() == h.handle)
+            seen.append(current() == g1.handle)  # leaving h: back to g1
+        seen.append(current() == 0)  # leaving g1: what was before the generator's block
+        for g in (g0, g1, h):
+            g.close()
+        return seen, _open_entries()
+
+    assert in_thread(body) == ([True, True, True], 0)
+
+
+def test_late_exit_spliced_into_a_fast_path_entry_keeps_the_leaked_push_check(sim):
+    # The generator's block pushed onto an empty stack; the block above it (another guard of
+    # the same context) entered on the fast path. Spliced, that block now owns the "pop back
+    # to empty" restore, and with it the check for pushes its own body leaked.
+    d = driver()
+
+    def body():
+        g0, g1, h = ContextGuard(0), ContextGuard(D1), ContextGuard(0)
+        it = suspended_in(g0)
+        with pytest.raises(GuardError, match="pushed 1 context"):
+            with h:
+                with pytest.raises(GuardError, match="generator"):
+                    it.close()
+                ok(d.cuCtxPushCurrent(g1.context))
+        state = (current(), sim.stack_depth(), _open_entries())
+        for g in (g0, g1, h):
+            g.close()
+        return state
+
+    assert in_thread(body) == (0, 0, 0)
+
+
+def test_late_generator_exit_under_deep_nesting_is_spliced(sim):
+    # The spliced entry is deep (the heap spill), with 40 entries above it.
+    base = [sim.retain_count(i) for i in range(2)]
+
+    def body():
+        g0, g1 = ContextGuard(0), ContextGuard(D1)
+        for _ in range(5):
+            g1.__enter__()
+        it = suspended_in(g0)
+        for _ in range(40):
+            g1.__enter__()
+        with pytest.raises(GuardError, match="generator"):
+            it.close()
+        assert _open_entries() == 45 and current() == g1.handle
+        for _ in range(45):
+            g1.__exit__(None, None, None)
+        g0.close()
+        g1.close()
+        return current()
+
+    assert in_thread(body) == 0
+    assert [sim.retain_count(i) for i in range(2)] == base
+
+
+def test_spliced_exit_restores_what_was_before_the_late_block():
+    def body():
+        g0, g1 = ContextGuard(0), ContextGuard(D1)
+        with g1:  # before the generator's block: g1 current
+            it = suspended_in(g0)  # g0 current
+            with g1:  # g1 again, then the generator is closed late
+                with pytest.raises(GuardError):
+                    it.close()
+                assert current() == g1.handle
+            # leaving the inner g1 restores what was current before g0's block: g1
+            assert current() == g1.handle
+        assert current() == 0
+        g0.close()
+        g1.close()
+        return _open_entries()
+
+    assert in_thread(body) == 0
+
+
+def test_generator_closed_explicitly_under_another_guard_raises_on_close():
+    def body():
+        g0, g1 = ContextGuard(0), ContextGuard(D1)
+
+        it = suspended_in(g0)
+        with g1:
+            with pytest.raises(GuardError, match="generator"):
+                it.close()
+            assert current() == g1.handle
+        assert current() == 0
+        g0.close()
+        g1.close()
+        return _open_entries()
+
+    assert in_thread(body) == 0
+
+
+def test_generator_closed_on_another_thread_raises_and_keeps_the_entering_threads_entry():
+    # Documented limit: the guard cannot reach another thread's entries. The close is not
+    # silent: a GuardError raised while GeneratorExit propagates must not end up as a mere note
+    # on the GeneratorExit, where it is lost.
+    g0 = ContextGuard(0)
+
+    def gen():
+        with g0:
+            yield
+
+    it = gen()
+
+    def body():
+        next(it)
+        with pytest.raises(GuardError, match="without a matching enter"):
+            in_thread(it.close)
+        left = _open_entries()
+        g0.__exit__(None, None, None)  # the entering thread leaves its entry itself
+        return left, current()
+
+    left, cur = in_thread(body)
+    assert left == 1 and cur == 0
+    g0.close()
+
+
+def test_generator_finalized_in_order_is_quiet():
+    def body():
+        g0 = ContextGuard(0)
+
+        holder = [suspended_in(g0)]
+        seen = collect_unraisable(holder.clear)
+        assert seen == [] and current() == 0
+        g0.close()
+
+    in_thread(body)
+
+
+def test_generator_exit_that_drops_dead_entries_warns_as_exit_does():
+    def body():
+        g = ContextGuard(0)
+        it = suspended_in(g)
+        ContextGuard(D1).__enter__()       # freed while entered: a dead entry above g's
+        gc.collect()
+        with pytest.warns(ResourceWarning, match="freed while entered"):
+            it.close()
+        assert _open_entries() == 0 and current() == 0
+        g.close()
+
+    in_thread(body)
+
+
+# --- two open blocks of the same guard on one thread ------------------------------------------
+
+def test_same_guard_generator_closed_inside_the_callers_block_removes_its_own_entry():
+    def body():
+        g, other = ContextGuard(0), ContextGuard(D1)
+        with other:                          # what was current before the generator's block
+            it = suspended_in(g)             # entry A: the generator's block, g current
+            with g:                          # entry B: the caller's block, fast path over A
+                with pytest.raises(GuardError, match="generator"):
+                    it.close()               # A is the late one: A goes, B stays
+                assert _open_entries() == 2 and current() == g.handle
+            # Leaving B restores what was current before A: other's context.
+            assert _open_entries() == 1 and current() == other.handle
+        assert _open_entries() == 0 and current() == 0
+        g.close()                            # nothing of g is left open on this thread
+        other.close()
+
+    in_thread(body)
+
+
+def test_same_guard_generator_collected_inside_another_block_of_it():
+    base = retains()
+
+    def body():
+        g = ContextGuard(0)
+        holder = [suspended_in(g)]
+        with g:
+            seen = collect_unraisable(lambda: (holder.clear(), gc.collect()))
+            assert len(seen) == 1 and isinstance(seen[0].exc_value, GuardError), seen
+            assert _open_entries() == 1 and current() == g.handle
+        assert _open_entries() == 0 and current() == 0
+        g.close()
+
+    in_thread(body)
+    assert retains() == base
+
+
+def test_same_guard_generators_closed_in_entry_order_each_take_their_own():
+    def body():
+        g, other = ContextGuard(0), ContextGuard(D1)
+        a = suspended_in(g)      # entered from no context: leaving it restores none
+        with other:
+            b = suspended_in(g)  # entered over other's context
+            with pytest.raises(GuardError, match="generator"):
+                a.close()        # a lies below: spliced out, its duty handed to other's block
+            assert current() == g.handle and _open_entries() == 2
+            b.close()            # b is on top: its own exit restores other's context
+            assert current() == other.handle and _open_entries() == 1
+        # other's block inherited a's duty: leaving it restores no context.
+        assert current() == 0 and _open_entries() == 0
+        g.close()
+        other.close()
+
+    in_thread(body)
+
+
+# --- coroutines and asyncio -------------------------------------------------------------------
+
+def test_coroutine_holding_a_guard_across_await_interleaved():
+    import asyncio
+
+    def body():
+        g0, g1 = ContextGuard(0), ContextGuard(D1)
+        errors = []
+
+        async def hold(g, ev_in, ev_out):
+            try:
+                with g:
+                    ev_in.set()
+                    await ev_out.wait()
+            except GuardError as e:
+                errors.append(e)
+
+        async def main():
+            a_in, a_out, b_in, b_out = (asyncio.Event() for _ in range(4))
+            ta = asyncio.ensure_future(hold(g0, a_in, a_out))
+            await a_in.wait()
+            tb = asyncio.ensure_future(hold(g1, b_in, b_out))
+            await b_in.wait()
+            a_out.set()  # a leaves while b is open: out of order
+            await ta
+            b_out.set()
+            await tb
+
+        asyncio.run(main())
+        left = _open_entries()
+        # a's refused exit left its entry; leave it in order now
+        g0.__exit__(None, None, None)
+        g0.close()
+        g1.close()
+        return len(errors), left, current()
+
+    n, left, cur = in_thread(body)
+    assert n == 1 and left == 1 and cur == 0
+
+
+def test_asyncio_tasks_sharing_a_guard_across_await_refuse_the_out_of_order_exit():
+    # In a child: a shared guard keeps its retain for the life of the process.
+    out = run_child("""
+        import asyncio
+        import cyctx
+        from cyctx._guard import _open_entries
+        g = cyctx.ContextGuard.shared(0)
+        errors = []
+
+        async def hold(ev_in, ev_out):
+            try:
+                with g:
+                    ev_in.set()
+                    await ev_out.wait()
+            except cyctx.GuardError as e:
+                errors.append(e)
+
+        async def main():
+            a_in, a_out, b_in, b_out = (asyncio.Event() for _ in range(4))
+            ta = asyncio.ensure_future(hold(a_in, a_out))
+            await a_in.wait()
+            tb = asyncio.ensure_future(hold(b_in, b_out))
+            await b_in.wait()
+            a_out.set()            # a leaves while b's block of the same guard is open
+            await ta
+            after_a = (drivers.current() == g.handle, _open_entries())
+            b_out.set()
+            await tb
+            return after_a
+
+        after_a = asyncio.run(main())
+        # a's exit was refused and changed nothing: b's block kept its entry and context.
+        assert len(errors) == 1 and "same guard" in str(errors[0]), errors
+        assert after_a == (True, 2), after_a
+        # b left its own block; a's stale entry is what is left, with g current.
+        assert _open_entries() == 1 and drivers.current() == g.handle
+        g.__exit__(None, None, None)  # the thread leaves a's entry itself
+        print("END", drivers.current(), _open_entries())
+    """)
+    assert "END 0 0" in out.stdout
+
+
+def test_asyncio_tasks_with_guards_in_synchronous_sections():
+    # The supported way: no await inside the block.
+    g0, g1 = ContextGuard(0), ContextGuard(D1)
+
+    async def task(g, n):
+        for _ in range(n):
+            with g:
+                assert current() == g.handle
+            await asyncio.sleep(0)
+
+    async def main():
+        await asyncio.gather(*(task(g0 if i % 2 else g1, 50) for i in range(10)))
+
+    def body():
+        asyncio.run(main())
+        return current(), _open_entries()
+
+    assert in_thread(body) == (0, 0)
+    g0.close()
+    g1.close()
+
+
+def test_abandoned_coroutine_inside_a_guard_collected_under_another_guard(sim):
+    base = [sim.retain_count(i) for i in range(2)]
+
+    def body():
+        g0, g1 = ContextGuard(0), ContextGuard(D1)
+
+        class Never:
+            def __await__(self):
+                yield
+
+        async def coro():
+            with g0:
+                await Never()
+
+        c = coro()
+        c.send(None)  # suspended inside g0's block
+        g1.__enter__()
+        holder = [c]
+        del c
+        seen = collect_unraisable(lambda: (holder.clear(), gc.collect()))
+        assert len(seen) == 1 and isinstance(seen[0].exc_value, GuardError)
+        assert current() == g1.handle and _open_entries() == 1
+        g1.__exit__(None, None, None)
+        g0.close()
+        g1.close()
+        return current(), _open_entries()
+
+    assert in_thread(body) == (0, 0)
+    assert [sim.retain_count(i) for i in range(2)] == base
+
+
+# --- on the real driver only ------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_real_generator_late_exit_and_orphan_drop():
+    out = run_child("""
+        import gc, sys, warnings, cyctx
+        from cyctx._guard import _open_entries
+        n = drivers.device_count()
+        g0, g1 = cyctx.ContextGuard(0), cyctx.ContextGuard(1 % n)
+        def gen():
+            with g0:
+                yield
+        it = gen(); next(it)
+        seen = []
+        sys.unraisablehook = seen.append
+        with g1:
+            h = [it]; del it; h.clear(); gc.collect()
+            cyctx.ContextGuard(0).__enter__(); gc.collect()   # an orphan above g1's entry
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                pass
+        print("SEEN", len(seen), type(seen[0].exc_value).__name__)
+        print("STATE", drivers.current(), _open_entries())
+        g0.close(); g1.close()
+    """, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "SEEN 1 GuardError" in out.stdout and "STATE 0 0" in out.stdout, out.stdout

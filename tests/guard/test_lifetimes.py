@@ -1,0 +1,244 @@
+"""Lifetimes: guards freed while entered (their orphaned entries are never matched by a new
+guard at the same address, and are dropped by the next exit), guards used from weakref
+callbacks and finalizers, copies refused, and memory flat over millions of operations."""
+
+import copy
+import gc
+import pickle
+import weakref
+
+import pytest
+
+from cyctx import ContextGuard
+from cyctx._guard import _open_entries
+
+from helpers.children import run_child
+from helpers.drivers import current, driver, ok, second_device
+from helpers.threads import in_thread
+
+D1 = second_device()  # device 1, or 0 on a one-GPU machine
+
+
+def test_pickle_and_copy_cannot_duplicate_a_retain(sim):
+    # A copy would be a second owner of one retain (a double release at close).
+    g = ContextGuard(0)
+    base = sim.retain_count(0)
+    for attempt in (lambda: pickle.dumps(g), lambda: copy.copy(g), lambda: copy.deepcopy(g)):
+        with pytest.raises(TypeError):
+            attempt()
+    assert sim.retain_count(0) == base
+    g.close()
+
+
+# --- guards freed while entered ---------------------------------------------------------------
+
+def test_guard_freed_while_entered_is_not_matched_by_a_new_guard_at_its_address():
+    # In a child, on its main thread: the dead guard's entry stays there (orphaned).
+    out = run_child("""
+        import gc, cyctx
+        from cyctx import ContextGuard, GuardError
+        base = drivers.SIM.retain_count(0) if drivers.SIM else None
+        a = ContextGuard(0)
+        a.__enter__()
+        addr = id(a)
+        del a  # freed while entered
+        gc.collect()
+        kept = [ContextGuard(0) for _ in range(3000)]
+        b = next((x for x in kept if id(x) == addr), None)
+        for k in kept:
+            if k is not b:
+                k.close()
+        print("REUSED", b is not None)
+        if b is not None:
+            # Before: b matched a's entry: exit without enter "succeeded", close() was refused.
+            try:
+                b.__exit__(None, None, None)
+                print("EXIT accepted")
+            except GuardError as e:
+                print("EXIT refused", "without a matching enter" in str(e))
+            b.close()
+            print("CLOSED", b.closed)
+        if drivers.SIM:
+            print("RETAINS", drivers.SIM.retain_count(0) - base)
+    """)
+    assert "REUSED True" in out.stdout, "the allocator did not reuse the address: test proves nothing"
+    assert "EXIT refused True" in out.stdout and "CLOSED True" in out.stdout, out.stdout
+    assert "RETAINS" not in out.stdout or "RETAINS 0" in out.stdout
+
+
+def test_orphaned_entry_does_not_block_the_outer_guard(sim):
+    base = [sim.retain_count(i) for i in range(2)]
+
+    def body():
+        outer = ContextGuard(D1)
+        outer.__enter__()
+        inner = ContextGuard(0)
+        inner.__enter__()
+        del inner
+        gc.collect()
+        # The outer guard's exit meets the dead guard's entry on top: it is dropped (it can
+        # never be left), reported, and the outer exit restores what was current before it.
+        with pytest.warns(ResourceWarning, match="freed while entered"):
+            outer.__exit__(None, None, None)
+        assert _open_entries() == 0 and current() == 0
+        outer.close()
+
+    in_thread(body)
+    assert [sim.retain_count(i) for i in range(2)] == base
+
+
+def test_orphaned_entry_dropped_by_an_exit_on_the_fast_path_warns_too(sim):
+    # The outer guard's enter took the fast path (its context was current already), so its
+    # exit would too; dropping the dead entry above it is reported all the same.
+    d = driver()
+
+    def body():
+        outer = ContextGuard(0)
+        ok(d.cuCtxPushCurrent(outer.context))
+        outer.__enter__()
+        inner = ContextGuard(D1)
+        inner.__enter__()
+        del inner
+        gc.collect()
+        with pytest.warns(ResourceWarning, match="dropped 1 open entry"):
+            outer.__exit__(None, None, None)
+        restored = (_open_entries(), current() == outer.handle, sim.stack_depth())
+        ok(d.cuCtxPopCurrent())
+        outer.close()
+        return restored
+
+    # No entry left; outer's context current on the one-entry stack, as before its enter.
+    assert in_thread(body) == (0, True, 1)
+
+
+def test_many_guards_freed_while_entered_on_one_thread(sim):
+    # Orphans pile up under an outer guard; its exit drops them all and restores.
+    base = [sim.retain_count(i) for i in range(2)]
+
+    def body():
+        outer = ContextGuard(D1)
+        outer.__enter__()
+        for _ in range(100):  # beyond the inline entries (_tls.h): the spill path too
+            ContextGuard(0).__enter__()
+        gc.collect()
+        assert _open_entries() == 101
+        with pytest.warns(ResourceWarning, match="dropped 100"):
+            outer.__exit__(None, None, None)
+        assert _open_entries() == 0 and current() == 0
+        outer.close()
+
+    in_thread(body)
+    assert [sim.retain_count(i) for i in range(2)] == base
+
+
+# --- weakref callbacks and finalizers ---------------------------------------------------------
+
+def test_weakref_callback_uses_guards_during_deallocation(sim):
+    base = [sim.retain_count(i) for i in range(2)]
+    seen = []
+
+    def body():
+        keep = ContextGuard(D1)
+
+        def cb(_):
+            with keep:
+                seen.append(current() == keep.handle)
+            h = ContextGuard(0)
+            h.close()
+
+        g = ContextGuard(0)
+        r = weakref.ref(g, cb)
+        del g
+        gc.collect()
+        assert r() is None
+        keep.close()
+
+    in_thread(body)
+    assert seen == [True]
+    assert [sim.retain_count(i) for i in range(2)] == base
+
+
+def test_finalizer_of_a_cycle_uses_its_guard(sim):
+    base = sim.retain_count(0)
+    seen = []
+
+    class Holder:
+        def __init__(self):
+            self.g = ContextGuard(0)
+            self.me = self
+
+        def __del__(self):
+            with self.g:
+                seen.append(current() == self.g.handle)
+            self.g.close()
+
+    def body():
+        Holder()
+        gc.collect()
+        return current()
+
+    assert in_thread(body) == 0
+    assert seen == [True] and sim.retain_count(0) == base
+
+
+def test_finalizer_runs_a_guard_inside_another_guards_block(sim):
+    # The garbage collector can run any finalizer in the middle of a with-block: properly
+    # nested, its guard use is fine, and the open block's context is back afterwards.
+    base = [sim.retain_count(i) for i in range(2)]
+    seen = []
+
+    def body():
+        g0, g1 = ContextGuard(0), ContextGuard(D1)
+
+        class Fin:
+            def __del__(self):
+                with g1:
+                    seen.append(current() == g1.handle)
+
+        with g0:
+            f = Fin()
+            f.me = f
+            del f
+            gc.collect()
+            assert current() == g0.handle and _open_entries() == 1
+        g0.close()
+        g1.close()
+        return current()
+
+    assert in_thread(body) == 0 and seen == [True]
+    assert [sim.retain_count(i) for i in range(2)] == base
+
+
+# --- memory over millions of operations -------------------------------------------------------
+
+@pytest.mark.slow
+def test_memory_flat_over_millions_of_operations(sim):
+    out = run_child("""
+        import os, gc, cyctx
+        def rss():
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+        g0, g1 = cyctx.ContextGuard(0), cyctx.ContextGuard(D1)
+        def pairs(n):
+            for _ in range(n):
+                with g0:
+                    with g1:
+                        pass
+        def lifetimes(n):
+            for _ in range(n):
+                cyctx.ContextGuard(0).close()
+                with g1:
+                    cyctx.ContextGuard(D1).__enter__()  # orphaned, dropped by g1's exit
+        import warnings
+        warnings.simplefilter("ignore", ResourceWarning)
+        lifetimes(1000)
+        pairs(100000); gc.collect(); r0 = rss()
+        pairs(1000000)
+        lifetimes(200000)
+        gc.collect(); r1 = rss()
+        print("GROWTH_KB", r1 - r0, "RETAINS", [drivers.SIM.retain_count(i) for i in range(2)])
+        g0.close(); g1.close()
+    """, timeout=600)
+    growth = int(out.stdout.split("GROWTH_KB")[1].split()[0])
+    assert growth < 4096, out.stdout
+    assert "RETAINS [1, 1]" in out.stdout

@@ -1,0 +1,139 @@
+"""ContextGuard.shared(): one guard per device for the life of the process, never closed. Its
+first use holds no lock across driver calls or Python code: re-entered, raced, stalled or
+forked inside, it neither hangs nor takes a second retain. Hangs are tried in a child with a
+timeout."""
+
+from helpers.children import run_child
+
+def test_shared_guard_is_one_object_and_not_closable():
+    # In a child: the shared guard holds its retain until the process ends.
+    out = run_child("""
+        import cyctx
+        from cyctx import ContextGuard, GuardError
+        from helpers.threads import run_threads
+        got = run_threads(*[lambda: ContextGuard.shared(0)] * 8)
+        a = ContextGuard.shared(0)
+        assert all(g is a for g in got) and a.is_shared
+        try:
+            a.close()
+        except GuardError as e:
+            print("REFUSED", "shared" in str(e))
+        with a:
+            print("CURRENT", drivers.current() == a.handle)
+        if drivers.SIM:
+            print("RETAINS", drivers.SIM.retain_count(0))
+    """)
+    assert "REFUSED True" in out.stdout and "CURRENT True" in out.stdout
+    if "RETAINS" in out.stdout:
+        assert "RETAINS 1" in out.stdout
+
+
+# --- the first shared(): no lock across driver calls or Python code ---------------------------
+
+# sys.settrace's hook runs Python code at a deterministic point inside the first shared():
+# the WeakSet.add of the guard registry, after the driver calls, while the old code held its
+# non-reentrant lock.
+TRACE_INSIDE_SHARED = """
+    import sys, cyctx
+    fired = []
+    def tracer(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "add" and "weakref" in frame.f_code.co_filename and not fired:
+            fired.append(1)
+            sys.settrace(None)
+            {action}
+        return None
+    sys.settrace(tracer)
+    g = cyctx.ContextGuard.shared(D1)
+    sys.settrace(None)
+    print("FIRED", bool(fired), "SAME", g is cyctx.ContextGuard.shared(D1))
+"""
+
+
+def test_fork_inside_first_shared_gives_the_child_ForkError_not_a_hang():
+    # A hang would be the child's: its timeout is below the whole child's, to be reported.
+    action = """
+            from helpers.forking import raised_in_fork
+            print("CHILD", raised_in_fork(lambda: cyctx.ContextGuard.shared(D1), timeout=30))
+    """
+    out = run_child(TRACE_INSIDE_SHARED.format(action=action.strip()), timeout=60, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "CHILD ForkError" in out.stdout and "FIRED True SAME True" in out.stdout, out.stdout
+
+
+def test_shared_reentered_from_python_code_inside_shared_does_not_deadlock(sim):
+    action = """
+            inner = cyctx.ContextGuard.shared(D1)
+            print("INNER", inner.is_shared)
+    """
+    out = run_child(TRACE_INSIDE_SHARED.format(action=action.strip()) + """
+    print("RETAINS", drivers.SIM.retain_count(1))
+    """, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "INNER True" in out.stdout and "FIRED True SAME True" in out.stdout
+    assert "RETAINS 1" in out.stdout, "the loser of the race released its retain"
+
+
+def test_shared_from_a_finalizer_during_shared(sim):
+    # A __del__ that uses shared(), run by the garbage collector inside the first shared().
+    out = run_child("""
+        import gc, sys, cyctx
+        got = []
+        class Cyc:
+            def __del__(self):
+                got.append(cyctx.ContextGuard.shared(D1))
+        def tracer(frame, event, arg):
+            if event == "call" and frame.f_code.co_name == "add" and "weakref" in frame.f_code.co_filename and not got:
+                sys.settrace(None)
+                c = Cyc(); c.me = c; del c
+                gc.collect()
+            return None
+        sys.settrace(tracer)
+        g = cyctx.ContextGuard.shared(D1)
+        sys.settrace(None)
+        print("OK", got[0] is g, drivers.SIM.retain_count(1))
+    """, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "OK True 1" in out.stdout
+
+
+def test_thread_stalled_inside_the_first_shared_does_not_block_others(sim):
+    # A thread that stops inside the first shared() (here: forever, as a daemon thread frozen
+    # at interpreter shutdown would) must not hold the registry lock, or every other caller hangs.
+    out = run_child("""
+        import sys, threading, time, cyctx
+        inside = threading.Event()
+        def tracer(frame, event, arg):
+            if event == "call" and frame.f_code.co_name == "add" and "weakref" in frame.f_code.co_filename:
+                sys.settrace(None)
+                inside.set()
+                time.sleep(3600)
+            return None
+        def stall():
+            sys.settrace(tracer)
+            cyctx.ContextGuard.shared(D1)
+        threading.Thread(target=stall, daemon=True).start()
+        inside.wait(30)
+        g = cyctx.ContextGuard.shared(D1)
+        with g:
+            print("MAIN", drivers.current() == g.handle, g.is_shared)
+        import os
+        os._exit(0)  # the stalled daemon thread never finishes
+    """, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "MAIN True True" in out.stdout
+
+
+def test_shared_first_use_raced_by_many_threads(sim):
+    out = run_child("""
+        import threading, cyctx
+        from helpers.threads import run_threads
+        for k in (0, 1):
+            got = []
+            b = threading.Barrier(16)
+            def f():
+                b.wait(); got.append(cyctx.ContextGuard.shared(k))
+            run_threads(*[f] * 16)
+            assert len(got) == 16 and all(g is got[0] for g in got) and got[0].is_shared
+        print("RETAINS", [drivers.SIM.retain_count(i) for i in range(2)])
+    """, timeout=60)
+    assert "RETAINS [1, 1]" in out.stdout
