@@ -15,7 +15,7 @@ import cyctx
 from cyctx import ContextGuard, DriverError, InvalidDeviceError
 
 from helpers.children import run_child
-from helpers.drivers import device_count, driver, ok, SIM, SIM_DEVICES
+from helpers.drivers import SIM_DEVICES, device_count, driver, ok, retains_unchanged
 from helpers.threads import in_thread
 
 GUARANTEES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "guarantees.md")
@@ -204,14 +204,12 @@ def test_guarantees_table_matches_this_list():
 
 @pytest.mark.parametrize("what, fn, exc", [r for r in ROWS if r[1] is not None], ids=[r[0] for r in ROWS if r[1] is not None])
 def test_bad_input_row(what, fn, exc):
-    before = [SIM.retain_count(i) for i in range(SIM.device_count)] if SIM else None
-    expected = getattr(cyctx, exc, None) or getattr(builtins, exc)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", cyctx.ContextResetWarning)
-        with pytest.raises(expected):
-            fn()
-    if SIM:
-        assert [SIM.retain_count(i) for i in range(SIM.device_count)] == before
+    with retains_unchanged():
+        expected = getattr(cyctx, exc, None) or getattr(builtins, exc)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", cyctx.ContextResetWarning)
+            with pytest.raises(expected):
+                fn()
 
 
 def test_close_of_shared_guard_row():
@@ -239,14 +237,13 @@ def test_bad_device_argument(bad, exc):
 
 @pytest.mark.parametrize("bad", [10**9, SIM_DEVICES + 40, 10**30])
 def test_nonexistent_device(bad, sim):
-    before = [sim.retain_count(i) for i in range(sim.device_count)]
-    retains = sim.call_count("cuDevicePrimaryCtxRetain")
-    with pytest.raises(InvalidDeviceError) as ei:
-        ContextGuard(bad)
-    assert isinstance(ei.value, DriverError) and isinstance(ei.value, ValueError)
-    assert ei.value.code == 101 and ei.value.name == "CUDA_ERROR_INVALID_DEVICE"
-    assert str(bad) in str(ei.value)
-    assert [sim.retain_count(i) for i in range(sim.device_count)] == before
+    with retains_unchanged():
+        retains = sim.call_count("cuDevicePrimaryCtxRetain")
+        with pytest.raises(InvalidDeviceError) as ei:
+            ContextGuard(bad)
+        assert isinstance(ei.value, DriverError) and isinstance(ei.value, ValueError)
+        assert ei.value.code == 101 and ei.value.name == "CUDA_ERROR_INVALID_DEVICE"
+        assert str(bad) in str(ei.value)
     assert sim.call_count("cuDevicePrimaryCtxRetain") == retains
 
 

@@ -10,19 +10,12 @@ import pytest
 from cyctx import ContextGuard, GuardError
 from cyctx._guard import _open_entries
 
-from helpers import drivers
 from helpers.children import run_child
-from helpers.drivers import current, driver, ok, second_device
+from helpers.drivers import current, driver, ok, retains_unchanged, second_device
 from helpers.finalizers import collect_unraisable, suspended_in
 from helpers.threads import in_thread
 
 D1 = second_device()  # device 1, or 0 on a one-GPU machine
-
-
-def retains():
-    """Every device's primary refcount on the simulated driver; None on the real one (which
-    cannot show it): these tests run on both, and check refcounts where they can."""
-    return None if drivers.SIM is None else [drivers.SIM.retain_count(i) for i in range(2)]
 
 
 def test_generators_interleaving_detected(guard, guard1):
@@ -57,29 +50,28 @@ def test_generators_interleaving_detected(guard, guard1):
 
 
 def test_generator_abandoned_inside_a_guard_collected_under_another_guard(sim):
-    base = [sim.retain_count(i) for i in range(2)]
+    with retains_unchanged():
 
-    def body():
-        g0, g1 = ContextGuard(0), ContextGuard(D1)
+        def body():
+            g0, g1 = ContextGuard(0), ContextGuard(D1)
 
-        it = suspended_in(g0)
-        g1.__enter__()
-        holder = [it]
-        del it
-        seen = collect_unraisable(holder.clear)  # the last reference: the finalizer runs
-        # The late exit is reported (not swallowed with the GeneratorExit) ...
-        assert len(seen) == 1 and isinstance(seen[0].exc_value, GuardError), seen
-        assert "generator" in str(seen[0].exc_value)
-        # ... its entry is gone, and the open guard still sees its own context current.
-        assert _open_entries() == 1 and current() == g1.handle
-        g1.__exit__(None, None, None)
-        # Leaving g1 restores what was current before g0's block, not g0's context.
-        assert current() == 0 and _open_entries() == 0
-        g0.close()
-        g1.close()
+            it = suspended_in(g0)
+            g1.__enter__()
+            holder = [it]
+            del it
+            seen = collect_unraisable(holder.clear)  # the last reference: the finalizer runs
+            # The late exit is reported (not swallowed with the GeneratorExit) ...
+            assert len(seen) == 1 and isinstance(seen[0].exc_value, GuardError), seen
+            assert "generator" in str(seen[0].exc_value)
+            # ... its entry is gone, and the open guard still sees its own context current.
+            assert _open_entries() == 1 and current() == g1.handle
+            g1.__exit__(None, None, None)
+            # Leaving g1 restores what was current before g0's block, not g0's context.
+            assert current() == 0 and _open_entries() == 0
+            g0.close()
+            g1.close()
 
-    in_thread(body)
-    assert [sim.retain_count(i) for i in range(2)] == base
+        in_thread(body)
 
 
 def test_late_exit_hands_its_restore_to_the_entry_just_above_it():
@@ -128,26 +120,25 @@ def test_late_exit_spliced_into_a_fast_path_entry_keeps_the_leaked_push_check(si
 
 def test_late_generator_exit_under_deep_nesting_is_spliced(sim):
     # The spliced entry is deep (the heap spill), with 40 entries above it.
-    base = [sim.retain_count(i) for i in range(2)]
+    with retains_unchanged():
 
-    def body():
-        g0, g1 = ContextGuard(0), ContextGuard(D1)
-        for _ in range(5):
-            g1.__enter__()
-        it = suspended_in(g0)
-        for _ in range(40):
-            g1.__enter__()
-        with pytest.raises(GuardError, match="generator"):
-            it.close()
-        assert _open_entries() == 45 and current() == g1.handle
-        for _ in range(45):
-            g1.__exit__(None, None, None)
-        g0.close()
-        g1.close()
-        return current()
+        def body():
+            g0, g1 = ContextGuard(0), ContextGuard(D1)
+            for _ in range(5):
+                g1.__enter__()
+            it = suspended_in(g0)
+            for _ in range(40):
+                g1.__enter__()
+            with pytest.raises(GuardError, match="generator"):
+                it.close()
+            assert _open_entries() == 45 and current() == g1.handle
+            for _ in range(45):
+                g1.__exit__(None, None, None)
+            g0.close()
+            g1.close()
+            return current()
 
-    assert in_thread(body) == 0
-    assert [sim.retain_count(i) for i in range(2)] == base
+        assert in_thread(body) == 0
 
 
 def test_spliced_exit_restores_what_was_before_the_late_block():
@@ -258,8 +249,6 @@ def test_same_guard_generator_closed_inside_the_callers_block_removes_its_own_en
 
 
 def test_same_guard_generator_collected_inside_another_block_of_it():
-    base = retains()
-
     def body():
         g = ContextGuard(0)
         holder = [suspended_in(g)]
@@ -270,8 +259,8 @@ def test_same_guard_generator_collected_inside_another_block_of_it():
         assert _open_entries() == 0 and current() == 0
         g.close()
 
-    in_thread(body)
-    assert retains() == base
+    with retains_unchanged():
+        in_thread(body)
 
 
 def test_same_guard_generators_closed_in_entry_order_each_take_their_own():
@@ -398,34 +387,33 @@ def test_asyncio_tasks_with_guards_in_synchronous_sections():
 
 
 def test_abandoned_coroutine_inside_a_guard_collected_under_another_guard(sim):
-    base = [sim.retain_count(i) for i in range(2)]
+    with retains_unchanged():
 
-    def body():
-        g0, g1 = ContextGuard(0), ContextGuard(D1)
+        def body():
+            g0, g1 = ContextGuard(0), ContextGuard(D1)
 
-        class Never:
-            def __await__(self):
-                yield
+            class Never:
+                def __await__(self):
+                    yield
 
-        async def coro():
-            with g0:
-                await Never()
+            async def coro():
+                with g0:
+                    await Never()
 
-        c = coro()
-        c.send(None)  # suspended inside g0's block
-        g1.__enter__()
-        holder = [c]
-        del c
-        seen = collect_unraisable(lambda: (holder.clear(), gc.collect()))
-        assert len(seen) == 1 and isinstance(seen[0].exc_value, GuardError)
-        assert current() == g1.handle and _open_entries() == 1
-        g1.__exit__(None, None, None)
-        g0.close()
-        g1.close()
-        return current(), _open_entries()
+            c = coro()
+            c.send(None)  # suspended inside g0's block
+            g1.__enter__()
+            holder = [c]
+            del c
+            seen = collect_unraisable(lambda: (holder.clear(), gc.collect()))
+            assert len(seen) == 1 and isinstance(seen[0].exc_value, GuardError)
+            assert current() == g1.handle and _open_entries() == 1
+            g1.__exit__(None, None, None)
+            g0.close()
+            g1.close()
+            return current(), _open_entries()
 
-    assert in_thread(body) == (0, 0)
-    assert [sim.retain_count(i) for i in range(2)] == base
+        assert in_thread(body) == (0, 0)
 
 
 # --- on the real driver only ------------------------------------------------------------------

@@ -13,7 +13,7 @@ from cyctx import ContextGuard
 from cyctx._guard import _open_entries
 
 from helpers.children import run_child
-from helpers.drivers import current, driver, ok, second_device
+from helpers.drivers import current, driver, ok, retains_unchanged, second_device
 from helpers.threads import in_thread
 
 D1 = second_device()  # device 1, or 0 on a one-GPU machine
@@ -67,24 +67,23 @@ def test_guard_freed_while_entered_is_not_matched_by_a_new_guard_at_its_address(
 
 
 def test_orphaned_entry_does_not_block_the_outer_guard(sim):
-    base = [sim.retain_count(i) for i in range(2)]
+    with retains_unchanged():
 
-    def body():
-        outer = ContextGuard(D1)
-        outer.__enter__()
-        inner = ContextGuard(0)
-        inner.__enter__()
-        del inner
-        gc.collect()
-        # The outer guard's exit meets the dead guard's entry on top: it is dropped (it can
-        # never be left), reported, and the outer exit restores what was current before it.
-        with pytest.warns(ResourceWarning, match="freed while entered"):
-            outer.__exit__(None, None, None)
-        assert _open_entries() == 0 and current() == 0
-        outer.close()
+        def body():
+            outer = ContextGuard(D1)
+            outer.__enter__()
+            inner = ContextGuard(0)
+            inner.__enter__()
+            del inner
+            gc.collect()
+            # The outer guard's exit meets the dead guard's entry on top: it is dropped (it can
+            # never be left), reported, and the outer exit restores what was current before it.
+            with pytest.warns(ResourceWarning, match="freed while entered"):
+                outer.__exit__(None, None, None)
+            assert _open_entries() == 0 and current() == 0
+            outer.close()
 
-    in_thread(body)
-    assert [sim.retain_count(i) for i in range(2)] == base
+        in_thread(body)
 
 
 def test_orphaned_entry_dropped_by_an_exit_on_the_fast_path_warns_too(sim):
@@ -113,49 +112,47 @@ def test_orphaned_entry_dropped_by_an_exit_on_the_fast_path_warns_too(sim):
 
 def test_many_guards_freed_while_entered_on_one_thread(sim):
     # Orphans pile up under an outer guard; its exit drops them all and restores.
-    base = [sim.retain_count(i) for i in range(2)]
+    with retains_unchanged():
 
-    def body():
-        outer = ContextGuard(D1)
-        outer.__enter__()
-        for _ in range(100):  # beyond the inline entries (_tls.h): the spill path too
-            ContextGuard(0).__enter__()
-        gc.collect()
-        assert _open_entries() == 101
-        with pytest.warns(ResourceWarning, match="dropped 100"):
-            outer.__exit__(None, None, None)
-        assert _open_entries() == 0 and current() == 0
-        outer.close()
+        def body():
+            outer = ContextGuard(D1)
+            outer.__enter__()
+            for _ in range(100):  # beyond the inline entries (_tls.h): the spill path too
+                ContextGuard(0).__enter__()
+            gc.collect()
+            assert _open_entries() == 101
+            with pytest.warns(ResourceWarning, match="dropped 100"):
+                outer.__exit__(None, None, None)
+            assert _open_entries() == 0 and current() == 0
+            outer.close()
 
-    in_thread(body)
-    assert [sim.retain_count(i) for i in range(2)] == base
+        in_thread(body)
 
 
 # --- weakref callbacks and finalizers ---------------------------------------------------------
 
 def test_weakref_callback_uses_guards_during_deallocation(sim):
-    base = [sim.retain_count(i) for i in range(2)]
-    seen = []
+    with retains_unchanged():
+        seen = []
 
-    def body():
-        keep = ContextGuard(D1)
+        def body():
+            keep = ContextGuard(D1)
 
-        def cb(_):
-            with keep:
-                seen.append(current() == keep.handle)
-            h = ContextGuard(0)
-            h.close()
+            def cb(_):
+                with keep:
+                    seen.append(current() == keep.handle)
+                h = ContextGuard(0)
+                h.close()
 
-        g = ContextGuard(0)
-        r = weakref.ref(g, cb)
-        del g
-        gc.collect()
-        assert r() is None
-        keep.close()
+            g = ContextGuard(0)
+            r = weakref.ref(g, cb)
+            del g
+            gc.collect()
+            assert r() is None
+            keep.close()
 
-    in_thread(body)
-    assert seen == [True]
-    assert [sim.retain_count(i) for i in range(2)] == base
+        in_thread(body)
+        assert seen == [True]
 
 
 def test_finalizer_of_a_cycle_uses_its_guard(sim):
@@ -184,29 +181,28 @@ def test_finalizer_of_a_cycle_uses_its_guard(sim):
 def test_finalizer_runs_a_guard_inside_another_guards_block(sim):
     # The garbage collector can run any finalizer in the middle of a with-block: properly
     # nested, its guard use is fine, and the open block's context is back afterwards.
-    base = [sim.retain_count(i) for i in range(2)]
-    seen = []
+    with retains_unchanged():
+        seen = []
 
-    def body():
-        g0, g1 = ContextGuard(0), ContextGuard(D1)
+        def body():
+            g0, g1 = ContextGuard(0), ContextGuard(D1)
 
-        class Fin:
-            def __del__(self):
-                with g1:
-                    seen.append(current() == g1.handle)
+            class Fin:
+                def __del__(self):
+                    with g1:
+                        seen.append(current() == g1.handle)
 
-        with g0:
-            f = Fin()
-            f.me = f
-            del f
-            gc.collect()
-            assert current() == g0.handle and _open_entries() == 1
-        g0.close()
-        g1.close()
-        return current()
+            with g0:
+                f = Fin()
+                f.me = f
+                del f
+                gc.collect()
+                assert current() == g0.handle and _open_entries() == 1
+            g0.close()
+            g1.close()
+            return current()
 
-    assert in_thread(body) == 0 and seen == [True]
-    assert [sim.retain_count(i) for i in range(2)] == base
+        assert in_thread(body) == 0 and seen == [True]
 
 
 # --- memory over millions of operations -------------------------------------------------------

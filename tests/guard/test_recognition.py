@@ -15,7 +15,7 @@ import cyctx
 from cyctx import ContextGuard, DriverError
 
 from helpers.children import run_child
-from helpers.drivers import device_count, ok, SIM
+from helpers.drivers import device_count, ok, retains_unchanged
 from helpers.fakes import fake
 from helpers.threads import in_thread
 
@@ -42,12 +42,11 @@ class _RaisingIndex:
     (_BigIndex(), cyctx.InvalidDeviceError), (-2**100, ValueError), (_RaisingIndex(), RuntimeError),
 ])
 def test_every_kind_of_value_as_a_device(value, exc, sim):
-    base = [sim.retain_count(i) for i in range(2)]
-    with pytest.raises(exc):
-        ContextGuard(value)
-    with pytest.raises(exc):
-        ContextGuard.shared(value)
-    assert [sim.retain_count(i) for i in range(2)] == base
+    with retains_unchanged():
+        with pytest.raises(exc):
+            ContextGuard(value)
+        with pytest.raises(exc):
+            ContextGuard.shared(value)
 
 
 def test_int_like_values_are_accepted(sim):
@@ -171,14 +170,12 @@ def test_the_discovery_finds_the_named_types():
 
 @pytest.mark.parametrize("label, obj", BINDINGS_OBJECTS, ids=[b[0] for b in BINDINGS_OBJECTS])
 def test_bindings_objects_that_mean_no_device_are_type_errors(label, obj):
-    before = [SIM.retain_count(i) for i in range(SIM.device_count)] if SIM else None
-    with pytest.raises(TypeError) as ei:
-        ContextGuard(obj)
-    assert type(obj).__name__ in str(ei.value), ei.value
-    with pytest.raises(TypeError):
-        ContextGuard.shared(obj)
-    if SIM:
-        assert [SIM.retain_count(i) for i in range(SIM.device_count)] == before
+    with retains_unchanged():
+        with pytest.raises(TypeError) as ei:
+            ContextGuard(obj)
+        assert type(obj).__name__ in str(ei.value), ei.value
+        with pytest.raises(TypeError):
+            ContextGuard.shared(obj)
 
 
 def test_a_user_subclass_of_a_bindings_handle_is_refused_by_its_bindings_type():
@@ -249,10 +246,9 @@ class _Dev:
     (lambda: fake("cuda.core.experimental", "Context", handle="0x1"), TypeError),
 ])
 def test_duck_typed_objects_are_validated(obj, exc, sim):
-    base = [sim.retain_count(i) for i in range(2)]
-    with pytest.raises(exc):
-        ContextGuard(obj())
-    assert [sim.retain_count(i) for i in range(2)] == base
+    with retains_unchanged():
+        with pytest.raises(exc):
+            ContextGuard(obj())
 
 
 # --- context handles: from_handle -------------------------------------------------------------

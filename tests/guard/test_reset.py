@@ -12,7 +12,7 @@ from cyctx._guard import _open_entries
 
 from helpers import drivers
 from helpers.children import run_child
-from helpers.drivers import current, driver, ok, primary_state, reset_primary
+from helpers.drivers import current, driver, ok, primary_state, reset_primary, retains_unchanged
 from helpers.threads import in_thread, running
 
 def api_version_ok():
@@ -242,27 +242,25 @@ def test_enter_exit_on_many_threads_with_resets_and_a_late_close(sim):
 # --- construction while another thread resets the device --------------------------------------
 
 def test_construction_reactivates_after_a_reset_between_retain_and_id_read(sim):
-    base = [sim.retain_count(i) for i in range(2)]
-    # The sim's fault has no side effect: it stands for the reset's 709 at the id read.
-    sim.inject_fault("cuCtxGetId", 709, nth=1)
-    g = ContextGuard(0)
-    sim.clear_faults()
-    assert sim.retain_count(0) == base[0] + 1
-    with g:
-        assert current() == g.handle
-    g.close()
-    assert [sim.retain_count(i) for i in range(2)] == base
+    with retains_unchanged() as base:
+        # The sim's fault has no side effect: it stands for the reset's 709 at the id read.
+        sim.inject_fault("cuCtxGetId", 709, nth=1)
+        g = ContextGuard(0)
+        sim.clear_faults()
+        assert sim.retain_count(0) == base[0] + 1
+        with g:
+            assert current() == g.handle
+        g.close()
 
 
 def test_construction_gives_up_after_bounded_reactivations_and_keeps_no_retain(sim):
-    base = [sim.retain_count(i) for i in range(2)]
-    sim.inject_fault("cuCtxGetId", 709, nth=1, count=10_000)
-    try:
-        with pytest.raises(ContextDestroyedError, match="reset again"):
-            ContextGuard(0)
-    finally:
-        sim.clear_faults()
-    assert [sim.retain_count(i) for i in range(2)] == base
+    with retains_unchanged():
+        sim.inject_fault("cuCtxGetId", 709, nth=1, count=10_000)
+        try:
+            with pytest.raises(ContextDestroyedError, match="reset again"):
+                ContextGuard(0)
+        finally:
+            sim.clear_faults()
 
 
 def test_construction_under_constant_resets_never_fails():
@@ -282,7 +280,7 @@ def test_construction_under_constant_resets_never_fails():
                                        ctypes.byref(status)) == 0 and pfn.value
         reset = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(pfn.value)
         holder = cyctx.ContextGuard(D1)  # keeps the refcount above zero throughout
-        base = [drivers.SIM.retain_count(i) for i in range(2)] if drivers.SIM else None
+        base = drivers.retains()
         stop, resets = threading.Event(), [0]
 
         def resetter():
@@ -306,7 +304,7 @@ def test_construction_under_constant_resets_never_fails():
             stop.set()
             for t in threads:
                 t.join()
-        assert not drivers.SIM or [drivers.SIM.retain_count(i) for i in range(2)] == base
+        assert drivers.retains() == base
         holder.close()
         print("RESETS", resets[0], "FAILURES", len(failures), failures[:1])
     """.replace("N)", "20_000)" if drivers.SIM else "2_000)"), timeout=300)

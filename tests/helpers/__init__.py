@@ -1,7 +1,8 @@
 """Helpers shared by the tests, imported as ``helpers`` (tests/conftest.py puts tests/ on
 sys.path; children started by ``helpers.children.run_child`` get it through PYTHONPATH).
 
-drivers     which driver this process runs on (real or simulated) and small driver calls
+drivers     which driver this process runs on (real or simulated), small driver calls, and
+            retains_unchanged(): a block leaves every primary-context refcount as it found it
 threads     run functions on new threads; a thread's exception fails the test
 forking     run a function in a forked child and get its result back, with a timeout
 children    run code in a fresh interpreter on the same driver

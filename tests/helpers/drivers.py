@@ -4,6 +4,7 @@ Importable from subprocesses too: `select()` there repeats the parent's choice, 
 runs on the same driver (the simulated one must be loaded before any driver call).
 """
 
+import contextlib
 import os
 
 KIND = None  # "real" or "sim"
@@ -84,6 +85,23 @@ def reset_primary(dev):
     ok(d.cuDevicePrimaryCtxReset(ok(d.cuDeviceGet(dev))))
 
 
+def retains():
+    """Every device's primary-context refcount on the simulated driver; None on the real one,
+    which cannot show it."""
+    return None if SIM is None else [SIM.retain_count(i) for i in range(SIM.device_count)]
+
+
+@contextlib.contextmanager
+def retains_unchanged():
+    """The block releases every retain it takes: each device's primary-context refcount is the
+    same after it as before. Checked on the simulated driver; on the real one, which cannot
+    show refcounts, the block runs unchecked. Yields the counts before (None on the real
+    driver), for a test that also checks them inside the block."""
+    before = retains()
+    yield before
+    assert retains() == before, f"primary-context refcounts changed: {before} -> {retains()}"
+
+
 def thread_state():
     from cyctx._guard import _open_entries
 
@@ -91,7 +109,7 @@ def thread_state():
         "current": current(),
         "stack_depth": SIM.stack_depth() if SIM else None,
         "open_guard_entries": _open_entries(),
-        "retains": [SIM.retain_count(i) for i in range(SIM.device_count)] if SIM else None,
+        "retains": retains(),
     }
 
 
