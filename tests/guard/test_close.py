@@ -12,6 +12,7 @@ from cyctx import ContextGuard, ContextResetWarning, DriverError, GuardError
 from helpers.drivers import current, reset_primary
 from helpers.threads import in_thread, run_threads, running
 
+
 def test_dealloc_releases(sim):
     before = sim.retain_count(1)
     g = ContextGuard(1)

@@ -11,6 +11,7 @@ from helpers.children import run_child
 from helpers.drivers import current, driver, ok, primary_state
 from helpers.threads import in_thread
 
+
 def test_construct_retains_and_activates(guard):
     flags, active = primary_state(0)
     assert active, "the guard's retain must activate the primary context"

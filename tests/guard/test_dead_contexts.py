@@ -13,6 +13,7 @@ from helpers.children import run_child
 from helpers.drivers import create_context, current, driver, ok, reset_primary, second_device
 from helpers.threads import in_thread
 
+
 D1 = second_device()  # device 1, or 0 on a one-GPU machine
 
 

@@ -12,6 +12,7 @@ from cyctx._guard import _open_entries
 from helpers.drivers import current, driver, ok
 from helpers.threads import in_thread
 
+
 def test_restores_null_on_a_fresh_thread(guard):
     def body():
         assert current() == 0

@@ -9,6 +9,7 @@ from cyctx import ContextGuard, DriverError, GuardError, InvalidDeviceError
 
 from helpers.threads import in_thread
 
+
 def test_python_facade_exports():
     for name in ("ContextGuard", "CyctxError", "DriverError", "GuardError", "InvalidDeviceError"):
         assert hasattr(cyctx, name)

@@ -8,6 +8,7 @@ import cyctx
 
 from helpers.children import run_child
 
+
 # {child} runs in a forked child and notes what it saw in msgs; the driver calls it made are
 # counted on the simulated driver.
 FORK_CHILD = """

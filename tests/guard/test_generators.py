@@ -15,6 +15,7 @@ from helpers.drivers import current, driver, ok, retains_unchanged, second_devic
 from helpers.finalizers import collect_unraisable, suspended_in
 from helpers.threads import in_thread
 
+
 D1 = second_device()  # device 1, or 0 on a one-GPU machine
 
 

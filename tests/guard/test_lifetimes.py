@@ -16,6 +16,7 @@ from helpers.children import run_child
 from helpers.drivers import current, driver, ok, retains_unchanged, second_device
 from helpers.threads import in_thread
 
+
 D1 = second_device()  # device 1, or 0 on a one-GPU machine
 
 

@@ -19,6 +19,7 @@ from helpers.drivers import device_count, ok, retains_unchanged
 from helpers.fakes import fake
 from helpers.threads import in_thread
 
+
 # --- values of every type as a device ---------------------------------------------------------
 
 class _Ord(enum.IntEnum):

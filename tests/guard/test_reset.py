@@ -15,6 +15,7 @@ from helpers.children import run_child
 from helpers.drivers import current, driver, ok, primary_state, reset_primary, retains_unchanged
 from helpers.threads import in_thread, running
 
+
 def api_version_ok():
     """Is the current context usable? (the classic report's failing call)"""
     err, _ = driver().cuCtxGetApiVersion(None)

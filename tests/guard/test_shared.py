@@ -5,6 +5,7 @@ timeout."""
 
 from helpers.children import run_child
 
+
 def test_shared_guard_is_one_object_and_not_closable():
     # In a child: the shared guard holds its retain until the process ends.
     out = run_child("""

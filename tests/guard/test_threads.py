@@ -9,6 +9,7 @@ from helpers.children import run_child
 from helpers.drivers import current, driver, ok
 from helpers.threads import run_threads
 
+
 def test_one_guard_shared_by_many_threads(guard, guard1):
     errors = []
     barrier = threading.Barrier(8)
