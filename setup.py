@@ -106,6 +106,9 @@ TLS_ARGS = ["-mtls-dialect=gnu2"] if _tls_descriptors() else []
 _write_build_info()
 
 
+INLINE_ARGS = ["--param=max-inline-insns-single=2000"]  # GCC's; dropped where not taken
+
+
 def _ext(name):
     return Extension(
         f"cyctx.{name}",
@@ -116,7 +119,10 @@ def _ext(name):
         # flags, the live-guard mutex) would otherwise be STB_GNU_UNIQUE symbols, which the
         # dynamic linker merges across modules despite RTLD_LOCAL. Each module keeps its own
         # copies, as _driver.h and _fork.h say; only PyInit_* is exported (Python marks it).
-        extra_compile_args=["-std=c++17", "-O2", "-fvisibility=hidden"] + TLS_ARGS,
+        # The guard's enter/exit share their implementation with the Python-level __enter__/
+        # __exit__ (`cdef inline`); GCC's default limit leaves it out of line behind an extra
+        # call on every enter and exit. A larger limit inlines it (objdump shows no call).
+        extra_compile_args=["-std=c++17", "-O2"] + INLINE_ARGS + ["-fvisibility=hidden"] + TLS_ARGS,
         extra_link_args=LINK_ARGS,
         libraries=["dl"],  # dlopen of libcuda.so.1 (_driver.h); in libc since glibc 2.34
     )
@@ -160,6 +166,10 @@ class BuildExtWithSim(build_ext):
             self._stub_dir = self._build_compat_stubs()
             for ext in self.extensions:
                 ext.library_dirs = [self._stub_dir] + list(ext.library_dirs or [])
+        if not self._compiles_with(INLINE_ARGS):
+            print(f"cyctx build: the compiler does not take {INLINE_ARGS}; building without", flush=True)
+            for ext in self.extensions:
+                ext.extra_compile_args = [a for a in ext.extra_compile_args if a not in INLINE_ARGS]
         if TLS_ARGS and not self._compiles_with(TLS_ARGS):
             # An older clang (before LLVM 19) has no TLS descriptors on x86-64: build without
             # them (correct, the per-thread stack is just a little slower to reach).

@@ -41,7 +41,7 @@ cdef extern from "_tls.h" namespace "cyctx" nogil:
         int switched
     int tls_push(unsigned long long token, const void* block, cydriver.CUcontext prev,
                  unsigned long long prev_id, int switched) noexcept
-    int tls_pop_matching(unsigned long long token, const void* block, Entry* out) noexcept
+    int tls_pop_own(unsigned long long token, const void* block, Entry* out, size_t* dropped) noexcept
     size_t tls_depth() noexcept
     size_t tls_count(unsigned long long token) noexcept
     size_t tls_drop_dead_top(unsigned long long keep) noexcept
@@ -327,7 +327,7 @@ cdef class ContextGuard:
     cdef int _exit_generator(self, const void* block) except -1:
         cdef Entry e
         cdef size_t dropped = 0
-        if _pop_own(self, block, &e, &dropped) == 0:
+        if tls_pop_own(self._token, block, &e, &dropped) == 0:
             if not forked_after_cuda():
                 _restore(driver_api(), e.prev, e.prev_id, e.switched)
             if dropped:
@@ -426,27 +426,13 @@ cdef inline int _enter_block(ContextGuard self, const void* block) except -1 nog
     return 0
 
 
-cdef inline int _pop_own(ContextGuard self, const void* block, Entry* e, size_t* dropped) noexcept nogil:
-    # Take this block's entry off the top of the thread's entries into *e (0), else change
-    # nothing but the drop below (-1). Entries of guards freed while entered can never be left:
-    # when they are what lies above this guard's entry, they are dropped (their number in
-    # *dropped, for the caller to report) and the entry is looked for again.
-    if tls_pop_matching(self._token, block, e) == 0:
-        return 0
-    if tls_count(self._token):
-        dropped[0] = tls_drop_dead_top(self._token)
-        if dropped[0] and tls_pop_matching(self._token, block, e) == 0:
-            return 0
-    return -1
-
-
 cdef inline int _exit_block(ContextGuard self, const void* block) except -1 nogil:
     # exit() for a block (see _enter_block). The entry ends here even if the restore below
     # fails: a failed restore leaves the driver's stack as it was, and keeping the entry would
     # make every later exit on this thread look out of order.
     cdef Entry e
     cdef size_t dropped = 0
-    if _pop_own(self, block, &e, &dropped) != 0:
+    if tls_pop_own(self._token, block, &e, &dropped) != 0:
         return _raise_exit_misuse(self, dropped)
     if forked_after_cuda():
         return 0  # a block left in a forked child: the driver is gone, nothing to restore

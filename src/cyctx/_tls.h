@@ -151,6 +151,36 @@ inline std::size_t tls_drop_dead_top(unsigned long long keep) noexcept {
     return n;
 }
 
+// Slow path of tls_pop_own (out of line, so that the fast path stays small enough for the
+// compiler to inline into exit): the innermost entry is not plainly this exit's own.
+__attribute__((noinline)) inline int tls_pop_own_slow(unsigned long long token, const void *block,
+                                                       Entry *out, std::size_t *dropped) noexcept {
+    if (tls_pop_matching(token, block, out) == 0) return 0;
+    if (!tls_count(token)) return -1;
+    *dropped = tls_drop_dead_top(token);
+    return *dropped && tls_pop_matching(token, block, out) == 0 ? 0 : -1;
+}
+
+// Take this exit's own entry off the top into *out (0), else change nothing but the drop of
+// dead entries (-1). Entries of guards freed while entered can never be left: when they are
+// what lies above this guard's entry, they are dropped (their number in *dropped, for the
+// caller to report) and the entry is looked for again. The common case, the innermost entry is
+// this guard's and this block's (or the nogil exit's, which has no block), is a few
+// instructions here.
+inline int tls_pop_own(unsigned long long token, const void *block, Entry *out,
+                       std::size_t *dropped) noexcept {
+    Stack &s = *my_stack();
+    if (s.depth) {
+        Entry *e = slot(s, s.depth - 1);
+        if (e->token == token && (!block || e->block == block)) {
+            *out = *e;
+            s.depth--;
+            return 0;
+        }
+    }
+    return tls_pop_own_slow(token, block, out, dropped);
+}
+
 // A late exit (a generator's or coroutine's block left from its finalizer, while a guard
 // entered after it is still open): remove the innermost entry of `token` from below the top
 // and hand its restore duty to the entry just above it, so that leaving that one restores
