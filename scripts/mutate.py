@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import glob
 import json
 import os
 import re
@@ -145,7 +146,8 @@ class Build:
     def _record_commands(self, out):
         lines = [ln.strip() for ln in out.splitlines()]
         cmds = [shlex.split(ln) for ln in lines if re.match(r"^\S*(gcc|g\+\+|cc|c\+\+|clang\S*)\s", ln)]
-        for name in ("_errors", "_guard"):
+        names = sorted(os.path.basename(f)[:-4] for f in glob.glob(os.path.join(self.tree, PKG_REL, "*.pyx")))
+        for name in names:
             src = f"src/cyctx/{name}.cpp"
             comp = [c for c in cmds if "-c" in c and src in c]
             obj = comp[-1][comp[-1].index("-o") + 1] if comp else None
@@ -181,12 +183,13 @@ class Build:
             if re.search(r"^\s*from\s+cyctx\s+cimport", text, re.M):
                 todo.append("__init__.pxd")
             todo += re.findall(r'cdef\s+extern\s+from\s+"([^"]+)"', text)
+            todo += re.findall(r'^\s*include\s+"([^"]+)"', text, re.M)
             todo += re.findall(r'^\s*#\s*include\s+"([^"]+)"', text, re.M)
         return {os.path.join(PKG_REL, f) for f in seen}
 
     def targets(self, rel):
         """('ext', name) / ('sim',) targets that a change of `rel` must rebuild."""
-        if rel.endswith((".pyx", ".pxd", ".h")) and rel.startswith(PKG_REL):
+        if rel.endswith((".pyx", ".pxi", ".pxd", ".h")) and rel.startswith(PKG_REL):
             if os.path.dirname(rel) == os.path.dirname(SIM_REL):
                 return [("sim",)]
             return [("ext", e) for e in sorted(self.exts) if rel in self._deps(e)]
