@@ -339,9 +339,9 @@ def no_such_device(ordinal_text, count):
     )
 
 
-def construction_kept_retains(err, rerr, ordinal, kept):
+def construction_kept_retains(err, call, rerr, ordinal, kept):
     return driver_error(
-        err, "cuCtxGetId",
+        err, call,
         f"and releasing the retain(s) just taken failed too (cuDevicePrimaryCtxRelease: "
         f"{rerr}): device {ordinal}'s primary context keeps {kept} retain(s) more until the "
         f"process exits",

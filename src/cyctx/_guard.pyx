@@ -454,6 +454,7 @@ cdef int _init_primary(ContextGuard self, ordinal, count) except -1:
         raise _errors.no_such_device(_inputs._int_text(ordinal), count)
     cdef int extra = 0
     cdef int tries = 0
+    cdef const char* failed = "cuCtxGetId"  # the call whose result `err` holds
     cdef const DriverApi* d = driver_api()  # loaded by _device_count
     check(d.DeviceGet(&dev, <int>ordinal), "cuDeviceGet")
     with nogil:
@@ -467,6 +468,7 @@ cdef int _init_primary(ContextGuard self, ordinal, count) except -1:
             tries += 1
             err = d.PrimaryCtxRetain(&ctx, dev)
             if err != cydriver.CUresult.CUDA_SUCCESS:
+                failed = "cuDevicePrimaryCtxRetain"
                 break
             if d.PrimaryCtxRelease(dev) != cydriver.CUresult.CUDA_SUCCESS:
                 extra += 1  # still balanced: released with the guard's own retain
@@ -478,10 +480,11 @@ cdef int _init_primary(ContextGuard self, ordinal, count) except -1:
             extra -= 1
         rerr = d.PrimaryCtxRelease(dev)
         if rerr != cydriver.CUresult.CUDA_SUCCESS or extra:
-            raise _errors.construction_kept_retains(<int>err, <int>rerr, ordinal, (1 if rerr else 0) + extra)
+            raise _errors.construction_kept_retains(<int>err, failed.decode(), <int>rerr, ordinal,
+                                                    (1 if rerr else 0) + extra)
         if err == cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED:
             raise _errors.reset_during_construction(ordinal, tries)
-        check(err, "cuCtxGetId")
+        check(err, failed)
     self._extra_retains = extra
     self._dev = dev
     self._ordinal = ordinal

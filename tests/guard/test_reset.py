@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from cyctx import ContextDestroyedError, ContextGuard, ContextResetWarning
+from cyctx import ContextDestroyedError, ContextGuard, ContextResetWarning, DriverError
 from cyctx._guard import _open_entries
 
 from helpers import drivers
@@ -252,6 +252,20 @@ def test_construction_reactivates_after_a_reset_between_retain_and_id_read(sim):
         with g:
             assert current() == g.handle
         g.close()
+
+
+def test_construction_names_the_reactivation_call_that_failed(sim):
+    # The re-activation after a reset between the retain and the id read retains again; when
+    # that retain fails, the error names it (not the id read), and no retain is kept.
+    with retains_unchanged():
+        sim.inject_fault("cuCtxGetId", 709, nth=1)
+        sim.inject_fault("cuDevicePrimaryCtxRetain", 2, nth=2)
+        try:
+            with pytest.raises(DriverError) as ei:
+                ContextGuard(0)
+        finally:
+            sim.clear_faults()
+        assert ei.value.code == 2 and ei.value.call == "cuDevicePrimaryCtxRetain", ei.value
 
 
 def test_construction_gives_up_after_bounded_reactivations_and_keeps_no_retain(sim):
