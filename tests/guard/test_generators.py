@@ -444,3 +444,29 @@ def test_real_generator_late_exit_and_orphan_drop():
     """, timeout=120, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "SEEN 1 GuardError" in out.stdout and "STATE 0 0" in out.stdout, out.stdout
+
+
+def test_late_exit_splices_its_own_entry_not_the_guards_innermost():
+    # Two generators hold blocks of the same guard g, each under a block of h. The first
+    # generator's late exit must remove its own (deepest) entry, not g's innermost one (the
+    # second generator's), or the blocks above restore the wrong contexts.
+    if D1 == 0:
+        pytest.skip("needs two devices: g's and h's contexts must differ")
+
+    def body():
+        g, h = ContextGuard(0), ContextGuard(D1)
+        a = suspended_in(g)                  # a's block: from no context
+        with h:                              # over g
+            b = suspended_in(g)              # b's block: over h
+            with h:                          # over g
+                with pytest.raises(GuardError, match="generator"):
+                    a.close()                # a's entry goes; its duty passes to the outer h
+                assert current() == h.handle
+            assert current() == g.handle     # the inner h restored b's block's context
+            b.close()                        # b's block, in order: back to h
+            assert current() == h.handle
+        assert current() == 0 and _open_entries() == 0   # a's duty: no context
+        g.close()
+        h.close()
+
+    in_thread(body)
