@@ -30,6 +30,8 @@ from typing import Any, Iterator
 
 import pytest
 
+from cyctx.testing import loaded_libcuda
+
 # The reading and the comparison are the API; the pytest hooks are found by pytest by name.
 __all__ = ["ContextState", "Observer", "changes"]
 
@@ -96,18 +98,6 @@ def _primary(state: tuple[bool, int]) -> str:
 
 
 # --- reading the state ---------------------------------------------------------------------
-
-
-def _loaded_libcuda() -> str | None:
-    """Path of the libcuda.so.1 mapped in this process, if any (loading it is not ours to do)."""
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                if "libcuda.so" in line:
-                    return line.split(None, 5)[-1].strip()
-    except OSError:
-        pass
-    return None
 
 
 class _Reader:
@@ -180,7 +170,7 @@ class Observer:
 
     def read(self) -> ContextState:
         """The calling thread's state now (queries only)."""
-        path = _loaded_libcuda()
+        path = loaded_libcuda()
         if path is None:
             state = ContextState("not loaded")
         else:
