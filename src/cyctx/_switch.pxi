@@ -63,8 +63,9 @@ cdef inline int _restore(const DriverApi* d, cydriver.CUcontext prev, unsigned l
         check(d.CtxGetCurrent(&cur), "cuCtxGetCurrent")
         if cur == prev:
             return 0
-    # Switched over `prev` (set it again unconditionally: that also undoes a replacement of
-    # the top made inside the block), or the block made another context current.
+    # Switched over `prev` (set it again without looking at what is current: that also undoes
+    # a replacement of the top made inside the block), or the block made another context
+    # current. Either way `prev` is handed back only if it survived the block (_set_prev).
     return _set_prev(d, prev, prev_id, switched)
 
 
