@@ -281,8 +281,8 @@ def test_construction_gives_up_after_bounded_reactivations_and_keeps_no_retain(s
 def test_construction_under_constant_resets_never_fails():
     # In a child: the resets reach every guard of the process. Two threads reset device D1
     # through ctypes, which releases the GIL around each call, so resets land anywhere in a
-    # construction, also between its driver calls. A race, so not every run of the unfixed
-    # code failed (0 to 15 failures in 20000 here); the exact case is
+    # construction, also between its driver calls. A race: a reset must land between the
+    # retain and the id read, a few of 20000 constructions; the exact case is
     # test_construction_reactivates_after_a_reset_between_retain_and_id_read.
     out = run_child("""
         import ctypes, threading, time

@@ -32,8 +32,8 @@ def test_shared_guard_is_one_object_and_not_closable():
 # --- the first shared(): no lock across driver calls or Python code ---------------------------
 
 # sys.settrace's hook runs Python code at a deterministic point inside the first shared():
-# the WeakSet.add of the guard registry, after the driver calls, while the old code held its
-# non-reentrant lock.
+# the WeakSet.add of the guard registry, after the driver calls: a lock held there (a
+# non-reentrant one) would deadlock a shared() called from that point.
 TRACE_INSIDE_SHARED = """
     import sys, cyctx
     fired = []
