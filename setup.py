@@ -113,7 +113,7 @@ def _ext(name):
     return Extension(
         f"cyctx.{name}",
         [f"src/cyctx/{name}.pyx"],
-        include_dirs=[HDR.include_dir, PKG],
+        include_dirs=[HDR.include_dir, PKG, os.path.join(PKG, "include")],
         language="c++",  # cydriver.pxd uses <type_traits>
         # Hidden: the headers' namespace-scope `inline` variables (the driver table, the fork
         # flags, the live-guard mutex) would otherwise be STB_GNU_UNIQUE symbols, which the

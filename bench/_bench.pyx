@@ -161,35 +161,32 @@ cdef void _getid(Ctx c, int64_t n) noexcept nogil:
 
 # --- what a guard's bookkeeping costs -------------------------------------------------------
 
-cdef extern from "_tls.h" namespace "cyctx" nogil:
-    cdef struct Entry:
-        pass
-
-
 cdef extern from *:
     """
     // cyctx's own per-thread entry stack (src/cyctx/_tls.h, the installed copy: see
     // bench/harness.py's build_here), compiled into this extension module as into cyctx's:
     // a thread_local in a shared object is reached through the general-dynamic TLS model.
-    // Each call is kept out of line, as in the guard, where push and pop are in enter() and
-    // exit(), separate calls: inlined into one loop, the thread-local's address would be
-    // computed once for all iterations. Its own stack, not the installed cyctx's (t_stack is
+    // Each call is kept out of line: in the guard, push and pop are in enter() and exit(),
+    // separate calls that each compute the thread-local's address; inlined into one loop,
+    // it would be computed once for all iterations. Its own stack, not the installed cyctx's (t_stack is
     // static in the header), so it cannot disturb a guard's entries.
     #include "_tls.h"
     __attribute__((noinline)) static int bench_tls_push(unsigned long long token) {
-        return cyctx::tls_push(token, nullptr, nullptr, 0, 0);
+        cyctx_Switch sw = {nullptr, 0, 0};
+        return cyctx::tls_push(token, nullptr, &sw);
     }
-    __attribute__((noinline)) static int bench_tls_pop(unsigned long long token, cyctx::Entry *out) {
-        return cyctx::tls_pop_matching(token, nullptr, out);
+    __attribute__((noinline)) static int bench_tls_pop(unsigned long long token, cyctx_Switch *out) {
+        std::size_t dropped = 0;
+        return cyctx::tls_pop_own(token, nullptr, out, &dropped);
     }
     """
     int bench_tls_push(unsigned long long token) noexcept nogil
-    int bench_tls_pop(unsigned long long token, Entry* out) noexcept nogil
+    int bench_tls_pop(unsigned long long token, Switch* out) noexcept nogil
 
 
 cdef int _tls(int64_t n) except -1 nogil:
     cdef int64_t i
-    cdef Entry e
+    cdef Switch e
     cdef unsigned long long token = 1  # any token: this stack holds no one else's entries
     for i in range(n):
         if bench_tls_push(token) != 0 or bench_tls_pop(token, &e) != 0:

@@ -198,7 +198,7 @@ def build_here(build_dir):
     """Compile _bench.pyx in build_dir (never in the source tree, which others share).
 
     Against the installed cyctx: its .pxd files, cuda.h (cyctx.get_include()) and its
-    package directory, for the _tls.h whose tls_push/tls_pop_matching the `cython.tls` row
+    package directory, for the _tls.h whose tls_push/tls_pop_own the `cython.tls` row
     times. That header ships in the wheel (pyproject.toml's package data, with the other
     headers), so this works wherever cyctx is installed, and it is the header the installed
     cyctx was built from: the other rows time that cyctx, and the report sets the stack's cost

@@ -112,7 +112,7 @@ def test_the_tls_row_times_cyctx_own_header(run, build_dir):
     # Compiled against the installed cyctx's _tls.h (no copy of the stack in bench/_bench.pyx).
     cpp = (build_dir / "_bench.cpp").read_text()
     assert '#include "_tls.h"' in cpp
-    assert "cyctx::tls_push(" in cpp and "cyctx::tls_pop_matching(" in cpp
+    assert "cyctx::tls_push(" in cpp and "cyctx::tls_pop_own(" in cpp  # what enter and exit call
     assert "static thread_local" not in (build_dir / "_bench.pyx").read_text()  # a stack of its own
 
 

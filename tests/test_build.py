@@ -221,6 +221,18 @@ def test_installed_package_ships_cimport_surface_and_stubs():
         assert os.path.isfile(os.path.join(PKG, f)), f
 
 
+def test_get_include_finds_the_header_the_pxd_declares_switch_from():
+    # _guard.pxd declares Switch from "cyctx/switch.h": a module that cimports cyctx compiles
+    # only if one of get_include()'s directories holds it, the installed package's.
+    with open(os.path.join(PKG, "_guard.pxd"), encoding="utf-8") as f:
+        pxd = f.read()
+    headers = set(re.findall(r'cdef extern from "([^"]+)"', pxd))
+    assert headers, "the .pxd declares nothing from a header"
+    for h in headers:
+        found = [d for d in cyctx.get_include() if os.path.isfile(os.path.join(d, h))]
+        assert found and all(os.path.realpath(d).startswith(os.path.realpath(PKG)) for d in found), (h, cyctx.get_include())
+
+
 def test_simulated_driver_has_the_driver_soname():
     from cyctx.testing import sim_library_path
 

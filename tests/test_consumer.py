@@ -182,6 +182,31 @@ def test_switch_back_never_hands_a_destroyed_context_to_the_driver(consumer_dir,
     assert "STATE 0 0" in out.stdout
 
 
+def test_switch_back_without_a_switch_never_hands_back_a_target_destroyed_in_between(consumer_dir, sim):
+    # switch_to finds its target current and switches nothing; the code in between destroys
+    # that context (the driver pops it). The way back must not make the dead handle current.
+    out = run_child(f"""
+        import sys; sys.path.insert(0, {consumer_dir!r})
+        import cyctx, cyctx_consumer
+        from cuda.bindings import driver as d
+        sim = drivers.SIM
+        ctx = drivers.create_context(0)                  # current, depth 1
+        s = cyctx_consumer.switch_to_only(int(ctx))
+        assert s[2] == 0, s                              # nothing was switched
+        drivers.ok(d.cuCtxDestroy(ctx))                  # popped: nothing current
+        handed = lambda: sim.call_count("cuCtxSetCurrent") + sim.call_count("cuCtxPushCurrent")
+        before = handed()
+        try:
+            cyctx_consumer.switch_back_only(*s)
+            raise SystemExit("no error")
+        except cyctx.ContextDestroyedError as e:
+            assert "did not survive" in str(e), e
+        assert handed() == before
+        print("STATE", drivers.current(), sim.stack_depth())
+    """)
+    assert "STATE 0 0" in out.stdout
+
+
 def test_close_during_a_nogil_reset_reactivation_refuses(consumer_dir, sim):
     # Thread A enters without the GIL after a reset; its re-activation is held inside
     # cuDevicePrimaryCtxRetain. close() on this thread meanwhile must refuse (or wait): it may

@@ -206,7 +206,9 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
 
 def _header(path: str, name: str) -> str | None:
-    for cand in (os.path.join(os.path.dirname(path), name), name):
+    # Where the compiler looks: beside the includer, then setup.py's include_dirs (the package
+    # and its include/, where get_include() points Cython code that cimports cyctx).
+    for cand in (os.path.join(os.path.dirname(path), name), name, os.path.join("include", name)):
         cand = os.path.normpath(cand).replace(os.sep, "/")
         if os.path.isfile(os.path.join(PKG, cand)):
             return cand

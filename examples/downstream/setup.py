@@ -1,6 +1,7 @@
 """Build the example: one Cython extension that cimports cyctx.
 
-cyctx.get_include() gives the directory of a cuda.h matching the cuda-bindings of this build
+cyctx.get_include() gives cyctx's own header directory (cyctx/switch.h, which its .pxd
+declares Switch from) and the directory of a cuda.h matching the cuda-bindings of this build
 (cuda.bindings' cydriver.pxd includes it); Cython finds cyctx's .pxd files in the installed
 package on sys.path. Compile as C++, like cyctx and cydriver.
 """

@@ -88,10 +88,13 @@ def __dir__() -> list[str]:
 def get_include() -> list[str]:
     """Include directories for compiling Cython code that cimports cyctx.
 
-    cuda.bindings' ``cydriver.pxd`` includes ``cuda.h``; this returns the directory of a
-    ``cuda.h`` that matches the installed cuda-bindings (from ``CUDA_HOME``/``CUDA_PATH`` or
-    the ``nvidia-cuda-runtime`` wheel).
+    Two: cyctx's own (``cyctx/switch.h``, the C record behind ``Switch``), and the directory
+    of a ``cuda.h`` that matches the installed cuda-bindings (from ``CUDA_HOME``/``CUDA_PATH``
+    or the ``nvidia-cuda-runtime`` wheel), which cuda.bindings' ``cydriver.pxd`` includes.
     """
+    import os
+
     from cyctx._cuda_headers import find_cuda_header
 
-    return [find_cuda_header().include_dir]
+    return [os.path.join(os.path.dirname(os.path.abspath(__file__)), "include"),
+            find_cuda_header().include_dir]

@@ -27,10 +27,13 @@ cdef inline int check(cydriver.CUresult err, const char* call) except -1 nogil:
     return raise_driver_error(err, call)
 
 
-cdef struct Switch:
-    cydriver.CUcontext prev    # current before switch_to (NULL: none)
-    unsigned long long prev_id # prev's cuCtxGetId then (0: prev was already dead)
-    bint switched              # switch_to changed the current context
+# The record of a switch, filled by switch_to (do not build one by hand). A C struct from
+# cyctx/switch.h (in cyctx.get_include()): a guard's per-thread entries hold the same record.
+cdef extern from "cyctx/switch.h":
+    ctypedef struct Switch "cyctx_Switch":
+        cydriver.CUcontext prev    # current before switch_to (NULL: none)
+        unsigned long long prev_id # prev's cuCtxGetId then (see cyctx/switch.h)
+        bint switched              # switch_to changed the current context
 
 
 # Make `target` current on this thread, remembering what was current in `s`: cuCtxSetCurrent

@@ -32,16 +32,12 @@ cdef extern from "_registry.h" namespace "cyctx" nogil:
     int live_add(unsigned long long token) noexcept
     void live_remove(unsigned long long token) noexcept
 
+cdef extern from "cyctx/switch.h" nogil:
+    const unsigned long long CYCTX_PREV_UNKNOWN
+
 cdef extern from "_tls.h" namespace "cyctx" nogil:
-    cdef struct Entry:
-        unsigned long long token
-        const void* block
-        cydriver.CUcontext prev
-        unsigned long long prev_id
-        int switched
-    int tls_push(unsigned long long token, const void* block, cydriver.CUcontext prev,
-                 unsigned long long prev_id, int switched) noexcept
-    int tls_pop_own(unsigned long long token, const void* block, Entry* out, size_t* dropped) noexcept
+    int tls_push(unsigned long long token, const void* block, const Switch* sw) noexcept
+    int tls_pop_own(unsigned long long token, const void* block, Switch* out, size_t* dropped) noexcept
     size_t tls_depth() noexcept
     size_t tls_count(unsigned long long token) noexcept
     size_t tls_drop_dead_top(unsigned long long keep) noexcept
@@ -61,7 +57,7 @@ cdef extern from "_fields.h" namespace "cyctx" nogil:
     int gate_close(int* gate) noexcept
 
 
-# The Python frame running a `with guard:` statement identifies its block (_tls.h's Entry.block).
+# The Python frame running a `with guard:` statement identifies its block (the block of _tls.h's Entry).
 # A frame object lives as long as its frame runs, which is as long as its block is open; a
 # generator's or coroutine's frame is its own across yield and await.
 cdef extern from "Python.h":
@@ -325,11 +321,11 @@ cdef class ContextGuard:
         return 0
 
     cdef int _exit_generator(self, const void* block) except -1:
-        cdef Entry e
+        cdef Switch s
         cdef size_t dropped = 0
-        if tls_pop_own(self._token, block, &e, &dropped) == 0:
+        if tls_pop_own(self._token, block, &s, &dropped) == 0:
             if not forked_after_cuda():
-                _restore(driver_api(), e.prev, e.prev_id, e.switched)
+                _restore(driver_api(), &s)
             if dropped:
                 return _warn_dropped(self, dropped)  # after the restore, as exit() does
             return 0
@@ -416,11 +412,14 @@ cdef inline int _enter_block(ContextGuard self, const void* block) except -1 nog
     if err != cydriver.CUresult.CUDA_SUCCESS:
         return raise_driver_error(err, "cuCtxGetCurrent")
     if cur == ctx:
-        if tls_push(self._token, block, ctx, ctx_id, 0) != 0:
+        s.prev = ctx
+        s.prev_id = ctx_id
+        s.switched = False
+        if tls_push(self._token, block, &s) != 0:
             return _raise_no_memory()
         return 0
     _switch_from(&s, ctx, cur, d)
-    if tls_push(self._token, block, s.prev, s.prev_id, 1) != 0:
+    if tls_push(self._token, block, &s) != 0:
         switch_back(&s)
         return _raise_no_memory()
     return 0
@@ -430,15 +429,15 @@ cdef inline int _exit_block(ContextGuard self, const void* block) except -1 nogi
     # exit() for a block (see _enter_block). The entry ends here even if the restore below
     # fails: a failed restore leaves the driver's stack as it was, and keeping the entry would
     # make every later exit on this thread look out of order.
-    cdef Entry e
+    cdef Switch s
     cdef size_t dropped = 0
-    if tls_pop_own(self._token, block, &e, &dropped) != 0:
+    if tls_pop_own(self._token, block, &s, &dropped) != 0:
         return _raise_exit_misuse(self, dropped)
     if forked_after_cuda():
         return 0  # a block left in a forked child: the driver is gone, nothing to restore
     # The fast path (nothing switched): one cuCtxGetCurrent, and a switch back only if the
     # block left another context current (cudaSetDevice inside the block).
-    _restore(driver_api(), e.prev, e.prev_id, e.switched)  # loaded: the matching enter ran
+    _restore(driver_api(), &s)  # loaded: the matching enter ran
     if dropped:
         return _warn_dropped(self, dropped)  # after the restore: the exit itself is done
     return 0

@@ -12,11 +12,32 @@ cdef int switch_to(Switch* s, cydriver.CUcontext target) except -1 nogil:
     # (docs/design.md, "Costs").
     check(d.CtxGetCurrent(&cur), "cuCtxGetCurrent")
     if cur == target:
+        # Nothing to switch, but the way back still needs target's id: if the code in between
+        # makes another context current and destroys or resets target, switch_back must not
+        # hand target back to the driver.
+        _id_of(d, cur, &s.prev_id)
         s.prev = cur
-        s.prev_id = 0  # never read: nothing was switched, and exit finds `cur` current
         s.switched = False
         return 0
     return _switch_from(s, target, cur, d)
+
+
+cdef inline int _id_of(const DriverApi* d, cydriver.CUcontext ctx, unsigned long long* ctx_id) except -1 nogil:
+    # ctx's id, kept so that the way back can tell it from a context that died meanwhile and
+    # left its handle to a new one (_set_prev). A context that is already dead (a stale handle
+    # after a reset: destroyed, its handle still known to the driver) gets 0; a handle the
+    # driver does not know at all gets CYCTX_PREV_UNKNOWN, which no context found there later
+    # matches (cyctx/switch.h).
+    cdef cydriver.CUresult err = d.CtxGetId(ctx, ctx_id)
+    if err == cydriver.CUresult.CUDA_SUCCESS:
+        return 0
+    if err == cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED:
+        ctx_id[0] = 0
+        return 0
+    if err == cydriver.CUresult.CUDA_ERROR_INVALID_CONTEXT:
+        ctx_id[0] = CYCTX_PREV_UNKNOWN
+        return 0
+    return raise_driver_error(err, "cuCtxGetId")
 
 
 cdef int _switch_from(Switch* s, cydriver.CUcontext target, cydriver.CUcontext cur,
@@ -26,21 +47,12 @@ cdef int _switch_from(Switch* s, cydriver.CUcontext target, cydriver.CUcontext c
     # cuCtxSetCurrent pair (docs/evidence.md, "Push+pop vs the cuCtxSetCurrent pair": 31.8 vs
     # 39.2 ns).
     # Over another context, cuCtxSetCurrent replaces it, so the exit can restore it whatever
-    # the block did (docs/design.md, "The restore rule").
-    # The context replaced is remembered with its id, so that the way back can tell it from a
-    # context that died meanwhile and left its handle to a new one (_set_prev). An id that
-    # cannot be read means it is dead already (a stale handle after a reset): 0.
+    # the block did (docs/design.md, "The restore rule"); it is remembered with its id.
     cdef unsigned long long prev_id = 0
-    cdef cydriver.CUresult err
     if cur == NULL:
         check(d.CtxPushCurrent(target), "cuCtxPushCurrent")
     else:
-        err = d.CtxGetId(cur, &prev_id)
-        if err == cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED or \
-                err == cydriver.CUresult.CUDA_ERROR_INVALID_CONTEXT:
-            prev_id = 0
-        elif err != cydriver.CUresult.CUDA_SUCCESS:
-            return raise_driver_error(err, "cuCtxGetId")
+        _id_of(d, cur, &prev_id)
         check(d.CtxSetCurrent(target), "cuCtxSetCurrent")
     s.prev = cur
     s.prev_id = prev_id
@@ -49,24 +61,23 @@ cdef int _switch_from(Switch* s, cydriver.CUcontext target, cydriver.CUcontext c
 
 
 cdef int switch_back(const Switch* s) except -1 nogil:
-    return _restore(_api(), s.prev, s.prev_id, s.switched)
+    return _restore(_api(), s)
 
 
-cdef inline int _restore(const DriverApi* d, cydriver.CUcontext prev, unsigned long long prev_id,
-                         bint switched) except -1 nogil:
+cdef inline int _restore(const DriverApi* d, const Switch* s) except -1 nogil:
     # The one way back, for switch_back and for a guard's exit (inline: it is the exit's fast
     # path when nothing was switched: one cuCtxGetCurrent).
     cdef cydriver.CUcontext cur = NULL
-    if switched and prev == NULL:
+    if s.switched and s.prev == NULL:
         return _pop_to_empty(d)
-    if not switched:
+    if not s.switched:
         check(d.CtxGetCurrent(&cur), "cuCtxGetCurrent")
-        if cur == prev:
+        if cur == s.prev:
             return 0
     # Switched over `prev` (set it again without looking at what is current: that also undoes
     # a replacement of the top made inside the block), or the block made another context
     # current. Either way `prev` is handed back only if it survived the block (_set_prev).
-    return _set_prev(d, prev, prev_id, switched)
+    return _set_prev(d, s.prev, s.prev_id, s.switched)
 
 
 cdef int _set_prev(const DriverApi* d, cydriver.CUcontext prev, unsigned long long prev_id,
@@ -78,7 +89,9 @@ cdef int _set_prev(const DriverApi* d, cydriver.CUcontext prev, unsigned long lo
     cdef unsigned long long now = 0
     cdef cydriver.CUresult err = d.CtxGetId(prev, &now)
     if err == cydriver.CUresult.CUDA_SUCCESS:
-        if now == prev_id or prev_id == 0:  # unchanged; or dead at the enter, alive again
+        # Unchanged; or dead at the enter, alive again (a reset primary re-activated). An id of
+        # CYCTX_PREV_UNKNOWN matches nothing: a context there now is not prev.
+        if now == prev_id or prev_id == 0:
             return check(d.CtxSetCurrent(prev), "cuCtxSetCurrent")
     elif err == cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED:
         if prev_id == 0:  # dead at the enter already, and still the same handle to the driver

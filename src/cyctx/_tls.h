@@ -21,22 +21,20 @@
 #include <atomic>
 #include <cstddef>
 #include "_registry.h"
+#include "cyctx/switch.h"
 #include <cstdlib>
 #include <cstring>
 
 namespace cyctx {
 
+// One open entry: whose it is, and the switch its exit undoes (the record switch_back uses).
 struct Entry {
     unsigned long long token;  // the guard's token (new_token)
     // Which block of the guard this is: the Python frame that ran `with guard:` (0 for the
     // nogil enter()). Two open blocks of one guard on one thread (a generator suspended in
     // one, its caller in another; two asyncio tasks sharing a guard) are told apart by it.
     const void *block;
-    CUcontext prev;     // what was current before the enter (NULL: nothing)
-    // prev's cuCtxGetId at the enter (0: prev was already dead then). A handle can outlive its
-    // context and be reused for a new one; the id tells whether prev is still what it was.
-    unsigned long long prev_id;
-    int switched;       // 1 if the enter changed the current context
+    cyctx_Switch sw;
 };
 
 enum { kInline = 6 };
@@ -85,16 +83,13 @@ static int grow(Stack &s) noexcept {
 // --- the per-thread stack ------------------------------------------------------------------
 
 // 0, or -1 when memory ran out (the caller raises MemoryError).
-inline int tls_push(unsigned long long token, const void *block, CUcontext prev,
-                    unsigned long long prev_id, int switched) noexcept {
+inline int tls_push(unsigned long long token, const void *block, const cyctx_Switch *sw) noexcept {
     Stack &s = *my_stack();
     if (s.depth >= kInline + s.cap && grow(s) != 0) return -1;
     Entry *e = slot(s, s.depth);
     e->token = token;
     e->block = block;
-    e->prev = prev;
-    e->prev_id = prev_id;
-    e->switched = switched;
+    e->sw = *sw;
     s.depth++;
     return 0;
 }
@@ -108,19 +103,19 @@ inline bool tls_below(const Stack &s, unsigned long long token, const void *bloc
     return false;
 }
 
-// Remove the innermost entry into *out if it is this exit's own (0); else change nothing (-1).
+// Remove the innermost entry, its switch into *out, if it is this exit's own (0); else change nothing (-1).
 // It is when it belongs to `token` and, for an exit that knows its block, to that block. An
 // entry of the same guard made by another block is not this exit's when this block's own
 // entry lies deeper (the exit is out of order); with no entry of this block at all (a block
 // left from another frame than it was entered in: contextlib.ExitStack, a Cython generator),
 // the guard's innermost entry is taken, as for the nogil exit().
-inline int tls_pop_matching(unsigned long long token, const void *block, Entry *out) noexcept {
+inline int tls_pop_matching(unsigned long long token, const void *block, cyctx_Switch *out) noexcept {
     Stack &s = *my_stack();
     if (!s.depth) return -1;
     Entry *e = slot(s, s.depth - 1);
     if (e->token != token) return -1;
     if (block && e->block != block && tls_below(s, token, block)) return -1;
-    *out = *e;
+    *out = e->sw;
     s.depth--;
     return 0;
 }
@@ -154,26 +149,26 @@ inline std::size_t tls_drop_dead_top(unsigned long long keep) noexcept {
 // Slow path of tls_pop_own (out of line, so that the fast path stays small enough for the
 // compiler to inline into exit): the innermost entry is not plainly this exit's own.
 __attribute__((noinline)) inline int tls_pop_own_slow(unsigned long long token, const void *block,
-                                                       Entry *out, std::size_t *dropped) noexcept {
+                                                       cyctx_Switch *out, std::size_t *dropped) noexcept {
     if (tls_pop_matching(token, block, out) == 0) return 0;
     if (!tls_count(token)) return -1;
     *dropped = tls_drop_dead_top(token);
     return *dropped && tls_pop_matching(token, block, out) == 0 ? 0 : -1;
 }
 
-// Take this exit's own entry off the top into *out (0), else change nothing but the drop of
+// Take this exit's own entry off the top, its switch into *out (0), else change nothing but the drop of
 // dead entries (-1). Entries of guards freed while entered can never be left: when they are
 // what lies above this guard's entry, they are dropped (their number in *dropped, for the
 // caller to report) and the entry is looked for again. The common case, the innermost entry is
 // this guard's and this block's (or the nogil exit's, which has no block), is a few
 // instructions here.
-inline int tls_pop_own(unsigned long long token, const void *block, Entry *out,
+inline int tls_pop_own(unsigned long long token, const void *block, cyctx_Switch *out,
                        std::size_t *dropped) noexcept {
     Stack &s = *my_stack();
     if (s.depth) {
         Entry *e = slot(s, s.depth - 1);
         if (e->token == token && (!block || e->block == block)) {
-            *out = *e;
+            *out = e->sw;
             s.depth--;
             return 0;
         }
@@ -197,9 +192,9 @@ inline int tls_splice(unsigned long long token, const void *block) noexcept {
         Entry *e = slot(s, i);
         if (e->token != token || (own && e->block != block)) continue;
         Entry *above = slot(s, i + 1);
-        above->prev = e->prev;
-        above->prev_id = e->prev_id;
-        above->switched = above->switched || e->switched;
+        int switched = above->sw.switched || e->sw.switched;
+        above->sw = e->sw;
+        above->sw.switched = switched;
         for (std::size_t j = i; j + 1 < s.depth; j++) *slot(s, j) = *slot(s, j + 1);
         s.depth--;
         return 0;
