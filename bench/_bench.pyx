@@ -222,7 +222,8 @@ cdef int _switch(Ctx c, int64_t n) except -1 nogil:
 
 cdef int _switch_id(Ctx c, int64_t n) except -1 nogil:
     # The raw layer plus the guard's per-enter reset check (one cuCtxGetId, docs/design.md "Reset"):
-    # guard - switch_id is the bookkeeping, switch_id - switch the reset check.
+    # switch_id - switch is the reset check; guard - switch_id the bookkeeping, except on the
+    # fast path, where switch_to reads the id itself and guard - switch is (bench/report.py).
     cdef int64_t i
     cdef Switch s
     cdef unsigned long long cid

@@ -76,4 +76,21 @@ for key in sorted(rows):
         continue
     cells = "".join(f"{statistics.median(rows[key][t]):16.2f}" if t in rows[key] else f"{'-':>16s}" for t in tags)
     print(f"{'/'.join(key):58s}{cells}")
+# A shared machine drifts by tens of percent between runs, moving the driver's calls and the
+# guard's alike. The guard's own cost is what a fast-path enter+exit takes above the driver
+# calls it makes (cuCtxGetId and two cuCtxGetCurrent), taken run by run from one run's rows.
+print()
+print(f"{'above its driver calls, per run (median)':58s}" + "".join(f"{t:>16s}" for t in tags))
+for layer, row in (("cython", "cython.guard"),):
+    cells = ""
+    for tag in tags:
+        above = []
+        for f in sorted(glob.glob(f"{out}/{tag}-*/*.json")):
+            ns = {(r["id"], r["path"]): r["ns"] for r in json.load(open(f)).get("cost", []) if r.get("status") == "ok"}
+            try:
+                above.append(ns[(row, "fast")] - ns[("driver.getid", "fast")] - 2 * ns[("driver.getcurrent", "fast")])
+            except KeyError:
+                pass
+        cells += f"{statistics.median(above):16.2f}" if above else f"{'-':>16s}"
+    print(f"{layer + '/' + row + '/fast':58s}{cells}")
 PY
