@@ -87,6 +87,34 @@ def test_consumer_errors_cross_nogil(consumer_dir):
     assert "DEV 0" in out.stdout and "BADDEV 101 cuDeviceGet" in out.stdout
 
 
+def test_nogil_exit_out_of_order_is_refused_and_changes_nothing(consumer_dir):
+    # Unlike Python's `with`, a Cython caller can call exit() again: the refused exit keeps
+    # its entry, so leaving the inner guard and then retrying restores everything.
+    out = run_child(f"""
+        import sys; sys.path.insert(0, {consumer_dir!r})
+        import cyctx, cyctx_consumer
+        from cyctx._guard import _open_entries
+        g0, g1 = cyctx.ContextGuard(0), cyctx.ContextGuard(D1)
+        before = drivers.current()
+        cyctx_consumer.enter_nogil(g0)
+        cyctx_consumer.enter_nogil(g1)
+        try:
+            cyctx_consumer.exit_nogil(g0)
+            print("NOT REFUSED")
+        except cyctx.GuardError as e:
+            print("REFUSED", "out of order" in str(e), "Nothing was changed" in str(e))
+        print("KEPT", drivers.current() == g1.handle, _open_entries())
+        cyctx_consumer.exit_nogil(g1)
+        print("INNER LEFT", drivers.current() == g0.handle, _open_entries())
+        cyctx_consumer.exit_nogil(g0)            # the retry, now in order
+        print("END", drivers.current() == before, _open_entries())
+        g0.close(); g1.close()
+    """)
+    assert "REFUSED True True" in out.stdout, out.stdout
+    assert "KEPT True 2" in out.stdout and "INNER LEFT True 1" in out.stdout, out.stdout
+    assert "END True 0" in out.stdout, out.stdout
+
+
 @pytest.mark.parametrize("start", ["none", "other", "target"])
 def test_raw_layer_under_every_fault(consumer_dir, start, sim):
     # switch_to/switch_back are reachable from Cython only: every driver call they make is

@@ -33,15 +33,18 @@ def test_registry_keeps_every_live_guard_and_forgets_every_freed_one(sim):
             gc.collect()
 
             outer = ContextGuard(0)
-            outer.__enter__()
             for g in keep:
                 # A live guard's entry on top is never dropped: leaving the outer guard past it
-                # is refused, and changes nothing.
+                # is out of order (a dropped entry would let the outer exit succeed), and takes
+                # the outer entry from under it, leaving g's own for g to leave.
+                outer.__enter__()
                 g.__enter__()
-                with pytest.raises(GuardError):
+                with pytest.raises(GuardError, match="out of order"):
                     outer.__exit__(None, None, None)
-                assert _open_entries() == 2
+                assert _open_entries() == 1
                 g.__exit__(None, None, None)
+                assert _open_entries() == 0
+            outer.__enter__()
             for g in keep:
                 g.close()
             del keep

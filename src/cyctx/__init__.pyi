@@ -73,7 +73,9 @@ class CyctxError(Exception):
 
 class GuardError(CyctxError):
     """A guard was misused: exit without enter, exit on another thread or out of order, use
-    after close, closing a guard that is entered. Nothing was changed."""
+    after close, closing a guard that is entered. Nothing was changed, except by a ``with``
+    block left out of order: Python never leaves that block again, so its entry was removed
+    and the block still open restores, when left, what was current before it."""
 
 class ForkError(CyctxError):
     """CUDA was used in the parent of this forked process and cannot be used in the child.

@@ -241,7 +241,13 @@ def close_refused(guard, why):
     }[why])
 
 
-def exit_misuse(guard, entered_here, same_guard_on_top, top, dropped):
+def exit_misuse(guard, entered_here, same_guard_on_top, top, dropped, removed=False,
+                generator=False):
+    """An exit whose entry is not the innermost on this thread, or that has none here.
+
+    `removed`: the entry was taken out from under the open block (a Python exit, never called
+    again for its block); else nothing was changed (the nogil exit(), which its caller can call
+    again). `generator`: the exit is a generator's or coroutine's, closed or collected."""
     also = _dropped_note(dropped)
     if not entered_here:
         return GuardError(
@@ -249,21 +255,16 @@ def exit_misuse(guard, entered_here, same_guard_on_top, top, dropped):
             f"leave a guard on the thread that entered it, once per enter.{also}"
         )
     who = "another block of this same guard" if same_guard_on_top else f"another guard (guard #{top})"
+    what = ("a generator or coroutine holding this guard was closed (or collected) out of order"
+            if generator else "exit out of order")
+    done = ("Its entry was removed; the current context was left to the open block, and leaving "
+            "that block restores what was current before this one." if removed else
+            "Nothing was changed: leave the blocks entered after this one, then exit again.")
     return GuardError(
-        f"{guard}: exit out of order: {who} was entered after this block on this thread and is "
-        f"still open. Blocks are left in reverse order of entry; a generator or coroutine "
-        f"holding a guard across yield/await breaks that (also when two tasks share one guard). "
-        f"Nothing was changed.{also}"
-    )
-
-
-def late_generator_exit(guard, dropped):
-    return GuardError(
-        f"{guard}: a generator or coroutine holding this guard was closed (or collected) "
-        f"while a guard entered after it is still open on this thread. Its entry was "
-        f"removed; the current context was left to the open block, and leaving that block "
-        f"restores what was current before this one. Leave guards in reverse order of "
-        f"entry: do not hold one across yield/await.{_dropped_note(dropped)}"
+        f"{guard}: {what}: {who} was entered after this block on this thread and is still "
+        f"open. {done} Blocks are left in reverse order of entry; a generator or coroutine "
+        f"holding a guard across yield/await breaks that (also when two tasks share one "
+        f"guard).{also}"
     )
 
 

@@ -81,12 +81,11 @@ cdef class ContextGuard:
     # Entries of guards freed while entered that lie above this guard's entry are dropped
     # first (they can never be left), then ResourceWarning is warned after the restore.
     # GIL: not needed (taken only to warn or raise). Errors: GuardError on exit without enter
-    # on this thread or out of LIFO order (no state changes then); DriverError (the entry is
-    # ended all the same).
+    # on this thread or out of LIFO order (no state changes then: leave the guards entered
+    # after this one, then call exit() again); DriverError (the entry is ended all the same).
+    # (Python's `with` differs here: its exit is never called again, so an out-of-order one
+    # removes its entry, and the block still open restores what was current before it.)
     cdef int exit(self) except -1 nogil
 
     # Internal. Release the guard's own retain and the extra ones; GuardError/DriverError.
     cdef int _release_all(self) except -1
-    # Internal. __exit__ for a GeneratorExit: splices a late entry out instead of refusing.
-    # `block` is the Python frame of the with-block (see enter/exit's per-block entries).
-    cdef int _exit_generator(self, const void* block) except -1

@@ -236,7 +236,7 @@ cdef class ContextGuard:
         return _enter_block(self, NULL)
 
     cdef int exit(self) except -1 nogil:
-        return _exit_block(self, NULL)
+        return _exit_block(self, NULL, EXIT_NOGIL)
 
     def __enter__(self):
         cdef const void* block = PyEval_GetFrame()
@@ -252,23 +252,22 @@ cdef class ContextGuard:
         return self
 
     def __exit__(self, exc_type, exc, tb):
+        # Python calls this once per block: an out-of-order exit removes its entry rather than
+        # leave it for ever (_exit_misuse).
         cdef const void* block = PyEval_GetFrame()
         if exc is None:
-            _exit_block(self, block)
+            _exit_block(self, block, EXIT_PYTHON)
             return False
         if isinstance(exc, GeneratorExit):
             # A generator or coroutine closed with the block open: from close(), or from its
             # finalizer when it was abandoned. A note on the GeneratorExit would be lost (the
             # generator machinery swallows it), so a failure here is raised instead: close()
-            # raises it, a finalizer reports it through sys.unraisablehook. A late exit (a guard
-            # entered after this block is still open on this thread) is not refused: the entry
-            # is removed and the still-open block, when left, restores what was current before
-            # this one; the GuardError says so.
-            self._exit_generator(block)
+            # raises it, a finalizer reports it through sys.unraisablehook.
+            _exit_block(self, block, EXIT_GENERATOR)
             return False
         # The block's exception wins; a cleanup failure rides along as a note.
         try:
-            _exit_block(self, block)
+            _exit_block(self, block, EXIT_PYTHON)
         except BaseException as cleanup:
             _errors.note_cleanup_failure(exc, _inputs._shown(self, 200), cleanup)
         return False
@@ -319,19 +318,6 @@ cdef class ContextGuard:
         if self._owns_retain:
             check(d.PrimaryCtxRelease(self._dev), "cuDevicePrimaryCtxRelease")
         return 0
-
-    cdef int _exit_generator(self, const void* block) except -1:
-        cdef Switch s
-        cdef size_t dropped = 0
-        if tls_pop_own(self._token, block, &s, &dropped) == 0:
-            if not forked_after_cuda():
-                _restore(driver_api(), &s)
-            if dropped:
-                return _warn_dropped(self, dropped)  # after the restore, as exit() does
-            return 0
-        if tls_splice(self._token, block) == 0:
-            raise _errors.late_generator_exit(repr(self), dropped)
-        return _raise_exit_misuse(self, dropped)
 
     @property
     def device(self):
@@ -425,14 +411,22 @@ cdef inline int _enter_block(ContextGuard self, const void* block) except -1 nog
     return 0
 
 
-cdef inline int _exit_block(ContextGuard self, const void* block) except -1 nogil:
+# Who leaves a block (_exit_block's `how`); it matters only when the block's entry is not the
+# innermost (_exit_misuse).
+cdef enum:
+    EXIT_NOGIL = 0       # the nogil exit(): its caller can call it again
+    EXIT_PYTHON = 1      # Python's __exit__: called once per block
+    EXIT_GENERATOR = 2   # Python's __exit__ for a GeneratorExit: a generator or coroutine closed
+
+
+cdef inline int _exit_block(ContextGuard self, const void* block, int how) except -1 nogil:
     # exit() for a block (see _enter_block). The entry ends here even if the restore below
     # fails: a failed restore leaves the driver's stack as it was, and keeping the entry would
     # make every later exit on this thread look out of order.
     cdef Switch s
     cdef size_t dropped = 0
     if tls_pop_own(self._token, block, &s, &dropped) != 0:
-        return _raise_exit_misuse(self, dropped)
+        return _exit_misuse(self, block, how, dropped)
     if forked_after_cuda():
         return 0  # a block left in a forked child: the driver is gone, nothing to restore
     # The fast path (nothing switched): one cuCtxGetCurrent, and a switch back only if the
@@ -628,9 +622,18 @@ cdef int _raise_no_memory() except -1 with gil:
     raise MemoryError("cyctx: no memory to record a guard entry")
 
 
-cdef int _raise_exit_misuse(ContextGuard g, size_t dropped) except -1 with gil:
-    cdef unsigned long long top = tls_top_token()
-    raise _errors.exit_misuse(repr(g), tls_count(g._token) != 0, top == g._token, top, dropped)
+cdef int _exit_misuse(ContextGuard g, const void* block, int how, size_t dropped) except -1 with gil:
+    # The exit's entry is not the innermost on this thread (after the drop of dead entries above
+    # it), or the guard has none here. The nogil exit() is refused and changes nothing: its
+    # caller can leave the inner blocks and call it again. Python never calls a block's __exit__
+    # again, so an entry kept there would stay for ever: close() refused on this thread, and the
+    # inner block, when left, making this block's context current again. So a Python exit
+    # splices its entry out from under the open block, which then restores what was current
+    # before this one; the current context is not touched. Either way: GuardError.
+    cdef unsigned long long top = tls_top_token()  # a splice never removes the innermost
+    cdef bint removed = how != EXIT_NOGIL and tls_splice(g._token, block) == 0
+    raise _errors.exit_misuse(repr(g), removed or tls_count(g._token) != 0, top == g._token, top,
+                              dropped, removed, how == EXIT_GENERATOR)
 
 
 cdef int _warn_dropped(ContextGuard g, size_t dropped) except -1 with gil:

@@ -176,12 +176,13 @@ inline int tls_pop_own(unsigned long long token, const void *block, cyctx_Switch
     return tls_pop_own_slow(token, block, out, dropped);
 }
 
-// A late exit (a generator's or coroutine's block left from its finalizer, while a guard
-// entered after it is still open): remove the innermost entry of `token` from below the top
-// and hand its restore duty to the entry just above it, so that leaving that one restores
-// what was current before the removed enter. The current context is not touched now: the
-// block still open above keeps its context. 0, or -1 when `token` has no entry below the top
-// (nothing changed).
+// A Python block left out of order (a guard entered after it is still open: interleaved
+// generators, tasks sharing a guard across await, a generator's block left from its
+// finalizer), whose exit Python never calls again: remove the innermost entry of `token` from
+// below the top and hand its restore duty to the entry just above it, so that leaving that one
+// restores what was current before the removed enter. The current context is not touched now:
+// the block still open above keeps its context. 0, or -1 when `token` has no entry below the
+// top (nothing changed).
 // The entry removed is this block's own (token and block); only when this block has none, the
 // guard's innermost below the top (see tls_pop_matching).
 inline int tls_splice(unsigned long long token, const void *block) noexcept {

@@ -69,6 +69,18 @@ def enter_closed(cyctx.ContextGuard g):
         g.enter()
 
 
+def enter_nogil(ContextGuard g):
+    """g.enter() alone, without the GIL (a test leaves it with exit_nogil, in any order)."""
+    with nogil:
+        g.enter()
+
+
+def exit_nogil(ContextGuard g):
+    """g.exit() alone, without the GIL; raises what it raises."""
+    with nogil:
+        g.exit()
+
+
 def switch_pair(size_t target):
     """switch_to(target) then switch_back, without the GIL; raises what they raise (for the
     fault tests: the raw layer is reachable only from Cython)."""

@@ -1,6 +1,7 @@
 """The table of bad inputs and misuse in docs/guarantees.md: every row is tried here, gets the error the table
-says, and changes no state (the autouse fixture checks this thread's context state; the
-retain counts are checked on the simulated driver). The table and this list must agree.
+says, and leaves no state behind: after the row's calls (the misuse and whatever the program
+does next, such as leaving the blocks still open) the autouse fixture finds this thread's context
+state as it was before them, and the retain counts are checked on the simulated driver. The table and this list must agree.
 Also: device arguments refused before any driver call, and messages that stay short and typed
 for values that cannot be printed."""
 
@@ -43,6 +44,8 @@ def _exit_on_other_thread():
 
 
 def _out_of_order():
+    # a's exit is reported and removes a's entry (Python never calls it again); leaving b, the
+    # open block, then restores what was current before a's. Nothing is left open: both close.
     a, b = ContextGuard(0), ContextGuard(0)
     a.__enter__()
     b.__enter__()
@@ -50,7 +53,6 @@ def _out_of_order():
         a.__exit__(None, None, None)
     finally:
         b.__exit__(None, None, None)
-        a.__exit__(None, None, None)
         a.close()
         b.close()
 

@@ -1,9 +1,12 @@
 """Blocks left late or out of order: generators and coroutines suspended inside a block, then
 resumed, closed or collected under other blocks, on another thread, or inside another block
-of the same guard. The late exit is reported, removes its own entry and hands its restore on."""
+of the same guard, or left out of order (interleaved generators, ExitStack, tasks sharing a guard
+across await). A late or out-of-order exit is reported, removes its own entry and hands its
+restore on."""
 
 import asyncio
 import gc
+from contextlib import ExitStack
 
 import pytest
 
@@ -26,28 +29,24 @@ def test_generators_interleaving_detected(guard, guard1):
             yield current()
 
     def body():
+        before = current()
         a, b = gen(guard), gen(guard1)
         assert next(a) == guard.handle
         assert next(b) == guard1.handle
-        with pytest.raises(GuardError, match="out of order"):
-            next(a)  # a's block is left while b's is still open
+        with pytest.raises(GuardError, match="out of order") as ei:
             next(a)
-        # Nothing changed: b is still current; b's exit works and restores a's... state.
-        assert current() == guard1.handle
+            next(a)  # a's block is left while b's is still open
+        assert "removed" in str(ei.value)
+        # a's entry is gone and b keeps its context; b's block now restores what was current
+        # before a's.
+        assert current() == guard1.handle and _open_entries() == 1
         with pytest.raises(StopIteration):
             next(b)
             next(b)
-        return current()
+        return before, current(), _open_entries()
 
-    # a's entry remains open after the refused exit; b's exit restored guard (a's context).
-    def run():
-        r = body()
-        # leave a's still-open entry properly
-        guard.__exit__(None, None, None)
-        return r, current()
-
-    r, after = in_thread(run)
-    assert r == guard.handle and after == 0
+    before, after, left = in_thread(body)
+    assert after == before and left == 0
 
 
 def test_generator_abandoned_inside_a_guard_collected_under_another_guard(sim):
@@ -283,6 +282,79 @@ def test_same_guard_generators_closed_in_entry_order_each_take_their_own():
     in_thread(body)
 
 
+# --- blocks left out of order, by Python's own exit -------------------------------------------
+# Python calls a block's __exit__ once: an entry it leaves behind could never be left again. So
+# an out-of-order exit removes its entry from under the open block and hands that block its
+# restore, as the late generator exit does, and reports GuardError.
+
+def test_exitstack_leaving_the_outer_guard_first_hands_its_restore_to_the_inner_block():
+    with retains_unchanged():
+
+        def body():
+            g0, g1 = ContextGuard(0), ContextGuard(D1)
+            before = current()
+            outer, inner = ExitStack(), ExitStack()
+            outer.enter_context(g0)
+            inner.enter_context(g1)
+            with pytest.raises(GuardError, match="out of order") as ei:
+                outer.close()                  # g0's block left while g1's is open
+            assert "removed" in str(ei.value)
+            # g1's block keeps its context; only g0's entry is gone.
+            assert current() == g1.handle and _open_entries() == 1
+            inner.close()                      # restores what was current before g0's block
+            assert current() == before and _open_entries() == 0
+            g0.close()
+            g1.close()
+            return current()
+
+        assert in_thread(body) == 0
+
+
+def test_same_guard_generators_interleaved_with_next_leave_the_guard_closable():
+    def gen(g):
+        with g:
+            yield
+
+    def body():
+        g, other = ContextGuard(0), ContextGuard(D1)
+        with other:
+            a, b = gen(g), gen(g)
+            next(a)                            # a's block of g, over other's context
+            next(b)                            # b's block of g, over a's
+            with pytest.raises(GuardError, match="same guard"):
+                next(a)                        # a leaves first: out of order
+            assert current() == g.handle and _open_entries() == 2
+            with pytest.raises(StopIteration):
+                next(b)                        # b restores what was current before a's block
+            assert current() == other.handle and _open_entries() == 1
+        assert current() == 0 and _open_entries() == 0
+        g.close()                              # nothing of g is left open on this thread
+        other.close()
+
+    in_thread(body)
+
+
+def test_exception_thrown_into_a_block_left_out_of_order_carries_the_note_and_removes_the_entry():
+    # The block's exception wins; the out-of-order exit rides along as a note, and its entry is
+    # removed all the same.
+    def body():
+        g0, g1 = ContextGuard(0), ContextGuard(D1)
+        it = suspended_in(g0)
+        with g1:
+            with pytest.raises(ValueError, match="boom") as ei:
+                it.throw(ValueError("boom"))
+            notes = getattr(ei.value, "__notes__", [])
+            assert len(notes) == 1 and "GuardError" in notes[0], notes
+            assert "out of order" in notes[0] and "removed" in notes[0], notes
+            assert current() == g1.handle and _open_entries() == 1
+        # g1's block restored what was current before g0's.
+        assert current() == 0 and _open_entries() == 0
+        g0.close()
+        g1.close()
+
+    in_thread(body)
+
+
 # --- coroutines and asyncio -------------------------------------------------------------------
 
 def test_coroutine_holding_a_guard_across_await_interleaved():
@@ -312,18 +384,18 @@ def test_coroutine_holding_a_guard_across_await_interleaved():
             await tb
 
         asyncio.run(main())
+        # a's out-of-order exit removed its entry and b's restored what was before a's block:
+        # nothing is left open, so both guards close.
         left = _open_entries()
-        # a's refused exit left its entry; leave it in order now
-        g0.__exit__(None, None, None)
         g0.close()
         g1.close()
         return len(errors), left, current()
 
     n, left, cur = in_thread(body)
-    assert n == 1 and left == 1 and cur == 0
+    assert n == 1 and left == 0 and cur == 0
 
 
-def test_asyncio_tasks_sharing_a_guard_across_await_refuse_the_out_of_order_exit():
+def test_asyncio_tasks_sharing_a_guard_across_await_out_of_order_exit_hands_its_restore_on():
     # In a child: a shared guard keeps its retain for the life of the process.
     out = run_child("""
         import asyncio
@@ -353,16 +425,16 @@ def test_asyncio_tasks_sharing_a_guard_across_await_refuse_the_out_of_order_exit
             await tb
             return after_a
 
+        before = drivers.current()
         after_a = asyncio.run(main())
-        # a's exit was refused and changed nothing: b's block kept its entry and context.
+        # a's exit is reported and removes a's own entry; b's block keeps its context.
         assert len(errors) == 1 and "same guard" in str(errors[0]), errors
-        assert after_a == (True, 2), after_a
-        # b left its own block; a's stale entry is what is left, with g current.
-        assert _open_entries() == 1 and drivers.current() == g.handle
-        g.__exit__(None, None, None)  # the thread leaves a's entry itself
-        print("END", drivers.current(), _open_entries())
+        assert "removed" in str(errors[0]), errors
+        assert after_a == (True, 1), after_a
+        # b's exit restored what was current before a's block: nothing is left open.
+        print("END", drivers.current() == before, _open_entries())
     """)
-    assert "END 0 0" in out.stdout
+    assert "END True 0" in out.stdout
 
 
 def test_asyncio_tasks_with_guards_in_synchronous_sections():
