@@ -19,7 +19,7 @@ def guard(env, path):
     return partial(env.bench.guard_loop, env.g0)
 
 
-@case("cython.switch", "switch_to()/switch_back() (no reset check, no bookkeeping)", paths=PATHS)
+@case("cython.switch", "switch_to()/switch_back() (no bookkeeping; the id read for its way back)", paths=PATHS)
 def switch(env, path):
     return partial(env.bench.switch_loop, env.h0)
 
