@@ -17,17 +17,7 @@ WORK=$PWD/build/check-install
 rm -rf "$WORK"
 mkdir -p "$WORK"
 
-probe='
-from cyctx.testing import use_simulated_driver
-sim = use_simulated_driver(device_count=2)
-import cyctx
-g = cyctx.ContextGuard(1)
-with g:
-    assert cyctx.current_handle() == g.handle
-g.close()
-assert sim.retain_count(1) == 0
-print("guard ok")
-'
+PROBE=$PWD/scripts/guard_probe.py
 
 check_case() {  # $1: label, $2: cuda-bindings spec to preinstall ("" for none), $3: what to pip install
     local label=$1 pre=$2 target=$3 venv="$WORK/venv" before after
@@ -46,7 +36,7 @@ check_case() {  # $1: label, $2: cuda-bindings spec to preinstall ("" for none),
     fi
     "$venv/bin/python" -m pip check
     "$venv/bin/cyctx" --version
-    (cd "$WORK" && "$venv/bin/python" -c "$probe")
+    (cd "$WORK" && "$venv/bin/python" "$PROBE")
     (cd "$WORK" && "$venv/bin/cyctx" doctor --simulate >/dev/null) || { echo "FAIL: cyctx doctor --simulate"; exit 1; }
     echo "ok: cuda-bindings ${after}"
 }
