@@ -64,33 +64,31 @@ done
 python3 - "$out" "${TAGS[@]}" <<'PY'
 import glob, json, statistics, sys
 out, tags = sys.argv[1], sys.argv[2:]
-rows = {}
-for tag in tags:
-    for f in sorted(glob.glob(f"{out}/{tag}-*/*.json")):
-        for r in json.load(open(f)).get("cost", []):
-            if r.get("status") == "ok":
-                rows.setdefault((r["layer"], r["id"], r["path"]), {}).setdefault(tag, []).append(r["ns"])
+# Each run's rows that ran, read once: {tag: [{(layer, id, path): ns}, ...]}.
+runs = {tag: [{(r["layer"], r["id"], r["path"]): r["ns"] for r in json.load(open(f)).get("cost", [])
+               if r.get("status") == "ok"}
+              for f in sorted(glob.glob(f"{out}/{tag}-*/*.json"))] for tag in tags}
+keys = sorted({k for tag in tags for run in runs[tag] for k in run})
 print(f"{'row':58s}" + "".join(f"{t:>16s}" for t in tags))
-for key in sorted(rows):
+for key in keys:
     if key[0] not in ("driver", "cython", "python"):
         continue
-    cells = "".join(f"{statistics.median(rows[key][t]):16.2f}" if t in rows[key] else f"{'-':>16s}" for t in tags)
+    cells = ""
+    for tag in tags:
+        vals = [run[key] for run in runs[tag] if key in run]
+        cells += f"{statistics.median(vals):16.2f}" if vals else f"{'-':>16s}"
     print(f"{'/'.join(key):58s}{cells}")
 # A shared machine drifts by tens of percent between runs, moving the driver's calls and the
 # guard's alike. The guard's own cost is what a fast-path enter+exit takes above the driver
 # calls it makes (cuCtxGetId and two cuCtxGetCurrent), taken run by run from one run's rows.
+guard, getid, getcur = (("cython", "cython.guard", "fast"), ("driver", "driver.getid", "fast"),
+                        ("driver", "driver.getcurrent", "fast"))
 print()
 print(f"{'above its driver calls, per run (median)':58s}" + "".join(f"{t:>16s}" for t in tags))
-for layer, row in (("cython", "cython.guard"),):
-    cells = ""
-    for tag in tags:
-        above = []
-        for f in sorted(glob.glob(f"{out}/{tag}-*/*.json")):
-            ns = {(r["id"], r["path"]): r["ns"] for r in json.load(open(f)).get("cost", []) if r.get("status") == "ok"}
-            try:
-                above.append(ns[(row, "fast")] - ns[("driver.getid", "fast")] - 2 * ns[("driver.getcurrent", "fast")])
-            except KeyError:
-                pass
-        cells += f"{statistics.median(above):16.2f}" if above else f"{'-':>16s}"
-    print(f"{layer + '/' + row + '/fast':58s}{cells}")
+cells = ""
+for tag in tags:
+    above = [run[guard] - run[getid] - 2 * run[getcur] for run in runs[tag]
+             if guard in run and getid in run and getcur in run]
+    cells += f"{statistics.median(above):16.2f}" if above else f"{'-':>16s}"
+print(f"{'/'.join(guard):58s}{cells}")
 PY
