@@ -163,14 +163,14 @@ cdef void _getid(Ctx c, int64_t n) noexcept nogil:
 
 cdef extern from *:
     """
-    // cyctx's own per-thread entry stack (src/cyctx/_tls.h, the installed copy: see
+    // cyctx's own per-thread entry stack (src/cyctx/_cpp/thread_entries.h, the installed copy: see
     // bench/harness.py's build_here), compiled into this extension module as into cyctx's:
     // a thread_local in a shared object is reached through the general-dynamic TLS model.
     // Each call is kept out of line: in the guard, push and pop are in enter() and exit(),
     // separate calls that each compute the thread-local's address; inlined into one loop,
     // it would be computed once for all iterations. Its own stack, not the installed cyctx's (t_stack is
     // static in the header), so it cannot disturb a guard's entries.
-    #include "_tls.h"
+    #include "_cpp/thread_entries.h"
     __attribute__((noinline)) static int bench_tls_push(unsigned long long token) {
         cyctx_Switch sw = {nullptr, 0, 0};
         return cyctx::tls_push(token, nullptr, &sw);

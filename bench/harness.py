@@ -35,8 +35,9 @@ import sys
 import time
 import traceback
 import types
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HARNESS = os.path.join(HERE, "harness.py")
@@ -100,8 +101,13 @@ class Timer:
                     samples[i].append(t / n)
         for res, smp, n in zip(out, samples, ns):
             if "error" not in res:
-                res.update(ns=round(statistics.median(smp), 2), min=round(min(smp), 2),
-                           max=round(max(smp), 2), n=n, rounds=self.rounds)
+                res.update(
+                    ns=round(statistics.median(smp), 2),
+                    min=round(min(smp), 2),
+                    max=round(max(smp), 2),
+                    n=n,
+                    rounds=self.rounds,
+                )
         return out
 
 
@@ -117,7 +123,9 @@ def probe(loop, current):
     """
     func = getattr(loop, "func", loop)  # a body bound to its objects with partial
     code = func.__code__.replace()
-    twin = types.FunctionType(code, func.__globals__, func.__name__, func.__defaults__, func.__closure__)
+    twin = types.FunctionType(
+        code, func.__globals__, func.__name__, func.__defaults__, func.__closure__
+    )
     lines, seen = [], []
 
     def trace(frame, event, arg):
@@ -174,7 +182,9 @@ def measure(timer, env, cases):
             finally:
                 env.set_start(0)
             timed.append((row, loop, start))
-    results = timer.measure_many([(loop, partial(env.set_start, start)) for _, loop, start in timed])
+    results = timer.measure_many(
+        [(loop, partial(env.set_start, start)) for _, loop, start in timed]
+    )
     for (row, _, _), res in zip(timed, results):
         if "error" in res:
             row.update(ns=None, status=f"error: {res['error']}")
@@ -186,40 +196,51 @@ def measure(timer, env, cases):
 
 class Process(NamedTuple):
     """What the harness lends one group's process (groups.PROCESSES)."""
-    bench: Any          # the compiled loops, bench/_bench.pyx
+
+    bench: Any  # the compiled loops, bench/_bench.pyx
     timer: Timer
     quick: bool
-    measure: Callable   # measure(env, cases) -> rows
+    measure: Callable  # measure(env, cases) -> rows
 
 
 # --- the worker: one group in this process --------------------------------------------------
+
 
 def build_here(build_dir):
     """Compile _bench.pyx in build_dir (never in the source tree, which others share).
 
     Against the installed cyctx: its .pxd files, cuda.h (cyctx.get_include()) and its
-    package directory, for the _tls.h whose tls_push/tls_pop_own the `cython.tls` row
+    package directory, for the _cpp/thread_entries.h whose tls_push/tls_pop_own the `cython.tls` row
     times. That header ships in the wheel (pyproject.toml's package data, with the other
     headers), so this works wherever cyctx is installed, and it is the header the installed
     cyctx was built from: the other rows time that cyctx, and the report sets the stack's cost
-    beside theirs. A checkout's src/cyctx/_tls.h need not be: scripts/gpu_run.sh, for one,
+    beside theirs. A checkout's src/cyctx/_cpp/thread_entries.h need not be: scripts/gpu/run.sh, for one,
     installs a release wheel and runs bench/ from the checkout.
     """
-    import platform
 
-    import cyctx
     from Cython.Build import cythonize
     from setuptools import Extension, setup
 
+    import cyctx
+
     shutil.copy(os.path.join(HERE, "_bench.pyx"), build_dir)
     os.chdir(build_dir)
-    # The TLS row compiles _tls.h as cyctx itself was compiled (with TLS descriptors or not:
+    # The TLS row compiles _cpp/thread_entries.h as cyctx itself was compiled (with TLS descriptors or not:
     # setup.py, BUILD_INFO), so it measures the per-thread stack a guard really uses.
     tls_flags = ["-mtls-dialect=gnu2"] if cyctx.BUILD_INFO.get("tls_descriptors") else []
-    ext = Extension("_bench", ["_bench.pyx"], include_dirs=cyctx.get_include() + [os.path.dirname(cyctx.__file__)],
-                    language="c++", extra_compile_args=["-std=c++17", "-O2", "-fopenmp"] + tls_flags,
-                    extra_link_args=["-fopenmp"])
-    setup(name="_bench", ext_modules=cythonize([ext], quiet=True), script_args=["build_ext", "--inplace"])
+    ext = Extension(
+        "_bench",
+        ["_bench.pyx"],
+        include_dirs=cyctx.get_include() + [os.path.dirname(cyctx.__file__)],
+        language="c++",
+        extra_compile_args=["-std=c++17", "-O2", "-fopenmp"] + tls_flags,
+        extra_link_args=["-fopenmp"],
+    )
+    setup(
+        name="_bench",
+        ext_modules=cythonize([ext], quiet=True),
+        script_args=["build_ext", "--inplace"],
+    )
 
 
 def run_group(args):
@@ -244,15 +265,22 @@ def run_group(args):
         result = run(Process(_bench, timer, args.quick, partial(measure, timer)))
         result.setdefault("status", "ok")
     except Exception as exc:
-        result = {"status": f"error: {type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-    result.update(group=args.group, pid=os.getpid(), cpu=pinned, seconds=round(time.perf_counter() - t0, 2))
+        result = {
+            "status": f"error: {type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc(),
+        }
+    result.update(
+        group=args.group, pid=os.getpid(), cpu=pinned, seconds=round(time.perf_counter() - t0, 2)
+    )
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     return 0 if result["status"] == "ok" or result["status"].startswith("missing") else 1
 
 
 def worker(argv=None):
-    ap = argparse.ArgumentParser(description="One benchmark group in this process (bench/run_all.py runs these).")
+    ap = argparse.ArgumentParser(
+        description="One benchmark group in this process (bench/run_all.py runs these)."
+    )
     sub = ap.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="compile bench/_bench.pyx into DIR")
     b.add_argument("dir")
@@ -272,17 +300,26 @@ def worker(argv=None):
 
 # --- run_all.py's side --------------------------------------------------------------------
 
+
 def build(build_dir):
-    proc = subprocess.run([sys.executable, HARNESS, "build", build_dir], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, HARNESS, "build", build_dir], capture_output=True, text=True
+    )
     if proc.returncode != 0:
-        sys.exit(f"run_all: building bench/_bench.pyx failed:\n{(proc.stdout + proc.stderr)[-6000:]}")
+        sys.exit(
+            f"run_all: building bench/_bench.pyx failed:\n{(proc.stdout + proc.stderr)[-6000:]}"
+        )
 
 
 def spawn(group, args, build_dir, work, rep=0):
     """Run `group` in a worker process; its result, with the output's tail when it failed."""
     out = os.path.join(work, f"{re.sub(r'[^a-z_]', '_', group)}-{rep}.json")
     cmd = [sys.executable, HARNESS, "run", group, "--out", out, "--build-dir", build_dir]
-    cmd += ["--sim"] * args.sim + ["--quick"] * args.quick + ([f"--cpu={args.cpu}"] if args.cpu >= 0 else [])
+    cmd += (
+        ["--sim"] * args.sim
+        + ["--quick"] * args.quick
+        + ([f"--cpu={args.cpu}"] if args.cpu >= 0 else [])
+    )
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.group_timeout)
@@ -309,7 +346,9 @@ def merge(results):
     merged["status"] = next((r["status"] for r in results if r["status"] != "ok"), "ok")
     merged["pid"] = [r.get("pid") for r in results]
     merged["seconds"] = round(sum(r.get("seconds") or 0 for r in results), 2)
-    by_key = [{(row["layer"], row["id"], row["path"]): row for row in r.get("rows", [])} for r in results]
+    by_key = [
+        {(row["layer"], row["id"], row["path"]): row for row in r.get("rows", [])} for r in results
+    ]
     rows = []
     for row in results[0].get("rows", []):
         key = (row["layer"], row["id"], row["path"])
@@ -318,9 +357,12 @@ def merge(results):
         good = [v for v in vals if v is not None]
         m = dict(row, per_process_ns=vals)
         if good:
-            m.update(ns=round(statistics.median(good), 2), status="ok",
-                     min=min(r["min"] for r in same if r.get("ns") is not None),
-                     max=max(r["max"] for r in same if r.get("ns") is not None))
+            m.update(
+                ns=round(statistics.median(good), 2),
+                status="ok",
+                min=min(r["min"] for r in same if r.get("ns") is not None),
+                max=max(r["max"] for r in same if r.get("ns") is not None),
+            )
         for check in ("current_inside", "restored"):
             if check in row:
                 m[check] = all(r.get(check, True) for r in same)
@@ -330,12 +372,18 @@ def merge(results):
 
 
 def machine():
-    info = {"platform": platform.platform(), "machine": platform.machine(),
-            "python": sys.version.split()[0], "python_implementation": platform.python_implementation(),
-            "cpu_count": os.cpu_count()}
+    info = {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "python": sys.version.split()[0],
+        "python_implementation": platform.python_implementation(),
+        "cpu_count": os.cpu_count(),
+    }
     try:
         with open("/proc/cpuinfo") as f:
-            info["cpu"] = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
+            info["cpu"] = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None
+            )
     except OSError:
         info["cpu"] = None
     return info
@@ -344,17 +392,29 @@ def machine():
 def gpu_info(sim, core):
     """GPU and driver as the machine reports them (nvidia-smi, /proc), not through the driver
     library: this process never loads libcuda, so it cannot pick the wrong one."""
-    info = {"driver": "simulated" if sim else "real",
-            "devices": core.get("devices"), "device_names": core.get("device_names"),
-            "cuda_driver_api_version": core.get("driver_api_version")}
+    info = {
+        "driver": "simulated" if sim else "real",
+        "devices": core.get("devices"),
+        "device_names": core.get("device_names"),
+        "cuda_driver_api_version": core.get("driver_api_version"),
+    }
     if sim:
         return info
     try:
         smi = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,name,driver_version,memory.total,pci.bus_id", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=60)
+            [
+                "nvidia-smi",
+                "--query-gpu=index,name,driver_version,memory.total,pci.bus_id",
+                "--format=csv,noheader",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         info["nvidia_smi"] = [ln.strip() for ln in smi.stdout.splitlines() if ln.strip()]
-        info["driver_version"] = info["nvidia_smi"][0].split(",")[2].strip() if info["nvidia_smi"] else None
+        info["driver_version"] = (
+            info["nvidia_smi"][0].split(",")[2].strip() if info["nvidia_smi"] else None
+        )
     except (OSError, subprocess.SubprocessError, IndexError) as exc:
         info["nvidia_smi"] = f"unavailable: {exc}"
     if not info.get("driver_version"):
@@ -371,8 +431,19 @@ def packages():
     """Installed versions (None: not installed), read from the installed distributions."""
     from importlib import metadata
 
-    wanted = ("cyctx", "cuda-bindings", "cuda-core", "cuda-pathfinder", "nvidia-cuda-runtime", "Cython",
-              "setuptools", "torch", "numba", "numba-cuda", "matplotlib")
+    wanted = (
+        "cyctx",
+        "cuda-bindings",
+        "cuda-core",
+        "cuda-pathfinder",
+        "nvidia-cuda-runtime",
+        "Cython",
+        "setuptools",
+        "torch",
+        "numba",
+        "numba-cuda",
+        "matplotlib",
+    )
     out = {}
     for name in wanted:
         try:
@@ -380,8 +451,13 @@ def packages():
         except metadata.PackageNotFoundError:
             out[name] = None
     # CuPy's distribution is named after its CUDA flavour (cupy-cuda13x, cupy-cuda12x, cupy).
-    cupy = sorted({d.metadata["Name"]: d.version for d in metadata.distributions()
-                   if (d.metadata["Name"] or "").lower().startswith("cupy")}.items())
+    cupy = sorted(
+        {
+            d.metadata["Name"]: d.version
+            for d in metadata.distributions()
+            if (d.metadata["Name"] or "").lower().startswith("cupy")
+        }.items()
+    )
     out["cupy"] = " ".join(f"{n}=={v}" for n, v in cupy) or None
     try:
         from cyctx._build_info import BUILD_INFO
@@ -397,7 +473,11 @@ def assemble(args, groups_run, seconds):
     from groups import PATHS, peers
 
     core = groups_run["core"] if groups_run["core"]["status"] == "ok" else {}
-    paths = [p for p in PATHS if p != "from_other" or core.get("other_context") or (core.get("devices") or 0) > 1]
+    paths = [
+        p
+        for p in PATHS
+        if p != "from_other" or core.get("other_context") or (core.get("devices") or 0) > 1
+    ]
     cost = []
     for name, res in groups_run.items():
         for row in res.get("rows", []) if name != "threads" else []:
@@ -405,12 +485,22 @@ def assemble(args, groups_run, seconds):
         if name.startswith("peer:") and not res.get("rows"):
             # Listed, with the reason, so a missing peer can never read as zero.
             for row_id, label in peers.rows(name[5:]):
-                cost += [{"id": row_id, "label": label, "path": p, "layer": "peer", "group": name,
-                          "ns": None, "status": res["status"]} for p in paths]
+                cost += [
+                    {
+                        "id": row_id,
+                        "label": label,
+                        "path": p,
+                        "layer": "peer",
+                        "group": name,
+                        "ns": None,
+                        "status": res["status"],
+                    }
+                    for p in paths
+                ]
     timer = Timer(args.quick)
     return {
         "schema": SCHEMA,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
         "tag": args.tag,
         "mode": {"driver": "simulated" if args.sim else "real", "quick": args.quick},
@@ -423,34 +513,38 @@ def assemble(args, groups_run, seconds):
             "rounds": timer.rounds,
             "processes": args.repeat,
             "across_processes": "core and each peer ran in `processes` processes one after another; a "
-                                "row's ns is the median over them, per_process_ns lists each; ratios "
-                                "are taken within each process, then the median",
+            "row's ns is the median over them, per_process_ns lists each; ratios "
+            "are taken within each process, then the median",
             "pinned_cpu": args.cpu if args.cpu >= 0 else None,
             "round_seconds": timer.round_s,
-            "paths": {"fast": "the target context already current",
-                      "from_none": "no context current before the enter",
-                      "from_other": "another context current before the enter: "
-                                    + (core.get("other_context") or "device 1's primary context")},
+            "paths": {
+                "fast": "the target context already current",
+                "from_none": "no context current before the enter",
+                "from_other": "another context current before the enter: "
+                + (core.get("other_context") or "device 1's primary context"),
+            },
             "python_loop": "a plain Python function per row (bench/groups/): for _ in range(n): <the "
-                           "enter+exit>, its objects passed in as arguments; `python.loop` is that "
-                           "loop's own cost",
+            "enter+exit>, its objects passed in as arguments; `python.loop` is that "
+            "loop's own cost",
             "compiled_loop": "a nogil Cython loop (bench/_bench.pyx); raw driver loops do not check "
-                             "return codes, cyctx does",
+            "return codes, cyctx does",
             "isolation": "each group ran in its own subprocess of run_all.py, in this run, on this "
-                         "machine: core (driver floor, cyctx from Cython and Python, empty with), "
-                         "threads, memory, and one process per peer. No peer shares a process with "
-                         "the floor or with another peer. Each peer process re-measures cyctx's own "
-                         "rows (layer 'control': the empty with, `with guard:`, nogil enter/exit) to "
-                         "show the spread between processes; a peer target must be met against the "
-                         "core group's `with guard:` and against the one in the peer's process. "
-                         "The single-threaded groups are pinned to one CPU (pinned_cpu).",
+            "machine: core (driver floor, cyctx from Cython and Python, empty with), "
+            "threads, memory, and one process per peer. No peer shares a process with "
+            "the floor or with another peer. Each peer process re-measures cyctx's own "
+            "rows (layer 'control': the empty with, `with guard:`, nogil enter/exit) to "
+            "show the spread between processes; a peer target must be met against the "
+            "core group's `with guard:` and against the one in the peer's process. "
+            "The single-threaded groups are pinned to one CPU (pinned_cpu).",
             "checks": "each Python-level row ran once first, traced: current_inside (device 0's "
-                      "context current inside the block) and restored (the starting context "
-                      "current after it); a peer that fails them does different work and is flagged",
+            "context current inside the block) and restored (the starting context "
+            "current after it); a peer that fails them does different work and is flagged",
             "restore": peers.RESTORE_NOTES,
         },
-        "groups": {n: {k: r.get(k) for k in ("status", "pid", "cpu", "seconds", "output_tail") if k in r}
-                   for n, r in groups_run.items()},
+        "groups": {
+            n: {k: r.get(k) for k in ("status", "pid", "cpu", "seconds", "output_tail") if k in r}
+            for n, r in groups_run.items()
+        },
         "seconds": round(seconds, 1),
         "cost": cost,
         "threads": groups_run["threads"],
@@ -476,15 +570,24 @@ def write(result, out_dir):
 
         plots = [os.path.basename(p) for p in plot.plot(result, out_dir, result["tag"])]
     except ImportError as exc:
-        plots = (f"skipped: matplotlib is not installed ({exc}); to draw them later: "
-                 f"pip install matplotlib && python bench/plot.py {os.path.join(out_dir, name + '.json')}")
+        plots = (
+            f"skipped: matplotlib is not installed ({exc}); to draw them later: "
+            f"pip install matplotlib && python bench/plot.py {os.path.join(out_dir, name + '.json')}"
+        )
         print(f"run_all: plots {plots}")
     # File names, relative to the output directory.
-    result["outputs"] = {"json": name + ".json", "table": name + ".txt", "markdown": name + ".md", "plots": plots}
+    result["outputs"] = {
+        "json": name + ".json",
+        "table": name + ".txt",
+        "markdown": name + ".md",
+        "plots": plots,
+    }
     with open(os.path.join(out_dir, name + ".json"), "w") as f:
         json.dump(result, f, indent=1)
         f.write("\n")
-    return [name + ext for ext in (".json", ".txt", ".md")] + (plots if isinstance(plots, list) else [])
+    return [name + ext for ext in (".json", ".txt", ".md")] + (
+        plots if isinstance(plots, list) else []
+    )
 
 
 if __name__ == "__main__":

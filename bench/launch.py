@@ -37,16 +37,27 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 KERNELS = os.path.join(os.path.dirname(HERE), "examples", "kernels")
 THREADS = (1, 2, 4, 8, 16)
-MODES = ("guard_per_launch", "guard_per_batch", "raw_push_pop", "raw_set_current", "guard_launch_sync")
+MODES = (
+    "guard_per_launch",
+    "guard_per_batch",
+    "raw_push_pop",
+    "raw_set_current",
+    "guard_launch_sync",
+)
 
 
 def build(scratch: str):
     dst = os.path.join(scratch, "kernels")
     shutil.copytree(KERNELS, dst)
-    subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=dst, check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+        cwd=dst,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     sys.path.insert(0, os.path.join(dst, "src"))
     import cyctx_kernels
+
     return cyctx_kernels
 
 
@@ -64,11 +75,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     ap.add_argument("--tag", default=None)
-    ap.add_argument("--quick", action="store_true", help="few launches: a smoke run, numbers mean little")
+    ap.add_argument(
+        "--quick", action="store_true", help="few launches: a smoke run, numbers mean little"
+    )
     args = ap.parse_args(argv)
 
-    import cyctx
     from cuda.bindings import driver as d
+
+    import cyctx
 
     scratch = tempfile.mkdtemp(prefix="cyctx-launch-")
     ck = build(scratch)
@@ -91,72 +105,124 @@ def main(argv=None):
             samples = {m: [] for m in MODES}
             for _ in range(rounds):
                 for mode in MODES:
-                    samples[mode].append(measure(ck, kernels, t, mode, launches.get(mode, default_launches), rounds=1))
+                    samples[mode].append(
+                        measure(
+                            ck, kernels, t, mode, launches.get(mode, default_launches), rounds=1
+                        )
+                    )
             for mode in MODES:
                 rate_ = statistics.median(samples[mode])
-                rows.append({"gpus": len(devs), "mode": mode, "threads": t,
-                             "launches_per_thread": launches.get(mode, default_launches),
-                             "launches_per_s": rate_, "ns_per_launch_aggregate": 1e9 / rate_,
-                             "rounds": [round(x) for x in samples[mode]]})
-                print(f"{len(devs)} GPU(s)  {mode:18s} {t:2d} threads  {rate_ / 1e6:7.3f} M launches/s  "
-                      f"{1e9 / rate_:8.1f} ns/launch  (rounds: {', '.join(f'{x / 1e6:.3f}' for x in samples[mode])})",
-                      flush=True)
+                rows.append(
+                    {
+                        "gpus": len(devs),
+                        "mode": mode,
+                        "threads": t,
+                        "launches_per_thread": launches.get(mode, default_launches),
+                        "launches_per_s": rate_,
+                        "ns_per_launch_aggregate": 1e9 / rate_,
+                        "rounds": [round(x) for x in samples[mode]],
+                    }
+                )
+                print(
+                    f"{len(devs)} GPU(s)  {mode:18s} {t:2d} threads  {rate_ / 1e6:7.3f} M launches/s  "
+                    f"{1e9 / rate_:8.1f} ns/launch  (rounds: {', '.join(f'{x / 1e6:.3f}' for x in samples[mode])})",
+                    flush=True,
+                )
         for k in kernels:
             k.close()
 
     def rate(g, m, t):
-        return next(r["launches_per_s"] for r in rows if r["gpus"] == g and r["mode"] == m and r["threads"] == t)
+        return next(
+            r["launches_per_s"]
+            for r in rows
+            if r["gpus"] == g and r["mode"] == m and r["threads"] == t
+        )
 
     cost = []
     for devs in device_sets:
         g = len(devs)
         for t in THREADS:
-            per_launch = 1e9 / rate(g, "guard_per_launch", t) * t   # ns per launch, per thread
+            per_launch = 1e9 / rate(g, "guard_per_launch", t) * t  # ns per launch, per thread
             batch = 1e9 / rate(g, "guard_per_batch", t) * t
             raw = 1e9 / rate(g, "raw_push_pop", t) * t
             setc = 1e9 / rate(g, "raw_set_current", t) * t
-            cost.append({"gpus": g, "threads": t, "launch_ns_per_thread": batch,
-                         "guard_ns_per_launch": per_launch - batch,
-                         "guard_fraction_of_launch": (per_launch - batch) / batch,
-                         "raw_push_pop_fraction_of_launch": (raw - batch) / batch,
-                         "raw_set_current_fraction_of_launch": (setc - batch) / batch})
+            cost.append(
+                {
+                    "gpus": g,
+                    "threads": t,
+                    "launch_ns_per_thread": batch,
+                    "guard_ns_per_launch": per_launch - batch,
+                    "guard_fraction_of_launch": (per_launch - batch) / batch,
+                    "raw_push_pop_fraction_of_launch": (raw - batch) / batch,
+                    "raw_set_current_fraction_of_launch": (setc - batch) / batch,
+                }
+            )
 
-    lines = [f"Kernel launches from nogil threads (aggregate, median of {rounds} interleaved rounds)", ""]
-    lines.append(f"{'GPUs':>4}  {'threads':>7}  " + "  ".join(f"{m:>18}" for m in MODES) + "   (M launches/s)")
+    lines = [
+        f"Kernel launches from nogil threads (aggregate, median of {rounds} interleaved rounds)",
+        "",
+    ]
+    lines.append(
+        f"{'GPUs':>4}  {'threads':>7}  "
+        + "  ".join(f"{m:>18}" for m in MODES)
+        + "   (M launches/s)"
+    )
     for devs in device_sets:
         for t in THREADS:
-            lines.append(f"{len(devs):>4}  {t:>7}  " + "  ".join(f"{rate(len(devs), m, t) / 1e6:>18.3f}" for m in MODES))
-    lines += ["", "The guard's cost as a fraction of a launch ((per launch - per batch) / per batch):"]
+            lines.append(
+                f"{len(devs):>4}  {t:>7}  "
+                + "  ".join(f"{rate(len(devs), m, t) / 1e6:>18.3f}" for m in MODES)
+            )
+    lines += [
+        "",
+        "The guard's cost as a fraction of a launch ((per launch - per batch) / per batch):",
+    ]
     for c in cost:
-        lines.append(f"  {c['gpus']} GPU(s), {c['threads']:2d} threads: launch {c['launch_ns_per_thread']:7.1f} ns/thread, "
-                     f"guard {c['guard_ns_per_launch']:7.1f} ns = {100 * c['guard_fraction_of_launch']:5.1f}% "
-                     f"(raw push/pop instead: {100 * c['raw_push_pop_fraction_of_launch']:5.1f}%, "
-                     f"raw cuCtxSetCurrent pair: {100 * c['raw_set_current_fraction_of_launch']:5.1f}%)")
+        lines.append(
+            f"  {c['gpus']} GPU(s), {c['threads']:2d} threads: launch {c['launch_ns_per_thread']:7.1f} ns/thread, "
+            f"guard {c['guard_ns_per_launch']:7.1f} ns = {100 * c['guard_fraction_of_launch']:5.1f}% "
+            f"(raw push/pop instead: {100 * c['raw_push_pop_fraction_of_launch']:5.1f}%, "
+            f"raw cuCtxSetCurrent pair: {100 * c['raw_set_current_fraction_of_launch']:5.1f}%)"
+        )
     text = "\n".join(lines)
     print(text)
 
     os.makedirs(args.out_dir, exist_ok=True)
     import cuda.bindings
-    meta = {"schema": "cyctx-launch/1", "gpu": name, "devices": ndev,
-            "driver_api_version": d.cuDriverGetVersion()[1], "cyctx": cyctx.__version__,
-            "cuda_bindings": cuda.bindings.__version__, "python": platform.python_version(),
-            "machine": platform.node(), "cpus": os.cpu_count(), "quick": args.quick,
-            "kernel": "add(float* x, int n=256, float v): one block of 256 threads"}
+
+    meta = {
+        "schema": "cyctx-launch/1",
+        "gpu": name,
+        "devices": ndev,
+        "driver_api_version": d.cuDriverGetVersion()[1],
+        "cyctx": cyctx.__version__,
+        "cuda_bindings": cuda.bindings.__version__,
+        "python": platform.python_version(),
+        "machine": platform.node(),
+        "cpus": os.cpu_count(),
+        "quick": args.quick,
+        "kernel": "add(float* x, int n=256, float v): one block of 256 threads",
+    }
     with open(os.path.join(args.out_dir, f"launch-{tag}.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows, "guard_cost": cost}, f, indent=1)
     with open(os.path.join(args.out_dir, f"launch-{tag}.txt"), "w") as f:
         f.write(text + "\n")
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         print("launch: matplotlib not installed, no plot")
     else:
-        fig, axes = plt.subplots(1, len(device_sets), figsize=(6 * len(device_sets), 4), squeeze=False)
+        fig, axes = plt.subplots(
+            1, len(device_sets), figsize=(6 * len(device_sets), 4), squeeze=False
+        )
         for ax, devs in zip(axes[0], device_sets):
             for m in MODES:
-                ax.plot(THREADS, [rate(len(devs), m, t) / 1e6 for t in THREADS], marker="o", label=m)
+                ax.plot(
+                    THREADS, [rate(len(devs), m, t) / 1e6 for t in THREADS], marker="o", label=m
+                )
             ax.set_xscale("log", base=2)
             ax.set_xticks(THREADS, [str(t) for t in THREADS])
             ax.set_xlabel("nogil threads")

@@ -11,8 +11,11 @@ import argparse
 import json
 import os
 
-PATH_STYLE = {"fast": ("already current", "#2a7ab0"), "from_none": ("from no context", "#e08a1e"),
-              "from_other": ("from another context", "#6a9f3a")}
+PATH_STYLE = {
+    "fast": ("already current", "#2a7ab0"),
+    "from_none": ("from no context", "#e08a1e"),
+    "from_other": ("from another context", "#6a9f3a"),
+}
 
 
 def _cost_panel(ax, rows, title):
@@ -23,7 +26,11 @@ def _cost_panel(ax, rows, title):
         key = (r["id"], r["label"], r.get("group") if r.get("layer") == "control" else "")
         if key not in seen:
             seen[key] = len(labels)
-            labels.append(r["label"] if r.get("layer") != "control" else f"{r['label']} [in the {r['group'][5:]} process]")
+            labels.append(
+                r["label"]
+                if r.get("layer") != "control"
+                else f"{r['label']} [in the {r['group'][5:]} process]"
+            )
     paths = [p for p in PATH_STYLE if any(r["path"] == p for r in rows)]
     h = 0.8 / max(len(paths), 1)
     y = np.arange(len(labels))
@@ -37,12 +44,27 @@ def _cost_panel(ax, rows, title):
             if r.get("ns") is None:
                 # Never a zero-length bar: a missing peer is labelled, once per row, with why.
                 if i == 0:
-                    ax.text(min(finite or [1]), y[k], "  " + r.get("status", "missing"), va="center",
-                            fontsize=7, color="0.4")
+                    ax.text(
+                        min(finite or [1]),
+                        y[k],
+                        "  " + r.get("status", "missing"),
+                        va="center",
+                        fontsize=7,
+                        color="0.4",
+                    )
                 continue
-            hatch = "///" if r.get("restored") is False or r.get("current_inside") is False else None
-            ax.barh(yy, r["ns"], height=h, color=PATH_STYLE[p][1], hatch=hatch, edgecolor="white",
-                    label=PATH_STYLE[p][0])
+            hatch = (
+                "///" if r.get("restored") is False or r.get("current_inside") is False else None
+            )
+            ax.barh(
+                yy,
+                r["ns"],
+                height=h,
+                color=PATH_STYLE[p][1],
+                hatch=hatch,
+                edgecolor="white",
+                label=PATH_STYLE[p][0],
+            )
             ax.text(r["ns"], yy, f" {r['ns']:.0f}", va="center", fontsize=7)
     ax.set_yticks(y, labels, fontsize=8)
     ax.invert_yaxis()
@@ -62,14 +84,30 @@ def plot(result, out_dir, tag):
     import matplotlib.pyplot as plt
 
     cost = result["cost"]
-    py = [r for r in cost if (r.get("layer") in ("python", "peer") and r["id"] != "python.loop")
-          or (r.get("layer") == "control" and r["id"] == "python.guard")]
+    py = [
+        r
+        for r in cost
+        if (r.get("layer") in ("python", "peer") and r["id"] != "python.loop")
+        or (r.get("layer") == "control" and r["id"] == "python.guard")
+    ]
     compiled = [r for r in cost if r.get("layer") in ("driver", "cython")]
-    fig, axes = plt.subplots(2, 1, figsize=(11, 4 + 0.32 * (len(py) + len(compiled))),
-                             gridspec_kw={"height_ratios": [max(len({r["label"] for r in py}), 1),
-                                                            max(len({r["label"] for r in compiled}), 1)]})
-    _cost_panel(axes[0], py, "From Python: make device 0's context current, then restore\n"
-                             "(hatched: does less than a guard or does not restore; see the table)")
+    fig, axes = plt.subplots(
+        2,
+        1,
+        figsize=(11, 4 + 0.32 * (len(py) + len(compiled))),
+        gridspec_kw={
+            "height_ratios": [
+                max(len({r["label"] for r in py}), 1),
+                max(len({r["label"] for r in compiled}), 1),
+            ]
+        },
+    )
+    _cost_panel(
+        axes[0],
+        py,
+        "From Python: make device 0's context current, then restore\n"
+        "(hatched: does less than a guard or does not restore; see the table)",
+    )
     _cost_panel(axes[1], compiled, "Compiled nogil loops: driver floor and cyctx from Cython")
     fig.suptitle(_title(result), fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.98))
@@ -115,9 +153,15 @@ def plot(result, out_dir, tag):
 
 def _title(result):
     g, p = result["gpu"], result["packages"]
-    drv = "simulated driver (numbers meaningless)" if g["driver"] == "simulated" else f"driver {g.get('driver_version')}"
-    return (f"cyctx {p.get('cyctx')} | {', '.join(g.get('device_names') or [])} | {drv} | "
-            f"Python {result['machine']['python']} | {result['date']}")
+    drv = (
+        "simulated driver (numbers meaningless)"
+        if g["driver"] == "simulated"
+        else f"driver {g.get('driver_version')}"
+    )
+    return (
+        f"cyctx {p.get('cyctx')} | {', '.join(g.get('device_names') or [])} | {drv} | "
+        f"Python {result['machine']['python']} | {result['date']}"
+    )
 
 
 def main():
@@ -127,7 +171,9 @@ def main():
     args = ap.parse_args()
     with open(args.result) as f:
         result = json.load(f)
-    for path in plot(result, args.out_dir or os.path.dirname(os.path.abspath(args.result)), result["tag"]):
+    for path in plot(
+        result, args.out_dir or os.path.dirname(os.path.abspath(args.result)), result["tag"]
+    ):
         print(f"wrote {path}")
 
 

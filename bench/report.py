@@ -6,20 +6,62 @@ import statistics
 # (id, what, numerator (id, path), denominator (id, path), op, goal). A ratio above 1 means
 # the numerator costs more.
 RATIO_TARGETS = (
-    ("python_vs_empty_with", "Python `with guard:` / empty extension-type `with` (fast path)",
-     ("python.guard", "fast"), ("python.empty_with", "fast"), "<=", 1.1),
-    ("cupy_vs_python", "CuPy `with Device(0)` (pre-built) / `with guard:` (fast path)",
-     ("cupy.device", "fast"), ("python.guard", "fast"), ">=", 2.5),
-    ("cuda_core_vs_python", "cuda.core set_current()+restore / `with guard:` (fast path)",
-     ("cuda_core.set_current", "fast"), ("python.guard", "fast"), ">=", 3.0),
-    ("torch_vs_python", "`torch.cuda.device(0)` / `with guard:` (fast path)",
-     ("torch.device", "fast"), ("python.guard", "fast"), ">=", 5.0),
-    ("cython_switch_vs_pushpop", "Cython enter()/exit() / push+pop, switching from no context",
-     ("cython.guard", "from_none"), ("driver.pushpop", "from_none"), "<=", 2.0),
-    ("cython_switch_other_vs_pushpop", "Cython enter()/exit() / push+pop, switching from another context",
-     ("cython.guard", "from_other"), ("driver.pushpop", "from_other"), "<=", 2.0),
-    ("cython_fast_vs_pushpop", "Cython enter()/exit() already current / push+pop",
-     ("cython.guard", "fast"), ("driver.pushpop", "from_none"), "<=", 0.9),
+    (
+        "python_vs_empty_with",
+        "Python `with guard:` / empty extension-type `with` (fast path)",
+        ("python.guard", "fast"),
+        ("python.empty_with", "fast"),
+        "<=",
+        1.1,
+    ),
+    (
+        "cupy_vs_python",
+        "CuPy `with Device(0)` (pre-built) / `with guard:` (fast path)",
+        ("cupy.device", "fast"),
+        ("python.guard", "fast"),
+        ">=",
+        2.5,
+    ),
+    (
+        "cuda_core_vs_python",
+        "cuda.core set_current()+restore / `with guard:` (fast path)",
+        ("cuda_core.set_current", "fast"),
+        ("python.guard", "fast"),
+        ">=",
+        3.0,
+    ),
+    (
+        "torch_vs_python",
+        "`torch.cuda.device(0)` / `with guard:` (fast path)",
+        ("torch.device", "fast"),
+        ("python.guard", "fast"),
+        ">=",
+        5.0,
+    ),
+    (
+        "cython_switch_vs_pushpop",
+        "Cython enter()/exit() / push+pop, switching from no context",
+        ("cython.guard", "from_none"),
+        ("driver.pushpop", "from_none"),
+        "<=",
+        2.0,
+    ),
+    (
+        "cython_switch_other_vs_pushpop",
+        "Cython enter()/exit() / push+pop, switching from another context",
+        ("cython.guard", "from_other"),
+        ("driver.pushpop", "from_other"),
+        "<=",
+        2.0,
+    ),
+    (
+        "cython_fast_vs_pushpop",
+        "Cython enter()/exit() already current / push+pop",
+        ("cython.guard", "fast"),
+        ("driver.pushpop", "from_none"),
+        "<=",
+        0.9,
+    ),
 )
 THREAD_LABELS = {
     "guard.fast": "guard enter+exit, already current",
@@ -34,16 +76,22 @@ MEMORY_FLAT_KIB = 1024  # 10M cycles leaking even 1 byte each would grow ~10 MB
 
 def _costs(result):
     """{(id, path): ns} of the rows that ran, control rows left out."""
-    return {(r["id"], r["path"]): r["ns"] for r in result["cost"]
-            if r.get("layer") != "control" and r.get("status") == "ok"}
+    return {
+        (r["id"], r["path"]): r["ns"]
+        for r in result["cost"]
+        if r.get("layer") != "control" and r.get("status") == "ok"
+    }
 
 
 def _row(result, key, layer=None, group=None):
     """The measured row `key` = (id, path): not a control row unless layer="control"."""
     for r in result["cost"]:
-        if ((r["id"], r["path"]) == key and r.get("status") == "ok"
-                and (r.get("layer") == layer if layer else r.get("layer") != "control")
-                and (group is None or r["group"] == group)):
+        if (
+            (r["id"], r["path"]) == key
+            and r.get("status") == "ok"
+            and (r.get("layer") == layer if layer else r.get("layer") != "control")
+            and (group is None or r["group"] == group)
+        ):
             return r
     return None
 
@@ -92,24 +140,43 @@ def evaluate(result):
         # survival check), so there the raw switch already makes all the guard's driver calls.
         book = g - s if path == "fast" else g - si
         breakdown[path] = {
-            "guard_ns": g, "raw_switch_ns": s, "tls_push_pop_ns": c.get(("cython.tls", "fast")),
+            "guard_ns": g,
+            "raw_switch_ns": s,
+            "tls_push_pop_ns": c.get(("cython.tls", "fast")),
             "reset_check_ns": round(si - s, 2),
-            "bookkeeping_ns": round(book, 2),  # per-thread entry stack, closed/fork checks, vtable call
+            "bookkeeping_ns": round(
+                book, 2
+            ),  # per-thread entry stack, closed/fork checks, vtable call
             "pushpop_ns": floor,
             "guard_vs_pushpop": round(g / floor, 3) if floor else None,
             "without_reset_check_vs_pushpop": round((g - (si - s)) / floor, 3) if floor else None,
         }
-    pe, pg, cg = c.get(("python.empty_with", "fast")), c.get(("python.guard", "fast")), c.get(("cython.guard", "fast"))
+    pe, pg, cg = (
+        c.get(("python.empty_with", "fast")),
+        c.get(("python.guard", "fast")),
+        c.get(("cython.guard", "fast")),
+    )
     if None not in (pe, pg, cg):
-        breakdown["python_fast"] = {"empty_with_ns": pe, "guard_with_ns": pg, "cython_enter_exit_ns": cg,
-                                    "python_overhead_over_empty_ns": round(pg - pe - cg, 2)}
+        breakdown["python_fast"] = {
+            "empty_with_ns": pe,
+            "guard_with_ns": pg,
+            "cython_enter_exit_ns": cg,
+            "python_overhead_over_empty_ns": round(pg - pe - cg, 2),
+        }
     result["breakdown"] = breakdown
 
     targets = []
     for tid, what, num, den, op, goal in RATIO_TARGETS:
         a, b = _row(result, num), _row(result, den)
-        t = {"id": tid, "what": what, "numerator": "/".join(num), "denominator": "/".join(den),
-             "goal": f"{op} {goal}", "value": None, "met": None}
+        t = {
+            "id": tid,
+            "what": what,
+            "numerator": "/".join(num),
+            "denominator": "/".join(den),
+            "goal": f"{op} {goal}",
+            "value": None,
+            "met": None,
+        }
         if a is None or b is None:
             missing = num if a is None else den
             t["detail"] = f"{'/'.join(missing)}: {_status(result, missing)}"
@@ -117,19 +184,30 @@ def evaluate(result):
             continue
         t.update(value=_ratio(a, b), numerator_ns=a["ns"], denominator_ns=b["ns"])
         t["met"] = _met(t["value"], op, goal)
-        control = _row(result, den, layer="control", group=a["group"]) if a["group"] != b["group"] else None
+        control = (
+            _row(result, den, layer="control", group=a["group"])
+            if a["group"] != b["group"]
+            else None
+        )
         if control:
             # The peer against `with guard:` re-measured in the peer's own processes: both must
             # meet the goal, so a process-to-process difference cannot flatter cyctx.
-            t.update(same_process_value=_ratio(a, control), same_process_denominator_ns=control["ns"])
+            t.update(
+                same_process_value=_ratio(a, control), same_process_denominator_ns=control["ns"]
+            )
             t["met"] = t["met"] and _met(t["same_process_value"], op, goal)
         if not t["met"]:
             t["detail"] = _why(tid, breakdown, c, t)
         targets.append(t)
 
     one, sixteen = _thread_ns(result, "guard.fast", 1), _thread_ns(result, "guard.fast", 16)
-    t = {"id": "threads16_fast_speedup", "what": "16-thread guard fast path: aggregate throughput / 1 thread",
-         "goal": ">= 14", "value": None, "met": None}
+    t = {
+        "id": "threads16_fast_speedup",
+        "what": "16-thread guard fast path: aggregate throughput / 1 thread",
+        "goal": ">= 14",
+        "value": None,
+        "met": None,
+    }
     if one and sixteen:
         t["value"] = round(one / sixteen, 2)
         t["met"] = t["value"] >= 14
@@ -142,20 +220,28 @@ def evaluate(result):
             t["vs_core_one_thread"] = round(core_one / sixteen, 2)
             t["detail"] = ((t.get("detail", "") + "; ") if t.get("detail") else "") + (
                 f"one thread costs {one} ns in the thread harness but {core_one} ns in the core group's "
-                f"loop; against that, 16 threads are {t['vs_core_one_thread']}x")
+                f"loop; against that, 16 threads are {t['vs_core_one_thread']}x"
+            )
     targets.append(t)
 
     mem = result.get("memory") or {}
     runs = [r for r in mem.get("runs", []) if r["what"].startswith("cython")]
-    t = {"id": "memory_flat", "what": f"{runs[0]['cycles'] if runs else '?'} nogil cycles per path: RSS "
-                                      f"growth (KiB) and every retain released",
-         "goal": f"<= {MEMORY_FLAT_KIB} KiB, balanced", "value": None, "met": None}
+    t = {
+        "id": "memory_flat",
+        "what": f"{runs[0]['cycles'] if runs else '?'} nogil cycles per path: RSS "
+        f"growth (KiB) and every retain released",
+        "goal": f"<= {MEMORY_FLAT_KIB} KiB, balanced",
+        "value": None,
+        "met": None,
+    }
     if runs:
         t["value"] = max(r["growth_kib"] for r in mem["runs"])
         t["met"] = t["value"] <= MEMORY_FLAT_KIB and bool(mem.get("balanced"))
         if not t["met"]:
-            t["detail"] = (f"RSS growth per run {[r['growth_kib'] for r in mem['runs']]} KiB; balanced: "
-                           f"{mem.get('balanced')} ({mem.get('check')})")
+            t["detail"] = (
+                f"RSS growth per run {[r['growth_kib'] for r in mem['runs']]} KiB; balanced: "
+                f"{mem.get('balanced')} ({mem.get('check')})"
+            )
     targets.append(t)
     result["targets"] = targets
 
@@ -163,32 +249,40 @@ def evaluate(result):
 def _why(tid, b, c, t):
     """What the measured parts say a missed target is made of."""
     if "same_process_value" in t:
-        return (f"{t['numerator']} costs {t['numerator_ns']} ns; `with guard:` {t['denominator_ns']} ns in "
-                f"the core process ({t['value']}x) and {t['same_process_denominator_ns']} ns beside the peer, "
-                f"in its own processes ({t['same_process_value']}x); the control rows show how that "
-                f"process's Python-level and nogil costs compare")
+        return (
+            f"{t['numerator']} costs {t['numerator_ns']} ns; `with guard:` {t['denominator_ns']} ns in "
+            f"the core process ({t['value']}x) and {t['same_process_denominator_ns']} ns beside the peer, "
+            f"in its own processes ({t['same_process_value']}x); the control rows show how that "
+            f"process's Python-level and nogil costs compare"
+        )
     if tid == "cython_fast_vs_pushpop" and "fast" in b:
         f = b["fast"]
-        return (f"the fast path is cuCtxGetCurrent on enter and on exit and the reset check cuCtxGetId "
-                f"({f['raw_switch_ns']} ns as raw switch_to/back, which read the id too; the id read alone "
-                f"{f['reset_check_ns']} ns) and bookkeeping ({f['bookkeeping_ns']} ns); without the reset "
-                f"check it would be {f['without_reset_check_vs_pushpop']}x push+pop")
+        return (
+            f"the fast path is cuCtxGetCurrent on enter and on exit and the reset check cuCtxGetId "
+            f"({f['raw_switch_ns']} ns as raw switch_to/back, which read the id too; the id read alone "
+            f"{f['reset_check_ns']} ns) and bookkeeping ({f['bookkeeping_ns']} ns); without the reset "
+            f"check it would be {f['without_reset_check_vs_pushpop']}x push+pop"
+        )
     if tid.startswith("cython_switch") and tid != "cython_fast_vs_pushpop":
         path = "from_other" if "other" in tid else "from_none"
         if path in b:
             f = b[path]
             ss = c.get(("driver.setset", path))
-            return (f"a switching guard makes two cuCtxSetCurrent ({ss} ns together at the driver, vs "
-                    f"{f['pushpop_ns']} ns for push+pop), cuCtxGetCurrent on enter"
-                    f"{' and exit (the empty-stack check)' if path == 'from_none' else ''}, the reset check "
-                    f"({f['reset_check_ns']} ns) and bookkeeping ({f['bookkeeping_ns']} ns); without the "
-                    f"reset check: {f['without_reset_check_vs_pushpop']}x")
+            return (
+                f"a switching guard makes two cuCtxSetCurrent ({ss} ns together at the driver, vs "
+                f"{f['pushpop_ns']} ns for push+pop), cuCtxGetCurrent on enter"
+                f"{' and exit (the empty-stack check)' if path == 'from_none' else ''}, the reset check "
+                f"({f['reset_check_ns']} ns) and bookkeeping ({f['bookkeeping_ns']} ns); without the "
+                f"reset check: {f['without_reset_check_vs_pushpop']}x"
+            )
     if tid == "python_vs_empty_with" and "python_fast" in b:
         p, f = b["python_fast"], b.get("fast", {})
-        return (f"`with guard:` = empty `with` ({p['empty_with_ns']} ns) + the nogil enter()/exit() "
-                f"({p['cython_enter_exit_ns']} ns: two cuCtxGetCurrent and the reset check "
-                f"{f.get('raw_switch_ns')}, bookkeeping {f.get('bookkeeping_ns')}) + "
-                f"{p['python_overhead_over_empty_ns']} ns other Python-level overhead")
+        return (
+            f"`with guard:` = empty `with` ({p['empty_with_ns']} ns) + the nogil enter()/exit() "
+            f"({p['cython_enter_exit_ns']} ns: two cuCtxGetCurrent and the reset check "
+            f"{f.get('raw_switch_ns')}, bookkeeping {f.get('bookkeeping_ns')}) + "
+            f"{p['python_overhead_over_empty_ns']} ns other Python-level overhead"
+        )
     return "see the cost table"
 
 
@@ -200,11 +294,14 @@ def _why_threads(result):
             parts.append(f"{THREAD_LABELS[kind]} {one / sixteen:.1f}x")
     team = [r["team"] for r in result["threads"].get("rows", []) if r["threads"] == 16][:1]
     cpus = result["threads"].get("cpu_affinity")
-    return (f"16-thread speed-ups: {', '.join(parts)}; {team[0] if team else '?'} OpenMP threads ran on "
-            f"{cpus} usable CPUs")
+    return (
+        f"16-thread speed-ups: {', '.join(parts)}; {team[0] if team else '?'} OpenMP threads ran on "
+        f"{cpus} usable CPUs"
+    )
 
 
 # --- tables -----------------------------------------------------------------------------------
+
 
 def _fmt(ns):
     return "-" if ns is None else f"{ns:.0f}" if ns >= 1000 else f"{ns:.1f}"
@@ -216,7 +313,12 @@ def tables(result):
     paths = [p for p in PATH_TITLES if any(r["path"] == p for r in result["cost"])]
     order, cells = [], {}
     for r in result["cost"]:
-        key = (r.get("layer"), r["group"] if r.get("layer") == "control" else "", r["id"], r["label"])
+        key = (
+            r.get("layer"),
+            r["group"] if r.get("layer") == "control" else "",
+            r["id"],
+            r["label"],
+        )
         if key not in cells:
             order.append(key)
             cells[key] = {}
@@ -235,22 +337,31 @@ def tables(result):
         if layer == "control":
             label = f"{label} [in the {group[5:]} process]"
         rows.append([layer or "", label] + [cells[key].get(p, "") for p in paths])
-    legend = ["~ : device 0's context was NOT current inside the block (it does less than a guard)",
-              "! : the previous context was NOT current after the block (it does not restore)"]
+    legend = [
+        "~ : device 0's context was NOT current inside the block (it does less than a guard)",
+        "! : the previous context was NOT current after the block (it does not restore)",
+    ]
     missing = {}  # reason -> peers
     for r in result["cost"]:
         if r.get("status", "").startswith("missing"):
-            missing.setdefault(r["status"][len("missing: "):], set()).add(r["group"][5:])
+            missing.setdefault(r["status"][len("missing: ") :], set()).add(r["group"][5:])
     missing = [f"missing ({why}): {', '.join(sorted(peers))}" for why, peers in missing.items()]
     meta = result["method"]
-    out.append((f"Per enter+exit, ns: median over {meta.get('processes', 1)} process(es) of the median of "
-                f"{meta['rounds']} rounds; paths: target already current / no context before / another "
-                f"context before",
-                ["layer", "what"] + [PATH_TITLES[p] for p in paths], rows,
-                legend + missing + [f"{k}: {v}" for k, v in meta["restore"].items()]))
+    out.append(
+        (
+            f"Per enter+exit, ns: median over {meta.get('processes', 1)} process(es) of the median of "
+            f"{meta['rounds']} rounds; paths: target already current / no context before / another "
+            f"context before",
+            ["layer", "what"] + [PATH_TITLES[p] for p in paths],
+            rows,
+            legend + missing + [f"{k}: {v}" for k, v in meta["restore"].items()],
+        )
+    )
 
     trows = []
-    kinds = [k for k in THREAD_LABELS if any(r["id"] == k for r in result["threads"].get("rows", []))]
+    kinds = [
+        k for k in THREAD_LABELS if any(r["id"] == k for r in result["threads"].get("rows", []))
+    ]
     counts = sorted({r["threads"] for r in result["threads"].get("rows", [])})
     for kind in kinds:
         one = _thread_ns(result, kind, 1)
@@ -261,37 +372,79 @@ def tables(result):
         trows.append(row)
     th = result["threads"]
     plain = th.get("main_thread_no_openmp_ns") or {}
-    out.append(("Threads: aggregate ns per op (throughput speed-up over 1 thread); the same work per thread",
-                ["what"] + [str(t) for t in counts], trows,
-                [f"{th.get('cpu_affinity')} usable CPUs; OpenMP teams of "
-                 f"{sorted({r['team'] for r in th.get('rows', [])})} threads",
-                 f"in the same process, on its main thread without OpenMP: guard fast path "
-                 f"{plain.get('guard.fast')} ns, push+pop {plain.get('driver.pushpop')} ns"]
-                if trows else [th.get("status", "")]))
+    out.append(
+        (
+            "Threads: aggregate ns per op (throughput speed-up over 1 thread); the same work per thread",
+            ["what"] + [str(t) for t in counts],
+            trows,
+            [
+                f"{th.get('cpu_affinity')} usable CPUs; OpenMP teams of "
+                f"{sorted({r['team'] for r in th.get('rows', [])})} threads",
+                f"in the same process, on its main thread without OpenMP: guard fast path "
+                f"{plain.get('guard.fast')} ns, push+pop {plain.get('driver.pushpop')} ns",
+            ]
+            if trows
+            else [th.get("status", "")],
+        )
+    )
 
     mem = result.get("memory") or {}
-    mrows = [[r["what"], f"{r['cycles']:,}", f"{r['seconds']:.2f}", f"{r['rss_kib_before']:,}",
-              f"{r['rss_kib_after']:,}", f"{r['growth_kib']:+,}"] for r in mem.get("runs", [])]
-    out.append(("Memory", ["what", "cycles", "s", "RSS before KiB", "after KiB", "growth KiB"], mrows,
-                [f"retains balanced: {'yes' if mem.get('balanced') else 'NO'} ({mem.get('check')}; primary "
-                 f"contexts active after close: {mem.get('primary_active_after_close')}, refcounts after "
-                 f"close: {mem.get('retains_after_close')})"] if mrows else [mem.get("status", "")]))
+    mrows = [
+        [
+            r["what"],
+            f"{r['cycles']:,}",
+            f"{r['seconds']:.2f}",
+            f"{r['rss_kib_before']:,}",
+            f"{r['rss_kib_after']:,}",
+            f"{r['growth_kib']:+,}",
+        ]
+        for r in mem.get("runs", [])
+    ]
+    out.append(
+        (
+            "Memory",
+            ["what", "cycles", "s", "RSS before KiB", "after KiB", "growth KiB"],
+            mrows,
+            [
+                f"retains balanced: {'yes' if mem.get('balanced') else 'NO'} ({mem.get('check')}; primary "
+                f"contexts active after close: {mem.get('primary_active_after_close')}, refcounts after "
+                f"close: {mem.get('retains_after_close')})"
+            ]
+            if mrows
+            else [mem.get("status", "")],
+        )
+    )
 
-    trows = [[t["what"], "-" if t["value"] is None else f"{t['value']}", f"{t.get('same_process_value', '')}",
-              t["goal"], {True: "met", False: "MISSED", None: "n/a"}[t["met"]]] for t in result["targets"]]
+    trows = [
+        [
+            t["what"],
+            "-" if t["value"] is None else f"{t['value']}",
+            f"{t.get('same_process_value', '')}",
+            t["goal"],
+            {True: "met", False: "MISSED", None: "n/a"}[t["met"]],
+        ]
+        for t in result["targets"]
+    ]
     tnotes = [f"{t['id']}: {t['detail']}" for t in result["targets"] if t.get("detail")]
     b = result.get("breakdown", {})
     for path, f in b.items():
         if path == "fast":
-            tnotes.append(f"breakdown {PATH_TITLES[path]}: guard {f['guard_ns']} ns = raw switch, its id read "
-                          f"included {f['raw_switch_ns']} + bookkeeping {f['bookkeeping_ns']} (a thread-local "
-                          f"push+pop alone: {f['tls_push_pop_ns']})")
+            tnotes.append(
+                f"breakdown {PATH_TITLES[path]}: guard {f['guard_ns']} ns = raw switch, its id read "
+                f"included {f['raw_switch_ns']} + bookkeeping {f['bookkeeping_ns']} (a thread-local "
+                f"push+pop alone: {f['tls_push_pop_ns']})"
+            )
         elif path != "python_fast":
-            tnotes.append(f"breakdown {PATH_TITLES[path]}: guard {f['guard_ns']} ns = raw switch {f['raw_switch_ns']} "
-                          f"+ reset check {f['reset_check_ns']} + bookkeeping {f['bookkeeping_ns']} (a thread-local "
-                          f"push+pop alone: {f['tls_push_pop_ns']})")
-    tnotes.insert(0, "same process: a peer against `with guard:` re-measured in the peer's own process "
-                     "(control rows); a peer target is met only when both values meet it")
+            tnotes.append(
+                f"breakdown {PATH_TITLES[path]}: guard {f['guard_ns']} ns = raw switch {f['raw_switch_ns']} "
+                f"+ reset check {f['reset_check_ns']} + bookkeeping {f['bookkeeping_ns']} (a thread-local "
+                f"push+pop alone: {f['tls_push_pop_ns']})"
+            )
+    tnotes.insert(
+        0,
+        "same process: a peer against `with guard:` re-measured in the peer's own process "
+        "(control rows); a peer target is met only when both values meet it",
+    )
     out.append(("Targets", ["target", "value", "same process", "goal", "result"], trows, tnotes))
     return out
 
@@ -300,11 +453,13 @@ def _header(result):
     g, p, m = result["gpu"], result["packages"], result["mode"]
     gpus = ", ".join(g.get("device_names") or []) or "?"
     drv = "simulated driver" if m["driver"] == "simulated" else f"driver {g.get('driver_version')}"
-    return (f"cyctx benchmarks ({result['date']}): {drv}, {g.get('devices')} device(s): {gpus}; "
-            f"CUDA driver API {g.get('cuda_driver_api_version')}; Python {result['machine']['python']}, "
-            f"cyctx {p.get('cyctx')}, cuda-bindings {p.get('cuda-bindings')}, Cython {p.get('Cython')}"
-            f"{'; QUICK run' if m['quick'] else ''}. CPU: {result['machine'].get('cpu')} "
-            f"({result['machine']['cpu_count']} CPUs)")
+    return (
+        f"cyctx benchmarks ({result['date']}): {drv}, {g.get('devices')} device(s): {gpus}; "
+        f"CUDA driver API {g.get('cuda_driver_api_version')}; Python {result['machine']['python']}, "
+        f"cyctx {p.get('cyctx')}, cuda-bindings {p.get('cuda-bindings')}, Cython {p.get('Cython')}"
+        f"{'; QUICK run' if m['quick'] else ''}. CPU: {result['machine'].get('cpu')} "
+        f"({result['machine']['cpu_count']} CPUs)"
+    )
 
 
 def text(result):
@@ -314,8 +469,12 @@ def text(result):
         if rows:
             widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
             for i, r in enumerate([headers] + rows):
-                lines.append("  ".join(str(x).ljust(w) if j < 2 else str(x).rjust(w)
-                                       for j, (x, w) in enumerate(zip(r, widths))).rstrip())
+                lines.append(
+                    "  ".join(
+                        str(x).ljust(w) if j < 2 else str(x).rjust(w)
+                        for j, (x, w) in enumerate(zip(r, widths))
+                    ).rstrip()
+                )
                 if i == 0:
                     lines.append("  ".join("-" * w for w in widths))
         lines += [f"  {n}" for n in notes if n]
@@ -328,7 +487,9 @@ def markdown(result):
         lines += [f"**{title}**", ""]
         if rows:
             lines.append("| " + " | ".join(headers) + " |")
-            lines.append("|" + "|".join("---" if i < 2 else "---:" for i in range(len(headers))) + "|")
+            lines.append(
+                "|" + "|".join("---" if i < 2 else "---:" for i in range(len(headers))) + "|"
+            )
             lines += ["| " + " | ".join(str(x).replace("|", "\\|") for x in r) + " |" for r in rows]
             lines.append("")
         lines += [f"* {n}" for n in notes if n]

@@ -8,7 +8,7 @@ machine, through bench/harness.py (how it measures):
 
   core     per enter+exit, groups floor, nogil and from_python in one process: driver floor
            (push+pop, retain+push+pop+release), cyctx from Cython (nogil enter()/exit(), the
-           raw switch_to()/switch_back() with and without the reset check, the _tls.h stack),
+           raw switch_to()/switch_back() with and without the reset check, the _cpp/thread_entries.h stack),
            cyctx from Python (`with guard:`) and an empty extension-type `with`
   threads  1..16 OpenMP threads: guard fast path and switching path, raw push+pop
   memory   10 million nogil enter/exit cycles per path and 1 million `with guard:`: RSS
@@ -43,18 +43,27 @@ import harness  # noqa: E402
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true", help="few iterations (a smoke run)")
     ap.add_argument("--sim", action="store_true", help="cyctx's simulated driver (no GPU needed)")
     ap.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     ap.add_argument("--tag", help="name of the output files (default: sim, or the GPU's name)")
-    ap.add_argument("--build-dir", help="where to compile _bench.pyx (default: a temporary directory)")
+    ap.add_argument(
+        "--build-dir", help="where to compile _bench.pyx (default: a temporary directory)"
+    )
     ap.add_argument("--only", help="comma-separated groups to run (default: all)")
     ap.add_argument("--group-timeout", type=int, default=600, help="seconds per group")
-    ap.add_argument("--repeat", type=int, help="processes per single-threaded group (default 3, --quick 1)")
-    ap.add_argument("--cpu", type=int, help="CPU to pin the single-threaded groups to (default: the "
-                                            "last one this process may use; -1: no pinning)")
+    ap.add_argument(
+        "--repeat", type=int, help="processes per single-threaded group (default 3, --quick 1)"
+    )
+    ap.add_argument(
+        "--cpu",
+        type=int,
+        help="CPU to pin the single-threaded groups to (default: the "
+        "last one this process may use; -1: no pinning)",
+    )
     args = ap.parse_args(argv)
     args.repeat = args.repeat or (1 if args.quick else 3)
     if args.cpu is None:
@@ -70,8 +79,11 @@ def main(argv=None):
         os.makedirs(build_dir, exist_ok=True)
         print(f"run_all: building _bench in {build_dir}", flush=True)
         harness.build(build_dir)
-        print(f"run_all: {'simulated' if args.sim else 'real'} driver{', quick' if args.quick else ''}; "
-              f"each group in its own process", flush=True)
+        print(
+            f"run_all: {'simulated' if args.sim else 'real'} driver{', quick' if args.quick else ''}; "
+            f"each group in its own process",
+            flush=True,
+        )
         ran = {}
         for name in names:
             if args.sim and name.startswith("peer:") and name != "peer:cuda_bindings":
@@ -83,7 +95,11 @@ def main(argv=None):
             # H200 VM: up to 1.8x, steady within a process): the single-threaded groups run in
             # several processes and report the median.
             reps = [harness.spawn(name, args, build_dir, work)]
-            while name not in ("threads", "memory") and len(reps) < args.repeat and reps[-1]["status"] == "ok":
+            while (
+                name not in ("threads", "memory")
+                and len(reps) < args.repeat
+                and reps[-1]["status"] == "ok"
+            ):
                 reps.append(harness.spawn(name, args, build_dir, work, len(reps)))
             ran[name] = harness.merge(reps) if name not in ("threads", "memory") else reps[0]
         for name in ("threads", "memory"):
@@ -95,7 +111,11 @@ def main(argv=None):
     result["tag"] = args.tag
     written = harness.write(result, args.out_dir)
     print(f"run_all: wrote {', '.join(written)} in {args.out_dir}")
-    failed = [n for n, r in ran.items() if r["status"] != "ok" and not r["status"].startswith(("missing", "not run"))]
+    failed = [
+        n
+        for n, r in ran.items()
+        if r["status"] != "ok" and not r["status"].startswith(("missing", "not run"))
+    ]
     if failed:
         print(f"run_all: groups that failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

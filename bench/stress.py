@@ -103,8 +103,9 @@ def worker(guards, pairs, seed, shared_guard, stats, lock, edges=False):
 
 def run(threads=16, pairs=1_000_000, seed=1, sim=None, edges=False):
     """Run the load; returns a dict of results. `sim`: a cyctx.testing.Sim or None."""
-    import cyctx
     from cuda.bindings import driver as d
+
+    import cyctx
 
     d.cuInit(0)
     ndev = min(d.cuDeviceGetCount()[1], 2)
@@ -115,7 +116,13 @@ def run(threads=16, pairs=1_000_000, seed=1, sim=None, edges=False):
     if edges:
         for i in range(ndev):
             cyctx.ContextGuard.shared(i)  # made up front, so the retain accounting is exact
-    stats = {"pairs": 0, "violations": 0, "exceptions": 0, "orphaned_entries": 0, "late_generator_exits": 0}
+    stats = {
+        "pairs": 0,
+        "violations": 0,
+        "exceptions": 0,
+        "orphaned_entries": 0,
+        "late_generator_exits": 0,
+    }
     lock = threading.Lock()
     reported = []
     old_hook = sys.unraisablehook
@@ -129,8 +136,12 @@ def run(threads=16, pairs=1_000_000, seed=1, sim=None, edges=False):
             worker(guards, 1000, seed - 1, shared, dict(stats, pairs=0), lock, edges)
             rss0 = rss_kib()
             t0 = time.perf_counter()
-            ts = [threading.Thread(target=worker, args=(guards, per, seed + k, shared, stats, lock, edges))
-                  for k in range(threads)]
+            ts = [
+                threading.Thread(
+                    target=worker, args=(guards, per, seed + k, shared, stats, lock, edges)
+                )
+                for k in range(threads)
+            ]
             for t in ts:
                 t.start()
             for t in ts:
@@ -142,19 +153,34 @@ def run(threads=16, pairs=1_000_000, seed=1, sim=None, edges=False):
         stats["violations"] += sum(1 for r in reported if r != "GuardError")
     rss1 = rss_kib()
     shared_held = [i for i in range(ndev) if edges]  # shared guards stay: one retain each
-    held = [sim.retain_count(i) - base[i] - (i in shared_held) for i in range(ndev)] if sim else None
+    held = (
+        [sim.retain_count(i) - base[i] - (i in shared_held) for i in range(ndev)] if sim else None
+    )
     for g in guards:
         g.close()
-    after = [sim.retain_count(i) - base[i] - (i in shared_held) for i in range(ndev)] if sim else None
+    after = (
+        [sim.retain_count(i) - base[i] - (i in shared_held) for i in range(ndev)] if sim else None
+    )
     # With --edges the shared guards keep every device's primary context active, by design.
     active = [bool(d.cuDevicePrimaryCtxGetState(d.cuDeviceGet(i)[1])[2]) for i in range(ndev)]
     return {
-        "threads": threads, "devices": ndev, "seed": seed, "pairs": stats["pairs"],
-        "violations": stats["violations"], "exceptions": stats["exceptions"], "seconds": round(secs, 2),
-        "rss_kib_before": rss0, "rss_kib_after": rss1, "rss_growth_kib": rss1 - rss0,
-        "retains_held_during": held, "retains_after_close": after, "primary_active_after_close": active,
-        "driver": "simulated" if sim else "real", "edges": edges,
-        "orphaned_entries": stats["orphaned_entries"], "late_generator_exits": stats["late_generator_exits"],
+        "threads": threads,
+        "devices": ndev,
+        "seed": seed,
+        "pairs": stats["pairs"],
+        "violations": stats["violations"],
+        "exceptions": stats["exceptions"],
+        "seconds": round(secs, 2),
+        "rss_kib_before": rss0,
+        "rss_kib_after": rss1,
+        "rss_growth_kib": rss1 - rss0,
+        "retains_held_during": held,
+        "retains_after_close": after,
+        "primary_active_after_close": active,
+        "driver": "simulated" if sim else "real",
+        "edges": edges,
+        "orphaned_entries": stats["orphaned_entries"],
+        "late_generator_exits": stats["late_generator_exits"],
     }
 
 
@@ -164,7 +190,9 @@ def main():
     ap.add_argument("--pairs", type=int, default=1_000_000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--sim", action="store_true")
-    ap.add_argument("--edges", action="store_true", help="also exercise the edges of docs/guarantees.md")
+    ap.add_argument(
+        "--edges", action="store_true", help="also exercise the edges of docs/guarantees.md"
+    )
     ap.add_argument("--out")
     args = ap.parse_args()
     sim = None
@@ -177,7 +205,9 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
-    ok = res["violations"] == 0 and (sim is None or res["retains_after_close"] == [0] * res["devices"])
+    ok = res["violations"] == 0 and (
+        sim is None or res["retains_after_close"] == [0] * res["devices"]
+    )
     sys.exit(0 if ok else 1)
 
 

@@ -24,7 +24,9 @@ class _Page(HTMLParser):
         if tag == "a" and a.get("name"):
             self.ids.add(a["name"])
         for key in ("href", "src"):
-            if a.get(key) and not (tag == "link" and key == "href" and a.get("rel") in ("canonical",)):
+            if a.get(key) and not (
+                tag == "link" and key == "href" and a.get("rel") in ("canonical",)
+            ):
                 self.links.append(a[key])
 
 
@@ -43,13 +45,21 @@ def check(root: str) -> list[str]:
             u = urlsplit(link)
             if u.scheme or u.netloc or link.startswith(("mailto:", "javascript:", "data:")):
                 continue
-            target = os.path.normpath(os.path.join(os.path.dirname(path), unquote(u.path))) if u.path else path
+            target = (
+                os.path.normpath(os.path.join(os.path.dirname(path), unquote(u.path)))
+                if u.path
+                else path
+            )
             if os.path.isdir(target):
                 target = os.path.join(target, "index.html")
             where = f"{os.path.relpath(path, root)}: {link}"
             if not os.path.exists(target):
                 broken.append(f"{where} (no file {os.path.relpath(target, root)})")
-            elif u.fragment and target.endswith(".html") and unquote(u.fragment) not in pages[target].ids:
+            elif (
+                u.fragment
+                and target.endswith(".html")
+                and unquote(u.fragment) not in pages[target].ids
+            ):
                 broken.append(f"{where} (no anchor #{u.fragment})")
     return broken
 

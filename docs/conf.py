@@ -63,8 +63,10 @@ nitpick_ignore_regex = [("py:class", r"(Any|None|list|dict|tuple|type)\[?.*")]
 # Intersphinx, offline: the inventory is a committed file (docs/_intersphinx/python.inv, written
 # by make_python_inv.py there), so the build reads no network; links point to docs.python.org.
 intersphinx_mapping = {
-    "python": ("https://docs.python.org/3", os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                         "_intersphinx", "python.inv")),
+    "python": (
+        "https://docs.python.org/3",
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "_intersphinx", "python.inv"),
+    ),
 }
 
 # Doctest runs the examples of these pages and of the docstrings on cyctx's simulated driver,

@@ -42,7 +42,9 @@ def pytest_runtest_setup(item):
     if kind != "real":
         for mark in ("gpu", "cudart"):
             if item.get_closest_marker(mark):
-                pytest.skip(f"needs the real NVIDIA driver ({mark}); this run uses the simulated driver")
+                pytest.skip(
+                    f"needs the real NVIDIA driver ({mark}); this run uses the simulated driver"
+                )
     if item.get_closest_marker("cudart") and drivers.cudart() is None:
         pytest.skip("needs a loadable libcudart (nvidia-cuda-runtime wheel or toolkit)")
     if item.get_closest_marker("multigpu") and drivers.device_count() < 2:

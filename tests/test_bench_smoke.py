@@ -17,15 +17,26 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(REPO, "bench")
-pytestmark = pytest.mark.skipif(not os.path.isfile(os.path.join(BENCH, "run_all.py")),
-                                reason="needs the source tree's bench/")
+pytestmark = pytest.mark.skipif(
+    not os.path.isfile(os.path.join(BENCH, "run_all.py")), reason="needs the source tree's bench/"
+)
 
 PATHS = ("fast", "from_none", "from_other")  # the simulated driver has two devices
 EXPECTED_ROWS = (
-    [(k, p) for k in ("driver.pushpop", "driver.pushpop_cydriver", "driver.setset") for p in PATHS[1:]]
-    + [("driver.full", "from_none"), ("driver.getcurrent", "fast"), ("driver.getid", "fast"), ("cython.tls", "fast")]
+    [
+        (k, p)
+        for k in ("driver.pushpop", "driver.pushpop_cydriver", "driver.setset")
+        for p in PATHS[1:]
+    ]
+    + [
+        ("driver.full", "from_none"),
+        ("driver.getcurrent", "fast"),
+        ("driver.getid", "fast"),
+        ("cython.tls", "fast"),
+    ]
     + [(k, p) for k in ("cython.guard", "cython.switch", "cython.switch_id") for p in PATHS]
-    + [("python.loop", "fast"), ("python.empty_with", "fast")] + [("python.guard", p) for p in PATHS]
+    + [("python.loop", "fast"), ("python.empty_with", "fast")]
+    + [("python.guard", p) for p in PATHS]
     + [(k, p) for k in ("cuda_bindings.pushpop", "cuda_bindings.full") for p in PATHS]
 )
 MISSING_ON_SIM = ("cupy", "cuda_core", "torch", "numba")
@@ -41,9 +52,21 @@ def build_dir(tmp_path_factory):
 def run(tmp_path_factory, build_dir):
     out = tmp_path_factory.mktemp("bench-results")
     proc = subprocess.run(
-        [sys.executable, os.path.join(BENCH, "run_all.py"), "--sim", "--quick", "--repeat", "2", "--out-dir", str(out),
-         "--build-dir", str(build_dir)],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            os.path.join(BENCH, "run_all.py"),
+            "--sim",
+            "--quick",
+            "--repeat",
+            "2",
+            "--out-dir",
+            str(out),
+            "--build-dir",
+            str(build_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
     with open(out / "bench-sim.json") as f:
@@ -71,12 +94,22 @@ def test_every_group_ran(run):
     for name in ("core", "threads", "memory", "peer:cuda_bindings"):
         assert status.pop(name) == "ok", res["groups"][name]
     assert status == {f"peer:{p}": "missing: simulated driver" for p in MISSING_ON_SIM}
-    pids = [g["pid"] if isinstance(g["pid"], list) else [g["pid"]] for g in res["groups"].values() if "pid" in g]
-    assert [len(p) for p in pids] == [2, 1, 1, 2], "core and peers repeat in 2 processes, threads and memory not"
+    pids = [
+        g["pid"] if isinstance(g["pid"], list) else [g["pid"]]
+        for g in res["groups"].values()
+        if "pid" in g
+    ]
+    assert [len(p) for p in pids] == [2, 1, 1, 2], (
+        "core and peers repeat in 2 processes, threads and memory not"
+    )
     pids = sum(pids, [])
     assert len(set(pids)) == len(pids), "each group runs in its own process"
     cpu = res["method"]["pinned_cpu"]
-    assert cpu is not None and res["groups"]["core"]["cpu"] == cpu and res["groups"]["threads"]["cpu"] is None
+    assert (
+        cpu is not None
+        and res["groups"]["core"]["cpu"] == cpu
+        and res["groups"]["threads"]["cpu"] is None
+    )
 
 
 def test_every_cost_row_measured(run):
@@ -90,7 +123,9 @@ def test_every_cost_row_measured(run):
         assert r.get("restored", True), f"{key} left another context current"
         assert r.get("current_inside", True), f"{key}: device 0's context was not current inside"
     controls = {(r["group"], r["id"]): r for r in res["cost"] if r["layer"] == "control"}
-    assert sorted(controls) == [("peer:cuda_bindings", k) for k in ("cython.guard", "python.empty_with", "python.guard")]
+    assert sorted(controls) == [
+        ("peer:cuda_bindings", k) for k in ("cython.guard", "python.empty_with", "python.guard")
+    ]
     assert all(r["status"] == "ok" and r["ns"] > 0 for r in controls.values())
 
 
@@ -109,9 +144,9 @@ def test_every_registered_case_and_process_ran(run, bench_modules):
 
 
 def test_the_tls_row_times_cyctx_own_header(run, build_dir):
-    # Compiled against the installed cyctx's _tls.h (no copy of the stack in bench/_bench.pyx).
+    # Compiled against the installed cyctx's _cpp/thread_entries.h (no copy of the stack in bench/_bench.pyx).
     cpp = (build_dir / "_bench.cpp").read_text()
-    assert '#include "_tls.h"' in cpp
+    assert '#include "_cpp/thread_entries.h"' in cpp
     assert "cyctx::tls_push(" in cpp and "cyctx::tls_pop_own(" in cpp  # what enter and exit call
     assert "static thread_local" not in (build_dir / "_bench.pyx").read_text()  # a stack of its own
 
@@ -187,16 +222,26 @@ def test_memory_run_balanced(run):
     assert [r["cycles"] for r in mem["runs"]] == [100_000, 100_000, 10_000]
     for r in mem["runs"]:
         assert r["rss_kib_before"] > 0 and r["rss_kib_after"] > 0 and r["restored"], r
-    assert mem["balanced"] and mem["retains_after_close"] == [0, 0] and mem["retains_during"] == [1, 1]
+    assert (
+        mem["balanced"] and mem["retains_after_close"] == [0, 0] and mem["retains_during"] == [1, 1]
+    )
     assert mem["open_entries_after"] == 0 and mem["primary_active_after_close"] == [False, False]
 
 
 def test_targets_and_breakdown_computed(run):
     _, _, res = run
     ids = [t["id"] for t in res["targets"]]
-    assert ids == ["python_vs_empty_with", "cupy_vs_python", "cuda_core_vs_python", "torch_vs_python",
-                   "cython_switch_vs_pushpop", "cython_switch_other_vs_pushpop", "cython_fast_vs_pushpop",
-                   "threads16_fast_speedup", "memory_flat"]
+    assert ids == [
+        "python_vs_empty_with",
+        "cupy_vs_python",
+        "cuda_core_vs_python",
+        "torch_vs_python",
+        "cython_switch_vs_pushpop",
+        "cython_switch_other_vs_pushpop",
+        "cython_fast_vs_pushpop",
+        "threads16_fast_speedup",
+        "memory_flat",
+    ]
     for t in res["targets"]:
         if t["id"] not in ("cupy_vs_python", "cuda_core_vs_python", "torch_vs_python"):
             assert isinstance(t["value"], (int, float)) and t["met"] in (True, False), t

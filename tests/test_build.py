@@ -8,12 +8,11 @@ import sys
 import textwrap
 
 import pytest
+from helpers.children import run_child
 
 import cyctx
 from cyctx import _cuda_headers as hdrs
 from cyctx._compat import IncompatibleBindingsError, check_bindings, installed_bindings_version
-
-from helpers.children import run_child
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -30,11 +29,17 @@ def test_build_info_records_a_matching_header():
 
 @pytest.mark.parametrize(
     "installed, fix",
-    [("13.5.0", None), ("13.0.0", None), ("13.3.1", None), ("12.9.0", None), ("12.9.10", None),
-     ("12.8.0", "pip install 'cuda-bindings>=12.9,<13'"),
-     ("11.8.7", "pip install 'cuda-bindings>=12.9,<13'"),
-     ("14.0.0", "pip install --upgrade cyctx"),
-     (None, "pip install 'cuda-bindings>=13,<14'")],
+    [
+        ("13.5.0", None),
+        ("13.0.0", None),
+        ("13.3.1", None),
+        ("12.9.0", None),
+        ("12.9.10", None),
+        ("12.8.0", "pip install 'cuda-bindings>=12.9,<13'"),
+        ("11.8.7", "pip install 'cuda-bindings>=12.9,<13'"),
+        ("14.0.0", "pip install --upgrade cyctx"),
+        (None, "pip install 'cuda-bindings>=13,<14'"),
+    ],
 )
 def test_check_bindings(installed, fix):
     if fix is None:
@@ -51,9 +56,16 @@ def _import_with_fake_bindings(tmp_path, version, code="import cyctx"):
     # A cuda-bindings dist-info shadowing the real one, as importlib.metadata sees it.
     dist = tmp_path / f"cuda_bindings-{version}.dist-info"
     dist.mkdir()
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: cuda-bindings\nVersion: {version}\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path)
+    (dist / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: cuda-bindings\nVersion: {version}\n"
+    )
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path
+    )
 
 
 def test_import_with_unsupported_bindings_is_a_clear_error(tmp_path):
@@ -74,7 +86,7 @@ def test_import_with_the_other_major_works(tmp_path):
 
 
 def test_compiled_modules_do_not_import_cuda_bindings():
-    # The driver is resolved by cyctx (_driver.h): a guard's whole life runs without any
+    # The driver is resolved by cyctx (_cpp/driver.h): a guard's whole life runs without any
     # cuda.bindings module, so no C signature of any cuda-bindings version is imported.
     code = textwrap.dedent("""
         import sys
@@ -110,8 +122,12 @@ def test_compiled_modules_share_no_state_through_exported_symbols():
     mods = [m for m in glob.glob(os.path.join(pkg, "_*.so")) if "_sim" not in m]
     assert mods, pkg
     for mod in mods:
-        out = subprocess.run([readelf, "-sW", "--dyn-syms", mod], capture_output=True, text=True, check=True).stdout
-        rows = [f for f in (line.split() for line in out.splitlines()) if len(f) >= 8 and f[6] != "UND"]
+        out = subprocess.run(
+            [readelf, "-sW", "--dyn-syms", mod], capture_output=True, text=True, check=True
+        ).stdout
+        rows = [
+            f for f in (line.split() for line in out.splitlines()) if len(f) >= 8 and f[6] != "UND"
+        ]
         # Binding "<OS specific>: 10" is STB_GNU_UNIQUE (readelf splits it into two fields).
         unique = [f[-1] for f in rows if f[4] == "<OS"]
         ours = [f[-1] for f in rows if "5cyctx" in f[-1] or f[-1].startswith("__pyx")]
@@ -130,6 +146,7 @@ def test_one_extension_module_owns_the_native_state():
     mods = sorted(os.path.basename(m).split(".")[0] for m in glob.glob(os.path.join(pkg, "*.so")))
     assert mods == ["_guard"], mods
     from cyctx import _errors
+
     assert _errors.__file__.endswith(".py")  # the words: pure Python
 
 
@@ -143,12 +160,17 @@ def test_no_driver_is_a_typed_error():
         except cyctx.NoDeviceError as e:
             print("NoDeviceError", e.code, e.call, str(e))
     """)
-    probe = subprocess.run([sys.executable, "-c", "import ctypes; ctypes.CDLL('libcuda.so.1')"],
-                           capture_output=True)  # in a fresh process: this one may hold the simulator
+    probe = subprocess.run(
+        [sys.executable, "-c", "import ctypes; ctypes.CDLL('libcuda.so.1')"], capture_output=True
+    )  # in a fresh process: this one may hold the simulator
     if probe.returncode == 0:
         pytest.skip("a libcuda.so.1 is installed on this machine")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={k: v for k, v in os.environ.items() if k != "CYCTX_TEST_DRIVER"})
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "CYCTX_TEST_DRIVER"},
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("NoDeviceError 100 loading the CUDA driver")
     assert "libcuda.so.1" in proc.stdout and "simulate" in proc.stdout
@@ -207,17 +229,21 @@ def test_default_discovery_finds_the_runtime_wheel(monkeypatch):
         assert h.found_via.startswith(("sys.path", "cuda-pathfinder"))
 
 
-@pytest.mark.skipif(not os.path.isfile(os.path.join(REPO, "setup.py")), reason="needs the source tree")
+@pytest.mark.skipif(
+    not os.path.isfile(os.path.join(REPO, "setup.py")), reason="needs the source tree"
+)
 def test_setup_py_refuses_a_mismatched_header(tmp_path):
     bmaj, bmin, _ = hdrs.bindings_version()
     env = dict(os.environ, CUDA_HOME=str(_fake_toolkit(tmp_path / "tk", (bmaj - 1) * 1000 + 80)))
-    proc = subprocess.run([sys.executable, "setup.py", "--version"], cwd=REPO, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "setup.py", "--version"], cwd=REPO, env=env, capture_output=True, text=True
+    )
     assert proc.returncode != 0
     assert "cyctx build:" in proc.stderr and "pip install" in proc.stderr
 
 
 def test_installed_package_ships_cimport_surface_and_stubs():
-    for f in ("__init__.pxd", "_guard.pxd", "__init__.pyi", "py.typed", "_tls.h"):
+    for f in ("__init__.pxd", "_guard.pxd", "__init__.pyi", "py.typed", "_cpp/thread_entries.h"):
         assert os.path.isfile(os.path.join(PKG, f)), f
 
 
@@ -230,7 +256,9 @@ def test_get_include_finds_the_header_the_pxd_declares_switch_from():
     assert headers, "the .pxd declares nothing from a header"
     for h in headers:
         found = [d for d in cyctx.get_include() if os.path.isfile(os.path.join(d, h))]
-        assert found and all(os.path.realpath(d).startswith(os.path.realpath(PKG)) for d in found), (h, cyctx.get_include())
+        assert found and all(
+            os.path.realpath(d).startswith(os.path.realpath(PKG)) for d in found
+        ), (h, cyctx.get_include())
 
 
 def test_simulated_driver_has_the_driver_soname():
@@ -241,10 +269,21 @@ def test_simulated_driver_has_the_driver_soname():
     if out.returncode != 0:
         pytest.skip("readelf not available")
     assert "Library soname: [libcuda.so.1]" in out.stdout
-    syms = subprocess.run(["readelf", "--dyn-syms", "-W", path], capture_output=True, text=True).stdout
-    exported = {line.split()[-1] for line in syms.splitlines() if " FUNC " in line and " GLOBAL " in line and " UND " not in line}
+    syms = subprocess.run(
+        ["readelf", "--dyn-syms", "-W", path], capture_output=True, text=True
+    ).stdout
+    exported = {
+        line.split()[-1]
+        for line in syms.splitlines()
+        if " FUNC " in line and " GLOBAL " in line and " UND " not in line
+    }
     # cuGetExportTable: NVRTC calls it unchecked when a libcuda.so.1 is loaded (simdriver.c).
-    assert {"cuGetProcAddress_v2", "cuDriverGetVersion", "cuGetExportTable", "cyctxsim_inject_fault"} <= exported
+    assert {
+        "cuGetProcAddress_v2",
+        "cuDriverGetVersion",
+        "cuGetExportTable",
+        "cyctxsim_inject_fault",
+    } <= exported
     assert not any(s.startswith("sim_") for s in exported), "internals must stay hidden"
 
 
@@ -312,13 +351,25 @@ def test_toolkit_stub_library_is_named(tmp_path):
     # The toolkit's stub libcuda.so.1 first on the library path is a classic misconfiguration:
     # a typed error that names it and the fix, not "function not found".
     import shutil
+
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler")
     (tmp_path / "stub.c").write_text(STUB_C)
     lib = tmp_path / "libcuda.so.1"
-    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(lib), str(tmp_path / "stub.c")],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libcuda.so.1",
+            "-o",
+            str(lib),
+            str(tmp_path / "stub.c"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     code = textwrap.dedent(f"""
         import ctypes
         ctypes.CDLL({str(lib)!r}, mode=ctypes.RTLD_GLOBAL)  # loaded first, as LD_LIBRARY_PATH would
@@ -368,7 +419,9 @@ def test_tls_descriptors_are_what_the_build_says():
     if readelf is None:
         pytest.skip("readelf (binutils) is not installed")
     (mod,) = glob.glob(os.path.join(os.path.dirname(cyctx.__file__), "_guard*.so"))
-    relocs = subprocess.run([readelf, "-rW", mod], capture_output=True, text=True, check=True).stdout
+    relocs = subprocess.run(
+        [readelf, "-rW", mod], capture_output=True, text=True, check=True
+    ).stdout
     assert ("TLSDESC" in relocs) == cyctx.BUILD_INFO["tls_descriptors"], cyctx.BUILD_INFO
 
 
@@ -389,22 +442,46 @@ CUresult cuGetProcAddress_v2(const char *s, void **p, int v, unsigned long long 
 CUresult cuInit(unsigned int flags) { (void)flags; return 999; }
 """
 
-# Every function cyctx needs (src/cyctx/_driver.h, kProcs); the optional ones are not here.
-REQUIRED = ("cuInit", "cuDeviceGetCount", "cuDeviceGet", "cuDevicePrimaryCtxRetain",
-            "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxGetState", "cuCtxGetCurrent",
-            "cuCtxSetCurrent", "cuCtxPushCurrent", "cuCtxPopCurrent", "cuCtxGetDevice", "cuCtxGetId",
-            "cuGetErrorName", "cuGetErrorString")
+# Every function cyctx needs (src/cyctx/_cpp/driver.h, kProcs); the optional ones are not here.
+REQUIRED = (
+    "cuInit",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease",
+    "cuDevicePrimaryCtxGetState",
+    "cuCtxGetCurrent",
+    "cuCtxSetCurrent",
+    "cuCtxPushCurrent",
+    "cuCtxPopCurrent",
+    "cuCtxGetDevice",
+    "cuCtxGetId",
+    "cuGetErrorName",
+    "cuGetErrorString",
+)
 
 
 def test_driver_lacking_a_required_function_is_named_and_never_called(tmp_path):
     import shutil
+
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler")
     (tmp_path / "shim.c").write_text(SHIM_C)
     lib = tmp_path / "libcuda.so.1"
-    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(lib), str(tmp_path / "shim.c")],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libcuda.so.1",
+            "-o",
+            str(lib),
+            str(tmp_path / "shim.c"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     code = textwrap.dedent(f"""
         import ctypes
         shim = ctypes.CDLL({str(lib)!r}, mode=ctypes.RTLD_GLOBAL)  # loaded first: cyctx's dlopen finds it
@@ -422,7 +499,12 @@ def test_driver_lacking_a_required_function_is_named_and_never_called(tmp_path):
     lines = proc.stdout.splitlines()
     assert [ln.split()[0] for ln in lines] == list(REQUIRED), proc.stdout
     for ln in lines:
-        assert ln.split("|")[0].split()[1:] == ["DriverError", "500", "CUDA_ERROR_NOT_FOUND", "True"], ln
+        assert ln.split("|")[0].split()[1:] == [
+            "DriverError",
+            "500",
+            "CUDA_ERROR_NOT_FOUND",
+            "True",
+        ], ln
 
 
 def test_primary_release_is_the_abi_whose_unbalanced_call_fails(sim):
@@ -440,4 +522,6 @@ def test_primary_release_is_the_abi_whose_unbalanced_call_fails(sim):
         except cyctx.DriverError as e:
             print("REFUSED", type(e).__name__, e.code, e.call, g.closed)
     """)
-    assert "REFUSED InvalidContextError 201 cuDevicePrimaryCtxRelease False" in out.stdout, out.stdout
+    assert "REFUSED InvalidContextError 201 cuDevicePrimaryCtxRelease False" in out.stdout, (
+        out.stdout
+    )

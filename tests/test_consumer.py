@@ -8,9 +8,9 @@ import sys
 import textwrap
 
 import pytest
+from helpers.children import run_child
 
 import cyctx
-from helpers.children import run_child
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_SRC = os.path.realpath(os.path.join(HERE, "..", "src"))
@@ -29,7 +29,9 @@ SETUP = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def consumer_dir(tmp_path_factory):
     installed = os.path.realpath(os.path.dirname(cyctx.__file__))
-    assert not installed.startswith(REPO_SRC), f"cyctx imported from the source tree ({installed}), not installed"
+    assert not installed.startswith(REPO_SRC), (
+        f"cyctx imported from the source tree ({installed}), not installed"
+    )
     for f in ("__init__.pxd", "_guard.pxd"):
         assert os.path.isfile(os.path.join(installed, f)), f"installed cyctx lacks {f}"
     d = tmp_path_factory.mktemp("consumer")
@@ -37,10 +39,20 @@ def consumer_dir(tmp_path_factory):
     (d / "setup_consumer.py").write_text(SETUP)
     # Outside the repo, and with no path into its source tree: Cython can only find the
     # installed .pxd files (PYTHONPATH itself may be how cyctx was installed).
-    keep = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-            if p and not os.path.realpath(p).startswith(REPO_SRC)]
+    keep = [
+        p
+        for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if p and not os.path.realpath(p).startswith(REPO_SRC)
+    ]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(keep))
-    proc = subprocess.run([sys.executable, "setup_consumer.py"], cwd=d, capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "setup_consumer.py"],
+        cwd=d,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     cpp = (d / "cyctx_consumer.cpp").read_text()
     assert "cyctx" in cpp
@@ -210,7 +222,9 @@ def test_switch_back_never_hands_a_destroyed_context_to_the_driver(consumer_dir,
     assert "STATE 0 0" in out.stdout
 
 
-def test_switch_back_without_a_switch_never_hands_back_a_target_destroyed_in_between(consumer_dir, sim):
+def test_switch_back_without_a_switch_never_hands_back_a_target_destroyed_in_between(
+    consumer_dir, sim
+):
     # switch_to finds its target current and switches nothing; the code in between destroys
     # that context (the driver pops it). The way back must not make the dead handle current.
     out = run_child(f"""

@@ -14,21 +14,28 @@ pytestmark = pytest.mark.skipif(not os.path.isdir(DOCS), reason="needs the sourc
 
 
 def _check_links(site):
-    return subprocess.run([sys.executable, os.path.join(DOCS, "check_links.py"), str(site)],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, os.path.join(DOCS, "check_links.py"), str(site)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_link_checker_finds_a_missing_page_and_a_missing_anchor(tmp_path):
     (tmp_path / "index.html").write_text(
         '<a href="guide.html#ok">ok</a> <a href="guide.html#gone">gone</a> <a href="nowhere.html">x</a>'
-        '<a href="https://example.invalid/">external, not followed</a> <a href="#top">self</a><p id="top"></p>')
+        '<a href="https://example.invalid/">external, not followed</a> <a href="#top">self</a><p id="top"></p>'
+    )
     (tmp_path / "guide.html").write_text('<h1 id="ok">Guide</h1><img src="_images/missing.png">')
     out = _check_links(tmp_path)
     assert out.returncode == 1
     broken = sorted(l for l in out.stdout.splitlines() if not l.startswith("check_links:"))
-    assert broken == ["guide.html: _images/missing.png (no file _images/missing.png)",
-                      "index.html: guide.html#gone (no anchor #gone)",
-                      "index.html: nowhere.html (no file nowhere.html)"], out.stdout
+    assert broken == [
+        "guide.html: _images/missing.png (no file _images/missing.png)",
+        "index.html: guide.html#gone (no anchor #gone)",
+        "index.html: nowhere.html (no file nowhere.html)",
+    ], out.stdout
     (tmp_path / "guide.html").write_text('<h1 id="ok">Guide</h1><p id="gone"></p>')
     (tmp_path / "nowhere.html").write_text("")
     assert _check_links(tmp_path).returncode == 0
@@ -36,20 +43,41 @@ def test_link_checker_finds_a_missing_page_and_a_missing_anchor(tmp_path):
 
 @pytest.mark.slow
 def test_site_builds_without_warnings_and_its_links_hold(tmp_path):
-    pytest.importorskip("sphinx", reason="Sphinx is not installed here (CI's documentation step builds the site)")
-    pytest.importorskip("furo", reason="the theme is not installed here (pip install -r docs/requirements.txt)")
+    pytest.importorskip(
+        "sphinx", reason="Sphinx is not installed here (CI's documentation step builds the site)"
+    )
+    pytest.importorskip(
+        "furo", reason="the theme is not installed here (pip install -r docs/requirements.txt)"
+    )
     site = tmp_path / "html"
-    out = subprocess.run([sys.executable, "-m", "sphinx", "-W", "-n", "-q", "-b", "html", DOCS, str(site)],
-                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-W", "-n", "-q", "-b", "html", DOCS, str(site)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     links = _check_links(site)
     assert links.returncode == 0, links.stdout
-    for page in ("api", "cython-api", "threads", "testing", "doctor", "benchmarks", "changelog", "support"):
+    for page in (
+        "api",
+        "cython-api",
+        "threads",
+        "testing",
+        "doctor",
+        "benchmarks",
+        "changelog",
+        "support",
+    ):
         assert (site / f"{page}.html").is_file(), page
     import re
 
     api = re.sub(r"<[^>]+>", "", (site / "api.html").read_text())
     # Signatures and types from the stub, not the compiled module's bare names.
     assert "ContextGuard(device: DeviceLike)" in api
-    assert "shared(device: SupportsIndex) &#x2192; ContextGuard" in api or "shared(device: SupportsIndex) → ContextGuard" in api
+    assert (
+        "shared(device: SupportsIndex) &#x2192; ContextGuard" in api
+        or "shared(device: SupportsIndex) → ContextGuard" in api
+    )
     assert "Type: int" in api  # a compiled property's type

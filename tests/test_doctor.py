@@ -12,19 +12,26 @@ import textwrap
 import threading
 
 import pytest
-
-from cyctx import ContextGuard
-from cyctx import _doctor
-from cyctx._doctor import Diagnosis, Finding, diagnose
-from cyctx._doctor.runtime import wheel_version
-
 from helpers.children import run_child
 from helpers.drivers import KIND, current, device_count, primary_state
 
+from cyctx import ContextGuard, _doctor
+from cyctx._doctor import Diagnosis, Finding, diagnose
+from cyctx._doctor.runtime import wheel_version
+
 # Driver calls that change state; the doctor only queries, so it must make none of them.
-MUTATORS = ("cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset",
-            "cuDevicePrimaryCtxSetFlags", "cuCtxPushCurrent", "cuCtxPopCurrent", "cuCtxSetCurrent",
-            "cuCtxCreate", "cuCtxDestroy", "cuCtxSetFlags")
+MUTATORS = (
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease",
+    "cuDevicePrimaryCtxReset",
+    "cuDevicePrimaryCtxSetFlags",
+    "cuCtxPushCurrent",
+    "cuCtxPopCurrent",
+    "cuCtxSetCurrent",
+    "cuCtxCreate",
+    "cuCtxDestroy",
+    "cuCtxSetFlags",
+)
 
 # Prepended to child code: a snapshot of everything observable, on the simulated driver.
 SNAPSHOT = """
@@ -55,8 +62,14 @@ def cli(*args, env=None, timeout=120):
     """`python -m cyctx ARGS` in a fresh interpreter; (returncode, stdout, stderr)."""
     e = dict(os.environ, **(env or {}))
     e.pop("NO_COLOR", None)
-    p = subprocess.run([sys.executable, "-m", "cyctx", *args], capture_output=True, text=True,
-                       env=e, timeout=timeout, cwd=os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run(
+        [sys.executable, "-m", "cyctx", *args],
+        capture_output=True,
+        text=True,
+        env=e,
+        timeout=timeout,
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+    )
     return p.returncode, p.stdout, p.stderr
 
 
@@ -74,6 +87,7 @@ def no_driver_machine():
 
 
 # --- the report ---------------------------------------------------------------------------
+
 
 def test_report_content():
     r = diagnose(cudart=False)
@@ -135,15 +149,35 @@ def test_new_thread_has_no_current_context():
 def test_json_schema():
     d = json.loads(diagnose(cudart=False).to_json())
     assert d["schema"] == "cyctx.diagnosis/1"
-    assert set(d) == {"schema", "ok", "exit_status", "simulated", "versions", "process", "driver",
-                      "runtime", "other_runtimes", "devices", "thread", "guards", "findings"}
+    assert set(d) == {
+        "schema",
+        "ok",
+        "exit_status",
+        "simulated",
+        "versions",
+        "process",
+        "driver",
+        "runtime",
+        "other_runtimes",
+        "devices",
+        "thread",
+        "guards",
+        "findings",
+    }
     assert isinstance(d["ok"], bool) and isinstance(d["exit_status"], int)
     assert set(d["process"]) == {"pid", "forked_from"} and d["process"]["pid"] == os.getpid()
     assert set(d["driver"]) == {"library", "version", "version_str", "error"}
     assert isinstance(d["driver"]["version"], int) and d["driver"]["version_str"].count(".") == 1
     for dev in d["devices"]:
-        assert set(dev) == {"ordinal", "name", "compute_capability", "pci_bus_id", "total_memory",
-                            "primary_context", "error"}
+        assert set(dev) == {
+            "ordinal",
+            "name",
+            "compute_capability",
+            "pci_bus_id",
+            "total_memory",
+            "primary_context",
+            "error",
+        }
         assert set(dev["primary_context"]) == {"active", "flags"}
         assert isinstance(dev["primary_context"]["active"], bool)
         major, minor = dev["compute_capability"].split(".")
@@ -163,20 +197,49 @@ def test_json_schema_with_a_context_and_a_guard():
     finally:
         g.close()
     c = d["thread"]["current_context"]
-    assert set(c) == {"handle", "id", "id_error", "device", "primary", "primary_why", "usable",
-                      "api_version", "why", "error"}
+    assert set(c) == {
+        "handle",
+        "id",
+        "id_error",
+        "device",
+        "primary",
+        "primary_why",
+        "usable",
+        "api_version",
+        "why",
+        "error",
+    }
     assert c["handle"] == handle and c["usable"] is True
     (mine,) = [x for x in d["guards"] if x["handle"] == handle]
-    assert set(mine) == {"device", "handle", "seen_id", "driver_id", "driver_id_error", "shared", "primary", "reset"}
+    assert set(mine) == {
+        "device",
+        "handle",
+        "seen_id",
+        "driver_id",
+        "driver_id_error",
+        "shared",
+        "primary",
+        "reset",
+    }
     json.dumps(d)
 
 
 def test_exit_status_and_ok():
     def diag(*severities):
         return Diagnosis(
-            simulated=False, driver_library=None, driver_version=13000, driver_error=None,
-            runtime=None, other_runtimes=[], devices=[], thread_name="t", thread_native_id=1,
-            context=None, guards=[], findings=[Finding("x", s, "t", "e", "f") for s in severities])
+            simulated=False,
+            driver_library=None,
+            driver_version=13000,
+            driver_error=None,
+            runtime=None,
+            other_runtimes=[],
+            devices=[],
+            thread_name="t",
+            thread_native_id=1,
+            context=None,
+            guards=[],
+            findings=[Finding("x", s, "t", "e", "f") for s in severities],
+        )
 
     assert diag().exit_status == 0 and diag().ok
     assert diag("warning").exit_status == 0 and diag("warning").ok
@@ -214,8 +277,13 @@ def test_import_cyctx_does_not_import_the_doctor():
     print(json.dumps([before, doctor(), isinstance(r, cyctx.Diagnosis), r.to_dict()["schema"],
                       "diagnose" in dir(cyctx)]))
     """
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                       timeout=120, cwd=os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+    )
     assert p.returncode == 0, p.stderr
     before, after, is_diagnosis, schema, listed = json.loads(p.stdout.strip().splitlines()[-1])
     assert before == [], f"`import cyctx` imported the doctor: {before}"
@@ -223,6 +291,7 @@ def test_import_cyctx_does_not_import_the_doctor():
 
 
 # --- no state change ----------------------------------------------------------------------
+
 
 def test_diagnose_changes_nothing(sim):
     """Counted on the simulated driver: no retain, release, push, pop, set; same stack depth,
@@ -256,9 +325,14 @@ def test_diagnose_changes_nothing(sim):
     print(json.dumps(results))
     """)
     results = last_json(out)
-    assert [r[0] for r in results] == ["fresh", "inside a guard", "guard alive, not entered",
-                                       "after a reset, guard alive", "inactive primary current",
-                                       "new thread"]
+    assert [r[0] for r in results] == [
+        "fresh",
+        "inside a guard",
+        "guard alive, not entered",
+        "after a reset, guard alive",
+        "inactive primary current",
+        "new thread",
+    ]
     for label, same, before, after in results:
         assert same, f"{label}: diagnose changed state: {before} -> {after}"
 
@@ -271,6 +345,7 @@ def test_diagnose_changes_nothing_on_either_driver():
 
 
 # --- other threads at work while the doctor looks ------------------------------------------------
+
 
 def test_diagnose_while_other_threads_create_close_and_free_guards():
     # The doctor lists the live guards and reads each one's handle while other threads create,
@@ -333,6 +408,7 @@ def test_diagnose_when_a_guard_is_closed_between_the_look_and_the_use():
 
 # --- broken states, recognised and explained ------------------------------------------------
 
+
 def test_inactive_primary_current_is_the_classic_report():
     # The state a pre-12 cudaSetDevice leaves (docs/evidence.md, "Before CUDA 12.0, cudaSetDevice
     # leaves the primary context inactive"), made with driver calls alone:
@@ -390,7 +466,10 @@ def test_reset_since_a_guard_last_saw_it():
     assert "ContextResetWarning" in f[0]["fix"]
     (g,) = reactivated["guards"]
     assert g["reset"] and g["driver_id"] not in (None, seen)
-    assert "re-activated" in [f for f in reactivated["findings"] if f["code"] == "context_reset"][0]["explanation"]
+    assert (
+        "re-activated"
+        in [f for f in reactivated["findings"] if f["code"] == "context_reset"][0]["explanation"]
+    )
     assert warned == ["ContextResetWarning"]
     assert not after["guards"][0]["reset"]
     assert "context_reset" not in [f["code"] for f in after["findings"]]
@@ -445,7 +524,7 @@ def test_forked_child(import_before_fork):
     out = run_child(f"""
     import json, os
     import cyctx
-    {'import cyctx._doctor' if import_before_fork else ''}
+    {"import cyctx._doctor" if import_before_fork else ""}
     g = cyctx.ContextGuard(0)                 # CUDA is in use in the parent
     r_fd, w_fd = os.pipe()
     pid = os.fork()
@@ -480,7 +559,9 @@ def test_forked_child_of_a_process_that_never_imported_cyctx():
     # nothing but the driver's answer (NOT_INITIALIZED to cuInit) tells the child it is one.
     # That is still the fork diagnosis, not a generic cuInit failure.
     from helpers.children import run_python
-    out = run_python("""
+
+    out = run_python(
+        """
     import ctypes, importlib.util, json, os, sys
     if os.environ["CYCTX_TEST_DRIVER"] == "sim":  # the simulator, loaded without importing cyctx
         pkg = importlib.util.find_spec("cyctx").submodule_search_locations[0]
@@ -503,7 +584,9 @@ def test_forked_child_of_a_process_that_never_imported_cyctx():
         data += chunk
     os.waitpid(pid, 0)
     print(data.decode())
-    """, env={**os.environ, "CYCTX_TEST_DRIVER": KIND})
+    """,
+        env={**os.environ, "CYCTX_TEST_DRIVER": KIND},
+    )
     d = last_json(out)
     assert [f["code"] for f in d["findings"]] == ["forked_child"], d["findings"]
     assert "spawn" in d["findings"][0]["fix"] and d["exit_status"] == 1
@@ -538,7 +621,9 @@ def test_guard_of_a_live_created_context_is_not_reported_destroyed():
     r = last_json(out)
     (g,) = r["guards"]
     assert g["primary"] is False and g["driver_id"] == g["seen_id"] and not g["reset"]
-    assert r["findings"] == [] or [f["code"] for f in r["findings"]] == ["no_current_context"], r["findings"]
+    assert r["findings"] == [] or [f["code"] for f in r["findings"]] == ["no_current_context"], r[
+        "findings"
+    ]
 
 
 def test_live_primary_made_current_by_another_library_is_not_called_destroyed():
@@ -561,20 +646,27 @@ def test_live_primary_made_current_by_another_library_is_not_called_destroyed():
 
 # --- the command line -----------------------------------------------------------------------
 
+
 def _headings(text):
     """The title and every section heading: unindented lines after a blank line."""
     lines = text.splitlines()
-    return [lines[0]] + [ln for prev, ln in zip(lines, lines[1:]) if not prev.strip() and ln[:1].strip()]
+    return [lines[0]] + [
+        ln for prev, ln in zip(lines, lines[1:]) if not prev.strip() and ln[:1].strip()
+    ]
 
 
-@pytest.mark.parametrize("args", [(), ("--json",), ("--demo",), ("--demo", "--sim-runtime", "13.0")])
+@pytest.mark.parametrize(
+    "args", [(), ("--json",), ("--demo",), ("--demo", "--sim-runtime", "13.0")]
+)
 def test_simulate_is_labelled_on_every_screen(args):
     rc, out, err = cli("doctor", "--simulate", *args)
     assert rc == 0, out + err
     assert "\x1b[" not in out, "colour only on a terminal"
     if "--json" in args:
         d = json.loads(out)
-        assert d["simulated"] is True and d["driver"]["library"].endswith(os.path.join("_sim", "libcuda.so.1"))
+        assert d["simulated"] is True and d["driver"]["library"].endswith(
+            os.path.join("_sim", "libcuda.so.1")
+        )
         return
     heads = _headings(out)
     assert len(heads) >= 5
@@ -606,11 +698,21 @@ def test_cli_exit_status_1_when_something_is_wrong():
     """)
     assert out.stdout.strip().endswith("RC 1")
     assert "PROBLEMS FOUND: 1 error (exit status 1)" in out.stdout
-    assert "ERROR  The current context is device 0's primary context, and it is not active" in out.stdout
+    assert (
+        "ERROR  The current context is device 0's primary context, and it is not active"
+        in out.stdout
+    )
 
 
-@pytest.mark.parametrize("args", [("--json", "--demo"), ("--cudart", "/nonexistent/libcudart.so"),
-                                  ("--simulate", "--cudart", __file__), ("--device", "-1")])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--json", "--demo"),
+        ("--cudart", "/nonexistent/libcudart.so"),
+        ("--simulate", "--cudart", __file__),
+        ("--device", "-1"),
+    ],
+)
 def test_cli_usage_errors(args):
     rc, out, err = cli("doctor", *args)
     assert rc == 2 and "error:" in err
@@ -619,28 +721,49 @@ def test_cli_usage_errors(args):
 def _not_the_simulator():
     # A shared library that loads but is not the simulator: one of cyctx's own extensions.
     import cyctx._guard
+
     return cyctx._guard.__file__
 
 
-@pytest.mark.parametrize("make, says", [
-    (lambda tmp: str(tmp / "missing.so"), "not found"),
-    (lambda tmp: (tmp / "notalib.so").write_text("not a library") and str(tmp / "notalib.so"), "not a library"),
-    (lambda tmp: _not_the_simulator(), "not cyctx's simulated driver"),
-], ids=["missing", "not a library", "not the simulator"])
+@pytest.mark.parametrize(
+    "make, says",
+    [
+        (lambda tmp: str(tmp / "missing.so"), "not found"),
+        (
+            lambda tmp: (
+                (tmp / "notalib.so").write_text("not a library") and str(tmp / "notalib.so")
+            ),
+            "not a library",
+        ),
+        (lambda tmp: _not_the_simulator(), "not cyctx's simulated driver"),
+    ],
+    ids=["missing", "not a library", "not the simulator"],
+)
 def test_simulate_with_an_unusable_sim_library_is_a_clear_error(tmp_path, make, says):
     # Exit status 3 ("no usable driver"), one line that names the library, and no traceback.
     path = make(tmp_path)
-    for args in (("doctor", "--simulate"), ("doctor", "--simulate", "--json"), ("doctor", "--demo", "--simulate")):
+    for args in (
+        ("doctor", "--simulate"),
+        ("doctor", "--simulate", "--json"),
+        ("doctor", "--demo", "--simulate"),
+    ):
         rc, out, err = cli(*args, env={"CYCTX_SIM_LIBRARY": path})
         assert rc == 3, (args, rc, out, err)
-        assert "Traceback" not in err and says in err and path in err and "CYCTX_SIM_LIBRARY" in err, err
+        assert (
+            "Traceback" not in err and says in err and path in err and "CYCTX_SIM_LIBRARY" in err
+        ), err
 
 
 def test_help_lists_every_exit_status():
     rc, out, _ = cli("doctor", "--help")
     text = " ".join(out.split())  # argparse wraps the description
     assert rc == 0
-    for status in ("0 nothing wrong", "1 a problem found", "2 bad command line", "3 no usable driver or GPU"):
+    for status in (
+        "0 nothing wrong",
+        "1 a problem found",
+        "2 bad command line",
+        "3 no usable driver or GPU",
+    ):
         assert status in text, status
 
 
@@ -650,7 +773,9 @@ def test_packages_line_lists_the_installed_frameworks(tmp_path):
         info = tmp_path / f"{name.replace('-', '_')}-{ver}.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {ver}\n")
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    env = {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    }
     rc, out, err = cli("doctor", "--simulate", env=env)
     assert rc == 0, err
     (line,) = [l for l in out.splitlines() if l.strip().startswith("packages")]
@@ -660,6 +785,7 @@ def test_packages_line_lists_the_installed_frameworks(tmp_path):
     versions = json.loads(out)["versions"]
     assert versions["torch"] == "9.8.7" and versions["cupy-cuda13x"] == "99.1.0"
     from importlib.metadata import PackageNotFoundError, version
+
     for name in set(_doctor.findings.FRAMEWORK_DISTRIBUTIONS) - set(versions):
         with pytest.raises(PackageNotFoundError):  # only what is installed is listed
             version(name)
@@ -704,6 +830,7 @@ def test_demo_on_the_simulator_12_plus():
 
 # --- no GPU, and the CUDA 11 runtime ----------------------------------------------------------
 
+
 def test_no_gpu_says_so_plainly(no_driver_machine):
     rc, out, _ = cli("doctor")
     assert rc == 3
@@ -729,8 +856,13 @@ def test_no_device_on_the_simulator():
     """
     import textwrap
 
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                       env=dict(os.environ, CYCTX_SIM_DEVICES="0", CUDA_VISIBLE_DEVICES=""), timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, CYCTX_SIM_DEVICES="0", CUDA_VISIBLE_DEVICES=""),
+        timeout=120,
+    )
     d, text = json.loads(p.stdout.strip().splitlines()[-1])
     assert d["simulated"] is True and d["exit_status"] == 3
     (f,) = d["findings"]
@@ -744,18 +876,28 @@ WRONG_LIBRARIES = [
     # kind, finding code, what the title says, what cyctx's error says too
     ("stub", "driver_stub", "stub", "LD_LIBRARY_PATH"),
     ("old", "driver_too_old", "too old", "install a driver of CUDA 12.0 or newer"),
-    ("lacking:cuGetErrorName", "driver_incomplete", "not a complete NVIDIA driver", "cuGetErrorName"),
+    (
+        "lacking:cuGetErrorName",
+        "driver_incomplete",
+        "not a complete NVIDIA driver",
+        "cuGetErrorName",
+    ),
 ]
 
 
-@pytest.mark.parametrize("kind, code, title, fix", WRONG_LIBRARIES, ids=[w[0] for w in WRONG_LIBRARIES])
+@pytest.mark.parametrize(
+    "kind, code, title, fix", WRONG_LIBRARIES, ids=[w[0] for w in WRONG_LIBRARIES]
+)
 def test_wrong_driver_library_is_diagnosed_as_cyctx_reports_it(tmp_path, kind, code, title, fix):
     from helpers.fakelibs import compiler, fake_libcuda, preload
+
     if compiler() is None:
         pytest.skip("no C compiler")
     lib = fake_libcuda(tmp_path, kind)
     from helpers.children import run_python
-    out = run_python("""
+
+    out = run_python(
+        """
         import json, cyctx
         from cyctx._doctor import diagnose
         try:
@@ -765,12 +907,16 @@ def test_wrong_driver_library_is_diagnosed_as_cyctx_reports_it(tmp_path, kind, c
             err = str(e)
         r = diagnose(cudart=False)
         print(json.dumps([r.to_dict(), str(r), err]))
-    """, preload(lib))
+    """,
+        preload(lib),
+    )
     d, text, err = json.loads(out.stdout.strip().splitlines()[-1])
     assert d["exit_status"] == 3 and d["simulated"] is False, text
     (f,) = d["findings"]
     assert f["code"] == code and f["severity"] == "unavailable", f
-    assert title in f["title"] and "No NVIDIA driver" not in text and "without a GPU" not in text, text
+    assert title in f["title"] and "No NVIDIA driver" not in text and "without a GPU" not in text, (
+        text
+    )
     assert fix in f["explanation"] + f["fix"] and fix in err, (f, err)
     # The same reason as the guard's error, word for word.
     why = err.split("): ", 1)[1].split(". ", 1)[1]
@@ -812,14 +958,21 @@ def test_cudart_version_from_the_wheel():
 
 # --- the real runtime (H200) ------------------------------------------------------------------
 
+
 @pytest.mark.cudart
 def test_runtime_in_the_report():
     g = ContextGuard(0)
     try:
         with g:
             r = diagnose()
-        assert r.runtime and r.runtime.version >= 12000 and r.runtime.version_from == "cudaRuntimeGetVersion"
-        assert r.runtime.current_device == 0, "inside a guard for k, cudaGetDevice says k (docs/guarantees.md)"
+        assert (
+            r.runtime
+            and r.runtime.version >= 12000
+            and r.runtime.version_from == "cudaRuntimeGetVersion"
+        )
+        assert r.runtime.current_device == 0, (
+            "inside a guard for k, cudaGetDevice says k (docs/guarantees.md)"
+        )
     finally:
         g.close()
 

@@ -9,34 +9,47 @@ import subprocess
 import sys
 
 import pytest
-
-import cyctx
 from helpers.drivers import current, device_count
 from helpers.threads import in_thread
 
+import cyctx
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 KERNELS = os.path.join(os.path.dirname(HERE), "examples", "kernels")
-pytestmark = pytest.mark.skipif(not os.path.isdir(KERNELS), reason="needs the source tree's examples/")
+pytestmark = pytest.mark.skipif(
+    not os.path.isdir(KERNELS), reason="needs the source tree's examples/"
+)
 
 
 @pytest.fixture(scope="module")
 def kernels_mod(tmp_path_factory):
     d = tmp_path_factory.mktemp("kernels")
     shutil.copytree(KERNELS, d / "kernels")
-    proc = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=d / "kernels",
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "setup.py", "build_ext", "--inplace"],
+        cwd=d / "kernels",
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     sys.path.insert(0, str(d / "kernels" / "src"))
     try:
         import cyctx_kernels
+
         yield cyctx_kernels
     finally:
         sys.path.remove(str(d / "kernels" / "src"))
 
 
 def test_kernels_example_builds_and_imports(kernels_mod):
-    assert set(kernels_mod.MODES) == {"guard_per_launch", "guard_per_batch", "raw_push_pop", "guard_launch_sync",
-                                      "raw_set_current"}
+    assert set(kernels_mod.MODES) == {
+        "guard_per_launch",
+        "guard_per_batch",
+        "raw_push_pop",
+        "guard_launch_sync",
+        "raw_set_current",
+    }
     with pytest.raises(TypeError):
         kernels_mod.DeviceKernel(0, b"", b"add")  # a guard is required
 
@@ -45,6 +58,7 @@ def test_kernels_example_builds_and_imports(kernels_mod):
 def nvrtc_ok():
     try:
         from cuda.bindings import nvrtc
+
         nvrtc.nvrtcVersion()
     except Exception as exc:  # no nvidia-cuda-nvrtc wheel of this cuda-bindings' major here
         pytest.skip(f"NVRTC not available: {type(exc).__name__}: {exc}")
@@ -73,7 +87,7 @@ def test_launch_from_nogil_threads_on_every_device(kernels_mod, nvrtc_ok):
 def test_kernel_on_torch_and_cupy_memory(kernels_mod, nvrtc_ok):
     torch = pytest.importorskip("torch")
     cupy = pytest.importorskip("cupy")
-    dev = device_count() - 1     # device 1 where there are two, while the frameworks sit on 0
+    dev = device_count() - 1  # device 1 where there are two, while the frameworks sit on 0
     other = 0
     cubin = kernels_mod.compile_kernel("sm_90")
 
@@ -81,7 +95,7 @@ def test_kernel_on_torch_and_cupy_memory(kernels_mod, nvrtc_ok):
         torch.cuda.set_device(other)
         t = torch.zeros(4096, device=f"cuda:{dev}")
         ts = torch.cuda.Stream(device=dev)
-        g = cyctx.ContextGuard(ts)               # the guard from torch's stream
+        g = cyctx.ContextGuard(ts)  # the guard from torch's stream
         assert g.device == dev and g.is_primary
         k = kernels_mod.DeviceKernel(g, cubin, b"add")
         kernels_mod.launch_on(k, t.data_ptr(), t.numel(), 2.0, ts.cuda_stream)
@@ -95,7 +109,7 @@ def test_kernel_on_torch_and_cupy_memory(kernels_mod, nvrtc_ok):
             with cupy.cuda.Device(dev):
                 a = cupy.zeros(4096, dtype=cupy.float32)
                 cs = cupy.cuda.Stream(non_blocking=True)
-            g = cyctx.ContextGuard(cs)               # the guard from CuPy's stream
+            g = cyctx.ContextGuard(cs)  # the guard from CuPy's stream
             assert g.device == dev
             k = kernels_mod.DeviceKernel(g, cubin, b"add")
             kernels_mod.launch_on(k, a.data.ptr, a.size, 3.0, cs.ptr)

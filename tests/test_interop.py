@@ -2,20 +2,18 @@
 contexts, green contexts; the frameworks' own view around guards (real driver, two GPUs)."""
 
 import gc
-import sys
 
 import pytest
-
-import cyctx
-from cyctx import ContextGuard, ContextDestroyedError
-
 from helpers.children import run_child
 from helpers.drivers import create_context, device_count, driver, ok
 from helpers.fakes import fake
 from helpers.threads import in_thread
 
+import cyctx
+from cyctx import ContextDestroyedError, ContextGuard
 
 # --- raw handles -----------------------------------------------------------------------------
+
 
 def test_primary_context_object_is_retained(sim):
     base = sim.retain_count(1)
@@ -109,14 +107,26 @@ def test_cudevice_is_an_ordinal(sim):
 
 # --- framework objects, recognised without importing the framework ----------------------------
 
+
 @pytest.mark.multigpu  # device 1, so that the default device 0 cannot pass by accident
-@pytest.mark.parametrize("make, device", [
-    (lambda: fake("cupy.cuda.device", "Device", id=1), 1),
-    (lambda: fake("cuda.core._device", "Device", device_id=1), 1),
-    (lambda: fake("torch", "device", type="cuda", index=1), 1),
-    (lambda: fake("torch.cuda.streams", "Stream", cuda_stream=0, device=fake("torch", "device", index=1)), 1),
-    (lambda: fake("cupy.cuda.stream", "Stream", ptr=0, device_id=1), 1),
-])
+@pytest.mark.parametrize(
+    "make, device",
+    [
+        (lambda: fake("cupy.cuda.device", "Device", id=1), 1),
+        (lambda: fake("cuda.core._device", "Device", device_id=1), 1),
+        (lambda: fake("torch", "device", type="cuda", index=1), 1),
+        (
+            lambda: fake(
+                "torch.cuda.streams",
+                "Stream",
+                cuda_stream=0,
+                device=fake("torch", "device", index=1),
+            ),
+            1,
+        ),
+        (lambda: fake("cupy.cuda.stream", "Stream", ptr=0, device_id=1), 1),
+    ],
+)
 def test_framework_objects_by_type(make, device):
     g = ContextGuard(make())
     assert g.device == device and g.is_primary
@@ -159,7 +169,9 @@ FRAMEWORKS = """
 @pytest.mark.gpu
 @pytest.mark.multigpu
 def test_framework_devices_and_streams_on_two_gpus():
-    out = run_child(FRAMEWORKS + """
+    out = run_child(
+        FRAMEWORKS
+        + """
     import torch, cupy
     from cuda.core import Device
     for k in (0, 1):
@@ -178,7 +190,9 @@ def test_framework_devices_and_streams_on_two_gpus():
             g = cyctx.ContextGuard(obj)
             print("OBJ", label, k, g.device == k and g.handle == want)
         d.cuCtxSetCurrent(None)
-    """, timeout=300)
+    """,
+        timeout=300,
+    )
     rows = [l.split() for l in out.stdout.splitlines() if l.startswith("OBJ")]
     assert len(rows) >= 12, out.stdout
     assert all(r[-1] == "True" for r in rows), rows
@@ -187,7 +201,9 @@ def test_framework_devices_and_streams_on_two_gpus():
 @pytest.mark.gpu
 @pytest.mark.multigpu
 def test_frameworks_view_is_unchanged_and_allocations_land_inside():
-    out = run_child(FRAMEWORKS + """
+    out = run_child(
+        FRAMEWORKS
+        + """
     import torch, cupy
     from cuda.core import Device
     def views():
@@ -205,7 +221,9 @@ def test_frameworks_view_is_unchanged_and_allocations_land_inside():
         torch.cuda.set_device(1)             # a framework switching device inside the block
         cupy.cuda.Device(1).use()
     print("RESTORED", drivers.current() == gs[0].handle or drivers.current() == 0, drivers.current() == primary(0))
-    """, timeout=300)
+    """,
+        timeout=300,
+    )
     allocs = [l.split()[1:] for l in out.stdout.splitlines() if l.startswith("ALLOC")]
     assert allocs and all(len(set(a)) == 1 for a in allocs), allocs
     assert "VIEW True" in out.stdout, out.stdout

@@ -8,7 +8,7 @@ The section is written in a fixed format between HTML comments, so this test can
   ``| `path` | what it is | imports |``. The path is relative to src/cyctx. The imports cell
   lists, comma-separated and each in backticks, the cyctx modules and headers the file
   imports, cimports or includes (``cyctx`` for the package itself, ``_doctor.model`` for a
-  module, ``_tls.h`` for a header); one imported inside a function is followed by
+  module, ``_cpp/thread_entries.h`` for a header); one imported inside a function is followed by
   ``(lazy)``; ``—`` for none. An import under ``if TYPE_CHECKING:`` is left out: it never
   runs, it only names a type for an annotation. Generated files say "(generated)" in the middle cell and may be
   absent.
@@ -51,6 +51,7 @@ def _read(path: str) -> str:
 
 
 # --- the document -------------------------------------------------------------------------------
+
 
 def _block(text: str, name: str) -> str:
     m = re.search(rf"<!-- {name} -->\n(.*?)<!-- /{name} -->", text, re.S)
@@ -114,6 +115,7 @@ def documented_extensions(text: str | None = None) -> dict[str, str]:
 
 # --- the sources --------------------------------------------------------------------------------
 
+
 def source_files() -> list[str]:
     """Paths relative to src/cyctx of every source file there (build outputs left out)."""
     out = []
@@ -147,7 +149,7 @@ def _resolve(module: str, names: list[str]) -> set[str]:
     """cyctx nodes named by `from <module> import <names>` (`import <module>`: names=[])."""
     if module != "cyctx" and not module.startswith("cyctx."):
         return set()
-    rel = module[len("cyctx."):] if module != "cyctx" else ""
+    rel = module[len("cyctx.") :] if module != "cyctx" else ""
     out = set()
     for n in names:
         sub = f"{rel}.{n}" if rel else n
@@ -166,12 +168,15 @@ def _is_type_checking(node: ast.AST) -> bool:
         return False
     t = node.test
     return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
-        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
+    )
 
 
 def _py_imports(path: str) -> tuple[set[str], set[str]]:
     tree = ast.parse(_read(os.path.join(PKG, path)), path)
-    package = module_of(path) if path.endswith("__init__.py") else module_of(path).rpartition(".")[0]
+    package = (
+        module_of(path) if path.endswith("__init__.py") else module_of(path).rpartition(".")[0]
+    )
     eager, lazy = set(), set()
 
     def visit(node, in_function):
@@ -180,7 +185,9 @@ def _py_imports(path: str) -> tuple[set[str], set[str]]:
                 for other in child.orelse:
                     visit(ast.Module(body=[other], type_ignores=[]), in_function)
                 continue
-            inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            inner = in_function or isinstance(
+                child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+            )
             found = set()
             if isinstance(child, ast.Import):
                 for a in child.names:
@@ -244,7 +251,10 @@ def _text_imports(path: str) -> tuple[set[str], set[str]]:
             while "(" in names and ")" not in names and i < len(lines):
                 names += " " + lines[i].split("#", 1)[0]
                 i += 1
-            names = [n.split(" as ")[0].strip() for n in names.strip("() ").replace("(", "").replace(")", "").split(",")]
+            names = [
+                n.split(" as ")[0].strip()
+                for n in names.strip("() ").replace("(", "").replace(")", "").split(",")
+            ]
             found = _resolve(m.group(2), [n for n in names if n])
             (lazy if m.group(1) else eager).update(found)
             continue
@@ -317,8 +327,14 @@ def setup_extensions() -> dict[str, str]:
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
-        fn = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
-        consts = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        fn = (
+            node.func.attr
+            if isinstance(node.func, ast.Attribute)
+            else getattr(node.func, "id", None)
+        )
+        consts = [
+            a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+        ]
         if fn == "_ext" and consts:
             out[f"cyctx.{consts[0]}"] = f"{consts[0]}.pyx"
         elif fn == "Extension" and consts and isinstance(node.args[1], ast.List):
@@ -336,12 +352,17 @@ def setup_extensions() -> dict[str, str]:
 
 # --- the tests ----------------------------------------------------------------------------------
 
+
 def test_every_source_file_is_listed_and_every_listed_file_exists():
     doc = documented_layout()
     files = set(source_files())
     unlisted = sorted(files - set(doc))
-    missing = sorted(p for p, (what, _, _) in doc.items() if p not in files and "(generated)" not in what)
-    assert not unlisted, f"files in src/cyctx that docs/design.md's layout does not list: {unlisted}"
+    missing = sorted(
+        p for p, (what, _, _) in doc.items() if p not in files and "(generated)" not in what
+    )
+    assert not unlisted, (
+        f"files in src/cyctx that docs/design.md's layout does not list: {unlisted}"
+    )
     assert not missing, f"docs/design.md's layout lists files that do not exist: {missing}"
 
 
@@ -354,7 +375,9 @@ def test_who_imports_whom_is_what_the_sources_import():
         eager, lazy = source_imports(path)
         _, d_eager, d_lazy = doc[path]
         if (eager, lazy) != (d_eager, d_lazy):
-            wrong.append(f"{path}: design.md says {_cell(d_eager, d_lazy)}; the source: {_cell(eager, lazy)}")
+            wrong.append(
+                f"{path}: design.md says {_cell(d_eager, d_lazy)}; the source: {_cell(eager, lazy)}"
+            )
     assert not wrong, "docs/design.md's layout disagrees with the imports:\n" + "\n".join(wrong)
 
 
@@ -362,7 +385,8 @@ def test_the_import_circles_are_the_documented_ones():
     found = import_circles(source_graph())
     assert found == documented_circles(), (
         f"import circles in the sources: {sorted(map(sorted, found))}; "
-        f"docs/design.md says: {sorted(map(sorted, documented_circles()))}")
+        f"docs/design.md says: {sorted(map(sorted, documented_circles()))}"
+    )
 
 
 def test_the_extensions_listed_are_the_ones_setup_py_builds():
@@ -376,11 +400,14 @@ def test_the_extensions_listed_are_the_ones_setup_py_builds():
 # The checks above must catch a module added without its row, a changed import and a new circle:
 # run them on a copy of the real layout with each change made.
 
+
 def test_an_undocumented_module_is_caught(tmp_path, monkeypatch):
     import shutil
 
     copy = tmp_path / "cyctx"
-    shutil.copytree(PKG, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.so.*", "*.cpp"))
+    shutil.copytree(
+        PKG, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.so.*", "*.cpp")
+    )
     (copy / "_doctor" / "words.py").write_text("from cyctx._doctor import model\n")
     monkeypatch.setattr(sys.modules[__name__], "PKG", str(copy))
     with pytest.raises(AssertionError, match="_doctor/words.py"):
@@ -410,7 +437,8 @@ def test_an_import_for_annotations_only_is_left_out(tmp_path, monkeypatch):
         "if TYPE_CHECKING:\n"
         "    from cyctx import _inputs\n"
         "else:\n"
-        "    from cyctx import _compat\n")
+        "    from cyctx import _compat\n"
+    )
     monkeypatch.setattr(sys.modules[__name__], "PKG", str(tmp_path))
     assert _py_imports("words.py") == ({"_errors", "_compat"}, set())
 

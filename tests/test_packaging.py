@@ -19,11 +19,14 @@ PKG = os.path.dirname(cyctx.__file__)
 def test_one_version():
     assert cyctx.__version__ == md.version("cyctx")
     from cyctx._version import __version__
+
     assert __version__ == cyctx.__version__
 
 
 def test_dependency_range_is_the_import_checks_range():
-    reqs = [r for r in md.requires("cyctx") if r.startswith("cuda-bindings") and "extra ==" not in r]
+    reqs = [
+        r for r in md.requires("cyctx") if r.startswith("cuda-bindings") and "extra ==" not in r
+    ]
     assert len(reqs) == 1, reqs
     spec = sorted(re.findall(r"([<>=!]+)\s*([\d.]+)", reqs[0]))
     want = sorted(re.findall(r"([<>=!]+)\s*([\d.]+)", _compat.supported_range()))
@@ -39,8 +42,11 @@ def test_license_metadata():
 def test_python_versions_are_declared_once_and_consistently():
     # requires-python, the classifiers and the running interpreter agree: 3.11 to 3.15.
     meta = md.metadata("cyctx")
-    declared = sorted(c.rsplit(" ", 1)[1] for c in meta.get_all("Classifier")
-                      if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c))
+    declared = sorted(
+        c.rsplit(" ", 1)[1]
+        for c in meta.get_all("Classifier")
+        if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
+    )
     assert declared == ["3.11", "3.12", "3.13", "3.14", "3.15"], declared
     assert meta["Requires-Python"] == ">=3.11"
     assert f"{sys.version_info[0]}.{sys.version_info[1]}" in declared
@@ -77,13 +83,20 @@ def test_console_script_version():
 
 def test_console_script_is_the_doctor():
     # `cyctx doctor` and `python -m cyctx doctor` are one program: same report, same status.
-    a = subprocess.run([_script(), "doctor", "--simulate", "--json"], capture_output=True, text=True, timeout=120)
-    b = subprocess.run([sys.executable, "-m", "cyctx", "doctor", "--simulate", "--json"],
-                       capture_output=True, text=True, timeout=120)
+    a = subprocess.run(
+        [_script(), "doctor", "--simulate", "--json"], capture_output=True, text=True, timeout=120
+    )
+    b = subprocess.run(
+        [sys.executable, "-m", "cyctx", "doctor", "--simulate", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert a.returncode == b.returncode == 0, (a.stderr, b.stderr)
 
     def strip(s):  # the pid and the thread's native id differ between two processes
         return re.sub(r'"(pid|native_id|process)": \d+', '"pid": 0', s)
+
     assert strip(a.stdout) == strip(b.stdout)
 
 

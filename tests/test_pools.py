@@ -9,16 +9,21 @@ import os
 import textwrap
 
 import pytest
-
 from helpers.children import run_child
 from helpers.drivers import KIND
 
-POOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "pools")
-pytestmark = pytest.mark.skipif(not os.path.isdir(POOLS), reason="needs the source tree's examples/")
+POOLS = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "pools"
+)
+pytestmark = pytest.mark.skipif(
+    not os.path.isdir(POOLS), reason="needs the source tree's examples/"
+)
 
 
 def _child(code, timeout=300):
-    proc = run_child(f"import sys; sys.path.insert(0, {POOLS!r})\n" + textwrap.dedent(code), timeout=timeout)
+    proc = run_child(
+        f"import sys; sys.path.insert(0, {POOLS!r})\n" + textwrap.dedent(code), timeout=timeout
+    )
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -38,7 +43,9 @@ def test_thread_pool_with_tasks_for_several_devices():
     """)
     res = out["run"]
     assert sorted({r["device"] for r in res["results"]}) == sorted({0, out["run"]["devices"][-1]})
-    assert len(res["results"]) == 64 and all(r["before"] == 0 and r["after"] == 0 for r in res["results"])
+    assert len(res["results"]) == 64 and all(
+        r["before"] == 0 and r["after"] == 0 for r in res["results"]
+    )
     assert len(res["threads"]) == 4 and len({s["thread"] for s in res["threads"]}) == 4
     assert [(s["current"], s["open_entries"]) for s in res["threads"]] == [(0, 0)] * 4
     if KIND == "sim":  # one retain per device the process used: the shared guard's
@@ -52,15 +59,21 @@ def test_threadpool_example_script():
     import sys
 
     args = ["--simulate"] if KIND == "sim" else []
-    proc = subprocess.run([sys.executable, os.path.join(POOLS, "threadpool_example.py"), *args],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(POOLS, "threadpool_example.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "left with a context current or a guard entered: 0" in proc.stdout
 
 
 @pytest.mark.slow
 def test_dask_local_cluster_with_process_workers_and_threads():
-    pytest.importorskip("distributed", reason="dask[distributed] is not installed (pip install '.[dask]')")
+    pytest.importorskip(
+        "distributed", reason="dask[distributed] is not installed (pip install '.[dask]')"
+    )
     out = _child(f"""
     import json
     from dask_example import cluster, run, visit_every_worker_thread
@@ -92,4 +105,6 @@ def test_dask_local_cluster_with_process_workers_and_threads():
             assert s["retains"] is not None and all(r in (0, 1) for r in s["retains"])
             assert s["retains"][int(s["worker"]) % n] == 1
     dirty = [s for s in out["leaked"] if s["current"] or s["open_entries"]]
-    assert [s["thread"] for s in dirty] == [out["leaker"]], "the visit finds a careless task's context"
+    assert [s["thread"] for s in dirty] == [out["leaker"]], (
+        "the visit finds a careless task's context"
+    )

@@ -28,10 +28,26 @@ def pytest_unconfigure(config):
         json.dump(out, f)
 """
 
-MUTATORS = ("cuInit", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset",
-            "cuDevicePrimaryCtxSetFlags", "cuCtxPushCurrent", "cuCtxPopCurrent", "cuCtxSetCurrent",
-            "cuCtxCreate", "cuCtxDestroy", "cuCtxSetFlags")
-QUERIES = ("cuCtxGetCurrent", "cuCtxGetDevice", "cuCtxGetId", "cuDeviceGetCount", "cuDevicePrimaryCtxGetState")
+MUTATORS = (
+    "cuInit",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease",
+    "cuDevicePrimaryCtxReset",
+    "cuDevicePrimaryCtxSetFlags",
+    "cuCtxPushCurrent",
+    "cuCtxPopCurrent",
+    "cuCtxSetCurrent",
+    "cuCtxCreate",
+    "cuCtxDestroy",
+    "cuCtxSetFlags",
+)
+QUERIES = (
+    "cuCtxGetCurrent",
+    "cuCtxGetDevice",
+    "cuCtxGetId",
+    "cuDeviceGetCount",
+    "cuDevicePrimaryCtxGetState",
+)
 
 LEAKS = """
 import cyctx
@@ -86,25 +102,31 @@ def test_reports_each_test_that_leaks_with_before_after_and_device(pytester):
     result.assert_outcomes(passed=6)
     assert result.ret == 0  # reports, does not fail, unless asked
     section = "\n".join(_leak_section(result))
-    result.stdout.fnmatch_lines([
-        "*= cyctx: 4 tests left the CUDA context state changed =*",
-        "test_inner.py::test_push",
-        "    current context: none -> 0x* (device 0, id *)",
-        "    context stack depth: 0 -> 1",
-        "test_inner.py::test_set_device",
-        "    current context: 0x* (device 0, id *) -> 0x* (device 1, id *)",
-        "test_inner.py::test_leaked_guard_entry",
-        "    current context: 0x* (device 1, id *) -> 0x* (device 0, id *)",
-        "    cyctx guard entries open on this thread: 0 -> 1",
-        "test_inner.py::test_reset",
-        "    device 1 primary context: active -> inactive",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*= cyctx: 4 tests left the CUDA context state changed =*",
+            "test_inner.py::test_push",
+            "    current context: none -> 0x* (device 0, id *)",
+            "    context stack depth: 0 -> 1",
+            "test_inner.py::test_set_device",
+            "    current context: 0x* (device 0, id *) -> 0x* (device 1, id *)",
+            "test_inner.py::test_leaked_guard_entry",
+            "    current context: 0x* (device 1, id *) -> 0x* (device 0, id *)",
+            "    cyctx guard entries open on this thread: 0 -> 1",
+            "test_inner.py::test_reset",
+            "    device 1 primary context: active -> inactive",
+        ]
+    )
     assert "test_clean\n" not in section + "\n" and "test_clean_again" not in section, section
     # The first use of device 0 activated it: said, as a note, with the test that did it; the
     # shared guard test_clean_again made keeps its retain: a note too, below the leaks.
     assert "device 0 primary context: inactive -> active  (note)" in section
-    result.stdout.fnmatch_lines(["cyctx: retains taken and kept*",
-                                 "  test_inner.py::test_clean_again: device 1 primary context: inactive -> active; *"])
+    result.stdout.fnmatch_lines(
+        [
+            "cyctx: retains taken and kept*",
+            "  test_inner.py::test_clean_again: device 1 primary context: inactive -> active; *",
+        ]
+    )
 
 
 def test_fail_flag_fails_the_run_on_a_leak_only(pytester):
@@ -113,20 +135,24 @@ def test_fail_flag_fails_the_run_on_a_leak_only(pytester):
     result.assert_outcomes(passed=6)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     # A guard kept open (a retain taken and kept) is a note, not a leak: the run passes.
-    pytester.makepyfile(test_inner="""
+    pytester.makepyfile(
+        test_inner="""
         import cyctx
         def test_keeps_a_guard():
             global G
             G = cyctx.ContextGuard(1)
-    """)
+    """
+    )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--cyctx-contexts-fail")
     assert result.ret == 0
-    result.stdout.fnmatch_lines([
-        "*= cyctx: no test left the CUDA context state changed =*",
-        "cyctx: retains taken and kept*",
-        "  test_inner.py::test_keeps_a_guard: device 1 primary context: inactive -> active; "
-        "device 1 primary context retains: 0 -> 1",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*= cyctx: no test left the CUDA context state changed =*",
+            "cyctx: retains taken and kept*",
+            "  test_inner.py::test_keeps_a_guard: device 1 primary context: inactive -> active; "
+            "device 1 primary context retains: 0 -> 1",
+        ]
+    )
 
 
 def test_it_only_reads(pytester):
@@ -135,7 +161,9 @@ def test_it_only_reads(pytester):
     _suite(pytester, "init", LEAKS)
     pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=6)
     off = _calls(pytester)["calls"]
-    pytester.runpytest_subprocess("-p", "no:cacheprovider", "--cyctx-check-contexts").assert_outcomes(passed=6)
+    pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--cyctx-check-contexts"
+    ).assert_outcomes(passed=6)
     on = _calls(pytester)["calls"]
     assert {f: on[f] for f in MUTATORS} == {f: off[f] for f in MUTATORS}
     assert all(on[f] > off[f] for f in ("cuCtxGetCurrent", "cuDevicePrimaryCtxGetState")), (on, off)
@@ -166,7 +194,11 @@ def test_off_unless_asked(pytester):
 
 @pytest.mark.parametrize("how", ["ini", "-p"])
 def test_other_ways_to_turn_it_on(pytester, monkeypatch, how):
-    _suite(pytester, "init", "import cyctx\ndef test_enter():\n    cyctx.ContextGuard.shared(0).__enter__()\n")
+    _suite(
+        pytester,
+        "init",
+        "import cyctx\ndef test_enter():\n    cyctx.ContextGuard.shared(0).__enter__()\n",
+    )
     if how == "ini":
         pytester.makeini("[pytest]\ncyctx_check_contexts = true\n")
         args = []
@@ -180,7 +212,8 @@ def test_other_ways_to_turn_it_on(pytester, monkeypatch, how):
 
 def test_p_option_beside_the_entry_point_is_one_plugin(pytester):
     _suite(pytester, "init", "def test_a():\n    pass\n")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "cyctx.pytest_plugin",
-                                           "--cyctx-check-contexts")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "cyctx.pytest_plugin", "--cyctx-check-contexts"
+    )
     result.assert_outcomes(passed=1)
     assert result.stdout.str().count("cyctx: no test left") == 1

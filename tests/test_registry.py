@@ -1,4 +1,4 @@
-"""The registry of live guards (a hash set of tokens in _tls.h): exit's slow path asks it
+"""The registry of live guards (a hash set of tokens in _cpp/thread_entries.h): exit's slow path asks it
 whether an entry left on the thread's stack belongs to a guard that still exists. Checked
 through that path after thousands of additions and removals in random order, which grow the
 table several times and delete from the middle of probe runs."""
@@ -10,13 +10,12 @@ import shutil
 import subprocess
 
 import pytest
+from helpers.drivers import retains_unchanged
+from helpers.threads import in_thread
 
 import cyctx
 from cyctx import ContextGuard, GuardError
 from cyctx._guard import _open_entries
-
-from helpers.drivers import retains_unchanged
-from helpers.threads import in_thread
 
 
 def test_registry_keeps_every_live_guard_and_forgets_every_freed_one(sim):
@@ -63,7 +62,7 @@ def test_registry_keeps_every_live_guard_and_forgets_every_freed_one(sim):
 
 
 MODEL_CHECK = r"""
-#include "_tls.h"
+#include "_cpp/thread_entries.h"
 #include <cstdio>
 #include <random>
 #include <set>
@@ -114,7 +113,11 @@ def test_registry_matches_a_reference_set(tmp_path):
     src.write_text(MODEL_CHECK)
     exe = tmp_path / "registry"
     includes = [f"-I{d}" for d in cyctx.get_include() + [os.path.dirname(cyctx.__file__)]]
-    subprocess.run([cxx, "-std=c++17", "-O1", *includes, str(src), "-o", str(exe), "-pthread"],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [cxx, "-std=c++17", "-O1", *includes, str(src), "-o", str(exe), "-pthread"],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.startswith("ok"), out.stdout + out.stderr

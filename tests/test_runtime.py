@@ -5,7 +5,6 @@ for the life of the process, which must not leak into other tests.
 """
 
 import pytest
-
 from helpers.children import run_child
 
 pytestmark = pytest.mark.cudart
@@ -32,18 +31,23 @@ PRELUDE = """
 
 
 def test_runtime_sees_the_guard_device():
-    out = run_child(PRELUDE + """
+    out = run_child(
+        PRELUDE
+        + """
     for k, g in enumerate(guards):
         with g:
             print("DEV", k, rt_get(), rt_malloc_device())
-    """)
+    """
+    )
     rows = [l.split()[1:] for l in out.stdout.splitlines() if l.startswith("DEV")]
     assert rows and all(a == b == c for a, b, c in rows), rows
 
 
 @pytest.mark.multigpu
 def test_block_calling_cudaSetDevice_is_repaired():
-    out = run_child(PRELUDE + """
+    out = run_child(
+        PRELUDE
+        + """
     def body(start):
         if start is not None:
             assert rt.cudaSetDevice(start) == 0
@@ -54,7 +58,8 @@ def test_block_calling_cudaSetDevice_is_repaired():
         return before == drivers.current()
     res = [in_thread(body, start) for start in (None, 0, 1)]
     print("RESTORED", res)
-    """)
+    """
+    )
     assert "RESTORED [True, True, True]" in out.stdout
 
 
@@ -63,7 +68,9 @@ def test_classic_stale_current_context_is_fixed_inside_the_guard():
     # "A reset leaves a dead handle current"): cuCtxGetApiVersion fails outside the guard (201
     # with the explicit handle; 709 through the NULL "current" argument: "A dead context answers
     # 201 through its handle and 709 through NULL") and works inside it.
-    out = run_child(PRELUDE + """
+    out = run_child(
+        PRELUDE
+        + """
     import warnings
     warnings.simplefilter("ignore", cyctx.ContextResetWarning)
     assert rt.cudaSetDevice(0) == 0 and rt.cudaFree(None) == 0
@@ -74,5 +81,6 @@ def test_classic_stale_current_context_is_fixed_inside_the_guard():
     with guards[0]:
         inside = int(d.cuCtxGetApiVersion(d.cuCtxGetCurrent()[1])[0])
     print("CODES", outside, inside)
-    """)
+    """
+    )
     assert "CODES 201 0" in out.stdout

@@ -67,7 +67,11 @@ def test_stub_documents_every_public_name():
         for node in nodes:
             if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
                 name = prefix + node.name
-                public = not node.name.startswith("_") or node.name in ("__init__", "__enter__", "__exit__")
+                public = not node.name.startswith("_") or node.name in (
+                    "__init__",
+                    "__enter__",
+                    "__exit__",
+                )
                 if public and ast.get_docstring(node) is None:
                     missing.append(name)
                 if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
@@ -80,7 +84,9 @@ def test_stub_documents_every_public_name():
 def test_diagnosis_fields_are_typed():
     # Diagnosis.findings and the other records are their classes, not Any.
     node = next(n for n in _stub().body if isinstance(n, ast.ClassDef) and n.name == "Diagnosis")
-    fields = {n.target.id: ast.unparse(n.annotation) for n in node.body if isinstance(n, ast.AnnAssign)}
+    fields = {
+        n.target.id: ast.unparse(n.annotation) for n in node.body if isinstance(n, ast.AnnAssign)
+    }
     assert fields["findings"] == "list[Finding]"
     assert fields["devices"] == "list[DeviceInfo]" and fields["guards"] == "list[GuardInfo]"
     assert fields["runtime"] == "RuntimeInfo | None" and fields["context"] == "ContextInfo | None"
@@ -93,22 +99,32 @@ def test_pyright_verifytypes_finds_every_export_typed_and_documented(tmp_path):
     pyright = shutil.which("pyright")
     if pyright is None:
         pytest.skip("pyright is not installed here (CI's docs step runs this)")
-    out = subprocess.run([pyright, "--verifytypes", "cyctx", "--outputjson"], capture_output=True, text=True,
-                         timeout=600, cwd=tmp_path)
+    out = subprocess.run(
+        [pyright, "--verifytypes", "cyctx", "--outputjson"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     import json
 
     report = json.loads(out.stdout)["typeCompleteness"]
     assert report["completenessScore"] == 1.0
-    undocumented = [s["name"] for s in report["symbols"]
-                    if s["isExported"] and s["name"].startswith("cyctx.")
-                    and any("docstring" in d["message"] for d in s["diagnostics"])]
+    undocumented = [
+        s["name"]
+        for s in report["symbols"]
+        if s["isExported"]
+        and s["name"].startswith("cyctx.")
+        and any("docstring" in d["message"] for d in s["diagnostics"])
+    ]
     assert undocumented == []
 
 
 def test_a_type_checker_rejects_what_the_run_time_rejects(tmp_path):
     pytest.importorskip("mypy", reason="mypy is not installed here (CI's docs step runs this)")
     src = tmp_path / "use.py"
-    src.write_text(textwrap.dedent("""
+    src.write_text(
+        textwrap.dedent("""
         import cyctx
         cyctx.ContextGuard(0)
         cyctx.ContextGuard.shared(1)
@@ -116,10 +132,24 @@ def test_a_type_checker_rejects_what_the_run_time_rejects(tmp_path):
         cyctx.ContextGuard("0")          # line 6
         cyctx.ContextGuard(1.5)          # line 7
         cyctx.ContextGuard.shared("0")   # line 8
-    """))
-    out = subprocess.run([sys.executable, "-m", "mypy", "--ignore-missing-imports", "--follow-imports=silent",
-                          "--no-error-summary", "--cache-dir", str(tmp_path / "cache"), str(src)],
-                         capture_output=True, text=True, timeout=300)
+    """)
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--ignore-missing-imports",
+            "--follow-imports=silent",
+            "--no-error-summary",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     lines = sorted({int(l.split(":")[1]) for l in out.stdout.splitlines() if ": error:" in l})
     assert lines == [6, 7, 8], out.stdout
 
@@ -158,9 +188,23 @@ def test_stubtest_against_the_installed_package(tmp_path):
     (tmp_path / "allowlist.txt").write_text(STUBTEST_ALLOWLIST)
     # From tmp_path, so that `cyctx` is the installed package. --ignore-unused-allowlist: mypy
     # releases before PEP 800 do not report the disjoint base at all.
-    out = subprocess.run([sys.executable, "-m", "mypy.stubtest", "cyctx", "--concise",
-                          "--mypy-config-file", "mypy.ini", "--allowlist", "allowlist.txt",
-                          "--ignore-unused-allowlist"],
-                         capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                         env=dict(os.environ, MYPY_CACHE_DIR=str(tmp_path / "cache")))
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy.stubtest",
+            "cyctx",
+            "--concise",
+            "--mypy-config-file",
+            "mypy.ini",
+            "--allowlist",
+            "allowlist.txt",
+            "--ignore-unused-allowlist",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env=dict(os.environ, MYPY_CACHE_DIR=str(tmp_path / "cache")),
+    )
     assert out.returncode == 0, out.stdout + out.stderr

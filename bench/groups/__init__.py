@@ -8,7 +8,7 @@ Python-level loops are plain functions of the prepared objects and n, bound with
 functools.partial, so a row times exactly the function that is written out here.
 
   floor.py        the driver floor: compiled nogil loops over the driver's entry points
-  nogil.py        cyctx from Cython: enter()/exit(), switch_to()/switch_back(), its _tls.h
+  nogil.py        cyctx from Cython: enter()/exit(), switch_to()/switch_back(), its _cpp/thread_entries.h
   from_python.py  cyctx from Python: `with guard:` beside an empty loop and an empty `with`
   peers.py        CuPy, cuda.core, torch, numba and cuda.bindings from Python
   threads.py      1 to 16 OpenMP threads
@@ -21,7 +21,8 @@ harness: it hands each process what it needs (harness.Process: the compiled loop
 --quick, and measure(env, cases)).
 """
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 PATHS = ("fast", "from_none", "from_other")  # target already current / no context / device 1's
 SWITCHING = PATHS[1:]
@@ -30,13 +31,13 @@ SWITCHING = PATHS[1:]
 class Case(NamedTuple):
     id: str
     label: str
-    layer: str      # driver, cython, python, peer; control when re-measured beside a peer
-    paths: tuple    # the start paths it runs on (from_other only where there are two devices)
+    layer: str  # driver, cython, python, peer; control when re-measured beside a peer
+    paths: tuple  # the start paths it runs on (from_other only where there are two devices)
     make: Callable  # make(env, path) -> loop(n)
     note: str
-    python: bool    # a Python-level body: probed once (harness.probe), and an exception is its
-                    # row's result rather than the process's
-    checks: tuple   # what that first run records: "current_inside", "restored"
+    python: bool  # a Python-level body: probed once (harness.probe), and an exception is its
+    # row's result rather than the process's
+    checks: tuple  # what that first run records: "current_inside", "restored"
 
 
 CASES = {}  # group -> [Case], in the order of the tables
@@ -50,7 +51,9 @@ def registrar(group, layer, python=False):
             checks = ("current_inside", "restored") if python else ("restored",)
 
         def register(make):
-            CASES.setdefault(group, []).append(Case(row_id, label, layer, paths, make, note, python, checks))
+            CASES.setdefault(group, []).append(
+                Case(row_id, label, layer, paths, make, note, python, checks)
+            )
             return make
 
         return register
@@ -80,8 +83,9 @@ def open_core(bench):
     start context of each path, cyctx's current-context reader."""
     from types import SimpleNamespace
 
-    import cyctx
     from cuda.bindings import driver as d
+
+    import cyctx
 
     d.cuInit(0)
     ndev = d.cuDeviceGetCount()[1]
@@ -100,18 +104,32 @@ def open_core(bench):
         other = "a context created on device 0 (cuCtxCreate; one GPU)"
     bench.set_current(0)
     bench.checked()  # also resolves the floor's entry points
-    return SimpleNamespace(bench=bench, driver=d, ndev=ndev, g0=g0, g1=g1, h0=g0.handle, starts=starts,
-                           other=other, created=created,
-                           empty=bench.Empty(), set_start=bench.set_current, current=cyctx.current_handle)
+    return SimpleNamespace(
+        bench=bench,
+        driver=d,
+        ndev=ndev,
+        g0=g0,
+        g1=g1,
+        h0=g0.handle,
+        starts=starts,
+        other=other,
+        created=created,
+        empty=bench.Empty(),
+        set_start=bench.set_current,
+        current=cyctx.current_handle,
+    )
 
 
 def run_core(h):
     env = open_core(h.bench)
     d = env.driver
-    result = {"rows": h.measure(env, core_cases()), "devices": env.ndev,
-              "driver_api_version": d.cuDriverGetVersion()[1],
-              "device_names": [_device_name(d, i) for i in range(env.ndev)],
-              "other_context": env.other}
+    result = {
+        "rows": h.measure(env, core_cases()),
+        "devices": env.ndev,
+        "driver_api_version": d.cuDriverGetVersion()[1],
+        "device_names": [_device_name(d, i) for i in range(env.ndev)],
+        "other_context": env.other,
+    }
     for g in (env.g1, env.g0):
         if g:
             g.close()
@@ -136,7 +154,9 @@ def _create_context(d):
 
 def _device_name(d, i):
     err, name = d.cuDeviceGetName(256, d.cuDeviceGet(i)[1])
-    return name.split(b"\0", 1)[0].decode(errors="replace") if err == d.CUresult.CUDA_SUCCESS else None
+    return (
+        name.split(b"\0", 1)[0].decode(errors="replace") if err == d.CUresult.CUDA_SUCCESS else None
+    )
 
 
 # The modules register their cases as they are imported (after `registrar` is defined).
@@ -144,4 +164,6 @@ from . import floor, from_python, memory, nogil, peers, threads  # noqa: E402,F4
 
 # name -> run(h): the result of one process (h: harness.Process, what the harness lends it).
 PROCESSES = {"core": run_core, "threads": threads.run, "memory": memory.run}
-PROCESSES.update({f"peer:{name}": (lambda h, name=name: peers.run(h, name)) for name in peers.PEERS})
+PROCESSES.update(
+    {f"peer:{name}": (lambda h, name=name: peers.run(h, name)) for name in peers.PEERS}
+)

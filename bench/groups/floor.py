@@ -17,20 +17,32 @@ def pushpop(env, path):
     return partial(env.bench.pushpop, env.h0)
 
 
-@case("driver.pushpop_cydriver", "push+pop through cuda.bindings' cydriver", paths=SWITCHING,
-      note="what a Cython caller of cydriver pays")
+@case(
+    "driver.pushpop_cydriver",
+    "push+pop through cuda.bindings' cydriver",
+    paths=SWITCHING,
+    note="what a Cython caller of cydriver pays",
+)
 def pushpop_cydriver(env, path):
     return partial(env.bench.pushpop_cydriver, env.h0)
 
 
-@case("driver.setset", "cuCtxSetCurrent(target)+cuCtxSetCurrent(previous)", paths=SWITCHING,
-      note="the switch a guard makes, at the driver")
+@case(
+    "driver.setset",
+    "cuCtxSetCurrent(target)+cuCtxSetCurrent(previous)",
+    paths=SWITCHING,
+    note="the switch a guard makes, at the driver",
+)
 def setset(env, path):
     return partial(env.bench.setset, env.h0, env.starts[path])
 
 
-@case("driver.full", "retain+push+pop+release", paths=("from_none",),
-      note="the primary context is held by a guard meanwhile, as in the lab")
+@case(
+    "driver.full",
+    "retain+push+pop+release",
+    paths=("from_none",),
+    note="the primary context is held by a guard meanwhile, as in the lab",
+)
 def full(env, path):
     return partial(env.bench.full, 0)
 

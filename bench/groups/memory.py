@@ -17,8 +17,9 @@ def rss_kib():
 
 
 def run(h):
-    import cyctx
     from cuda.bindings import driver as d
+
+    import cyctx
     from cyctx._guard import _open_entries
     from cyctx.testing import simulated
 
@@ -36,7 +37,12 @@ def run(h):
     loop(10_000)
     runs = []
     for label, start, fn, k in (
-        ("cython guard.enter()/exit(), switching from no context", 0, partial(bench.guard_loop, g0), cycles),
+        (
+            "cython guard.enter()/exit(), switching from no context",
+            0,
+            partial(bench.guard_loop, g0),
+            cycles,
+        ),
         ("cython guard.enter()/exit(), already current", h0, partial(bench.guard_loop, g0), cycles),
         ("python with guard:, switching from no context", 0, loop, py_cycles),
     ):
@@ -46,9 +52,17 @@ def run(h):
         fn(k)
         secs = time.perf_counter() - t0
         after = rss_kib()
-        runs.append({"what": label, "cycles": k, "seconds": round(secs, 3), "rss_kib_before": before,
-                     "rss_kib_after": after, "growth_kib": after - before,
-                     "restored": cyctx.current_handle() == start})
+        runs.append(
+            {
+                "what": label,
+                "cycles": k,
+                "seconds": round(secs, 3),
+                "rss_kib_before": before,
+                "rss_kib_after": after,
+                "growth_kib": after - before,
+                "restored": cyctx.current_handle() == start,
+            }
+        )
         bench.set_current(0)
     open_entries = _open_entries()
     retains_during = [sim.retain_count(i) for i in range(ndev)] if sim else None
@@ -62,10 +76,11 @@ def run(h):
         "retains_during": retains_during,  # simulated driver only: the guards' own, 1 each
         "retains_after_close": retains_after,
         "primary_active_after_close": active,
-        "balanced": not any(active) and open_entries == 0
-                    and (retains_after is None or not any(retains_after))
-                    and (retains_during is None or retains_during == [1] * ndev),
+        "balanced": not any(active)
+        and open_entries == 0
+        and (retains_after is None or not any(retains_after))
+        and (retains_during is None or retains_during == [1] * ndev),
         "check": "every guard closed; no device's primary context is still active (nothing else "
-                 "in this process retained one), no guard entry left open"
-                 + ("; the simulated driver's refcounts are 1 during and 0 after" if sim else ""),
+        "in this process retained one), no guard entry left open"
+        + ("; the simulated driver's refcounts are 1 during and 0 after" if sim else ""),
     }

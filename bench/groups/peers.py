@@ -19,9 +19,9 @@ PEERS = {}  # name -> set-up(env), in the order run_all.py runs them
 
 RESTORE_NOTES = {
     "cuda_core": "cuda.core has no context manager: d0.set_current(), then the previous device's "
-                 "set_current() (d0 again on the fast path, d1 from device 1), or "
-                 "cuda.bindings.driver.cuCtxSetCurrent(NULL) from no context; the previous device "
-                 "is known to the loop, not looked up (favours cuda.core)",
+    "set_current() (d0 again on the fast path, d1 from device 1), or "
+    "cuda.bindings.driver.cuCtxSetCurrent(NULL) from no context; the previous device "
+    "is known to the loop, not looked up (favours cuda.core)",
     "cuda_bindings": "push+pop restores by popping; retain+push+pop+release as a naive guard does it",
 }
 
@@ -44,6 +44,7 @@ def rows(name):
 
 
 # --- cuda.bindings' driver module, from Python -----------------------------------------------
+
 
 @peer("cuda_bindings")
 def setup_cuda_bindings(env):
@@ -69,12 +70,17 @@ def cuda_bindings_pushpop(env, path):
     return partial(push_pop, env.driver, env.c0)
 
 
-@case("cuda_bindings", "cuda_bindings.full", "cuda.bindings.driver retain+push+pop+release, from Python")
+@case(
+    "cuda_bindings",
+    "cuda_bindings.full",
+    "cuda.bindings.driver retain+push+pop+release, from Python",
+)
 def cuda_bindings_full(env, path):
     return partial(retain_push_pop_release, env.driver, env.dev0)
 
 
 # --- CuPy --------------------------------------------------------------------------------------
+
 
 @peer("cupy")
 def setup_cupy(env):
@@ -102,6 +108,7 @@ def cupy_device_new(env, path):
 
 # --- cuda.core ---------------------------------------------------------------------------------
 
+
 @peer("cuda_core")
 def setup_cuda_core(env):
     try:
@@ -128,7 +135,9 @@ def set_current_then_none(d0, driver, null, n):
         driver.cuCtxSetCurrent(null)
 
 
-@case("cuda_core", "cuda_core.set_current", "cuda.core: d0.set_current(), then restore the previous")
+@case(
+    "cuda_core", "cuda_core.set_current", "cuda.core: d0.set_current(), then restore the previous"
+)
 def cuda_core_set_current(env, path):
     # No context manager in cuda.core: restore with the previous device's set_current(), and
     # with cuda.bindings' cuCtxSetCurrent(NULL) where there was no context.
@@ -138,6 +147,7 @@ def cuda_core_set_current(env, path):
 
 
 # --- torch -------------------------------------------------------------------------------------
+
 
 @peer("torch")
 def setup_torch(env):
@@ -166,6 +176,7 @@ def torch_device_prebuilt(env, path):
 
 # --- numba -------------------------------------------------------------------------------------
 
+
 @peer("numba")
 def setup_numba(env):
     from numba import cuda
@@ -186,6 +197,7 @@ def numba_gpus(env, path):
 
 
 # --- the process -------------------------------------------------------------------------------
+
 
 def run(h, name):
     """One peer's process: its set-up, then its rows and the control rows, timed together."""
@@ -209,7 +221,7 @@ def run(h, name):
     by_int[0] = env.null
 
     def set_start(handle):
-        err, = d.cuCtxSetCurrent(by_int[handle])
+        (err,) = d.cuCtxSetCurrent(by_int[handle])
         if err != d.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"cuCtxSetCurrent failed: {err!r}")
 

@@ -41,19 +41,37 @@ def run(h):
                 t0 = time.perf_counter_ns()
                 loop(n, t)
                 samples.append((time.perf_counter_ns() - t0) / (n * t))
-            rows.append({"id": kind_id, "kind": kind, "path": path, "threads": t, "team": bench.team_size(t),
-                         "n_per_thread": n, "rounds": rounds,
-                         "aggregate_ns_per_op": round(statistics.median(samples), 3)})
+            rows.append(
+                {
+                    "id": kind_id,
+                    "kind": kind,
+                    "path": path,
+                    "threads": t,
+                    "team": bench.team_size(t),
+                    "n_per_thread": n,
+                    "rounds": rounds,
+                    "aggregate_ns_per_op": round(statistics.median(samples), 3),
+                }
+            )
     # The same work on this process's main thread, outside any OpenMP region: tells a
     # difference between the harness's one thread and the core group's loop apart from one
     # between processes.
-    plain = timer.measure_many([
-        (lambda n: bench.guard_loop(g0, n), lambda: bench.set_current(starts["fast"])),
-        (lambda n: bench.pushpop(starts["fast"], n), lambda: bench.set_current(0)),
-    ])
+    plain = timer.measure_many(
+        [
+            (lambda n: bench.guard_loop(g0, n), lambda: bench.set_current(starts["fast"])),
+            (lambda n: bench.pushpop(starts["fast"], n), lambda: bench.set_current(0)),
+        ]
+    )
     bench.set_current(0)
     restored = cyctx.current_handle() == 0
     g0.close()
-    return {"rows": rows, "restored": restored, "cpu_count": os.cpu_count(),
-            "main_thread_no_openmp_ns": {"guard.fast": plain[0].get("ns"), "driver.pushpop": plain[1].get("ns")},
-            "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
+    return {
+        "rows": rows,
+        "restored": restored,
+        "cpu_count": os.cpu_count(),
+        "main_thread_no_openmp_ns": {
+            "guard.fast": plain[0].get("ns"),
+            "driver.pushpop": plain[1].get("ns"),
+        },
+        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+    }

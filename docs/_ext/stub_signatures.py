@@ -20,7 +20,9 @@ def _load() -> dict[str, ast.AST]:
     if not _STUB:
         import cyctx
 
-        with open(os.path.join(os.path.dirname(cyctx.__file__), "__init__.pyi"), encoding="utf-8") as f:
+        with open(
+            os.path.join(os.path.dirname(cyctx.__file__), "__init__.pyi"), encoding="utf-8"
+        ) as f:
             tree = ast.parse(f.read())
         for node in tree.body:
             if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
@@ -34,10 +36,20 @@ def _load() -> dict[str, ast.AST]:
 
 def _args(fn: ast.FunctionDef) -> str:
     a = fn.args
-    if a.args and a.args[0].arg in ("self", "cls") and not any(
-            isinstance(d, ast.Name) and d.id == "staticmethod" for d in fn.decorator_list):
-        a = ast.arguments(posonlyargs=a.posonlyargs, args=a.args[1:], vararg=a.vararg, kwonlyargs=a.kwonlyargs,
-                          kw_defaults=a.kw_defaults, kwarg=a.kwarg, defaults=a.defaults)
+    if (
+        a.args
+        and a.args[0].arg in ("self", "cls")
+        and not any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in fn.decorator_list)
+    ):
+        a = ast.arguments(
+            posonlyargs=a.posonlyargs,
+            args=a.args[1:],
+            vararg=a.vararg,
+            kwonlyargs=a.kwonlyargs,
+            kw_defaults=a.kw_defaults,
+            kwarg=a.kwarg,
+            defaults=a.defaults,
+        )
     return f"({ast.unparse(a)})"
 
 
@@ -71,8 +83,12 @@ def process_docstring(app, what, name, obj, options, lines):
     node = _load().get(name)
     # A Python property shows its type already; a compiled class's (autodoc calls it an
     # attribute: a getset descriptor) does not.
-    if what in ("property", "attribute") and not isinstance(obj, property) and isinstance(node, ast.FunctionDef) \
-            and node.returns is not None:
+    if (
+        what in ("property", "attribute")
+        and not isinstance(obj, property)
+        and isinstance(node, ast.FunctionDef)
+        and node.returns is not None
+    ):
         lines.insert(0, f"*Type:* ``{ast.unparse(node.returns)}``")
         lines.insert(1, "")
 

@@ -46,8 +46,10 @@ OBJECTS = [
 
 def write() -> None:
     body = "".join(f"{name} py:{role} 1 {page}#$ -\n" for name, role, page in OBJECTS)
-    head = ("# Sphinx inventory version 2\n# Project: Python\n# Version: 3\n"
-            "# The remainder of this file is compressed using zlib.\n")
+    head = (
+        "# Sphinx inventory version 2\n# Project: Python\n# Version: 3\n"
+        "# The remainder of this file is compressed using zlib.\n"
+    )
     with open(OUT, "wb") as f:
         f.write(head.encode() + zlib.compress(body.encode()))
 
@@ -55,7 +57,10 @@ def write() -> None:
 def download() -> None:
     import urllib.request
 
-    with urllib.request.urlopen("https://docs.python.org/3/objects.inv", timeout=60) as r, open(OUT, "wb") as f:
+    with (
+        urllib.request.urlopen("https://docs.python.org/3/objects.inv", timeout=60) as r,
+        open(OUT, "wb") as f,
+    ):
         f.write(r.read())
 
 

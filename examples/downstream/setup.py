@@ -6,9 +6,10 @@ declares Switch from) and the directory of a cuda.h matching the cuda-bindings o
 package on sys.path. Compile as C++, like cyctx and cydriver.
 """
 
-import cyctx
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+
+import cyctx
 
 ext = Extension(
     "cyctx_downstream._work",

@@ -1,8 +1,9 @@
 """Build the kernels example: one Cython extension that cimports cyctx and cydriver."""
 
-import cyctx
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+
+import cyctx
 
 ext = Extension(
     "cyctx_kernels._launch",

@@ -7,8 +7,9 @@ from cyctx.testing import use_simulated_driver
 
 sim = use_simulated_driver(device_count=2)  # before any driver call
 
-import cyctx  # noqa: E402
 import cyctx_minimal  # noqa: E402
+
+import cyctx  # noqa: E402
 
 here = os.path.dirname(os.path.abspath(__file__))
 assert not os.path.abspath(cyctx_minimal.__file__).startswith(here), "imported from the source tree"

@@ -77,14 +77,28 @@ def visit_every_worker_thread(client: Client) -> list[dict]:
     token = uuid.uuid4().hex
     futures = []
     for addr, nthreads in client.nthreads().items():
-        futures += [client.submit(_state_at_barrier, token, nthreads, workers=[addr], allow_other_workers=False,
-                                  pure=False) for _ in range(nthreads)]
+        futures += [
+            client.submit(
+                _state_at_barrier,
+                token,
+                nthreads,
+                workers=[addr],
+                allow_other_workers=False,
+                pure=False,
+            )
+            for _ in range(nthreads)
+        ]
     return client.gather(futures)
 
 
 def cluster(workers: int, threads: int, simulate: bool) -> tuple[LocalCluster, Client]:
-    lc = LocalCluster(n_workers=workers, threads_per_worker=threads, processes=True, dashboard_address=None,
-                      worker_dashboard_address=None)
+    lc = LocalCluster(
+        n_workers=workers,
+        threads_per_worker=threads,
+        processes=True,
+        dashboard_address=None,
+        worker_dashboard_address=None,
+    )
     client = Client(lc)
     if simulate:
         client.register_plugin(SimulatedDriver())
@@ -95,9 +109,16 @@ def run(client: Client, tasks: int) -> dict:
     from pool_tasks import device_count
 
     n = client.submit(device_count, pure=False).result()
-    named = client.gather(client.map(task_on_named_device, [i % n for i in range(tasks)], range(tasks), pure=False))
+    named = client.gather(
+        client.map(task_on_named_device, [i % n for i in range(tasks)], range(tasks), pure=False)
+    )
     picked = client.gather(client.map(task_on_worker_device, range(tasks), pure=False))
-    return {"device_count": n, "named": named, "picked": picked, "threads": visit_every_worker_thread(client)}
+    return {
+        "device_count": n,
+        "named": named,
+        "picked": picked,
+        "threads": visit_every_worker_thread(client),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,16 +134,26 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         client.close()
         lc.close()
-    for key, what in (("named", "the task names its device"), ("picked", "the worker picks its device")):
+    for key, what in (
+        ("named", "the task names its device"),
+        ("picked", "the worker picks its device"),
+    ):
         per = {}
         for r in out[key]:
             per.setdefault(r["worker"], set()).add(r["device"])
-        print(f"{what}: " + ", ".join(f"worker {w} ran devices {sorted(d)}" for w, d in sorted(per.items())))
+        print(
+            f"{what}: "
+            + ", ".join(f"worker {w} ran devices {sorted(d)}" for w, d in sorted(per.items()))
+        )
     left = [s for s in out["threads"] if s["current"] or s["open_entries"]]
-    print(f"worker threads: {len(out['threads'])}; left with a context current or a guard entered: {len(left)}")
+    print(
+        f"worker threads: {len(out['threads'])}; left with a context current or a guard entered: {len(left)}"
+    )
     for worker, retains in sorted({s["worker"]: s["retains"] for s in out["threads"]}.items()):
         if retains is not None:
-            print(f"  worker {worker}: primary context retains per device (simulated driver) {retains}")
+            print(
+                f"  worker {worker}: primary context retains per device (simulated driver) {retains}"
+            )
     return 1 if left else 0
 
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import threading
 
-import cyctx
 from cuda.bindings import driver
+
+import cyctx
 
 
 def _check(result, what: str):
@@ -40,8 +41,7 @@ def device_task(device: int, i: int) -> dict:
         if not _simulated():
             _memory_roundtrip(device, i)
     after = cyctx.current_handle()
-    return {"thread": threading.get_ident(), "device": device,
-            "before": before, "after": after}
+    return {"thread": threading.get_ident(), "device": device, "before": before, "after": after}
 
 
 def _memory_roundtrip(device: int, i: int) -> None:
@@ -74,8 +74,12 @@ def thread_state() -> dict:
     from cyctx._guard import _open_entries
 
     sim = _sim()
-    return {"thread": threading.get_ident(), "current": cyctx.current_handle(), "open_entries": _open_entries(),
-            "retains": [sim.retain_count(k) for k in range(sim.device_count)] if sim else None}
+    return {
+        "thread": threading.get_ident(),
+        "current": cyctx.current_handle(),
+        "open_entries": _open_entries(),
+        "retains": [sim.retain_count(k) for k in range(sim.device_count)] if sim else None,
+    }
 
 
 def device_count() -> int:

@@ -36,7 +36,9 @@ def run(tasks: int = 64, workers: int = 4, devices: list[int] | None = None) -> 
     devices = devices if devices is not None else list(range(device_count()))
     with cf.ThreadPoolExecutor(max_workers=workers) as pool:
         visit_every_thread(pool, workers, lambda: None)  # start all the threads
-        results = list(pool.map(device_task, [devices[i % len(devices)] for i in range(tasks)], range(tasks)))
+        results = list(
+            pool.map(device_task, [devices[i % len(devices)] for i in range(tasks)], range(tasks))
+        )
         states = visit_every_thread(pool, workers, thread_state)
     return {"devices": devices, "results": results, "threads": states}
 
@@ -57,9 +59,13 @@ def main(argv: list[str] | None = None) -> int:
         threads = len({r["thread"] for r in out["results"] if r["device"] == dev})
         print(f"device {dev}: {n} tasks, on {threads} thread{'s' if threads != 1 else ''}")
     left = [s for s in out["threads"] if s["current"] or s["open_entries"]]
-    print(f"pool threads: {len(out['threads'])}; left with a context current or a guard entered: {len(left)}")
+    print(
+        f"pool threads: {len(out['threads'])}; left with a context current or a guard entered: {len(left)}"
+    )
     if out["threads"][0]["retains"] is not None:
-        print(f"primary context retains in this process (simulated driver): {out['threads'][0]['retains']}")
+        print(
+            f"primary context retains in this process (simulated driver): {out['threads'][0]['retains']}"
+        )
     return 1 if left else 0
 
 

@@ -41,9 +41,19 @@ from cyctx._version import __version__
 
 # The errors are defined in private modules but public here: tracebacks, reprs and pickles
 # name them as users import them (`cyctx.NoDeviceError`, not `cyctx._errors.NoDeviceError`).
-for _cls in (ContextDestroyedError, ContextResetWarning, CyctxError, DriverError, ForkError, GuardError,
-             IncompatibleBindingsError, InvalidContextError, InvalidDeviceError, NoDeviceError,
-             NotInitializedError):
+for _cls in (
+    ContextDestroyedError,
+    ContextResetWarning,
+    CyctxError,
+    DriverError,
+    ForkError,
+    GuardError,
+    IncompatibleBindingsError,
+    InvalidContextError,
+    InvalidDeviceError,
+    NoDeviceError,
+    NotInitializedError,
+):
     _cls.__module__ = __name__
 del _cls
 
@@ -96,5 +106,7 @@ def get_include() -> list[str]:
 
     from cyctx._cuda_headers import find_cuda_header
 
-    return [os.path.join(os.path.dirname(os.path.abspath(__file__)), "include"),
-            find_cuda_header().include_dir]
+    return [
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "include"),
+        find_cuda_header().include_dir,
+    ]

@@ -59,7 +59,17 @@ class _HasIndex(Protocol):
     @property
     def type(self) -> str: ...
 
-DeviceLike = SupportsIndex | _BindingsHandle | _CudaStream | _HasDeviceId | _HasId | _HasPtr | _HasCudaStream | _HasHandle | _HasIndex
+DeviceLike = (
+    SupportsIndex
+    | _BindingsHandle
+    | _CudaStream
+    | _HasDeviceId
+    | _HasId
+    | _HasPtr
+    | _HasCudaStream
+    | _HasHandle
+    | _HasIndex
+)
 """What :class:`ContextGuard` accepts: a device ordinal, or a device, context or stream object of
 cuda.bindings, cuda.core, CuPy or torch (recognised at run time by its type)."""
 
@@ -147,7 +157,10 @@ class ContextGuard:
         """Make the guard's context current on this thread (no switch when it already is).
         Re-activates a reset primary context, warning :class:`ContextResetWarning`."""
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> Literal[False]:
         """Restore what was current before the matching enter on this thread; never swallows
         the block's exception."""

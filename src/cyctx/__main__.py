@@ -19,15 +19,20 @@ def _version() -> str:
     from cyctx import BUILD_INFO, __version__
     from cyctx._compat import installed_bindings_version
 
-    return (f"cyctx {__version__} (compiled with cuda-bindings {BUILD_INFO['cuda_bindings']} types, "
-            f"Cython {BUILD_INFO['cython']}, Python {BUILD_INFO['python']}; running with "
-            f"cuda-bindings {installed_bindings_version()}, Python {sys.version.split()[0]})")
+    return (
+        f"cyctx {__version__} (compiled with cuda-bindings {BUILD_INFO['cuda_bindings']} types, "
+        f"Cython {BUILD_INFO['cython']}, Python {BUILD_INFO['python']}; running with "
+        f"cuda-bindings {installed_bindings_version()}, Python {sys.version.split()[0]})"
+    )
 
 
 def _parser(prog: str = "python -m cyctx") -> argparse.ArgumentParser:
     # Raw text: the --version line is printed as it is, not wrapped.
-    p = argparse.ArgumentParser(prog=prog, description="cyctx command line tools.",
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="cyctx command line tools.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--version", action="version", version=_version())
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     doc = sub.add_parser(
@@ -38,19 +43,37 @@ def _parser(prog: str = "python -m cyctx") -> argparse.ArgumentParser:
             "context, and explain in plain words (with the fix) what is wrong. Changes no state. "
             "Exit status: 0 nothing wrong, 1 a problem found, 2 bad command line, 3 no usable "
             "driver or GPU. With --demo: 0 the guarded steps worked, 1 they did not, 2 bad "
-            "command line, 3 it cannot run here."),
+            "command line, 3 it cannot run here."
+        ),
     )
-    doc.add_argument("--json", action="store_true", help="print the report as JSON (schema cyctx.diagnosis/1)")
-    doc.add_argument("--demo", action="store_true",
-                     help="reproduce the classic failure step by step, then the same steps inside a ContextGuard")
-    doc.add_argument("--simulate", action="store_true",
-                     help="run on cyctx's simulated driver (no GPU needed); every screen says so")
-    doc.add_argument("--cudart", metavar="PATH",
-                     help="the libcudart to use (e.g. libcudart.so.11.0 of the nvidia-cuda-runtime-cu11 "
-                          "wheel); default: one already loaded, else cuda-pathfinder's")
-    doc.add_argument("--device", type=int, default=0, metavar="N", help="device of the demo (default 0)")
-    doc.add_argument("--sim-runtime", choices=sorted(_SIM_RUNTIMES), default="11.8",
-                     help="with --simulate --demo: the runtime version the stand-in models (default 11.8)")
+    doc.add_argument(
+        "--json", action="store_true", help="print the report as JSON (schema cyctx.diagnosis/1)"
+    )
+    doc.add_argument(
+        "--demo",
+        action="store_true",
+        help="reproduce the classic failure step by step, then the same steps inside a ContextGuard",
+    )
+    doc.add_argument(
+        "--simulate",
+        action="store_true",
+        help="run on cyctx's simulated driver (no GPU needed); every screen says so",
+    )
+    doc.add_argument(
+        "--cudart",
+        metavar="PATH",
+        help="the libcudart to use (e.g. libcudart.so.11.0 of the nvidia-cuda-runtime-cu11 "
+        "wheel); default: one already loaded, else cuda-pathfinder's",
+    )
+    doc.add_argument(
+        "--device", type=int, default=0, metavar="N", help="device of the demo (default 0)"
+    )
+    doc.add_argument(
+        "--sim-runtime",
+        choices=sorted(_SIM_RUNTIMES),
+        default="11.8",
+        help="with --simulate --demo: the runtime version the stand-in models (default 11.8)",
+    )
     return p
 
 
@@ -68,8 +91,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m cyctx") -> int:
     if args.json and args.demo:
         parser.error("--json is for the report, not --demo")
     if args.cudart and args.simulate:
-        parser.error("--cudart needs the real driver; with --simulate the demo uses a stand-in "
-                     "runtime (choose its version with --sim-runtime)")
+        parser.error(
+            "--cudart needs the real driver; with --simulate the demo uses a stand-in "
+            "runtime (choose its version with --sim-runtime)"
+        )
     if args.cudart and not os.path.isfile(args.cudart):
         parser.error(f"--cudart {args.cudart}: no such file")
     if args.device < 0:
@@ -107,18 +132,25 @@ def _demo(args: argparse.Namespace, colour: bool) -> int:
         report = _doctor.diagnose(cudart=False)
         if report.driver_error is not None:  # no driver, no device, forked child...
             print(report.render(colour=colour, cli=True))
-            print("\nThe demo needs a GPU; `cyctx doctor --demo --simulate` runs it on "
-                  "cyctx's simulated driver.")
+            print(
+                "\nThe demo needs a GPU; `cyctx doctor --demo --simulate` runs it on "
+                "cyctx's simulated driver."
+            )
             return _doctor.EXIT_NO_CUDA
         cudart, why = _doctor.load_cudart(args.cudart)
         if cudart is None:
-            print(f"cyctx doctor --demo: {why}. Install the CUDA runtime "
-                  f"(pip install nvidia-cuda-runtime) or pass --cudart PATH.", file=sys.stderr)
+            print(
+                f"cyctx doctor --demo: {why}. Install the CUDA runtime "
+                f"(pip install nvidia-cuda-runtime) or pass --cudart PATH.",
+                file=sys.stderr,
+            )
             return _doctor.EXIT_NO_CUDA
         rt = cudart
     if args.device >= _doctor.device_count():
-        print(f"cyctx doctor --demo: no device {args.device} (the driver reports {_doctor.device_count()})",
-              file=sys.stderr)
+        print(
+            f"cyctx doctor --demo: no device {args.device} (the driver reports {_doctor.device_count()})",
+            file=sys.stderr,
+        )
         return _doctor.EXIT_USAGE
     return _doctor.run_demo(rt, device=args.device, colour=colour)
 

@@ -1,7 +1,7 @@
 """Is the installed cuda-bindings one that cyctx supports?
 
 cyctx's compiled modules do not bind to cuda-bindings' C API (they resolve the driver
-themselves, ``_driver.h``), so one build serves every cuda-bindings in the supported range,
+themselves, ``_cpp/driver.h``), so one build serves every cuda-bindings in the supported range,
 CUDA 12 and 13 alike. Outside it, the doctor (which uses ``cuda.bindings.driver``) and
 Cython code that cimports cyctx (which compiles against its ``cydriver.pxd``) are untested,
 so importing cyctx stops with a command that fixes it from where the user stands: staying
@@ -46,12 +46,16 @@ def check_bindings(installed: str | None) -> None:
     if major == SUPPORTED_MIN[0]:  # an older minor of a supported major: stay on it
         fix = f"pip install 'cuda-bindings>={SUPPORTED_MIN[0]}.{SUPPORTED_MIN[1]},<{major + 1}'"
     elif major < SUPPORTED_MIN[0]:
-        fix = (f"cyctx needs CUDA {SUPPORTED_MIN[0]} or newer bindings (and a driver of CUDA "
-               f"12.0+): pip install 'cuda-bindings>={SUPPORTED_MIN[0]}.{SUPPORTED_MIN[1]},<{SUPPORTED_MIN[0] + 1}'")
+        fix = (
+            f"cyctx needs CUDA {SUPPORTED_MIN[0]} or newer bindings (and a driver of CUDA "
+            f"12.0+): pip install 'cuda-bindings>={SUPPORTED_MIN[0]}.{SUPPORTED_MIN[1]},<{SUPPORTED_MIN[0] + 1}'"
+        )
     else:  # a newer major than this cyctx knows
-        fix = (f"this cyctx supports CUDA {SUPPORTED_MAJORS[0]} and {SUPPORTED_MAJORS[-1]}: "
-               f"pip install --upgrade cyctx for a release that supports CUDA {major}, or "
-               f"pip install 'cuda-bindings>={SUPPORTED_MAJORS[-1]},<{SUPPORTED_MAJORS[-1] + 1}'")
+        fix = (
+            f"this cyctx supports CUDA {SUPPORTED_MAJORS[0]} and {SUPPORTED_MAJORS[-1]}: "
+            f"pip install --upgrade cyctx for a release that supports CUDA {major}, or "
+            f"pip install 'cuda-bindings>={SUPPORTED_MAJORS[-1]},<{SUPPORTED_MAJORS[-1] + 1}'"
+        )
     raise IncompatibleBindingsError(
         f"cuda-bindings {installed} is installed; cyctx supports cuda-bindings "
         f"{supported_range()}: {fix}"

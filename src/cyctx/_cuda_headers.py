@@ -28,7 +28,9 @@ def in_pep517_build() -> bool:
     not reach it, only the ``[build-system] requires`` of the package being built does.
     pyproject_hooks, which pip and build call backends through, marks the backend's process.
     """
-    return bool(os.environ.get("_PYPROJECT_HOOKS_BUILD_BACKEND") or os.environ.get("PEP517_BUILD_BACKEND"))
+    return bool(
+        os.environ.get("_PYPROJECT_HOOKS_BUILD_BACKEND") or os.environ.get("PEP517_BUILD_BACKEND")
+    )
 
 
 def _for_this_environment(message: str, major: int | None) -> HeaderError:
@@ -58,6 +60,7 @@ def bindings_version() -> tuple[int, int, str]:
     """(major, minor, full string) of the installed cuda-bindings, without loading a driver."""
     try:
         from importlib.metadata import version
+
         full = version("cuda-bindings")
     except Exception as exc:  # not installed
         raise HeaderError(
@@ -154,13 +157,18 @@ def find_cuda_header() -> CudaHeader:
 def _find_cuda_header() -> CudaHeader:
     major, minor, full = bindings_version()
     needed = required_headers()
-    fix = "pip install " + " ".join(f"'{header_wheel_requirement(h, major, minor)}'" for h in needed)
+    fix = "pip install " + " ".join(
+        f"'{header_wheel_requirement(h, major, minor)}'" for h in needed
+    )
     problems = []
     for include_dir, via in _candidates():
         if not os.path.isfile(os.path.join(include_dir, "cuda.h")):
             problems.append(f"{via}: no cuda.h in {include_dir}")
             if via.startswith("$"):
-                raise HeaderError(problems[-1] + f"; unset {via[1:]} or point it at a CUDA {major}.{minor}+ toolkit")
+                raise HeaderError(
+                    problems[-1]
+                    + f"; unset {via[1:]} or point it at a CUDA {major}.{minor}+ toolkit"
+                )
             continue
         hdr = CudaHeader(include_dir, via, header_version(include_dir))
         hmaj, hmin = hdr.major_minor
@@ -173,13 +181,22 @@ def _find_cuda_header() -> CudaHeader:
         elif missing:
             # cuda.h alone is not enough: cydriver.pxd includes these too.
             wheels = " ".join(f"'{header_wheel_requirement(h, major, minor)}'" for h in missing)
-            problems.append(f"{via}: {include_dir} lacks {', '.join(missing)}; pip install {wheels}")
+            problems.append(
+                f"{via}: {include_dir} lacks {', '.join(missing)}; pip install {wheels}"
+            )
         else:
             return hdr
         if via.startswith("$"):
             # An explicit choice that cannot work must not be skipped silently.
-            raise HeaderError(problems[-1] + f". Point {via[1:]} at a matching CUDA {major}.{minor}+ toolkit, unset it, or {fix}")
-    detail = "; ".join(problems) if problems else "no CUDA_HOME/CUDA_PATH and cuda-pathfinder found nothing"
+            raise HeaderError(
+                problems[-1]
+                + f". Point {via[1:]} at a matching CUDA {major}.{minor}+ toolkit, unset it, or {fix}"
+            )
+    detail = (
+        "; ".join(problems)
+        if problems
+        else "no CUDA_HOME/CUDA_PATH and cuda-pathfinder found nothing"
+    )
     raise HeaderError(
         f"no cuda.h for cuda-bindings {full} ({detail}). It needs a CUDA {major}.{minor} or newer "
         f"{major}.x header: {fix}"

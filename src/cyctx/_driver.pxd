@@ -1,9 +1,9 @@
-# The driver entry points cyctx calls, resolved by cyctx at fixed ABI versions (_driver.h
+# The driver entry points cyctx calls, resolved by cyctx at fixed ABI versions (_cpp/driver.h
 # says why: one build works with every cuda-bindings major). Declarations only: there is
 # no _driver module. Types come from cuda.bindings' cydriver.
 from cuda.bindings cimport cydriver
 
-cdef extern from "_driver.h" namespace "cyctx" nogil:
+cdef extern from "_cpp/driver.h" namespace "cyctx" nogil:
     ctypedef struct DriverApi:
         cydriver.CUresult (*Init)(unsigned int) noexcept nogil
         cydriver.CUresult (*DeviceGetCount)(int*) noexcept nogil

@@ -109,43 +109,39 @@ class InvalidDeviceError(DriverError, ValueError):
 # Tables keyed by CUresult, written by name (the numbers are in the class docstrings above).
 _HINTS = {
     CUDA_ERROR_INVALID_VALUE: "An argument was out of range for the driver",
-    CUDA_ERROR_NOT_INITIALIZED:
-        "The driver is not initialised in this process: call cuInit(0) first",
-    CUDA_ERROR_DEINITIALIZED:
-        "The driver is shutting down (interpreter exit?); no CUDA work can run now",
-    CUDA_ERROR_STUB_LIBRARY:
-        ("The libcuda.so.1 that was loaded is the toolkit's stub, not the driver: "
-         "remove the stubs directory from LD_LIBRARY_PATH"),
-    CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER:
-        "The installed NVIDIA driver is older than this call needs: upgrade the driver",
-    CUDA_ERROR_DEVICE_UNAVAILABLE:
-        "The device is in use by another process or in exclusive/prohibited compute mode",
-    CUDA_ERROR_NO_DEVICE:
-        "No CUDA-capable device is visible: check the driver, CUDA_VISIBLE_DEVICES and nvidia-smi",
-    CUDA_ERROR_INVALID_DEVICE:
-        "The device ordinal does not exist: check cuDeviceGetCount and CUDA_VISIBLE_DEVICES",
-    CUDA_ERROR_INVALID_CONTEXT:
-        ("The context is not usable: it was destroyed, or it is a primary context that is "
-         "inactive (never retained, released to zero, or reset by cudaDeviceReset). A "
-         "cyctx.ContextGuard retains and activates it; `cyctx doctor` explains "
-         "this thread's state"),
-    CUDA_ERROR_CONTEXT_IS_DESTROYED:
-        ("The context was destroyed (cuCtxDestroy, or its primary context was reset or "
-         "released to zero) while this handle was still in use. Retain it again, e.g. with a "
-         "new cyctx.ContextGuard"),
-    CUDA_ERROR_SYSTEM_DRIVER_MISMATCH:
-        "The driver and kernel module versions do not match: reboot or reinstall the driver",
-    CUDA_ERROR_UNKNOWN:
-        "The driver reported an unknown error; the GPU may need attention (nvidia-smi)",
+    CUDA_ERROR_NOT_INITIALIZED: "The driver is not initialised in this process: call cuInit(0) first",
+    CUDA_ERROR_DEINITIALIZED: "The driver is shutting down (interpreter exit?); no CUDA work can run now",
+    CUDA_ERROR_STUB_LIBRARY: (
+        "The libcuda.so.1 that was loaded is the toolkit's stub, not the driver: "
+        "remove the stubs directory from LD_LIBRARY_PATH"
+    ),
+    CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER: "The installed NVIDIA driver is older than this call needs: upgrade the driver",
+    CUDA_ERROR_DEVICE_UNAVAILABLE: "The device is in use by another process or in exclusive/prohibited compute mode",
+    CUDA_ERROR_NO_DEVICE: "No CUDA-capable device is visible: check the driver, CUDA_VISIBLE_DEVICES and nvidia-smi",
+    CUDA_ERROR_INVALID_DEVICE: "The device ordinal does not exist: check cuDeviceGetCount and CUDA_VISIBLE_DEVICES",
+    CUDA_ERROR_INVALID_CONTEXT: (
+        "The context is not usable: it was destroyed, or it is a primary context that is "
+        "inactive (never retained, released to zero, or reset by cudaDeviceReset). A "
+        "cyctx.ContextGuard retains and activates it; `cyctx doctor` explains "
+        "this thread's state"
+    ),
+    CUDA_ERROR_CONTEXT_IS_DESTROYED: (
+        "The context was destroyed (cuCtxDestroy, or its primary context was reset or "
+        "released to zero) while this handle was still in use. Retain it again, e.g. with a "
+        "new cyctx.ContextGuard"
+    ),
+    CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: "The driver and kernel module versions do not match: reboot or reinstall the driver",
+    CUDA_ERROR_UNKNOWN: "The driver reported an unknown error; the GPU may need attention (nvidia-smi)",
 }
 
 # Fork is named only in a process that was forked: elsewhere it would send the reader after a
 # cause that cannot be theirs.
 _FORKED_HINTS = {
-    CUDA_ERROR_NOT_INITIALIZED:
-        ("The driver is not initialised in this process, which is a forked child: if its "
-         "parent used CUDA, CUDA cannot be used here. Start workers with the 'spawn' "
-         "multiprocessing start method"),
+    CUDA_ERROR_NOT_INITIALIZED: (
+        "The driver is not initialised in this process, which is a forked child: if its "
+        "parent used CUDA, CUDA cannot be used here. Start workers with the 'spawn' "
+        "multiprocessing start method"
+    ),
 }
 
 
@@ -165,7 +161,7 @@ _CLASSES = {
 }
 
 
-# The codes cyctx itself reports when loading the driver fails (driver_load in _driver.h),
+# The codes cyctx itself reports when loading the driver fails (driver_load in _cpp/driver.h),
 # named and described as the driver does: no driver could be loaded to ask.
 _FALLBACK = {
     CUDA_ERROR_OUT_OF_MEMORY: ("CUDA_ERROR_OUT_OF_MEMORY", "out of memory"),
@@ -178,7 +174,9 @@ _FALLBACK = {
 
 def _fallback_name_and_string(code):
     """(name, description) of a CUresult without asking a driver."""
-    return _FALLBACK.get(int(code), (f"CUresult({int(code)})", "no CUDA driver could be loaded to describe it"))
+    return _FALLBACK.get(
+        int(code), (f"CUresult({int(code)})", "no CUDA driver could be loaded to describe it")
+    )
 
 
 def driver_error(code, call=None, detail=None):
@@ -190,30 +188,36 @@ def load_fix(code):
     """What to do about a failure to load the driver with `code` (driver_load's codes): the
     same words for a guard's error and for the doctor's finding."""
     if code == CUDA_ERROR_NO_DEVICE:
-        return ("No NVIDIA driver is installed or visible here. On a GPU machine install the "
-                "NVIDIA driver; without a GPU, use cyctx's simulated driver "
-                "(cyctx.testing.use_simulated_driver, or `cyctx doctor --simulate`)")
+        return (
+            "No NVIDIA driver is installed or visible here. On a GPU machine install the "
+            "NVIDIA driver; without a GPU, use cyctx's simulated driver "
+            "(cyctx.testing.use_simulated_driver, or `cyctx doctor --simulate`)"
+        )
     if code == CUDA_ERROR_STUB_LIBRARY:
-        return ("Remove the toolkit's stubs directory (e.g. /usr/local/cuda/lib64/stubs) from "
-                "LD_LIBRARY_PATH so that the NVIDIA driver's libcuda.so.1 is found")
+        return (
+            "Remove the toolkit's stubs directory (e.g. /usr/local/cuda/lib64/stubs) from "
+            "LD_LIBRARY_PATH so that the NVIDIA driver's libcuda.so.1 is found"
+        )
     if code == CUDA_ERROR_NOT_SUPPORTED:
         return "The NVIDIA driver is too old for cyctx: install a driver of CUDA 12.0 or newer"
     if code == CUDA_ERROR_NOT_FOUND:
         # It has cuGetProcAddress_v2 (CUDA 12.0+), and every driver of 12.0+ provides each
         # function cyctx resolves: not an old driver, not a driver at all.
-        return ("The libcuda.so.1 that loaded is not a complete NVIDIA driver: every driver of "
-                "CUDA 12.0 or newer provides this function. Check which libcuda.so.1 is found "
-                "first (LD_LIBRARY_PATH, LD_PRELOAD, `ldconfig -p | grep libcuda`) and reinstall "
-                "the NVIDIA driver")
+        return (
+            "The libcuda.so.1 that loaded is not a complete NVIDIA driver: every driver of "
+            "CUDA 12.0 or newer provides this function. Check which libcuda.so.1 is found "
+            "first (LD_LIBRARY_PATH, LD_PRELOAD, `ldconfig -p | grep libcuda`) and reinstall "
+            "the NVIDIA driver"
+        )
     if code == CUDA_ERROR_OUT_OF_MEMORY:
         return "The process ran out of memory while loading the driver"
     return "Check the NVIDIA driver installation (`nvidia-smi`)"
 
 
-
 # --- the words of the guard's errors ------------------------------------------------------
 # Built here, raised by the _guard module: each says what happened, what state it left, and
 # what to do. `guard` is the guard's repr.
+
 
 def _entries(n):
     return f"{n} entr{'y' if n == 1 else 'ies'}"
@@ -222,8 +226,10 @@ def _entries(n):
 def _dropped_note(dropped):
     if not dropped:
         return ""
-    return (f" ({_entries(dropped)} of guards freed while entered were dropped from the top of "
-            f"this thread's entries first.)")
+    return (
+        f" ({_entries(dropped)} of guards freed while entered were dropped from the top of "
+        f"this thread's entries first.)"
+    )
 
 
 def closed(guard):
@@ -231,18 +237,21 @@ def closed(guard):
 
 
 def close_refused(guard, why):
-    return GuardError({
-        "shared": f"{guard} is shared by the whole process and is never closed",
-        "inside": f"{guard}: close() inside a with-block of the same guard on this thread; "
-                  f"leave the block first",
-        "busy": f"{guard}: close() while another thread is entering the guard or re-activating "
-                f"its context after a reset; nothing was released. Close it when no thread uses it.",
-        "closing": f"{guard}: close() while another thread is closing it; nothing was done",
-    }[why])
+    return GuardError(
+        {
+            "shared": f"{guard} is shared by the whole process and is never closed",
+            "inside": f"{guard}: close() inside a with-block of the same guard on this thread; "
+            f"leave the block first",
+            "busy": f"{guard}: close() while another thread is entering the guard or re-activating "
+            f"its context after a reset; nothing was released. Close it when no thread uses it.",
+            "closing": f"{guard}: close() while another thread is closing it; nothing was done",
+        }[why]
+    )
 
 
-def exit_misuse(guard, entered_here, same_guard_on_top, top, dropped, removed=False,
-                generator=False):
+def exit_misuse(
+    guard, entered_here, same_guard_on_top, top, dropped, removed=False, generator=False
+):
     """An exit whose entry is not the innermost on this thread, or that has none here.
 
     `removed`: the entry was taken out from under the open block (a Python exit, never called
@@ -254,12 +263,20 @@ def exit_misuse(guard, entered_here, same_guard_on_top, top, dropped, removed=Fa
             f"{guard}: exit without a matching enter on this thread. Entries are per thread: "
             f"leave a guard on the thread that entered it, once per enter.{also}"
         )
-    who = "another block of this same guard" if same_guard_on_top else f"another guard (guard #{top})"
-    what = ("a generator or coroutine holding this guard was closed (or collected) out of order"
-            if generator else "exit out of order")
-    done = ("Its entry was removed; the current context was left to the open block, and leaving "
-            "that block restores what was current before this one." if removed else
-            "Nothing was changed: leave the blocks entered after this one, then exit again.")
+    who = (
+        "another block of this same guard" if same_guard_on_top else f"another guard (guard #{top})"
+    )
+    what = (
+        "a generator or coroutine holding this guard was closed (or collected) out of order"
+        if generator
+        else "exit out of order"
+    )
+    done = (
+        "Its entry was removed; the current context was left to the open block, and leaving "
+        "that block restores what was current before this one."
+        if removed
+        else "Nothing was changed: leave the blocks entered after this one, then exit again."
+    )
     return GuardError(
         f"{guard}: {what}: {who} was entered after this block on this thread and is still "
         f"open. {done} Blocks are left in reverse order of entry; a generator or coroutine "
@@ -269,10 +286,12 @@ def exit_misuse(guard, entered_here, same_guard_on_top, top, dropped, removed=Fa
 
 
 def dropped_text(guard, dropped):
-    return (f"cyctx: leaving {guard} dropped {dropped} open entr{'y' if dropped == 1 else 'ies'} "
-            f"of a ContextGuard freed while entered on this thread (entered, never left, then "
-            f"garbage); what was current before {guard}'s enter is restored. Leave every guard "
-            f"you enter.")
+    return (
+        f"cyctx: leaving {guard} dropped {dropped} open entr{'y' if dropped == 1 else 'ies'} "
+        f"of a ContextGuard freed while entered on this thread (entered, never left, then "
+        f"garbage); what was current before {guard}'s enter is restored. Leave every guard "
+        f"you enter."
+    )
 
 
 def leaked_pushes(n, still):
@@ -293,14 +312,22 @@ def leaked_pushes(n, still):
 
 
 def prev_died(prev, err, switched, cur):
-    how = ("its id changed: it was reset, or its handle now holds another context" if err == 0
-           else "cuCtxGetId: CUDA_ERROR_CONTEXT_IS_DESTROYED (709)" if err == 709
-           else "cuCtxGetId: CUDA_ERROR_INVALID_CONTEXT (201), the driver no longer knows it")
+    how = (
+        "its id changed: it was reset, or its handle now holds another context"
+        if err == 0
+        else "cuCtxGetId: CUDA_ERROR_CONTEXT_IS_DESTROYED (709)"
+        if err == 709
+        else "cuCtxGetId: CUDA_ERROR_INVALID_CONTEXT (201), the driver no longer knows it"
+    )
     now = f"context 0x{cur:x} is current" if cur else "no context is current"
-    undone = ("cyctx popped its own switch, as cuCtxDestroy pops a destroyed context that is "
-              "current" if switched else "cyctx left the stack as the block left it")
+    undone = (
+        "cyctx popped its own switch, as cuCtxDestroy pops a destroyed context that is current"
+        if switched
+        else "cyctx left the stack as the block left it"
+    )
     return driver_error(
-        CUDA_ERROR_CONTEXT_IS_DESTROYED, "cuCtxGetId",
+        CUDA_ERROR_CONTEXT_IS_DESTROYED,
+        "cuCtxGetId",
         f"The context that was current before the block (0x{prev:x}) did not survive it ({how}), "
         f"so it was not made current again: {undone}; {now}. Do not destroy or reset a context "
         f"that an enclosing block returns to.",
@@ -317,16 +344,22 @@ def forked(pid):
 
 
 def reset_text(ordinal, guard, reactivated_elsewhere):
-    how = ("someone re-activated it since" if reactivated_elsewhere
-           else "it is inactive; cyctx re-activates it (refcount unchanged)")
-    return (f"device {ordinal}'s primary context was reset (cudaDeviceReset or "
-            f"cuDevicePrimaryCtxReset) since {guard} last entered it; {how}. Memory and modules "
-            f"created in it before the reset are gone.")
+    how = (
+        "someone re-activated it since"
+        if reactivated_elsewhere
+        else "it is inactive; cyctx re-activates it (refcount unchanged)"
+    )
+    return (
+        f"device {ordinal}'s primary context was reset (cudaDeviceReset or "
+        f"cuDevicePrimaryCtxReset) since {guard} last entered it; {how}. Memory and modules "
+        f"created in it before the reset are gone."
+    )
 
 
 def destroyed_by_owner(guard):
     return driver_error(
-        CUDA_ERROR_CONTEXT_IS_DESTROYED, "cuCtxGetId",
+        CUDA_ERROR_CONTEXT_IS_DESTROYED,
+        "cuCtxGetId",
         f"The context of {guard} was destroyed by its owner (cuCtxDestroy) while the guard "
         f"still referred to it; the guard cannot bring it back. Close the guard.",
     )
@@ -334,7 +367,8 @@ def destroyed_by_owner(guard):
 
 def no_such_device(ordinal_text, count):
     return InvalidDeviceError(
-        CUDA_ERROR_INVALID_DEVICE, "ContextGuard",
+        CUDA_ERROR_INVALID_DEVICE,
+        "ContextGuard",
         f"Device {ordinal_text} does not exist: the driver reports {count} device(s), "
         f"ordinals 0..{count - 1} (CUDA_VISIBLE_DEVICES renumbers them)",
     )
@@ -342,7 +376,8 @@ def no_such_device(ordinal_text, count):
 
 def construction_kept_retains(err, call, rerr, ordinal, kept):
     return driver_error(
-        err, call,
+        err,
+        call,
         f"and releasing the retain(s) just taken failed too (cuDevicePrimaryCtxRelease: "
         f"{rerr}): device {ordinal}'s primary context keeps {kept} retain(s) more until the "
         f"process exits",
@@ -351,7 +386,8 @@ def construction_kept_retains(err, call, rerr, ordinal, kept):
 
 def reset_during_construction(ordinal, tries):
     return driver_error(
-        CUDA_ERROR_CONTEXT_IS_DESTROYED, "cuCtxGetId",
+        CUDA_ERROR_CONTEXT_IS_DESTROYED,
+        "cuCtxGetId",
         f"device {ordinal}'s primary context was reset again each time it was re-activated "
         f"({tries} times) while the guard was being constructed; no retain is kept. "
         f"Construct it when no other thread resets the device",
@@ -360,7 +396,8 @@ def reset_during_construction(ordinal, tries):
 
 def probe_stuck(perr, ctx):
     return driver_error(
-        perr, "cuCtxPopCurrent",
+        perr,
+        "cuCtxPopCurrent",
         f"cyctx pushed context 0x{ctx:x} to learn its device and could not pop it again (twice): "
         f"it is still pushed on this thread's context stack. Pop it with cuCtxPopCurrent",
     )

@@ -11,7 +11,7 @@ depth is the same before and after.
 This is cyctx's one extension module: it owns all native state (the driver table, the fork
 flags and their pthread_atfork handler, the live-guard registry, the per-thread entries), so a
 process has one of each (docs/design.md, "One owner of native state"). Its source is this file
-(the guard), _native.pxi (the driver, and the native half of the errors) and _switch.pxi (the
+(the guard), _driver_and_errors.pxi (the driver, and the native half of the errors) and _switch.pxi (the
 raw switch layer and the restore a guard's exit shares with it).
 """
 
@@ -27,7 +27,7 @@ from cyctx._errors import ContextResetWarning, CyctxError, driver_error
 
 
 # The native state this module owns (docs/design.md, "One owner of native state").
-cdef extern from "_registry.h" namespace "cyctx" nogil:
+cdef extern from "_cpp/registry.h" namespace "cyctx" nogil:
     unsigned long long new_token() noexcept
     int live_add(unsigned long long token) noexcept
     void live_remove(unsigned long long token) noexcept
@@ -35,7 +35,7 @@ cdef extern from "_registry.h" namespace "cyctx" nogil:
 cdef extern from "cyctx/switch.h" nogil:
     const unsigned long long CYCTX_PREV_UNKNOWN
 
-cdef extern from "_tls.h" namespace "cyctx" nogil:
+cdef extern from "_cpp/thread_entries.h" namespace "cyctx" nogil:
     int tls_push(unsigned long long token, const void* block, const Switch* sw) noexcept
     int tls_pop_own(unsigned long long token, const void* block, Switch* out, size_t* dropped) noexcept
     size_t tls_depth() noexcept
@@ -44,7 +44,7 @@ cdef extern from "_tls.h" namespace "cyctx" nogil:
     int tls_splice(unsigned long long token, const void* block) noexcept
     unsigned long long tls_top_token() noexcept
 
-cdef extern from "_fields.h" namespace "cyctx" nogil:
+cdef extern from "_cpp/shared_fields.h" namespace "cyctx" nogil:
     cydriver.CUcontext ctx_load(cydriver.CUcontext* p) noexcept
     void ctx_store(cydriver.CUcontext* p, cydriver.CUcontext v) noexcept
     unsigned long long u64_load(unsigned long long* p) noexcept
@@ -57,7 +57,7 @@ cdef extern from "_fields.h" namespace "cyctx" nogil:
     int gate_close(int* gate) noexcept
 
 
-# The Python frame running a `with guard:` statement identifies its block (the block of _tls.h's Entry).
+# The Python frame running a `with guard:` statement identifies its block (the block of _cpp/thread_entries.h's Entry).
 # A frame object lives as long as its frame runs, which is as long as its block is open; a
 # generator's or coroutine's frame is its own across yield and await.
 cdef extern from "Python.h":
@@ -77,7 +77,7 @@ cdef extern from *:
     bint CYCTX_FREE_THREADED
 
 
-cdef extern from "_fork.h" namespace "cyctx" nogil:
+cdef extern from "_cpp/fork.h" namespace "cyctx" nogil:
     int forked_after_cuda() noexcept
     int fork_child() noexcept
     void mark_cuda_initialised() noexcept
@@ -87,7 +87,7 @@ if install_fork_handler() != 0:
     raise ImportError("cyctx: pthread_atfork failed; fork safety cannot be guaranteed")
 
 
-include "_native.pxi"
+include "_driver_and_errors.pxi"
 include "_switch.pxi"
 
 
@@ -702,6 +702,6 @@ def _open_entries():
 
 
 def _fork_state():
-    """(forked_after_cuda, fork_child) from the C flags of _fork.h, for the doctor: one fork
+    """(forked_after_cuda, fork_child) from the C flags of _cpp/fork.h, for the doctor: one fork
     state per process, the one the guard acts on (set by its pthread_atfork child handler)."""
     return bool(forked_after_cuda()), bool(fork_child())

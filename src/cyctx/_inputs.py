@@ -17,19 +17,21 @@ from typing import NamedTuple
 
 class Kind(enum.IntEnum):
     """What a Target names. The guard turns a STREAM or GREEN handle into its context."""
-    ORDINAL = 0   # a device ordinal: its primary context
-    CONTEXT = 1   # a CUcontext handle
-    STREAM = 2    # a CUstream handle (not a default stream): its context, by cuStreamGetCtx
-    GREEN = 3     # a CUgreenCtx handle: its context, by cuCtxFromGreenCtx
+
+    ORDINAL = 0  # a device ordinal: its primary context
+    CONTEXT = 1  # a CUcontext handle
+    STREAM = 2  # a CUstream handle (not a default stream): its context, by cuStreamGetCtx
+    GREEN = 3  # a CUgreenCtx handle: its context, by cuCtxFromGreenCtx
 
 
 class Target(NamedTuple):
     kind: Kind
-    value: int    # the ordinal, or the handle
+    value: int  # the ordinal, or the handle
 
 
 # Messages show user values through _shown/_int_text: a repr that raises, or an int too long
 # for Python to print (more than 4300 digits), must not replace the error being raised.
+
 
 def _shown(value, limit=80):
     """repr(value) for an error message, at most `limit` characters; never raises."""
@@ -41,7 +43,7 @@ def _shown(value, limit=80):
             raise TypeError("__repr__ returned a non-str")
     except Exception:
         return f"<{type(value).__name__} object>"
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _int_text(n):
@@ -65,8 +67,9 @@ def _index(value, what):
     if type(r) is int:
         return r
     if isinstance(r, bool):
-        raise TypeError(f"{what}: {type(value).__name__}.__index__() returned a bool; a bool is not "
-                        f"an int here")
+        raise TypeError(
+            f"{what}: {type(value).__name__}.__index__() returned a bool; a bool is not an int here"
+        )
     if isinstance(r, int):
         return int.__index__(r)
     raise TypeError(f"{type(value).__name__}.__index__() returned {type(r).__name__}, not an int")
@@ -100,8 +103,10 @@ def _is_bindings(c, names):
 def _not_a(c, what):
     hint = ""
     if c.__name__ == "cudaExecutionContext_t":
-        hint = (" (the runtime cannot convert an execution context to a CUcontext: pass its "
-                "device, from cudaExecutionCtxGetDevice, or the CUcontext or CUgreenCtx itself)")
+        hint = (
+            " (the runtime cannot convert an execution context to a CUcontext: pass its "
+            "device, from cudaExecutionCtxGetDevice, or the CUcontext or CUgreenCtx itself)"
+        )
     return TypeError(f"{c.__module__}.{c.__name__} is not {what}{hint}")
 
 
@@ -147,8 +152,10 @@ def _handle_of(value, what, kinds=_CONTEXT_TYPES):
     lib = _library_class(t)
     if lib is not None:
         if not _is_bindings(lib, kinds):
-            raise TypeError(f"{what} must be an int handle or a {' or '.join(kinds)}, got "
-                            f"{lib.__module__}.{lib.__name__}")
+            raise TypeError(
+                f"{what} must be an int handle or a {' or '.join(kinds)}, got "
+                f"{lib.__module__}.{lib.__name__}"
+            )
         h = int(value)
     elif isinstance(value, bool) or not hasattr(t, "__index__"):
         raise TypeError(f"{what} must be an int handle, got {t.__name__} {_shown(value)}")
@@ -157,8 +164,9 @@ def _handle_of(value, what, kinds=_CONTEXT_TYPES):
     if not 0 <= h < _HANDLE_LIMIT:
         raise ValueError(
             f"{what} {h:#x} is out of range: a handle is a {_HANDLE_BITS}-bit address, "
-            f"0 <= handle < 2**{_HANDLE_BITS}" if abs(h) < (1 << 256) else
-            f"{what} is out of range: a handle is a {_HANDLE_BITS}-bit address, "
+            f"0 <= handle < 2**{_HANDLE_BITS}"
+            if abs(h) < (1 << 256)
+            else f"{what} is out of range: a handle is a {_HANDLE_BITS}-bit address, "
             f"0 <= handle < 2**{_HANDLE_BITS}"
         )
     return h
@@ -217,13 +225,18 @@ def _tagged(obj):
             if name == "Device" and hasattr(obj, "device_id"):
                 return ("ordinal", _ordinal_of(obj.device_id))
             if name == "Stream":
-                return ("stream", _handle_of(obj.handle, f"{name}.handle", _STREAM_TYPES),
-                        _ordinal_of(obj.device.device_id))
+                return (
+                    "stream",
+                    _handle_of(obj.handle, f"{name}.handle", _STREAM_TYPES),
+                    _ordinal_of(obj.device.device_id),
+                )
             if name == "Context":
                 return ("context", _handle_of(obj.handle, f"{name}.handle", _CONTEXT_TYPES))
             if hasattr(obj, "__cuda_stream__"):  # another cuda.core stream kind
                 return ("stream", _cuda_stream_handle(obj), None)
-        raise _not_a(lib, "a device, a context, a stream or a green context, which ContextGuard takes")
+        raise _not_a(
+            lib, "a device, a context, a stream or a green context, which ContextGuard takes"
+        )
     mod = t.__module__ if isinstance(t.__module__, str) else ""
     name = t.__name__
     if mod == "torch" and name == "device":
@@ -231,17 +244,24 @@ def _tagged(obj):
             raise ValueError(f"{_shown(obj)} is not a CUDA device")
         if obj.index is None:  # torch.device("cuda"): torch's current device
             import torch
+
             return ("ordinal", _ordinal_of(torch.cuda.current_device()))
         return ("ordinal", _ordinal_of(obj.index))
     elif mod.startswith("torch") and hasattr(obj, "cuda_stream"):
-        return ("stream", _handle_of(obj.cuda_stream, f"{name}.cuda_stream", _STREAM_TYPES),
-                _optional_ordinal(obj.device.index))
+        return (
+            "stream",
+            _handle_of(obj.cuda_stream, f"{name}.cuda_stream", _STREAM_TYPES),
+            _optional_ordinal(obj.device.index),
+        )
     elif mod.startswith("cupy"):
         if name == "Device":
             return ("ordinal", _ordinal_of(obj.id))
         if hasattr(obj, "ptr") and "Stream" in name:
-            return ("stream", _handle_of(obj.ptr, f"{name}.ptr", _STREAM_TYPES),
-                    _optional_ordinal(getattr(obj, "device_id", None)))
+            return (
+                "stream",
+                _handle_of(obj.ptr, f"{name}.ptr", _STREAM_TYPES),
+                _optional_ordinal(getattr(obj, "device_id", None)),
+            )
     if hasattr(obj, "__cuda_stream__"):  # the CUDA stream protocol: (version, handle)
         return ("stream", _cuda_stream_handle(obj), None)
     if isinstance(obj, bool) or not hasattr(t, "__index__"):

@@ -25,8 +25,9 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -73,14 +74,35 @@ def changes(before: ContextState, after: ContextState) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     if before.driver != after.driver and after.driver != "ok":
         out.append(("leak", f"driver: {before.driver} -> {after.driver}"))
-    if before.current != after.current or (before.current and before.current_id != after.current_id):
-        out.append(("leak", f"current context: {before.describe_current()} -> {after.describe_current()}"))
-    if None not in (before.sim_stack_depth, after.sim_stack_depth) and before.sim_stack_depth != after.sim_stack_depth:
-        out.append(("leak", f"context stack depth: {before.sim_stack_depth} -> {after.sim_stack_depth}"))
-    if None not in (before.cyctx_entries, after.cyctx_entries) and before.cyctx_entries != after.cyctx_entries:
-        out.append(("leak", f"cyctx guard entries open on this thread: {before.cyctx_entries} -> {after.cyctx_entries}"))
+    if before.current != after.current or (
+        before.current and before.current_id != after.current_id
+    ):
+        out.append(
+            ("leak", f"current context: {before.describe_current()} -> {after.describe_current()}")
+        )
+    if (
+        None not in (before.sim_stack_depth, after.sim_stack_depth)
+        and before.sim_stack_depth != after.sim_stack_depth
+    ):
+        out.append(
+            ("leak", f"context stack depth: {before.sim_stack_depth} -> {after.sim_stack_depth}")
+        )
+    if (
+        None not in (before.cyctx_entries, after.cyctx_entries)
+        and before.cyctx_entries != after.cyctx_entries
+    ):
+        out.append(
+            (
+                "leak",
+                f"cyctx guard entries open on this thread: {before.cyctx_entries} -> {after.cyctx_entries}",
+            )
+        )
     # Before the driver is initialised no primary context can be active.
-    was = before.primaries if before.driver not in _NO_DRIVER_YET else ((False, 0),) * len(after.primaries)
+    was = (
+        before.primaries
+        if before.driver not in _NO_DRIVER_YET
+        else ((False, 0),) * len(after.primaries)
+    )
     for dev, (b, a) in enumerate(zip(was, after.primaries)):
         if b != a:
             kind = "note" if not b[0] and a[0] else "leak"  # activated: a retain kept
@@ -88,7 +110,12 @@ def changes(before: ContextState, after: ContextState) -> list[tuple[str, str]]:
     if before.sim_retains is not None and after.sim_retains is not None:
         for dev, (nb, na) in enumerate(zip(before.sim_retains, after.sim_retains)):
             if nb != na:
-                out.append(("note" if na > nb else "leak", f"device {dev} primary context retains: {nb} -> {na}"))
+                out.append(
+                    (
+                        "note" if na > nb else "leak",
+                        f"device {dev} primary context retains: {nb} -> {na}",
+                    )
+                )
     return out
 
 
@@ -111,8 +138,11 @@ class _Reader:
         ("cuCtxGetDevice", 2000, [ctypes.POINTER(ctypes.c_int)]),
         ("cuCtxGetId", 12000, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_ulonglong)]),
         ("cuDeviceGetCount", 2000, [ctypes.POINTER(ctypes.c_int)]),
-        ("cuDevicePrimaryCtxGetState", 7000,
-         [ctypes.c_int, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_int)]),
+        (
+            "cuDevicePrimaryCtxGetState",
+            7000,
+            [ctypes.c_int, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_int)],
+        ),
     )
 
     def __init__(self, path: str) -> None:
@@ -124,14 +154,21 @@ class _Reader:
             lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD)
         gpa = lib.cuGetProcAddress_v2
         gpa.restype = ctypes.c_int
-        gpa.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
-                        ctypes.c_uint64, ctypes.POINTER(ctypes.c_int)]
+        gpa.argtypes = [
+            ctypes.c_char_p,
+            ctypes.POINTER(ctypes.c_void_p),
+            ctypes.c_int,
+            ctypes.c_uint64,
+            ctypes.POINTER(ctypes.c_int),
+        ]
         self.fn: dict[str, Any] = {}
         for name, version, argtypes in self._SPECS:
             p, status = ctypes.c_void_p(), ctypes.c_int(0)
             err = gpa(name.encode(), ctypes.byref(p), version, 0, ctypes.byref(status))
             if err != 0 or status.value != 0 or not p.value:
-                raise RuntimeError(f"{path}: cuGetProcAddress_v2({name}) returned {err}, status {status.value}")
+                raise RuntimeError(
+                    f"{path}: cuGetProcAddress_v2({name}) returned {err}, status {status.value}"
+                )
             self.fn[name] = ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)(p.value)
 
     def read(self) -> ContextState:
@@ -156,7 +193,10 @@ class _Reader:
         if f["cuDeviceGetCount"](ctypes.byref(n)) == 0:
             for k in range(n.value):
                 flags, active = ctypes.c_uint(0), ctypes.c_int(0)
-                if f["cuDevicePrimaryCtxGetState"](k, ctypes.byref(flags), ctypes.byref(active)) == 0:
+                if (
+                    f["cuDevicePrimaryCtxGetState"](k, ctypes.byref(flags), ctypes.byref(active))
+                    == 0
+                ):
                     primaries.append((bool(active.value), flags.value))
         return ContextState("ok", handle, dev, cid, tuple(primaries))
 
@@ -179,7 +219,11 @@ class Observer:
                     self._reader = _Reader(path)
                 except (OSError, AttributeError, RuntimeError) as exc:
                     self._reader_error = str(exc)
-            state = self._reader.read() if self._reader else ContextState(f"unreadable: {self._reader_error}")
+            state = (
+                self._reader.read()
+                if self._reader
+                else ContextState(f"unreadable: {self._reader_error}")
+            )
         # cyctx's own counters, only where the test process imported them (importing them here
         # could load a driver).
         guard = sys.modules.get("cyctx._guard")
@@ -190,8 +234,16 @@ class Observer:
         if sim is not None and state.driver == "ok":
             depth = sim.stack_depth()
             retains = tuple(sim.retain_count(k) for k in range(sim.device_count))
-        return ContextState(state.driver, state.current, state.current_device, state.current_id,
-                            state.primaries, entries, depth, retains)
+        return ContextState(
+            state.driver,
+            state.current,
+            state.current_device,
+            state.current_id,
+            state.primaries,
+            entries,
+            depth,
+            retains,
+        )
 
 
 # --- pytest hooks --------------------------------------------------------------------------
@@ -206,7 +258,9 @@ class _Checker:
         self.changed: list[Change] = []
 
     @pytest.hookimpl(hookwrapper=True, tryfirst=True)
-    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    def pytest_runtest_protocol(
+        self, item: pytest.Item, nextitem: pytest.Item | None
+    ) -> Iterator[None]:
         before = self.observer.read()
         yield
         what = changes(before, self.observer.read())
@@ -223,15 +277,21 @@ class _Checker:
             tr.write_sep("=", "cyctx: no test left the CUDA context state changed", green=True)
         else:
             n = len(leaks)
-            tr.write_sep("=", f"cyctx: {n} test{'s' if n > 1 else ''} left the CUDA context state changed",
-                         red=self.fail, yellow=not self.fail)
+            tr.write_sep(
+                "=",
+                f"cyctx: {n} test{'s' if n > 1 else ''} left the CUDA context state changed",
+                red=self.fail,
+                yellow=not self.fail,
+            )
             for nodeid, what in leaks:
                 tr.write_line(nodeid)
                 for kind, line in what:
                     tr.write_line(f"    {line}" + ("  (note)" if kind == "note" else ""))
         notes = [(n, w) for n, w in self.changed if (n, w) not in leaks]
         if notes:
-            tr.write_line("cyctx: retains taken and kept (a framework's first use of a device does this):")
+            tr.write_line(
+                "cyctx: retains taken and kept (a framework's first use of a device does this):"
+            )
             for nodeid, what in notes:
                 tr.write_line(f"  {nodeid}: " + "; ".join(line for _, line in what))
 
@@ -246,13 +306,25 @@ class _Checker:
 def pytest_addoption(parser: Any) -> None:
     """The options: ``--cyctx-check-contexts``, ``--cyctx-contexts-fail``, ini ``cyctx_check_contexts``."""
     group = parser.getgroup("cyctx", "CUDA context checks (cyctx)")
-    group.addoption("--cyctx-check-contexts", action="store_true", default=None,
-                    help="report the tests that change the CUDA context state of their thread "
-                         "(current context, primary contexts, open cyctx guards); only reads it")
-    group.addoption("--cyctx-contexts-fail", action="store_true", default=False,
-                    help="with --cyctx-check-contexts: fail the run when a test changed it")
-    parser.addini("cyctx_check_contexts", type="bool", default=False,
-                  help="turn --cyctx-check-contexts on for this project")
+    group.addoption(
+        "--cyctx-check-contexts",
+        action="store_true",
+        default=None,
+        help="report the tests that change the CUDA context state of their thread "
+        "(current context, primary contexts, open cyctx guards); only reads it",
+    )
+    group.addoption(
+        "--cyctx-contexts-fail",
+        action="store_true",
+        default=False,
+        help="with --cyctx-check-contexts: fail the run when a test changed it",
+    )
+    parser.addini(
+        "cyctx_check_contexts",
+        type="bool",
+        default=False,
+        help="turn --cyctx-check-contexts on for this project",
+    )
 
 
 def pytest_configure(config: Any) -> None:

@@ -21,16 +21,27 @@ from __future__ import annotations
 import ctypes
 import os
 
-__all__ = ["Sim", "loaded_libcuda", "sim_library_path", "use_simulated_driver", "simulated", "real_driver_available"]
+__all__ = [
+    "Sim",
+    "loaded_libcuda",
+    "sim_library_path",
+    "use_simulated_driver",
+    "simulated",
+    "real_driver_available",
+]
 
 _sim: Sim | None = None
 
 
 def sim_library_path() -> str:
     """Path of the simulated ``libcuda.so.1`` (env ``CYCTX_SIM_LIBRARY`` overrides)."""
-    path = os.environ.get("CYCTX_SIM_LIBRARY") or os.path.join(os.path.dirname(__file__), "_sim", "libcuda.so.1")
+    path = os.environ.get("CYCTX_SIM_LIBRARY") or os.path.join(
+        os.path.dirname(__file__), "_sim", "libcuda.so.1"
+    )
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"simulated driver not found at {path}{_from_env()}; was cyctx built with its build_ext?")
+        raise FileNotFoundError(
+            f"simulated driver not found at {path}{_from_env()}; was cyctx built with its build_ext?"
+        )
     return path
 
 
@@ -61,7 +72,11 @@ CONTROL_API: tuple[tuple[str, type | None, list[type]], ...] = (
     ("cyctxsim_primary_active", ctypes.c_int, [ctypes.c_int]),
     ("cyctxsim_stack_depth", ctypes.c_int, []),
     ("cyctxsim_live_contexts", ctypes.c_int, []),
-    ("cyctxsim_inject_fault", ctypes.c_int, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]),
+    (
+        "cyctxsim_inject_fault",
+        ctypes.c_int,
+        [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int],
+    ),
     ("cyctxsim_clear_faults", None, []),
     ("cyctxsim_call_count", ctypes.c_longlong, [ctypes.c_char_p]),
     ("cyctxsim_stall", ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
@@ -167,7 +182,9 @@ def use_simulated_driver(device_count: int = 2) -> Sim:
     # say so before any of its functions is called.
     missing = [name for name, _, _ in CONTROL_API if not hasattr(lib, name)]
     if missing:
-        raise RuntimeError(f"{path}{_from_env()} is not cyctx's simulated driver: it has no {missing[0]}")
+        raise RuntimeError(
+            f"{path}{_from_env()} is not cyctx's simulated driver: it has no {missing[0]}"
+        )
     sim = Sim(lib, path)
     if lib.cyctxsim_configure(device_count) != 0 and sim.device_count != device_count:
         raise RuntimeError(f"simulated driver already initialised with {sim.device_count} devices")

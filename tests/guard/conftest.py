@@ -3,10 +3,9 @@
 too.)"""
 
 import pytest
+from helpers.drivers import device_count
 
 from cyctx import ContextGuard
-
-from helpers.drivers import device_count
 
 
 @pytest.fixture

@@ -11,15 +11,16 @@ import re
 import warnings
 
 import pytest
-
-import cyctx
-from cyctx import ContextGuard, DriverError, InvalidDeviceError
-
 from helpers.children import run_child
 from helpers.drivers import SIM_DEVICES, device_count, driver, ok, retains_unchanged
 from helpers.threads import in_thread
 
-GUARANTEES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "guarantees.md")
+import cyctx
+from cyctx import ContextGuard, DriverError, InvalidDeviceError
+
+GUARANTEES = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "guarantees.md"
+)
 
 
 def _closed():
@@ -117,20 +118,33 @@ def _stream_returning(value):
 
 
 def _bad_cuda_streams():
-    _all_raise("TypeError", [lambda v=v: ContextGuard(_stream_returning(v))
-                             for v in [(), [0, 1], (1,), (0, "1"), (0, 1.5)]])
+    _all_raise(
+        "TypeError",
+        [
+            lambda v=v: ContextGuard(_stream_returning(v))
+            for v in [(), [0, 1], (1,), (0, "1"), (0, 1.5)]
+        ],
+    )
 
 
 def _handles_out_of_range():
-    _all_raise("ValueError", [lambda: ContextGuard.from_handle(-1), lambda: ContextGuard.from_handle(2**64)])
+    _all_raise(
+        "ValueError",
+        [lambda: ContextGuard.from_handle(-1), lambda: ContextGuard.from_handle(2**64)],
+    )
 
 
 def _handles_not_ints():
-    _all_raise("TypeError", [lambda: ContextGuard.from_handle(1.5), lambda: ContextGuard.from_handle("0x1234")])
+    _all_raise(
+        "TypeError",
+        [lambda: ContextGuard.from_handle(1.5), lambda: ContextGuard.from_handle("0x1234")],
+    )
 
 
 def _not_devices():
-    from cuda.bindings import driver as d, runtime as r
+    from cuda.bindings import driver as d
+    from cuda.bindings import runtime as r
+
     return [d.CUevent(0), d.CUmodule(0), d.CUgraph(0), r.cudaEvent_t(0), d.CUresult.CUDA_SUCCESS]
 
 
@@ -151,20 +165,32 @@ class _BadRepr:
 ROWS = [
     ("`ContextGuard(-1)`", lambda: ContextGuard(-1), "ValueError"),
     ("`ContextGuard(10**9)`", lambda: ContextGuard(10**9), "InvalidDeviceError"),
-    ("`ContextGuard(n)` with n = device count", lambda: ContextGuard(device_count()), "InvalidDeviceError"),
+    (
+        "`ContextGuard(n)` with n = device count",
+        lambda: ContextGuard(device_count()),
+        "InvalidDeviceError",
+    ),
     ("`ContextGuard(10**30)`", lambda: ContextGuard(10**30), "InvalidDeviceError"),
     ('`ContextGuard("0")`', lambda: ContextGuard("0"), "TypeError"),
     ("`ContextGuard(None)`", lambda: ContextGuard(None), "TypeError"),
     ("`ContextGuard(1.5)`", lambda: ContextGuard(1.5), "TypeError"),
     ("`ContextGuard(True)`", lambda: ContextGuard(True), "TypeError"),
     ("an object whose `__index__` returns a bool", lambda: ContextGuard(_Index(True)), "TypeError"),
-    ("`ContextGuard(CUevent(0))`, `CUmodule`, `CUgraph`, `cudaEvent_t`, `CUresult.CUDA_SUCCESS` or any other "
-     "cuda.bindings or cuda.core object that is not a device, context, stream or green context",
-     lambda: _all_raise("TypeError", [lambda o=o: ContextGuard(o) for o in _not_devices()]), "TypeError"),
-    ("`ContextGuard(10**5000)` (more than 4300 digits, also through `__index__`)",
-     lambda: _all_raise("InvalidDeviceError", [lambda: ContextGuard(10**5000), lambda: ContextGuard(_Index(10**5000))]),
-     "InvalidDeviceError"),
-    ("`ContextGuard(-10**5000)`", lambda: ContextGuard(-10**5000), "ValueError"),
+    (
+        "`ContextGuard(CUevent(0))`, `CUmodule`, `CUgraph`, `cudaEvent_t`, `CUresult.CUDA_SUCCESS` or any other "
+        "cuda.bindings or cuda.core object that is not a device, context, stream or green context",
+        lambda: _all_raise("TypeError", [lambda o=o: ContextGuard(o) for o in _not_devices()]),
+        "TypeError",
+    ),
+    (
+        "`ContextGuard(10**5000)` (more than 4300 digits, also through `__index__`)",
+        lambda: _all_raise(
+            "InvalidDeviceError",
+            [lambda: ContextGuard(10**5000), lambda: ContextGuard(_Index(10**5000))],
+        ),
+        "InvalidDeviceError",
+    ),
+    ("`ContextGuard(-10**5000)`", lambda: ContextGuard(-(10**5000)), "ValueError"),
     ("a non-device whose `__repr__` raises", lambda: ContextGuard(_BadRepr()), "TypeError"),
     ("`ContextGuard()`", lambda: ContextGuard(), "TypeError"),
     ("`ContextGuard(0, 1)`", lambda: ContextGuard(0, 1), "TypeError"),
@@ -178,9 +204,17 @@ ROWS = [
     ("`close()` inside the guard's own `with`", _close_inside, "GuardError"),
     ("`close()` of `ContextGuard.shared(k)`", None, "GuardError"),
     ("block pushes a context and leaves it, from an empty stack", _leaked_push, "GuardError"),
-    ("enter after a reset, with `ContextResetWarning` as an error", _reset_as_error, "ContextResetWarning"),
+    (
+        "enter after a reset, with `ContextResetWarning` as an error",
+        _reset_as_error,
+        "ContextResetWarning",
+    ),
     ("enter in a child forked after CUDA was used", _fork_child, "ForkError"),
-    ("`__cuda_stream__()` returning `()`, `[0, 1]`, `(1,)` or a non-int handle", _bad_cuda_streams, "TypeError"),
+    (
+        "`__cuda_stream__()` returning `()`, `[0, 1]`, `(1,)` or a non-int handle",
+        _bad_cuda_streams,
+        "TypeError",
+    ),
     ("`ContextGuard.from_handle(-1)` or `from_handle(2**64)`", _handles_out_of_range, "ValueError"),
     ('`ContextGuard.from_handle(1.5)` or `from_handle("0x1234")`', _handles_not_ints, "TypeError"),
 ]
@@ -200,11 +234,17 @@ def _table_rows():
 def test_guarantees_table_matches_this_list():
     table = _table_rows()
     missing = [(what, exc) for what, _, exc in ROWS if table.get(what) != exc]
-    assert missing == [], f"docs/guarantees.md's bad-input table disagrees with the tests: {missing}"
+    assert missing == [], (
+        f"docs/guarantees.md's bad-input table disagrees with the tests: {missing}"
+    )
     assert len(ROWS) >= 15
 
 
-@pytest.mark.parametrize("what, fn, exc", [r for r in ROWS if r[1] is not None], ids=[r[0] for r in ROWS if r[1] is not None])
+@pytest.mark.parametrize(
+    "what, fn, exc",
+    [r for r in ROWS if r[1] is not None],
+    ids=[r[0] for r in ROWS if r[1] is not None],
+)
 def test_bad_input_row(what, fn, exc):
     with retains_unchanged():
         expected = getattr(cyctx, exc, None) or getattr(builtins, exc)
@@ -228,9 +268,17 @@ def test_close_of_shared_guard_row():
 
 # --- device arguments -------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "bad, exc",
-    [(-1, ValueError), ("0", TypeError), (None, TypeError), (1.5, TypeError), (True, TypeError), ([0], TypeError)],
+    [
+        (-1, ValueError),
+        ("0", TypeError),
+        (None, TypeError),
+        (1.5, TypeError),
+        (True, TypeError),
+        ([0], TypeError),
+    ],
 )
 def test_bad_device_argument(bad, exc):
     with pytest.raises(exc):
@@ -267,7 +315,9 @@ def test_one_past_the_last_device_is_refused_before_the_driver_is_asked(sim):
     with pytest.raises(InvalidDeviceError) as ei:
         ContextGuard(n)
     assert ei.value.call == "ContextGuard" and ei.value.code == 101
-    assert f"Device {n} does not exist" in str(ei.value) and f"reports {n} device(s)" in str(ei.value)
+    assert f"Device {n} does not exist" in str(ei.value) and f"reports {n} device(s)" in str(
+        ei.value
+    )
     assert sim.call_count("cuDeviceGet") == gets
 
 
@@ -291,25 +341,43 @@ class _Stream:
         return self.v
 
 
-@pytest.mark.parametrize("make, exc, match", [
-    (lambda: ContextGuard(HUGE), "InvalidDeviceError", "does not exist"),
-    (lambda: ContextGuard(_Index(HUGE)), "InvalidDeviceError", "does not exist"),
-    (lambda: ContextGuard.shared(HUGE), "InvalidDeviceError", "does not exist"),
-    (lambda: ContextGuard(-HUGE), "ValueError", ">= 0"),
-    (lambda: ContextGuard(_Index(-HUGE)), "ValueError", ">= 0"),
-    (lambda: ContextGuard.shared(-HUGE), "ValueError", ">= 0"),
-    (lambda: ContextGuard.from_handle(HUGE), "ValueError", "out of range"),
-    (lambda: ContextGuard.from_handle(-HUGE), "ValueError", "out of range"),
-    (lambda: ContextGuard(_Stream((0, HUGE))), "ValueError", "out of range"),
-    (lambda: ContextGuard(_Stream((HUGE, HUGE))), "ValueError", "out of range"),
-    (lambda: ContextGuard(_Stream([HUGE, 1])), "TypeError", "tuple"),
-    (lambda: ContextGuard(_Stream(([HUGE], 1))), "TypeError", "version"),
-    (lambda: ContextGuard(_Stream((0, [HUGE]))), "TypeError", "handle"),
-    (lambda: ContextGuard([HUGE]), "TypeError", "ContextGuard takes"),
-    (lambda: ContextGuard.from_handle([HUGE]), "TypeError", "from_handle"),
-], ids=["ordinal", "index", "shared", "negative", "negative index", "negative shared",
-        "from_handle", "negative from_handle", "stream handle", "stream both", "stream list",
-        "stream version", "stream handle list", "list", "from_handle list"])
+@pytest.mark.parametrize(
+    "make, exc, match",
+    [
+        (lambda: ContextGuard(HUGE), "InvalidDeviceError", "does not exist"),
+        (lambda: ContextGuard(_Index(HUGE)), "InvalidDeviceError", "does not exist"),
+        (lambda: ContextGuard.shared(HUGE), "InvalidDeviceError", "does not exist"),
+        (lambda: ContextGuard(-HUGE), "ValueError", ">= 0"),
+        (lambda: ContextGuard(_Index(-HUGE)), "ValueError", ">= 0"),
+        (lambda: ContextGuard.shared(-HUGE), "ValueError", ">= 0"),
+        (lambda: ContextGuard.from_handle(HUGE), "ValueError", "out of range"),
+        (lambda: ContextGuard.from_handle(-HUGE), "ValueError", "out of range"),
+        (lambda: ContextGuard(_Stream((0, HUGE))), "ValueError", "out of range"),
+        (lambda: ContextGuard(_Stream((HUGE, HUGE))), "ValueError", "out of range"),
+        (lambda: ContextGuard(_Stream([HUGE, 1])), "TypeError", "tuple"),
+        (lambda: ContextGuard(_Stream(([HUGE], 1))), "TypeError", "version"),
+        (lambda: ContextGuard(_Stream((0, [HUGE]))), "TypeError", "handle"),
+        (lambda: ContextGuard([HUGE]), "TypeError", "ContextGuard takes"),
+        (lambda: ContextGuard.from_handle([HUGE]), "TypeError", "from_handle"),
+    ],
+    ids=[
+        "ordinal",
+        "index",
+        "shared",
+        "negative",
+        "negative index",
+        "negative shared",
+        "from_handle",
+        "negative from_handle",
+        "stream handle",
+        "stream both",
+        "stream list",
+        "stream version",
+        "stream handle list",
+        "list",
+        "from_handle list",
+    ],
+)
 def test_huge_values_get_the_documented_error_not_int_to_str(make, exc, match):
     expected = getattr(cyctx, exc, None) or getattr(builtins, exc)
     with pytest.raises(expected, match=match) as ei:
@@ -319,6 +387,7 @@ def test_huge_values_get_the_documented_error_not_int_to_str(make, exc, match):
 
 def test_huge_values_read_from_framework_objects_get_the_documented_error():
     from helpers.fakes import fake
+
     for obj, exc in [
         (fake("torch", "device", type="cuda", index=HUGE), cyctx.InvalidDeviceError),
         (fake("cupy.cuda.device", "Device", id=HUGE), cyctx.InvalidDeviceError),
@@ -333,6 +402,7 @@ def test_huge_values_read_from_framework_objects_get_the_documented_error():
 
 # --- a value whose __repr__ raises ------------------------------------------------------------
 
+
 class _BadModule:
     pass
 
@@ -340,18 +410,34 @@ class _BadModule:
 _BadModule.__module__ = 42  # not a str: read as no module
 
 
-@pytest.mark.parametrize("make, exc", [
-    (lambda: ContextGuard(_BadRepr()), TypeError),
-    (lambda: ContextGuard.shared(_BadRepr()), TypeError),
-    (lambda: ContextGuard.from_handle(_BadRepr()), TypeError),
-    (lambda: ContextGuard(_Stream(_BadRepr())), TypeError),
-    (lambda: ContextGuard(_Stream((_BadRepr(), 5))), TypeError),
-    (lambda: ContextGuard(_Stream((0, _BadRepr()))), TypeError),
-    (lambda: ContextGuard(type("device", (_BadRepr,), {"__module__": "torch", "type": "cpu", "index": 0})()),
-     ValueError),
-    (lambda: ContextGuard(_BadModule()), TypeError),
-], ids=["guard", "shared", "from_handle", "stream value", "stream version", "stream handle",
-        "torch cpu device", "type with a non-str module"])
+@pytest.mark.parametrize(
+    "make, exc",
+    [
+        (lambda: ContextGuard(_BadRepr()), TypeError),
+        (lambda: ContextGuard.shared(_BadRepr()), TypeError),
+        (lambda: ContextGuard.from_handle(_BadRepr()), TypeError),
+        (lambda: ContextGuard(_Stream(_BadRepr())), TypeError),
+        (lambda: ContextGuard(_Stream((_BadRepr(), 5))), TypeError),
+        (lambda: ContextGuard(_Stream((0, _BadRepr()))), TypeError),
+        (
+            lambda: ContextGuard(
+                type("device", (_BadRepr,), {"__module__": "torch", "type": "cpu", "index": 0})()
+            ),
+            ValueError,
+        ),
+        (lambda: ContextGuard(_BadModule()), TypeError),
+    ],
+    ids=[
+        "guard",
+        "shared",
+        "from_handle",
+        "stream value",
+        "stream version",
+        "stream handle",
+        "torch cpu device",
+        "type with a non-str module",
+    ],
+)
 def test_a_value_whose_repr_raises_still_gets_the_typed_error(make, exc):
     with pytest.raises(exc) as ei:
         make()
@@ -359,6 +445,7 @@ def test_a_value_whose_repr_raises_still_gets_the_typed_error(make, exc):
 
 
 # --- __cuda_stream__ returning a tuple subclass that lies about its items ---------------------
+
 
 class _LyingTuple(tuple):
     """Its items are (0, 2), a default stream; iterating it says otherwise."""
@@ -373,7 +460,9 @@ class _LyingTuple(tuple):
         return 3
 
 
-@pytest.mark.parametrize("lie", [(0, "x"), (0, 1, 2), (), (0, 2**70)], ids=["str", "three", "empty", "huge"])
+@pytest.mark.parametrize(
+    "lie", [(0, "x"), (0, 1, 2), (), (0, 2**70)], ids=["str", "three", "empty", "huge"]
+)
 def test_cuda_stream_tuple_subclass_is_read_by_its_real_items(lie):
     v = _LyingTuple((0, 2))
     v.lie = lie

@@ -6,11 +6,10 @@ import threading
 import warnings
 
 import pytest
-
-from cyctx import ContextGuard, ContextResetWarning, DriverError, GuardError
-
 from helpers.drivers import current, reset_primary
 from helpers.threads import in_thread, run_threads, running
+
+from cyctx import ContextGuard, ContextResetWarning, DriverError, GuardError
 
 
 def test_dealloc_releases(sim):
@@ -50,6 +49,7 @@ def test_close_failure_keeps_the_retain_for_a_retry(sim):
 
 
 # --- other threads and re-activations ---------------------------------------------------------
+
 
 def test_close_from_two_threads_releases_once(sim):
     base = sim.retain_count(0)

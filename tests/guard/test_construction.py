@@ -4,12 +4,11 @@ and id), what a subclass may change, and construction from contexts on the real 
 import gc
 
 import pytest
-
-from cyctx import ContextGuard
-
 from helpers.children import run_child
 from helpers.drivers import current, driver, ok, primary_state
 from helpers.threads import in_thread
+
+from cyctx import ContextGuard
 
 
 def test_construct_retains_and_activates(guard):
@@ -69,11 +68,13 @@ def test_construction_helpers_are_not_methods():
     # Nor can Python hand the driver an arbitrary integer as a stream or green context handle:
     # resolving one is part of construction, after the input was recognised.
     import cyctx._guard
+
     for name in ("_context_of", "_stream_context", "_green_context"):
         assert not hasattr(cyctx._guard, name), name
 
 
 # --- subclasses -------------------------------------------------------------------------------
+
 
 def test_subclass_works_and_releases(sim):
     base = sim.retain_count(0)
@@ -111,10 +112,12 @@ def test_subclass_with_own_init_arguments_is_a_type_error(sim):
 
 # --- before the first construction ------------------------------------------------------------
 
+
 def test_current_handle_before_cuInit_is_zero_not_an_error():
     # Found by the adversarial pass: a thread calling current_handle() while another thread
     # constructs the first guard got NotInitializedError or 0 depending on timing.
-    out = run_child("""
+    out = run_child(
+        """
         import cyctx
         from helpers.forking import raised_in_fork
         print("FIRST", cyctx.current_handle())
@@ -123,17 +126,23 @@ def test_current_handle_before_cuInit_is_zero_not_an_error():
             print("INSIDE", cyctx.current_handle() == g.handle)
         print("CHILD", raised_in_fork(cyctx.current_handle))
         g.close()
-    """, init=False)
-    assert "FIRST 0" in out.stdout and "INSIDE True" in out.stdout and "CHILD ForkError" in out.stdout, out.stdout
+    """,
+        init=False,
+    )
+    assert (
+        "FIRST 0" in out.stdout and "INSIDE True" in out.stdout and "CHILD ForkError" in out.stdout
+    ), out.stdout
 
 
 # --- on the real driver only ------------------------------------------------------------------
+
 
 @pytest.mark.gpu
 def test_real_construct_from_contexts_keeps_the_stack():
     # The device probe pushes and pops (or, when the context is current, does neither): count
     # the stack by popping it empty afterwards.
-    out = run_child("""
+    out = run_child(
+        """
         import cyctx
         d = drivers.driver()
         holder = cyctx.ContextGuard(0)
@@ -150,5 +159,7 @@ def test_real_construct_from_contexts_keeps_the_stack():
         for g in (a, b, c, holder):
             g.close()
         drivers.ok(d.cuCtxDestroy(ctx))
-    """, timeout=120)
+    """,
+        timeout=120,
+    )
     assert "TOP True PRIMARY False True False" in out.stdout and "DEPTH 2" in out.stdout, out.stdout

@@ -4,15 +4,13 @@ by their owner under a guard. A dead handle is never made current again."""
 import warnings
 
 import pytest
-
-from cyctx import ContextDestroyedError, ContextGuard, ContextResetWarning
-from cyctx._guard import _open_entries
-
 from helpers import drivers
 from helpers.children import run_child
 from helpers.drivers import create_context, current, driver, ok, reset_primary, second_device
 from helpers.threads import in_thread
 
+from cyctx import ContextDestroyedError, ContextGuard, ContextResetWarning
+from cyctx._guard import _open_entries
 
 D1 = second_device()  # device 1, or 0 on a one-GPU machine
 
@@ -20,7 +18,11 @@ D1 = second_device()  # device 1, or 0 on a one-GPU machine
 def handed_over():
     """Calls that could hand a context to the driver (simulated driver only; None on the real)."""
     sim = drivers.SIM
-    return None if sim is None else sim.call_count("cuCtxSetCurrent") + sim.call_count("cuCtxPushCurrent")
+    return (
+        None
+        if sim is None
+        else sim.call_count("cuCtxSetCurrent") + sim.call_count("cuCtxPushCurrent")
+    )
 
 
 def depth():
@@ -33,10 +35,10 @@ def test_exit_never_makes_a_context_destroyed_in_the_block_current_again():
     # destroys it (the driver pops it). Leaving must not hand the dead handle back.
     def body():
         d = driver()
-        ctx = create_context(0)            # pushed: current, stack depth 1
+        ctx = create_context(0)  # pushed: current, stack depth 1
         g = ContextGuard(ctx)
-        g.__enter__()                      # fast path: nothing switched
-        ok(d.cuCtxDestroy(ctx))            # popped by the driver: nothing current
+        g.__enter__()  # fast path: nothing switched
+        ok(d.cuCtxDestroy(ctx))  # popped by the driver: nothing current
         sets = handed_over()
         with pytest.raises(ContextDestroyedError, match="did not survive") as ei:
             g.__exit__(None, None, None)
@@ -51,15 +53,15 @@ def test_exit_never_makes_a_context_destroyed_in_the_block_current_again():
 def test_exit_over_a_context_destroyed_in_the_block_pops_the_switch():
     def body():
         d = driver()
-        ctx = create_context(0)            # current, depth 1
+        ctx = create_context(0)  # current, depth 1
         g = ContextGuard(D1)
-        g.__enter__()                      # replaces ctx on top of the stack
+        g.__enter__()  # replaces ctx on top of the stack
         assert current() == g.handle and depth() in (1, None)
-        ok(d.cuCtxDestroy(ctx))            # not current here: only destroyed
+        ok(d.cuCtxDestroy(ctx))  # not current here: only destroyed
         sets = handed_over()
         with pytest.raises(ContextDestroyedError, match="did not survive") as ei:
             g.__exit__(None, None, None)
-        assert handed_over() == sets       # the dead handle was not handed over
+        assert handed_over() == sets  # the dead handle was not handed over
         assert "popped its own switch" in str(ei.value) and "no context is current" in str(ei.value)
         # As if ctx had been destroyed while current: its place is popped.
         assert current() == 0 and depth() in (0, None) and _open_entries() == 0
@@ -77,7 +79,7 @@ def test_exit_after_the_outer_primary_was_reset_and_reactivated_in_the_block():
             with g1:
                 g0.__enter__()
                 reset_primary(D1)
-                with g1:                   # re-activates device D1's primary: a new id
+                with g1:  # re-activates device D1's primary: a new id
                     pass
                 with pytest.raises(ContextDestroyedError, match="id changed"):
                     g0.__exit__(None, None, None)
@@ -99,7 +101,7 @@ def test_a_context_already_dead_at_the_enter_is_restored_as_it_was():
         g0 = ContextGuard(0)
         g1 = ContextGuard(D1)
         ok(driver().cuCtxSetCurrent(g1.context))
-        reset_primary(D1)                  # g1's handle stays current, inactive
+        reset_primary(D1)  # g1's handle stays current, inactive
         stale = current()
         with g0:
             assert current() == g0.handle
@@ -113,13 +115,15 @@ def test_a_context_already_dead_at_the_enter_is_restored_as_it_was():
     in_thread(body)
 
 
-def test_a_handle_unknown_to_the_driver_at_the_enter_is_not_restored_when_a_context_answers_there(sim):
+def test_a_handle_unknown_to_the_driver_at_the_enter_is_not_restored_when_a_context_answers_there(
+    sim,
+):
     # CUDA_ERROR_INVALID_CONTEXT for what was current: the driver no longer knows the handle
     # (its context was freed). By the exit a new context may live at the same address; it is
     # not what was current, so it is not made current. (The simulator never reuses an address:
     # the id read of the enter is made to fail instead, and the context then answers.)
     def body():
-        ctx = create_context(0)            # current, depth 1
+        ctx = create_context(0)  # current, depth 1
         g = ContextGuard(D1)
         # The enter reads the guard's id, then the id of what it replaces: the second read fails.
         sim.inject_fault("cuCtxGetId", 201, nth=2)
@@ -128,7 +132,7 @@ def test_a_handle_unknown_to_the_driver_at_the_enter_is_not_restored_when_a_cont
         sets = handed_over()
         with pytest.raises(ContextDestroyedError, match="did not survive"):
             g.__exit__(None, None, None)
-        assert handed_over() == sets       # the context at that address was not handed over
+        assert handed_over() == sets  # the context at that address was not handed over
         assert current() == 0 and depth() == 0 and _open_entries() == 0
         ok(driver().cuCtxDestroy(ctx))
         g.close()
@@ -138,11 +142,13 @@ def test_a_handle_unknown_to_the_driver_at_the_enter_is_not_restored_when_a_cont
 
 # --- on the real driver only ------------------------------------------------------------------
 
+
 @pytest.mark.gpu
 def test_real_enter_after_the_owner_destroyed_a_created_context():
     # cuCtxGetId with the handle of a destroyed created context: a typed error, not a crash
     # (docs/evidence.md, "A dead context answers 201 through its handle and 709 through NULL").
-    out = run_child("""
+    out = run_child(
+        """
         import cyctx
         d = drivers.driver()
         ctx = drivers.create_context(0)
@@ -156,6 +162,9 @@ def test_real_enter_after_the_owner_destroyed_a_created_context():
             print("ERROR", e.code)
         print("CURRENT", drivers.current())
         g.close()
-    """, timeout=120, check=False)
+    """,
+        timeout=120,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "ERROR" in out.stdout and "CURRENT 0" in out.stdout, out.stdout

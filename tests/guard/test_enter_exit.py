@@ -5,12 +5,11 @@ import contextlib
 import sys
 
 import pytest
+from helpers.drivers import current, driver, ok
+from helpers.threads import in_thread
 
 from cyctx import ContextGuard, DriverError, GuardError
 from cyctx._guard import _open_entries
-
-from helpers.drivers import current, driver, ok
-from helpers.threads import in_thread
 
 
 def test_restores_null_on_a_fresh_thread(guard):
@@ -63,11 +62,19 @@ def test_nesting_same_guard(guard):
 def test_fast_path_makes_no_switch(guard, sim):
     def body():
         with guard:
-            n = sim.call_count("cuCtxSetCurrent") + sim.call_count("cuCtxPushCurrent") + sim.call_count("cuCtxPopCurrent")
+            n = (
+                sim.call_count("cuCtxSetCurrent")
+                + sim.call_count("cuCtxPushCurrent")
+                + sim.call_count("cuCtxPopCurrent")
+            )
             for _ in range(100):
                 with guard:
                     pass
-            m = sim.call_count("cuCtxSetCurrent") + sim.call_count("cuCtxPushCurrent") + sim.call_count("cuCtxPopCurrent")
+            m = (
+                sim.call_count("cuCtxSetCurrent")
+                + sim.call_count("cuCtxPushCurrent")
+                + sim.call_count("cuCtxPopCurrent")
+            )
             return m - n
 
     assert in_thread(body) == 0
@@ -86,7 +93,7 @@ def test_switching_keeps_stack_depth(guard, guard1, sim):
 
 
 def test_deep_nesting_beyond_the_inline_entries(guard, guard1):
-    # The per-thread entry stack keeps 8 entries inline (_tls.h, kInline) and spills to the heap beyond.
+    # The per-thread entry stack keeps 8 entries inline (_cpp/thread_entries.h, kInline) and spills to the heap beyond.
     def body():
         def nest(k):
             g = (guard, guard1)[k % 2]
@@ -95,6 +102,7 @@ def test_deep_nesting_beyond_the_inline_entries(guard, guard1):
                 if k:
                     nest(k - 1)
                 assert current() == g.handle
+
         for _ in range(3):  # grow, shrink, grow again
             nest(150)
         return current()
@@ -118,6 +126,7 @@ def test_blocks_left_from_other_frames_still_match_their_guard():
 
 
 # --- a block that changes the context stack ---------------------------------------------------
+
 
 def test_repairs_cuCtxSetCurrent_inside_block(guard, guard1):
     d = driver()
@@ -249,6 +258,7 @@ def test_unwind_cap_boundary_pops_them_all(sim):
 
 # --- misuse -----------------------------------------------------------------------------------
 
+
 def test_exit_without_enter(guard):
     with pytest.raises(GuardError, match="without a matching enter"):
         guard.__exit__(None, None, None)
@@ -269,6 +279,7 @@ def test_exit_on_another_thread(guard):
 
 
 # --- an exit that fails: the block's exception wins -------------------------------------------
+
 
 def test_cleanup_failure_does_not_replace_block_exception(guard, sim, capfd):
     def body():
@@ -310,11 +321,15 @@ class _GuardWithRaisingRepr(ContextGuard):
         raise RuntimeError("repr of the guard subclass")
 
 
-@pytest.mark.parametrize("make_exc", [
-    lambda: _notes_not_a_list("a str"),
-    lambda: _notes_not_a_list(("a", "tuple")),
-    lambda: _AddNoteRaises("from the block"),
-], ids=["notes str", "notes tuple", "add_note raises"])
+@pytest.mark.parametrize(
+    "make_exc",
+    [
+        lambda: _notes_not_a_list("a str"),
+        lambda: _notes_not_a_list(("a", "tuple")),
+        lambda: _AddNoteRaises("from the block"),
+    ],
+    ids=["notes str", "notes tuple", "add_note raises"],
+)
 def test_block_exception_wins_when_the_cleanup_note_cannot_be_attached(make_exc, capfd):
     # The exit fails on any driver: the block pushed a context from an empty stack (a new
     # thread) and left it, which the exit pops and reports (GuardError). Attaching that as a

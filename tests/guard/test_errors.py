@@ -3,11 +3,10 @@ their advice, one documented class per driver code; and what a driver library th
 be loaded is reported as."""
 
 import pytest
+from helpers.threads import in_thread
 
 import cyctx
 from cyctx import ContextGuard, DriverError, GuardError, InvalidDeviceError
-
-from helpers.threads import in_thread
 
 
 def test_python_facade_exports():
@@ -47,7 +46,9 @@ def test_driver_error_survives_a_trip_through_another_process():
     import multiprocessing
 
     err = cyctx.InvalidDeviceError(101, "ContextGuard", "Device 7 does not exist: 2 device(s)")
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as ex:
+    with concurrent.futures.ProcessPoolExecutor(
+        1, mp_context=multiprocessing.get_context("spawn")
+    ) as ex:
         back = ex.submit(_echo, err).result()
     assert type(back) is cyctx.InvalidDeviceError
     assert (back.code, back.call, back.detail) == (101, "ContextGuard", err.detail)
@@ -100,8 +101,15 @@ def test_each_mapped_code_raises_its_documented_class(sim, code, cls, caught_by)
         except catcher:
             pass
     # ... and nothing it is not documented to be.
-    others = {"NotInitializedError", "NoDeviceError", "InvalidDeviceError", "InvalidContextError",
-              "ContextDestroyedError", "GuardError", "ForkError"} - {cls, *caught_by}
+    others = {
+        "NotInitializedError",
+        "NoDeviceError",
+        "InvalidDeviceError",
+        "InvalidContextError",
+        "ContextDestroyedError",
+        "GuardError",
+        "ForkError",
+    } - {cls, *caught_by}
     assert not any(isinstance(exc, getattr(cyctx, o)) for o in others), type(exc).__mro__
     assert isinstance(exc, ValueError) == ("ValueError" in caught_by)
 
@@ -122,23 +130,43 @@ except cyctx.DriverError as e:
 """
 
 
-@pytest.mark.parametrize("kind, code, name, says, not_said", [
-    ("stub", 34, "CUDA_ERROR_STUB_LIBRARY", ["stub", "LD_LIBRARY_PATH"], ["too old"]),
-    ("old", 801, "CUDA_ERROR_NOT_SUPPORTED", ["older than CUDA 12.0", "install a driver"], []),
-    ("lacking:cuGetErrorName", 500, "CUDA_ERROR_NOT_FOUND", ["cuGetErrorName", "not a complete NVIDIA driver"],
-     ["too old", "older than"]),
-    ("lacking:cuCtxGetId", 500, "CUDA_ERROR_NOT_FOUND", ["cuCtxGetId", "not a complete NVIDIA driver"],
-     ["too old", "older than"]),
-])
+@pytest.mark.parametrize(
+    "kind, code, name, says, not_said",
+    [
+        ("stub", 34, "CUDA_ERROR_STUB_LIBRARY", ["stub", "LD_LIBRARY_PATH"], ["too old"]),
+        ("old", 801, "CUDA_ERROR_NOT_SUPPORTED", ["older than CUDA 12.0", "install a driver"], []),
+        (
+            "lacking:cuGetErrorName",
+            500,
+            "CUDA_ERROR_NOT_FOUND",
+            ["cuGetErrorName", "not a complete NVIDIA driver"],
+            ["too old", "older than"],
+        ),
+        (
+            "lacking:cuCtxGetId",
+            500,
+            "CUDA_ERROR_NOT_FOUND",
+            ["cuCtxGetId", "not a complete NVIDIA driver"],
+            ["too old", "older than"],
+        ),
+    ],
+)
 def test_driver_load_errors_say_what_their_code_means(tmp_path, kind, code, name, says, not_said):
     from helpers.children import run_python
     from helpers.fakelibs import compiler, fake_libcuda, preload
+
     if compiler() is None:
         pytest.skip("no C compiler")
     import json
+
     out = run_python(LOAD_CHILD, preload(fake_libcuda(tmp_path, kind)))
     cls, got_code, got_name, call, msg = json.loads(out.stdout.strip().splitlines()[-1])
-    assert (cls, got_code, got_name, call) == ("DriverError", code, name, "loading the CUDA driver"), msg
+    assert (cls, got_code, got_name, call) == (
+        "DriverError",
+        code,
+        name,
+        "loading the CUDA driver",
+    ), msg
     assert "unrecognised" not in msg, msg
     for s in says:
         assert s in msg, msg
@@ -148,12 +176,14 @@ def test_driver_load_errors_say_what_their_code_means(tmp_path, kind, code, name
 
 def test_no_driver_library_is_described(tmp_path):
     # No libcuda.so.1 anywhere (this machine without a driver): NoDeviceError, described.
+    from helpers.children import run_python
+
     from cyctx import testing
 
-    from helpers.children import run_python
     if testing.real_driver_available():
         pytest.skip("this machine has an NVIDIA driver")
     import json
+
     out = run_python(LOAD_CHILD)
     cls, code, name, call, msg = json.loads(out.stdout.strip().splitlines()[-1])
     assert (cls, code, name) == ("NoDeviceError", 100, "CUDA_ERROR_NO_DEVICE"), msg

@@ -12,18 +12,26 @@ driver call in the guard is covered automatically.
 import warnings
 
 import pytest
-
-import cyctx
-from cyctx import ContextGuard, ContextResetWarning, DriverError, InvalidContextError
-
 from helpers.children import run_child
 from helpers.drivers import create_context, current, driver, ok, reset_primary
 from helpers.threads import in_thread
 
+import cyctx
+from cyctx import ContextGuard, ContextResetWarning, DriverError, InvalidContextError
+
 FUNCS = (
-    "cuInit", "cuDeviceGetCount", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease",
-    "cuCtxGetId", "cuCtxGetCurrent", "cuCtxSetCurrent", "cuCtxPushCurrent", "cuCtxPopCurrent",
-    "cuDevicePrimaryCtxGetState", "cuCtxGetDevice",
+    "cuInit",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease",
+    "cuCtxGetId",
+    "cuCtxGetCurrent",
+    "cuCtxSetCurrent",
+    "cuCtxPushCurrent",
+    "cuCtxPopCurrent",
+    "cuDevicePrimaryCtxGetState",
+    "cuCtxGetDevice",
 )
 
 
@@ -46,8 +54,11 @@ def _set(ctx):
 
 
 def state(sim):
-    return {"current": int(ok(driver().cuCtxGetCurrent())), "depth": sim.stack_depth(),
-            "retains": [sim.retain_count(i) for i in range(2)]}
+    return {
+        "current": int(ok(driver().cuCtxGetCurrent())),
+        "depth": sim.stack_depth(),
+        "retains": [sim.retain_count(i) for i in range(2)],
+    }
 
 
 # A created (non-primary) context of device 0 for the scenarios that need one; made by the
@@ -62,23 +73,47 @@ def _make_created(current=False):
 # (name, prepare(g0, g1) -> None run on the thread before the op, op(g0, g1))
 SCENARIOS = {
     "construct": (lambda g0, g1: None, lambda g0, g1: ContextGuard(0).close()),
-    "construct from primary CUcontext": (lambda g0, g1: None, lambda g0, g1: ContextGuard(g0.context).close()),
-    "construct from current primary": (lambda g0, g1: _set(g0.context), lambda g0, g1: ContextGuard(g0.context).close()),
-    "from_handle": (lambda g0, g1: _set(g1.context), lambda g0, g1: ContextGuard.from_handle(g0.handle).close()),
-    "construct from created context": (lambda g0, g1: _make_created(),
-                                       lambda g0, g1: ContextGuard(_CREATED["ctx"]).close()),
-    "construct from current created context": (lambda g0, g1: _make_created(current=True),
-                                               lambda g0, g1: ContextGuard(_CREATED["ctx"]).close()),
-    "enter created-context guard": (lambda g0, g1: _make_created(),
-                                    lambda g0, g1: _created_guard().__enter__()),
+    "construct from primary CUcontext": (
+        lambda g0, g1: None,
+        lambda g0, g1: ContextGuard(g0.context).close(),
+    ),
+    "construct from current primary": (
+        lambda g0, g1: _set(g0.context),
+        lambda g0, g1: ContextGuard(g0.context).close(),
+    ),
+    "from_handle": (
+        lambda g0, g1: _set(g1.context),
+        lambda g0, g1: ContextGuard.from_handle(g0.handle).close(),
+    ),
+    "construct from created context": (
+        lambda g0, g1: _make_created(),
+        lambda g0, g1: ContextGuard(_CREATED["ctx"]).close(),
+    ),
+    "construct from current created context": (
+        lambda g0, g1: _make_created(current=True),
+        lambda g0, g1: ContextGuard(_CREATED["ctx"]).close(),
+    ),
+    "enter created-context guard": (
+        lambda g0, g1: _make_created(),
+        lambda g0, g1: _created_guard().__enter__(),
+    ),
     "current_handle": (lambda g0, g1: _set(g1.context), lambda g0, g1: cyctx.current_handle()),
     "enter from no context": (lambda g0, g1: None, lambda g0, g1: g0.__enter__()),
     "enter over dev1": (lambda g0, g1: _set(g1.context), lambda g0, g1: g0.__enter__()),
     "enter already current": (lambda g0, g1: _set(g0.context), lambda g0, g1: g0.__enter__()),
     "enter after reset": (lambda g0, g1: reset_primary(0), lambda g0, g1: g0.__enter__()),
-    "exit to no context": (lambda g0, g1: g0.__enter__(), lambda g0, g1: g0.__exit__(None, None, None)),
-    "exit to dev1": (lambda g0, g1: (_set(g1.context), g0.__enter__()), lambda g0, g1: g0.__exit__(None, None, None)),
-    "exit fast path": (lambda g0, g1: (_set(g0.context), g0.__enter__()), lambda g0, g1: g0.__exit__(None, None, None)),
+    "exit to no context": (
+        lambda g0, g1: g0.__enter__(),
+        lambda g0, g1: g0.__exit__(None, None, None),
+    ),
+    "exit to dev1": (
+        lambda g0, g1: (_set(g1.context), g0.__enter__()),
+        lambda g0, g1: g0.__exit__(None, None, None),
+    ),
+    "exit fast path": (
+        lambda g0, g1: (_set(g0.context), g0.__enter__()),
+        lambda g0, g1: g0.__exit__(None, None, None),
+    ),
     "close": (lambda g0, g1: None, lambda g0, g1: g0.close()),
 }
 
@@ -163,15 +198,25 @@ def test_every_driver_call_failing(sim, name):
             for code in CODES:
                 _, before, after, exc = _run(sim, name, (func, nth, code))
                 where = f"{name}: {func} call #{nth} -> {code}"
-                balanced_release = name == "enter after reset" and func == "cuDevicePrimaryCtxRelease"
+                balanced_release = (
+                    name == "enter after reset" and func == "cuDevicePrimaryCtxRelease"
+                )
                 # CONTEXT_IS_DESTROYED from the first cuCtxGetId is what a reset looks like; in a
                 # re-activation the second one (the look again after the warning) says it again.
-                looks_reset = (name.startswith("enter") and "created" not in name and func == "cuCtxGetId"
-                               and code == 709 and (nth == 1 or (nth == 2 and name == "enter after reset")))
+                looks_reset = (
+                    name.startswith("enter")
+                    and "created" not in name
+                    and func == "cuCtxGetId"
+                    and code == 709
+                    and (nth == 1 or (nth == 2 and name == "enter after reset"))
+                )
                 # The probe's comparison retain of a created context: a failed release is kept
                 # by the guard and released by its close() (part of the op): nothing changes.
-                probe_release = name.startswith("construct from") and "created" in name and \
-                    func == "cuDevicePrimaryCtxRelease"
+                probe_release = (
+                    name.startswith("construct from")
+                    and "created" in name
+                    and func == "cuDevicePrimaryCtxRelease"
+                )
                 if probe_release:
                     assert exc is None and after == before, where
                     continue
@@ -206,8 +251,12 @@ def test_every_driver_call_failing(sim, name):
                     # The restore (SetCurrent(NULL)) already happened; only the leak check failed.
                     assert after["current"] == 0 and after["depth"] == 0, where
                 else:
-                    assert after["current"] == before["current"] and after["depth"] == before["depth"], where
-                if name not in ("construct", "close") and not name.startswith(("construct from", "from_handle")):
+                    assert (
+                        after["current"] == before["current"] and after["depth"] == before["depth"]
+                    ), where
+                if name not in ("construct", "close") and not name.startswith(
+                    ("construct from", "from_handle")
+                ):
                     assert after["retains"] == before["retains"], where
                 elif func != "cuDevicePrimaryCtxRelease":
                     # A failed construction keeps no retain (a failed close()'s guard is
@@ -221,7 +270,13 @@ def test_every_driver_call_failing(sim, name):
 
 def test_construct_fault_leaks_nothing(sim):
     base = [sim.retain_count(i) for i in range(2)]
-    for func in ("cuInit", "cuDeviceGetCount", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxGetId"):
+    for func in (
+        "cuInit",
+        "cuDeviceGetCount",
+        "cuDeviceGet",
+        "cuDevicePrimaryCtxRetain",
+        "cuCtxGetId",
+    ):
         sim.inject_fault(func, 999)
         with pytest.raises(DriverError) as ei:
             ContextGuard(0)
@@ -245,7 +300,8 @@ def test_close_fault_keeps_guard_open_then_releases(sim):
 def test_shared_first_use_under_every_fault(sim):
     # shared() publishes only a guard it constructed: a failed first use registers nothing and
     # keeps no retain, so the next call tries again. In a child: a shared guard lives forever.
-    out = run_child("""
+    out = run_child(
+        """
         import cyctx
         sim = drivers.SIM
         FUNCS = %r
@@ -292,12 +348,15 @@ def test_shared_first_use_under_every_fault(sim):
         with g0:
             assert drivers.current() == g0.handle
         print("TRIED", tried)
-    """ % (FUNCS,))
+    """
+        % (FUNCS,)
+    )
     assert int(out.stdout.split("TRIED")[1]) >= 10
     assert "REACTIVATED" in out.stdout
 
 
 # --- single faults ----------------------------------------------------------------------------
+
 
 def test_driver_error_on_enter_changes_nothing(guard, guard1, sim):
     def body():
@@ -324,6 +383,7 @@ def test_construction_failure_leaks_no_retain(sim):
 
 
 # --- construction from a context: the device probe under faults -------------------------------
+
 
 def test_probe_pop_failure_leaves_the_stack_as_it_was(sim):
     def body():

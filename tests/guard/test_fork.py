@@ -4,10 +4,9 @@ state, and spawn, work."""
 
 import os
 
-import cyctx
-
 from helpers.children import run_child
 
+import cyctx
 
 # {child} runs in a forked child and notes what it saw in msgs; the driver calls it made are
 # counted on the simulated driver.
@@ -27,9 +26,10 @@ FORK_CHILD = """
 
 
 def test_fork_after_cuda_refuses_before_any_driver_call():
-    out = run_child(FORK_CHILD.format(
-        setup="g = cyctx.ContextGuard(0)\n    s = cyctx.ContextGuard.shared(0)",
-        child="""
+    out = run_child(
+        FORK_CHILD.format(
+            setup="g = cyctx.ContextGuard(0)\n    s = cyctx.ContextGuard.shared(0)",
+            child="""
         for what, fn in (("enter", lambda: g.__enter__()), ("shared", lambda: s.__enter__()),
                          ("new", lambda: cyctx.ContextGuard(0))):
             try:
@@ -39,65 +39,87 @@ def test_fork_after_cuda_refuses_before_any_driver_call():
                 msgs.append(what + "=ForkError:" + str("spawn" in str(e) and "fork" in str(e)))
         g.close()
         msgs.append("closed=" + str(g.closed))
-        """))
+        """,
+        )
+    )
     line = out.stdout.split("CHILD", 1)[1]
-    assert "enter=ForkError:True" in line and "shared=ForkError:True" in line and "new=ForkError:True" in line
+    assert (
+        "enter=ForkError:True" in line
+        and "shared=ForkError:True" in line
+        and "new=ForkError:True" in line
+    )
     assert "closed=True" in line
     if "driver-calls=" in line:
         assert "driver-calls=0" in line
 
 
 def test_fork_inside_a_block_leaves_quietly():
-    out = run_child(FORK_CHILD.format(
-        setup="g = cyctx.ContextGuard(0)\n    g.__enter__()",
-        child="""
+    out = run_child(
+        FORK_CHILD.format(
+            setup="g = cyctx.ContextGuard(0)\n    g.__enter__()",
+            child="""
         g.__exit__(None, None, None)
         msgs.append("exited")
-        """) + "    g.__exit__(None, None, None)\n    print('PARENT', drivers.current())\n")
+        """,
+        )
+        + "    g.__exit__(None, None, None)\n    print('PARENT', drivers.current())\n"
+    )
     assert "CHILD exited" in out.stdout and "PARENT 0" in out.stdout
 
 
 def test_fork_after_cuda_used_by_someone_else():
     # The parent used the driver directly, not through cyctx: the child's cuInit fails with 3
     # and cyctx still names fork.
-    out = run_child(FORK_CHILD.format(
-        setup="d = drivers.driver(); drivers.ok(d.cuInit(0)); drivers.ok(d.cuDevicePrimaryCtxRetain(drivers.ok(d.cuDeviceGet(0))))",
-        child="""
+    out = run_child(
+        FORK_CHILD.format(
+            setup="d = drivers.driver(); drivers.ok(d.cuInit(0)); drivers.ok(d.cuDevicePrimaryCtxRetain(drivers.ok(d.cuDeviceGet(0))))",
+            child="""
         try:
             cyctx.ContextGuard(0)
             msgs.append("no-error")
         except cyctx.ForkError as e:
             msgs.append("ForkError")
-        """), init=False)
+        """,
+        ),
+        init=False,
+    )
     assert "CHILD ForkError" in out.stdout
 
 
 def test_child_without_inherited_cuda_is_unaffected():
-    out = run_child(FORK_CHILD.format(
-        setup="pass",
-        child="""
+    out = run_child(
+        FORK_CHILD.format(
+            setup="pass",
+            child="""
         g = cyctx.ContextGuard(0)
         with g:
             msgs.append("ok=" + str(drivers.current() == g.handle))
         g.close()
-        """), init=False)
+        """,
+        ),
+        init=False,
+    )
     assert "ok=True" in out.stdout
 
 
 def test_driver_error_blames_fork_only_in_a_forked_process():
     assert "fork" not in str(cyctx.DriverError(3)).lower()
-    out = run_child("""
+    out = run_child(
+        """
         import cyctx
         from helpers.forking import run_forked
         print("CHILD", run_forked(lambda: "fork" in str(cyctx.DriverError(3)).lower()))
-    """, init=False)
+    """,
+        init=False,
+    )
     assert "CHILD True" in out.stdout
 
 
 def test_fork_while_other_threads_construct_and_free_guards():
     # The live-guard registry's mutex is held across fork by the atfork handlers: a child
     # never inherits it locked, so a dealloc or an exit's slow path in the child cannot hang.
-    out = run_child("""
+    out = run_child(
+        """
         import threading, cyctx
         from helpers.forking import run_forked
         from helpers.threads import running
@@ -124,12 +146,16 @@ def test_fork_while_other_threads_construct_and_free_guards():
                 g.__exit__(None, None, None)
             stop.set()
         print("SEEN", set(seen))
-    """, timeout=120, check=False)
+    """,
+        timeout=120,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "SEEN {'left'}" in out.stdout, out.stdout
 
 
 # --- multiprocessing --------------------------------------------------------------------------
+
 
 def _pool_target(_):
     import cyctx
@@ -139,7 +165,8 @@ def _pool_target(_):
 
 
 def test_fork_pool_worker_gets_ForkError_in_the_parent():
-    out = run_child("""
+    out = run_child(
+        """
         import multiprocessing as mp, warnings, cyctx
         from guard import test_fork
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -151,7 +178,9 @@ def test_fork_pool_worker_gets_ForkError_in_the_parent():
             except cyctx.ForkError as e:
                 print("FORKERROR", "spawn" in str(e))
         g.close()
-    """, timeout=120)
+    """,
+        timeout=120,
+    )
     assert "FORKERROR True" in out.stdout
 
 
@@ -168,7 +197,6 @@ def _spawn_target(q):
 
 
 def test_spawn_is_the_way():
-    import multiprocessing as mp
 
     out = run_child("""
         import multiprocessing as mp, cyctx

@@ -9,15 +9,13 @@ import gc
 from contextlib import ExitStack
 
 import pytest
-
-from cyctx import ContextGuard, GuardError
-from cyctx._guard import _open_entries
-
 from helpers.children import run_child
 from helpers.drivers import current, driver, ok, retains_unchanged, second_device
 from helpers.finalizers import collect_unraisable, suspended_in
 from helpers.threads import in_thread
 
+from cyctx import ContextGuard, GuardError
+from cyctx._guard import _open_entries
 
 D1 = second_device()  # device 1, or 0 on a one-GPU machine
 
@@ -218,7 +216,7 @@ def test_generator_exit_that_drops_dead_entries_warns_as_exit_does():
     def body():
         g = ContextGuard(0)
         it = suspended_in(g)
-        ContextGuard(D1).__enter__()       # freed while entered: a dead entry above g's
+        ContextGuard(D1).__enter__()  # freed while entered: a dead entry above g's
         gc.collect()
         with pytest.warns(ResourceWarning, match="freed while entered"):
             it.close()
@@ -230,19 +228,20 @@ def test_generator_exit_that_drops_dead_entries_warns_as_exit_does():
 
 # --- two open blocks of the same guard on one thread ------------------------------------------
 
+
 def test_same_guard_generator_closed_inside_the_callers_block_removes_its_own_entry():
     def body():
         g, other = ContextGuard(0), ContextGuard(D1)
-        with other:                          # what was current before the generator's block
-            it = suspended_in(g)             # entry A: the generator's block, g current
-            with g:                          # entry B: the caller's block, fast path over A
+        with other:  # what was current before the generator's block
+            it = suspended_in(g)  # entry A: the generator's block, g current
+            with g:  # entry B: the caller's block, fast path over A
                 with pytest.raises(GuardError, match="generator"):
-                    it.close()               # A is the late one: A goes, B stays
+                    it.close()  # A is the late one: A goes, B stays
                 assert _open_entries() == 2 and current() == g.handle
             # Leaving B restores what was current before A: other's context.
             assert _open_entries() == 1 and current() == other.handle
         assert _open_entries() == 0 and current() == 0
-        g.close()                            # nothing of g is left open on this thread
+        g.close()  # nothing of g is left open on this thread
         other.close()
 
     in_thread(body)
@@ -266,13 +265,13 @@ def test_same_guard_generator_collected_inside_another_block_of_it():
 def test_same_guard_generators_closed_in_entry_order_each_take_their_own():
     def body():
         g, other = ContextGuard(0), ContextGuard(D1)
-        a = suspended_in(g)      # entered from no context: leaving it restores none
+        a = suspended_in(g)  # entered from no context: leaving it restores none
         with other:
             b = suspended_in(g)  # entered over other's context
             with pytest.raises(GuardError, match="generator"):
-                a.close()        # a lies below: spliced out, its duty handed to other's block
+                a.close()  # a lies below: spliced out, its duty handed to other's block
             assert current() == g.handle and _open_entries() == 2
-            b.close()            # b is on top: its own exit restores other's context
+            b.close()  # b is on top: its own exit restores other's context
             assert current() == other.handle and _open_entries() == 1
         # other's block inherited a's duty: leaving it restores no context.
         assert current() == 0 and _open_entries() == 0
@@ -287,6 +286,7 @@ def test_same_guard_generators_closed_in_entry_order_each_take_their_own():
 # an out-of-order exit removes its entry from under the open block and hands that block its
 # restore, as the late generator exit does, and reports GuardError.
 
+
 def test_exitstack_leaving_the_outer_guard_first_hands_its_restore_to_the_inner_block():
     with retains_unchanged():
 
@@ -297,11 +297,11 @@ def test_exitstack_leaving_the_outer_guard_first_hands_its_restore_to_the_inner_
             outer.enter_context(g0)
             inner.enter_context(g1)
             with pytest.raises(GuardError, match="out of order") as ei:
-                outer.close()                  # g0's block left while g1's is open
+                outer.close()  # g0's block left while g1's is open
             assert "removed" in str(ei.value)
             # g1's block keeps its context; only g0's entry is gone.
             assert current() == g1.handle and _open_entries() == 1
-            inner.close()                      # restores what was current before g0's block
+            inner.close()  # restores what was current before g0's block
             assert current() == before and _open_entries() == 0
             g0.close()
             g1.close()
@@ -319,16 +319,16 @@ def test_same_guard_generators_interleaved_with_next_leave_the_guard_closable():
         g, other = ContextGuard(0), ContextGuard(D1)
         with other:
             a, b = gen(g), gen(g)
-            next(a)                            # a's block of g, over other's context
-            next(b)                            # b's block of g, over a's
+            next(a)  # a's block of g, over other's context
+            next(b)  # b's block of g, over a's
             with pytest.raises(GuardError, match="same guard"):
-                next(a)                        # a leaves first: out of order
+                next(a)  # a leaves first: out of order
             assert current() == g.handle and _open_entries() == 2
             with pytest.raises(StopIteration):
-                next(b)                        # b restores what was current before a's block
+                next(b)  # b restores what was current before a's block
             assert current() == other.handle and _open_entries() == 1
         assert current() == 0 and _open_entries() == 0
-        g.close()                              # nothing of g is left open on this thread
+        g.close()  # nothing of g is left open on this thread
         other.close()
 
     in_thread(body)
@@ -356,6 +356,7 @@ def test_exception_thrown_into_a_block_left_out_of_order_carries_the_note_and_re
 
 
 # --- coroutines and asyncio -------------------------------------------------------------------
+
 
 def test_coroutine_holding_a_guard_across_await_interleaved():
     import asyncio
@@ -491,9 +492,11 @@ def test_abandoned_coroutine_inside_a_guard_collected_under_another_guard(sim):
 
 # --- on the real driver only ------------------------------------------------------------------
 
+
 @pytest.mark.gpu
 def test_real_generator_late_exit_and_orphan_drop():
-    out = run_child("""
+    out = run_child(
+        """
         import gc, sys, warnings, cyctx
         from cyctx._guard import _open_entries
         n = drivers.device_count()
@@ -513,7 +516,10 @@ def test_real_generator_late_exit_and_orphan_drop():
         print("SEEN", len(seen), type(seen[0].exc_value).__name__)
         print("STATE", drivers.current(), _open_entries())
         g0.close(); g1.close()
-    """, timeout=120, check=False)
+    """,
+        timeout=120,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "SEEN 1 GuardError" in out.stdout and "STATE 0 0" in out.stdout, out.stdout
 
@@ -527,17 +533,17 @@ def test_late_exit_splices_its_own_entry_not_the_guards_innermost():
 
     def body():
         g, h = ContextGuard(0), ContextGuard(D1)
-        a = suspended_in(g)                  # a's block: from no context
-        with h:                              # over g
-            b = suspended_in(g)              # b's block: over h
-            with h:                          # over g
+        a = suspended_in(g)  # a's block: from no context
+        with h:  # over g
+            b = suspended_in(g)  # b's block: over h
+            with h:  # over g
                 with pytest.raises(GuardError, match="generator"):
-                    a.close()                # a's entry goes; its duty passes to the outer h
+                    a.close()  # a's entry goes; its duty passes to the outer h
                 assert current() == h.handle
-            assert current() == g.handle     # the inner h restored b's block's context
-            b.close()                        # b's block, in order: back to h
+            assert current() == g.handle  # the inner h restored b's block's context
+            b.close()  # b's block, in order: back to h
             assert current() == h.handle
-        assert current() == 0 and _open_entries() == 0   # a's duty: no context
+        assert current() == 0 and _open_entries() == 0  # a's duty: no context
         g.close()
         h.close()
 

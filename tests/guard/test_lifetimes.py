@@ -8,14 +8,12 @@ import pickle
 import weakref
 
 import pytest
-
-from cyctx import ContextGuard
-from cyctx._guard import _open_entries
-
 from helpers.children import run_child
 from helpers.drivers import current, driver, ok, retains_unchanged, second_device
 from helpers.threads import in_thread
 
+from cyctx import ContextGuard
+from cyctx._guard import _open_entries
 
 D1 = second_device()  # device 1, or 0 on a one-GPU machine
 
@@ -32,6 +30,7 @@ def test_pickle_and_copy_cannot_duplicate_a_retain(sim):
 
 
 # --- guards freed while entered ---------------------------------------------------------------
+
 
 def test_guard_freed_while_entered_is_not_matched_by_a_new_guard_at_its_address():
     # In a child, on its main thread: the dead guard's entry stays there (orphaned).
@@ -62,7 +61,9 @@ def test_guard_freed_while_entered_is_not_matched_by_a_new_guard_at_its_address(
         if drivers.SIM:
             print("RETAINS", drivers.SIM.retain_count(0) - base)
     """)
-    assert "REUSED True" in out.stdout, "the allocator did not reuse the address: test proves nothing"
+    assert "REUSED True" in out.stdout, (
+        "the allocator did not reuse the address: test proves nothing"
+    )
     assert "EXIT refused True" in out.stdout and "CLOSED True" in out.stdout, out.stdout
     assert "RETAINS" not in out.stdout or "RETAINS 0" in out.stdout
 
@@ -118,7 +119,9 @@ def test_many_guards_freed_while_entered_on_one_thread(sim):
         def body():
             outer = ContextGuard(D1)
             outer.__enter__()
-            for _ in range(100):  # beyond the inline entries (_tls.h): the spill path too
+            for _ in range(
+                100
+            ):  # beyond the inline entries (_cpp/thread_entries.h): the spill path too
                 ContextGuard(0).__enter__()
             gc.collect()
             assert _open_entries() == 101
@@ -131,6 +134,7 @@ def test_many_guards_freed_while_entered_on_one_thread(sim):
 
 
 # --- weakref callbacks and finalizers ---------------------------------------------------------
+
 
 def test_weakref_callback_uses_guards_during_deallocation(sim):
     with retains_unchanged():
@@ -208,9 +212,11 @@ def test_finalizer_runs_a_guard_inside_another_guards_block(sim):
 
 # --- memory over millions of operations -------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_memory_flat_over_millions_of_operations(sim):
-    out = run_child("""
+    out = run_child(
+        """
         import os, gc, cyctx
         def rss():
             with open("/proc/self/statm") as f:
@@ -235,7 +241,9 @@ def test_memory_flat_over_millions_of_operations(sim):
         gc.collect(); r1 = rss()
         print("GROWTH_KB", r1 - r0, "RETAINS", [drivers.SIM.retain_count(i) for i in range(2)])
         g0.close(); g1.close()
-    """, timeout=600)
+    """,
+        timeout=600,
+    )
     growth = int(out.stdout.split("GROWTH_KB")[1].split()[0])
     assert growth < 4096, out.stdout
     assert "RETAINS [1, 1]" in out.stdout

@@ -10,17 +10,16 @@ import operator
 import warnings
 
 import pytest
-
-import cyctx
-from cyctx import ContextGuard, DriverError
-
 from helpers.children import run_child
 from helpers.drivers import device_count, ok, retains_unchanged
 from helpers.fakes import fake
 from helpers.threads import in_thread
 
+import cyctx
+from cyctx import ContextGuard, DriverError
 
 # --- values of every type as a device ---------------------------------------------------------
+
 
 class _Ord(enum.IntEnum):
     ONE = 1
@@ -36,12 +35,26 @@ class _RaisingIndex:
         raise RuntimeError("boom from __index__")
 
 
-@pytest.mark.parametrize("value, exc", [
-    (b"0", TypeError), (bytearray(b"0"), TypeError), (0j, TypeError), (decimal.Decimal(0), TypeError),
-    (fractions.Fraction(0), TypeError), ([0], TypeError), ((0,), TypeError), ({0}, TypeError),
-    (object(), TypeError), (type, TypeError), (float("nan"), TypeError), (float("inf"), TypeError),
-    (_BigIndex(), cyctx.InvalidDeviceError), (-2**100, ValueError), (_RaisingIndex(), RuntimeError),
-])
+@pytest.mark.parametrize(
+    "value, exc",
+    [
+        (b"0", TypeError),
+        (bytearray(b"0"), TypeError),
+        (0j, TypeError),
+        (decimal.Decimal(0), TypeError),
+        (fractions.Fraction(0), TypeError),
+        ([0], TypeError),
+        ((0,), TypeError),
+        ({0}, TypeError),
+        (object(), TypeError),
+        (type, TypeError),
+        (float("nan"), TypeError),
+        (float("inf"), TypeError),
+        (_BigIndex(), cyctx.InvalidDeviceError),
+        (-(2**100), ValueError),
+        (_RaisingIndex(), RuntimeError),
+    ],
+)
 def test_every_kind_of_value_as_a_device(value, exc, sim):
     with retains_unchanged():
         with pytest.raises(exc):
@@ -127,13 +140,34 @@ def test_index_returning_an_int_subclass_is_taken_without_a_warning():
 # its type, whatever its value. Discovered from the installed modules, so both bindings majors
 # are covered by whichever is installed.
 
-ACCEPTED_BINDINGS = {"CUdevice", "CUdevice_v1", "CUcontext", "CUstream", "cudaStream_t", "CUgreenCtx"}
+ACCEPTED_BINDINGS = {
+    "CUdevice",
+    "CUdevice_v1",
+    "CUcontext",
+    "CUstream",
+    "cudaStream_t",
+    "CUgreenCtx",
+}
 
 
 # Named in the promise (and present in both majors): the discovery below must find them.
-MUST_REFUSE = {"CUevent", "CUmodule", "CUfunction", "CUgraph", "CUlibrary", "CUmemoryPool", "CUarray",
-               "CUkernel", "CUdeviceptr", "CUgraphExec", "CUresult", "cudaEvent_t", "cudaGraph_t",
-               "cudaMemPool_t", "cudaError_t"}
+MUST_REFUSE = {
+    "CUevent",
+    "CUmodule",
+    "CUfunction",
+    "CUgraph",
+    "CUlibrary",
+    "CUmemoryPool",
+    "CUarray",
+    "CUkernel",
+    "CUdeviceptr",
+    "CUgraphExec",
+    "CUresult",
+    "cudaEvent_t",
+    "cudaGraph_t",
+    "cudaMemPool_t",
+    "cudaError_t",
+}
 
 
 def _bindings_objects():
@@ -142,7 +176,9 @@ def _bindings_objects():
     on a two-GPU machine, 0 on any), enums by a member of value 0 or 1."""
     import enum
 
-    from cuda.bindings import driver as d, runtime as r
+    from cuda.bindings import driver as d
+    from cuda.bindings import runtime as r
+
     out = []
     for mod in (d, r):
         for name in sorted(dir(mod)):
@@ -190,7 +226,9 @@ def test_a_user_subclass_of_a_bindings_handle_is_refused_by_its_bindings_type():
 
 
 def test_bindings_types_that_mean_a_device_or_a_stream_are_accepted():
-    from cuda.bindings import driver as d, runtime as r
+    from cuda.bindings import driver as d
+    from cuda.bindings import runtime as r
+
     d1 = min(1, device_count() - 1)
     for dev in (d.CUdevice(d1), d.CUdevice_v1(d1)):
         g = ContextGuard(dev)
@@ -205,19 +243,36 @@ def test_bindings_types_that_mean_a_device_or_a_stream_are_accepted():
             ContextGuard(s)
 
 
-@pytest.mark.parametrize("name", ["cuda.core._event.Event", "cuda.core._memory.Buffer",
-                                  "cuda.core.experimental._module.Kernel", "cuda.core._launch_config.LaunchConfig"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "cuda.core._event.Event",
+        "cuda.core._memory.Buffer",
+        "cuda.core.experimental._module.Kernel",
+        "cuda.core._launch_config.LaunchConfig",
+    ],
+)
 def test_cuda_core_objects_that_mean_no_device_are_type_errors(name):
     # A cuda.core object of another kind, even one that converts to an int (an index, a
     # handle attribute), is refused by its type.
     mod, cls = name.rsplit(".", 1)
-    obj = type(cls, (), {"__module__": mod, "__index__": lambda self: 0, "__int__": lambda self: 0,
-                         "handle": 0, "device_id": 0})()
+    obj = type(
+        cls,
+        (),
+        {
+            "__module__": mod,
+            "__index__": lambda self: 0,
+            "__int__": lambda self: 0,
+            "handle": 0,
+            "device_id": 0,
+        },
+    )()
     with pytest.raises(TypeError, match=cls):
         ContextGuard(obj)
 
 
 # --- framework look-alikes --------------------------------------------------------------------
+
 
 class _Dev:
     def __init__(self, index):
@@ -225,27 +280,30 @@ class _Dev:
         self.device_id = index
 
 
-@pytest.mark.parametrize("obj, exc", [
-    # torch-like stream with a float or out-of-range handle, or a bad fallback device
-    (lambda: fake("torch.cuda", "Stream", cuda_stream=1.5, device=_Dev(0)), TypeError),
-    (lambda: fake("torch.cuda", "Stream", cuda_stream=2**64, device=_Dev(0)), ValueError),
-    (lambda: fake("torch.cuda", "Stream", cuda_stream=-5, device=_Dev(0)), ValueError),
-    (lambda: fake("torch.cuda", "Stream", cuda_stream=0, device=_Dev("0")), TypeError),
-    (lambda: fake("torch.cuda", "Stream", cuda_stream=0, device=_Dev(-1)), ValueError),
-    # torch.device-like with a bad index
-    (lambda: fake("torch", "device", type="cuda", index=1.5), TypeError),
-    (lambda: fake("torch", "device", type="cuda", index=-1), ValueError),
-    # CuPy-like
-    (lambda: fake("cupy.cuda.device", "Device", id="0"), TypeError),
-    (lambda: fake("cupy.cuda.device", "Device", id=1.9), TypeError),
-    (lambda: fake("cupy.cuda.stream", "Stream", ptr=1.5, device_id=0), TypeError),
-    (lambda: fake("cupy.cuda.stream", "Stream", ptr=2**65, device_id=0), ValueError),
-    (lambda: fake("cupy.cuda.stream", "Stream", ptr=0, device_id=-3), ValueError),
-    # cuda.core-like
-    (lambda: fake("cuda.core.experimental", "Device", device_id=0.5), TypeError),
-    (lambda: fake("cuda.core.experimental", "Context", handle=-1), ValueError),
-    (lambda: fake("cuda.core.experimental", "Context", handle="0x1"), TypeError),
-])
+@pytest.mark.parametrize(
+    "obj, exc",
+    [
+        # torch-like stream with a float or out-of-range handle, or a bad fallback device
+        (lambda: fake("torch.cuda", "Stream", cuda_stream=1.5, device=_Dev(0)), TypeError),
+        (lambda: fake("torch.cuda", "Stream", cuda_stream=2**64, device=_Dev(0)), ValueError),
+        (lambda: fake("torch.cuda", "Stream", cuda_stream=-5, device=_Dev(0)), ValueError),
+        (lambda: fake("torch.cuda", "Stream", cuda_stream=0, device=_Dev("0")), TypeError),
+        (lambda: fake("torch.cuda", "Stream", cuda_stream=0, device=_Dev(-1)), ValueError),
+        # torch.device-like with a bad index
+        (lambda: fake("torch", "device", type="cuda", index=1.5), TypeError),
+        (lambda: fake("torch", "device", type="cuda", index=-1), ValueError),
+        # CuPy-like
+        (lambda: fake("cupy.cuda.device", "Device", id="0"), TypeError),
+        (lambda: fake("cupy.cuda.device", "Device", id=1.9), TypeError),
+        (lambda: fake("cupy.cuda.stream", "Stream", ptr=1.5, device_id=0), TypeError),
+        (lambda: fake("cupy.cuda.stream", "Stream", ptr=2**65, device_id=0), ValueError),
+        (lambda: fake("cupy.cuda.stream", "Stream", ptr=0, device_id=-3), ValueError),
+        # cuda.core-like
+        (lambda: fake("cuda.core.experimental", "Device", device_id=0.5), TypeError),
+        (lambda: fake("cuda.core.experimental", "Context", handle=-1), ValueError),
+        (lambda: fake("cuda.core.experimental", "Context", handle="0x1"), TypeError),
+    ],
+)
 def test_duck_typed_objects_are_validated(obj, exc, sim):
     with retains_unchanged():
         with pytest.raises(exc):
@@ -254,7 +312,8 @@ def test_duck_typed_objects_are_validated(obj, exc, sim):
 
 # --- context handles: from_handle -------------------------------------------------------------
 
-@pytest.mark.parametrize("h", [-1, 2**64, 2**70, -2**70])
+
+@pytest.mark.parametrize("h", [-1, 2**64, 2**70, -(2**70)])
 def test_out_of_range_handle_is_a_value_error(h):
     # Before: OverflowError from the C conversion.
     with pytest.raises(ValueError, match="handle"):
@@ -270,7 +329,9 @@ def test_from_handle_rejects_non_ints(h):
 def test_from_handle_refuses_bindings_objects_that_are_not_contexts():
     # from_handle takes a context's address: a CUstream or a CUevent is not one, whatever int
     # it converts to (the driver would be handed a stream or an event as a context).
-    from cuda.bindings import driver as d, runtime as r
+    from cuda.bindings import driver as d
+    from cuda.bindings import runtime as r
+
     for obj in (d.CUstream(5), d.CUevent(3), r.cudaEvent_t(3), d.CUgreenCtx(7)):
         with pytest.raises(TypeError, match=type(obj).__name__):
             ContextGuard.from_handle(obj)
@@ -279,16 +340,35 @@ def test_from_handle_refuses_bindings_objects_that_are_not_contexts():
 # --- __cuda_stream__ --------------------------------------------------------------------------
 
 MALFORMED_STREAMS = [
-    "()", "[]", "(1,)", "[0, 5]", "(0, 5, 6)", "None", "7", "'ab'", "(0, '5')", "(0, 1.5)",
-    "(0, None)", "(0, True)", "(True, 5)", "(0, -1)", "(0, 2**64)", "(0, 2**200)", "(0, -2**200)",
-    "('3', 5)", "(3.0, 5)", "b'ab'", "{0: 1, 1: 2}",
+    "()",
+    "[]",
+    "(1,)",
+    "[0, 5]",
+    "(0, 5, 6)",
+    "None",
+    "7",
+    "'ab'",
+    "(0, '5')",
+    "(0, 1.5)",
+    "(0, None)",
+    "(0, True)",
+    "(True, 5)",
+    "(0, -1)",
+    "(0, 2**64)",
+    "(0, 2**200)",
+    "(0, -2**200)",
+    "('3', 5)",
+    "(3.0, 5)",
+    "b'ab'",
+    "{0: 1, 1: 2}",
 ]
 
 
 def test_malformed_cuda_stream_values_are_typed_errors_not_crashes():
     # Before: () and (1,) read past the end of the tuple (boundscheck=False), a list was
     # indexed blindly, '5' and 1.5 were accepted as handles, -1 and 2**64 gave OverflowError.
-    out = run_child(f"""
+    out = run_child(
+        f"""
         import cyctx
         class S:
             def __init__(self, v): self.v = v
@@ -304,15 +384,24 @@ def test_malformed_cuda_stream_values_are_typed_errors_not_crashes():
             except BaseException as e:
                 print("WRONG", src, type(e).__name__, e)
         print("DONE")
-    """, timeout=120, check=False)
+    """,
+        timeout=120,
+        check=False,
+    )
     assert out.returncode == 0, f"child died ({out.returncode}): {out.stderr[-2000:]}"
     bad = [l for l in out.stdout.splitlines() if l.startswith(("ACCEPTED", "WRONG"))]
     assert bad == [] and "DONE" in out.stdout, bad
     # Which error (docs/guarantees.md): a value of the wrong shape or type is a TypeError, a
     # handle out of range a ValueError.
-    got = {ln[3:].rsplit(" ", 1)[0]: ln.rsplit(" ", 1)[1] for ln in out.stdout.splitlines() if ln.startswith("OK ")}
+    got = {
+        ln[3:].rsplit(" ", 1)[0]: ln.rsplit(" ", 1)[1]
+        for ln in out.stdout.splitlines()
+        if ln.startswith("OK ")
+    }
     out_of_range = {"(0, -1)", "(0, 2**64)", "(0, 2**200)", "(0, -2**200)"}
-    assert got == {src: "ValueError" if src in out_of_range else "TypeError" for src in MALFORMED_STREAMS}
+    assert got == {
+        src: "ValueError" if src in out_of_range else "TypeError" for src in MALFORMED_STREAMS
+    }
 
 
 def test_valid_cuda_stream_value_reaches_the_driver(sim):
@@ -358,13 +447,15 @@ def test_cuda_stream_protocol_edge_objects():
 
 # --- on the real driver only ------------------------------------------------------------------
 
+
 @pytest.mark.gpu
 def test_real_runtime_stream_is_a_stream_and_cuda_core_objects_are_refused():
     # On the real driver: a cudaStream_t of a live stream gives its context; cuda.core's
     # Event and Buffer (objects of cuda.core that are no device, context or stream) are
     # TypeErrors naming their type, its Device and Stream are accepted. On a new thread:
     # cuda.core's set_current() changes that thread's current context.
-    from cuda.bindings import driver as d, runtime as r
+    from cuda.bindings import driver as d
+    from cuda.bindings import runtime as r
 
     def body():
         out = {}

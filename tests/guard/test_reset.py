@@ -6,14 +6,13 @@ import threading
 import warnings
 
 import pytest
-
-from cyctx import ContextDestroyedError, ContextGuard, ContextResetWarning, DriverError
-from cyctx._guard import _open_entries
-
 from helpers import drivers
 from helpers.children import run_child
 from helpers.drivers import current, driver, ok, primary_state, reset_primary, retains_unchanged
 from helpers.threads import in_thread, running
+
+from cyctx import ContextDestroyedError, ContextGuard, ContextResetWarning, DriverError
+from cyctx._guard import _open_entries
 
 
 def api_version_ok():
@@ -148,6 +147,7 @@ def test_cudaDeviceReset_is_detected():
 
 # --- Python code during the re-activation, other threads --------------------------------------
 
+
 def test_reset_again_while_the_reactivation_warns_is_acted_on(sim):
     # The context was reset and re-activated by someone else (the enter sees a new id, so it
     # would only record it); during the warning it is reset once more. The enter must act on
@@ -242,6 +242,7 @@ def test_enter_exit_on_many_threads_with_resets_and_a_late_close(sim):
 
 # --- construction while another thread resets the device --------------------------------------
 
+
 def test_construction_reactivates_after_a_reset_between_retain_and_id_read(sim):
     with retains_unchanged() as base:
         # The sim's fault has no side effect: it stands for the reset's 709 at the id read.
@@ -284,7 +285,8 @@ def test_construction_under_constant_resets_never_fails():
     # construction, also between its driver calls. A race: a reset must land between the
     # retain and the id read, a few of 20000 constructions; the exact case is
     # test_construction_reactivates_after_a_reset_between_retain_and_id_read.
-    out = run_child("""
+    out = run_child(
+        """
         import ctypes, threading, time
         import cyctx
         lib = ctypes.CDLL("libcuda.so.1")
@@ -322,7 +324,9 @@ def test_construction_under_constant_resets_never_fails():
         assert drivers.retains() == base
         holder.close()
         print("RESETS", resets[0], "FAILURES", len(failures), failures[:1])
-    """.replace("N)", "20_000)" if drivers.SIM else "2_000)"), timeout=300)
+    """.replace("N)", "20_000)" if drivers.SIM else "2_000)"),
+        timeout=300,
+    )
     words = out.stdout.split()
     assert int(words[words.index("RESETS") + 1]) > 100, out.stdout
     assert "FAILURES 0 " in out.stdout, out.stdout

@@ -66,9 +66,14 @@ def test_shared_reentered_from_python_code_inside_shared_does_not_deadlock(sim):
             inner = cyctx.ContextGuard.shared(D1)
             print("INNER", inner.is_shared)
     """
-    out = run_child(TRACE_INSIDE_SHARED.format(action=action.strip()) + """
+    out = run_child(
+        TRACE_INSIDE_SHARED.format(action=action.strip())
+        + """
     print("RETAINS", drivers.SIM.retain_count(1))
-    """, timeout=60, check=False)
+    """,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "INNER True" in out.stdout and "FIRED True SAME True" in out.stdout
     assert "RETAINS 1" in out.stdout, "the loser of the race released its retain"
@@ -76,7 +81,8 @@ def test_shared_reentered_from_python_code_inside_shared_does_not_deadlock(sim):
 
 def test_shared_from_a_finalizer_during_shared(sim):
     # A __del__ that uses shared(), run by the garbage collector inside the first shared().
-    out = run_child("""
+    out = run_child(
+        """
         import gc, sys, cyctx
         got = []
         class Cyc:
@@ -92,7 +98,10 @@ def test_shared_from_a_finalizer_during_shared(sim):
         g = cyctx.ContextGuard.shared(D1)
         sys.settrace(None)
         print("OK", got[0] is g, drivers.SIM.retain_count(1))
-    """, timeout=60, check=False)
+    """,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "OK True 1" in out.stdout
 
@@ -100,7 +109,8 @@ def test_shared_from_a_finalizer_during_shared(sim):
 def test_thread_stalled_inside_the_first_shared_does_not_block_others(sim):
     # A thread that stops inside the first shared() (here: forever, as a daemon thread frozen
     # at interpreter shutdown would) must not hold the registry lock, or every other caller hangs.
-    out = run_child("""
+    out = run_child(
+        """
         import sys, threading, time, cyctx
         inside = threading.Event()
         def tracer(frame, event, arg):
@@ -119,13 +129,17 @@ def test_thread_stalled_inside_the_first_shared_does_not_block_others(sim):
             print("MAIN", drivers.current() == g.handle, g.is_shared)
         import os
         os._exit(0)  # the stalled daemon thread never finishes
-    """, timeout=60, check=False)
+    """,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "MAIN True True" in out.stdout
 
 
 def test_shared_first_use_raced_by_many_threads(sim):
-    out = run_child("""
+    out = run_child(
+        """
         import threading, cyctx
         from helpers.threads import run_threads
         for k in (0, 1):
@@ -136,5 +150,7 @@ def test_shared_first_use_raced_by_many_threads(sim):
             run_threads(*[f] * 16)
             assert len(got) == 16 and all(g is got[0] for g in got) and got[0].is_shared
         print("RETAINS", [drivers.SIM.retain_count(i) for i in range(2)])
-    """, timeout=60)
+    """,
+        timeout=60,
+    )
     assert "RETAINS [1, 1]" in out.stdout

@@ -5,7 +5,6 @@ use guards. The process exits cleanly and releases what it can."""
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from helpers.children import run_child
 
 SHUTDOWN = """
@@ -40,24 +39,32 @@ def _shutdown_once(_):
 def test_shutdown_with_live_guards_100_runs():
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(_shutdown_once, range(100)))
-    bad = [(r.returncode, r.stderr[-500:]) for r in results if r.returncode != 0 or r.stderr.strip() or "END" not in r.stdout]
+    bad = [
+        (r.returncode, r.stderr[-500:])
+        for r in results
+        if r.returncode != 0 or r.stderr.strip() or "END" not in r.stdout
+    ]
     assert bad == [], f"{len(bad)} of 100 runs did not exit cleanly: {bad[:3]}"
 
 
 def test_shutdown_releases_module_level_guards(sim):
     # Without daemon threads holding them, guards left in globals are released at exit:
     # the simulated driver reports its retain counts from its own destructor.
-    out = run_child("""
+    out = run_child(
+        """
         import os, cyctx, threading
         g = cyctx.ContextGuard(0)
         h = cyctx.ContextGuard(1)
         threading.Thread(target=g.__enter__).start()
-    """, env={"CYCTX_SIM_REPORT_AT_EXIT": "1"})
+    """,
+        env={"CYCTX_SIM_REPORT_AT_EXIT": "1"},
+    )
     assert "cyctxsim at exit: retains=[0, 0]" in out.stderr, out.stderr
 
 
 def test_shutdown_with_suspended_generators_orphans_and_atexit_users(sim):
-    out = run_child("""
+    out = run_child(
+        """
         import atexit, cyctx
         g = cyctx.ContextGuard(0)
         def gen():
@@ -76,7 +83,11 @@ def test_shutdown_with_suspended_generators_orphans_and_atexit_users(sim):
                     pass
         late = Late()
         print("END")
-    """, timeout=120, check=False, env={"CYCTX_SIM_REPORT_AT_EXIT": "1"})
+    """,
+        timeout=120,
+        check=False,
+        env={"CYCTX_SIM_REPORT_AT_EXIT": "1"},
+    )
     assert out.returncode == 0 and "END" in out.stdout, out.stderr[-2000:]
     assert "Traceback" not in out.stderr and "Fatal" not in out.stderr, out.stderr[-2000:]
     assert "cyctxsim at exit:" in out.stderr

@@ -2,8 +2,8 @@
 by many threads in a fresh process, and a signal handler that uses guards between any two
 bytecodes of other blocks."""
 
-from functools import partial
 import threading
+from functools import partial
 
 from helpers.children import run_child
 from helpers.drivers import current, driver, ok
@@ -39,7 +39,8 @@ def test_one_guard_shared_by_many_threads(guard, guard1):
 
 def test_many_short_lived_threads_racing_first_use_in_a_fresh_process(sim):
     # Driver-table load, cuInit and first retains raced by 32 threads at once.
-    out = run_child("""
+    out = run_child(
+        """
         import functools, threading, cyctx
         from helpers.threads import run_threads
         b = threading.Barrier(32)
@@ -60,14 +61,18 @@ def test_many_short_lived_threads_racing_first_use_in_a_fresh_process(sim):
         run_threads(*(functools.partial(f, i) for i in range(32)))
         print("ERRS", errs)
         print("RETAINS", [drivers.SIM.retain_count(i) for i in range(2)])
-    """, init=False, timeout=120)
+    """,
+        init=False,
+        timeout=120,
+    )
     assert "ERRS []" in out.stdout and "RETAINS [1, 1]" in out.stdout, out.stdout
 
 
 def test_signal_handler_using_guards_during_enter_exit_loops():
     # SIGALRM every 50 us runs a handler that uses a guard and shared() (first use included)
     # between any two bytecodes of a loop of other guards' blocks, including warnings code.
-    out = run_child("""
+    out = run_child(
+        """
         import signal, cyctx
         g0, g1 = cyctx.ContextGuard(0), cyctx.ContextGuard(D1)
         hits = [0]
@@ -87,6 +92,9 @@ def test_signal_handler_using_guards_during_enter_exit_loops():
         from cyctx._guard import _open_entries
         print("HITS", hits[0] > 0, "STATE", drivers.current(), _open_entries())
         g0.close(); g1.close()
-    """, timeout=120, check=False)
+    """,
+        timeout=120,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "HITS True STATE 0 0" in out.stdout, out.stdout

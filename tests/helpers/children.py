@@ -19,8 +19,14 @@ TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def run_python(code, prologue="", env=None, timeout=120, check=True, cwd=None):
     """`python -c` of prologue + dedented code; returns the CompletedProcess.
     check: a non-zero exit fails the test, with the child's output."""
-    proc = subprocess.run([sys.executable, "-c", prologue + textwrap.dedent(code)],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+    proc = subprocess.run(
+        [sys.executable, "-c", prologue + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -35,9 +41,15 @@ def run_child(code, timeout=120, check=True, init=True, env=None):
     environment variables for the child."""
     # D1: the second device where there are two, else device 0 (a one-GPU machine); passed
     # down so that a child that must not initialise the driver has it too.
-    prologue = (f"import os; from helpers import drivers; "
-                f"drivers.select(os.environ['CYCTX_TEST_DRIVER'], init={init}); "
-                f"D1 = int(os.environ['CYCTX_TEST_D1'])\n")
-    env = {**os.environ, **(env or {}), "CYCTX_TEST_D1": str(drivers.second_device()),
-           "PYTHONPATH": TESTS_DIR + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    prologue = (
+        f"import os; from helpers import drivers; "
+        f"drivers.select(os.environ['CYCTX_TEST_DRIVER'], init={init}); "
+        f"D1 = int(os.environ['CYCTX_TEST_D1'])\n"
+    )
+    env = {
+        **os.environ,
+        **(env or {}),
+        "CYCTX_TEST_D1": str(drivers.second_device()),
+        "PYTHONPATH": TESTS_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
     return run_python(code, prologue, env=env, timeout=timeout, check=check, cwd=TESTS_DIR)

@@ -114,7 +114,9 @@ def thread_state():
 
 
 def describe():
-    return f"cyctx test driver: {KIND}" + (f" (simulated, {SIM.device_count} devices, {SIM.path})" if SIM else "")
+    return f"cyctx test driver: {KIND}" + (
+        f" (simulated, {SIM.device_count} devices, {SIM.path})" if SIM else ""
+    )
 
 
 _cudart = False
@@ -125,8 +127,9 @@ def cudart():
     global _cudart
     if _cudart is False:
         try:
-            from cuda.pathfinder import load_nvidia_dynamic_lib
             import ctypes
+
+            from cuda.pathfinder import load_nvidia_dynamic_lib
 
             _cudart = ctypes.CDLL(load_nvidia_dynamic_lib("cudart").abs_path)
         except Exception:

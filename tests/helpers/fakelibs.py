@@ -21,7 +21,9 @@ typedef unsigned long long cuuint64_t;
 static CUresult unknown(void) { return 999; }
 """
 
-_STUB = _HEAD + r"""
+_STUB = (
+    _HEAD
+    + r"""
 CUresult cuGetProcAddress_v2(const char *s, void **p, int v, cuuint64_t f, int *st) {
     (void)s; (void)v; (void)f; if (p) *p = 0; if (st) *st = 0; return 34;
 }
@@ -31,8 +33,11 @@ CUresult cuGetProcAddress(const char *s, void **p, int v, cuuint64_t f) {
 CUresult cuInit(unsigned int flags) { (void)flags; return 34; }
 CUresult cuDriverGetVersion(int *v) { if (v) *v = 0; return 34; }
 """
+)
 
-_OLD = _HEAD + r"""
+_OLD = (
+    _HEAD
+    + r"""
 /* What a driver of CUDA 11.x exports: cuGetProcAddress without the status argument. */
 CUresult cuGetProcAddress(const char *s, void **p, int v, cuuint64_t f) {
     (void)s; (void)v; (void)f; if (p) *p = (void *)unknown; return 0;
@@ -40,8 +45,11 @@ CUresult cuGetProcAddress(const char *s, void **p, int v, cuuint64_t f) {
 CUresult cuInit(unsigned int flags) { (void)flags; return 0; }
 CUresult cuDriverGetVersion(int *v) { if (v) *v = 11080; return 0; }
 """
+)
 
-_LACKING = _HEAD + r"""
+_LACKING = (
+    _HEAD
+    + r"""
 #include <string.h>
 CUresult cuGetProcAddress_v2(const char *s, void **p, int v, cuuint64_t f, int *st) {
     (void)v; (void)f;
@@ -54,6 +62,7 @@ CUresult cuGetProcAddress(const char *s, void **p, int v, cuuint64_t f) {
 CUresult cuInit(unsigned int flags) { (void)flags; return 999; }
 CUresult cuDriverGetVersion(int *v) { if (v) *v = 13000; return 0; }
 """
+)
 
 
 def compiler():
@@ -76,8 +85,11 @@ def fake_libcuda(directory, kind):
     c, lib = os.path.join(out, "fake.c"), os.path.join(out, "libcuda.so.1")
     with open(c, "w") as f:
         f.write(src)
-    subprocess.run([compiler(), "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", lib, c],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [compiler(), "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", lib, c],
+        check=True,
+        capture_output=True,
+    )
     return lib
 
 

@@ -7,6 +7,7 @@ import sys
 
 def suspended_in(guard):
     """A generator suspended inside `with guard:` (the guard entered on the calling thread)."""
+
     def gen():
         with guard:
             yield

@@ -48,8 +48,9 @@ def run_forked(fn, timeout=FORK_TIMEOUT):
     finally:
         os.close(r)
     if status != 0 or not data:
-        raise ForkedChildError(f"forked child exited with {os.waitstatus_to_exitcode(status)} "
-                               "before it reported")
+        raise ForkedChildError(
+            f"forked child exited with {os.waitstatus_to_exitcode(status)} before it reported"
+        )
     returned, value = pickle.loads(data)
     if not returned:
         raise ForkedChildError(f"forked child raised:\n{value}")
@@ -58,6 +59,7 @@ def run_forked(fn, timeout=FORK_TIMEOUT):
 
 def raised_in_fork(fn, timeout=FORK_TIMEOUT):
     """fn() in a forked child: the name of the exception type it raised there, or None."""
+
     def child():
         try:
             fn()

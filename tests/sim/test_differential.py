@@ -33,7 +33,9 @@ def _bindings_major() -> int:
 
 # One real record per cuda-bindings major: the scenarios call what the installed bindings
 # expose (CUDA 13 added entry points), so a run is compared with a record of its own major.
-REAL_RECORD = DIFF_DIR / ("real_h200.json" if _bindings_major() >= 13 else f"real_h200_cu{_bindings_major()}.json")
+REAL_RECORD = DIFF_DIR / (
+    "real_h200.json" if _bindings_major() >= 13 else f"real_h200_cu{_bindings_major()}.json"
+)
 KNOWN_DIFFERENCES = DIFF_DIR / "known_differences.json"
 
 
@@ -56,8 +58,10 @@ scn = _load("scenarios")
 def _sim_library() -> str:
     path = run.find_sim_library()
     if not path or not Path(path).is_file():
-        pytest.skip("simulated driver library not built (cyctx.testing.sim_library_path(), "
-                    "$CYCTX_SIM_LIBRARY or src/cyctx/_sim/libcuda.so.1)")
+        pytest.skip(
+            "simulated driver library not built (cyctx.testing.sim_library_path(), "
+            "$CYCTX_SIM_LIBRARY or src/cyctx/_sim/libcuda.so.1)"
+        )
     return path
 
 
@@ -79,16 +83,27 @@ def sim_record():
 
 
 def _assert_clean(record: dict, what: str):
-    problems = [f"{n}: {s['error'].strip().splitlines()[-1]}"
-                for n, s in record["scenarios"].items() if s["error"]]
-    assert not problems, f"scenarios raised or crashed on the {what} driver:\n" + "\n".join(problems)
+    problems = [
+        f"{n}: {s['error'].strip().splitlines()[-1]}"
+        for n, s in record["scenarios"].items()
+        if s["error"]
+    ]
+    assert not problems, f"scenarios raised or crashed on the {what} driver:\n" + "\n".join(
+        problems
+    )
 
 
 def test_sim_scenarios_run_clean(sim_record):
     """No scenario raises, crashes or runs on the wrong library with the simulated driver."""
     _assert_clean(sim_record, "simulated")
-    missing = sorted({ev["call"] for s in sim_record["scenarios"].values()
-                      for ev in s["events"] if ev.get("exc") == "missing-binding"})
+    missing = sorted(
+        {
+            ev["call"]
+            for s in sim_record["scenarios"].values()
+            for ev in s["events"]
+            if ev.get("exc") == "missing-binding"
+        }
+    )
     assert not missing, f"cuda.bindings lacks entry points the scenarios use: {missing}"
     ran = [n for n, s in sim_record["scenarios"].items() if not s["skipped"]]
     assert len(ran) >= 30, f"only {len(ran)} scenarios ran"
@@ -97,11 +112,15 @@ def test_sim_scenarios_run_clean(sim_record):
 def test_sim_matches_real_record(sim_record):
     real = _real_record()
     if real is None:
-        pytest.skip(f"no real-driver record yet: run `python {DIFF_DIR / 'run.py'} record "
-                    f"--driver real --out {REAL_RECORD}` on the GPU machine and commit it")
+        pytest.skip(
+            f"no real-driver record yet: run `python {DIFF_DIR / 'run.py'} record "
+            f"--driver real --out {REAL_RECORD}` on the GPU machine and commit it"
+        )
     rows = run.compare(real, sim_record, run.load_known(KNOWN_DIFFERENCES))
     table = run.format_table(rows, real.get("meta"), sim_record.get("meta"))
-    assert not any(r["fails"] for r in rows), "simulated driver differs from the real one:\n" + table
+    assert not any(r["fails"] for r in rows), (
+        "simulated driver differs from the real one:\n" + table
+    )
 
 
 @pytest.mark.gpu
@@ -115,7 +134,8 @@ def test_real_vs_sim_live(tmp_path):
     rows = run.compare(real, sim, run.load_known(KNOWN_DIFFERENCES))
     table = run.format_table(rows, real.get("meta"), sim.get("meta"))
     assert not any(r["fails"] for r in rows), (
-        f"simulated driver differs from the real one (records in {tmp_path}):\n{table}")
+        f"simulated driver differs from the real one (records in {tmp_path}):\n{table}"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -124,8 +144,12 @@ def test_real_vs_sim_live(tmp_path):
 # which checks that the scenarios really capture what the lab saw.
 # --------------------------------------------------------------------------------------------
 
-OK, E201, E709, E3 = ("CUDA_SUCCESS", "CUDA_ERROR_INVALID_CONTEXT",
-                      "CUDA_ERROR_CONTEXT_IS_DESTROYED", "CUDA_ERROR_NOT_INITIALIZED")
+OK, E201, E709, E3 = (
+    "CUDA_SUCCESS",
+    "CUDA_ERROR_INVALID_CONTEXT",
+    "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+    "CUDA_ERROR_NOT_INITIALIZED",
+)
 
 
 def _ev(call, rc=OK, **kw):
@@ -216,8 +240,10 @@ def test_lab_facts(which, request):
             continue
         got = _contains_in_order(s["events"], expected)
         if got < len(expected):
-            failures.append(f"{name}: lab fact {got} not found: {expected[got]}\n"
-                            + "\n".join("    " + run.format_event(e) for e in s["events"]))
+            failures.append(
+                f"{name}: lab fact {got} not found: {expected[got]}\n"
+                + "\n".join("    " + run.format_event(e) for e in s["events"])
+            )
     assert not failures, f"{which} record contradicts the lab logs:\n" + "\n".join(failures)
 
 
@@ -249,8 +275,18 @@ def test_compare_reports_one_differing_event(tmp_path):
     (tmp_path / "sim.json").write_text(json.dumps(_record(changed)))
     assert run.main(["compare", str(tmp_path / "real.json"), str(tmp_path / "sim.json")]) == 1
     (tmp_path / "known.json").write_text(json.dumps({"_comment": "x", "s": "because"}))
-    assert run.main(["compare", str(tmp_path / "real.json"), str(tmp_path / "sim.json"),
-                     "--known-differences", str(tmp_path / "known.json")]) == 0
+    assert (
+        run.main(
+            [
+                "compare",
+                str(tmp_path / "real.json"),
+                str(tmp_path / "sim.json"),
+                "--known-differences",
+                str(tmp_path / "known.json"),
+            ]
+        )
+        == 0
+    )
 
 
 def test_compare_same_ignores_info_and_tags_but_not_length():
@@ -261,7 +297,10 @@ def test_compare_same_ignores_info_and_tags_but_not_length():
 
 
 def test_compare_skipped_error_missing():
-    assert run.compare(_record([], skipped="needs 2 devices"), _record(EVENTS))[0]["status"] == "skipped"
+    assert (
+        run.compare(_record([], skipped="needs 2 devices"), _record(EVENTS))[0]["status"]
+        == "skipped"
+    )
     err = run.compare(_record(EVENTS), _record([], error="Traceback\nRuntimeError: boom"))[0]
     assert (err["status"], err["fails"]) == ("error", True)
     miss = run.compare(_record(EVENTS), {"scenarios": {}})[0]
@@ -307,7 +346,8 @@ def _fake_driver(handles, ids):
     hs, ids_ = iter(handles), iter(ids)
     ok = _FakeResult(0)
     return types.SimpleNamespace(
-        CUcontext=_FakeCtx, CUdevice=_FakeDev,
+        CUcontext=_FakeCtx,
+        CUdevice=_FakeDev,
         cuDevicePrimaryCtxRetain=lambda dev: (ok, _FakeCtx(next(hs))),
         cuCtxGetId=lambda ctx: (ok, next(ids_)),
         cuCtxGetApiVersion=lambda ctx: (_FakeResult(201),),
@@ -328,7 +368,12 @@ def _drive(driver):
 def test_labels_preserve_equality_not_values():
     # Equal raw handles get equal labels, in order of first appearance; NULL is None.
     r = scn.Recorder(_fake_driver([], []))
-    assert [r.norm(_FakeCtx(v)) for v in (0x7F00, 0x9A00, 0x7F00, 0)] == ["ctx#1", "ctx#2", "ctx#1", None]
+    assert [r.norm(_FakeCtx(v)) for v in (0x7F00, 0x9A00, 0x7F00, 0)] == [
+        "ctx#1",
+        "ctx#2",
+        "ctx#1",
+        None,
+    ]
     assert [r.norm(v, "id") for v in (41, 7, 41)] == ["id#1", "id#2", "id#1"]
     # Two processes with different pointer and id values but the same equalities record the
     # same events ...
@@ -336,9 +381,15 @@ def test_labels_preserve_equality_not_values():
     two = _drive(_fake_driver([0xBEEF0, 0xBEEF0, 0x77770], [1000, 1001]))
     assert one == two
     assert [e.get("out") for e in one[:5]] == ["ctx#1", "id#1", "ctx#1", "id#2", "ctx#2"]
-    assert one[5] == {"call": "cuCtxGetApiVersion", "args": ["ctx#2"], "rc": "CUDA_ERROR_INVALID_CONTEXT"}
+    assert one[5] == {
+        "call": "cuCtxGetApiVersion",
+        "args": ["ctx#2"],
+        "rc": "CUDA_ERROR_INVALID_CONTEXT",
+    }
     # ... and a different equality (the second retain returns a new handle; the id repeats)
     # is a difference the comparer reports.
     three = _drive(_fake_driver([0x1000, 0x3000, 0x2000], [5, 5]))
-    rows = run.compare({"scenarios": {"s": {"events": one}}}, {"scenarios": {"s": {"events": three}}})
+    rows = run.compare(
+        {"scenarios": {"s": {"events": one}}}, {"scenarios": {"s": {"events": three}}}
+    )
     assert rows[0]["status"] == "differs" and rows[0]["index"] == 2

@@ -46,10 +46,11 @@ def _load_simulator():
 
 sim = _load_simulator()
 from cuda.bindings import driver as _bdrv  # noqa: E402  (after the simulator is loaded)
-from cyctx.testing import declare_control_api  # noqa: E402
 from helpers.children import TESTS_DIR, run_python  # noqa: E402
 from helpers.forking import run_forked  # noqa: E402
 from helpers.threads import in_thread, run_threads, running  # noqa: E402
+
+from cyctx.testing import declare_control_api  # noqa: E402
 
 # CUDA 13 added cuCtxGetDevice_v2/cuCtxSynchronize_v2 to the bindings; steps using them run
 # only there. With 12.x bindings cuCtxCreate is the old (flags, dev) ABI and the v4 one is
@@ -72,8 +73,12 @@ declare_control_api(sim)
 
 
 class _DlInfo(ctypes.Structure):
-    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
-                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    ]
 
 
 def _library_path():
@@ -111,11 +116,17 @@ def count(name):
 
 # --- raw ABI access through the simulator's own cuGetProcAddress_v2 -------------------
 
-_gpa_v2 = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p),
-                           ctypes.c_int, ctypes.c_uint64, ctypes.POINTER(ctypes.c_int))(
-    ("cuGetProcAddress_v2", sim))
-_gpa_v1 = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p),
-                           ctypes.c_int, ctypes.c_uint64)(("cuGetProcAddress", sim))
+_gpa_v2 = ctypes.CFUNCTYPE(
+    ctypes.c_int,
+    ctypes.c_char_p,
+    ctypes.POINTER(ctypes.c_void_p),
+    ctypes.c_int,
+    ctypes.c_uint64,
+    ctypes.POINTER(ctypes.c_int),
+)(("cuGetProcAddress_v2", sim))
+_gpa_v1 = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_uint64
+)(("cuGetProcAddress", sim))
 
 
 def gpa(symbol, version, flags=0):
@@ -144,6 +155,7 @@ def handle(ctx):
 
 # --- fixtures ------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module", autouse=True)
 def _initialised():
     assert sim.cyctxsim_is_simulated() == 1
@@ -155,14 +167,20 @@ def _initialised():
 def _leaves_state_as_found():
     """Each test leaves this thread's stack, every reference count and the created
     contexts as it found them, and no fault pending."""
-    before = (sim.cyctxsim_stack_depth(), ok(drv.cuCtxGetCurrent()),
-              [sim.cyctxsim_retain_count(i) for i in range(sim.cyctxsim_device_count())],
-              sim.cyctxsim_live_contexts())
+    before = (
+        sim.cyctxsim_stack_depth(),
+        ok(drv.cuCtxGetCurrent()),
+        [sim.cyctxsim_retain_count(i) for i in range(sim.cyctxsim_device_count())],
+        sim.cyctxsim_live_contexts(),
+    )
     yield
     sim.cyctxsim_clear_faults()
-    after = (sim.cyctxsim_stack_depth(), ok(drv.cuCtxGetCurrent()),
-             [sim.cyctxsim_retain_count(i) for i in range(sim.cyctxsim_device_count())],
-             sim.cyctxsim_live_contexts())
+    after = (
+        sim.cyctxsim_stack_depth(),
+        ok(drv.cuCtxGetCurrent()),
+        [sim.cyctxsim_retain_count(i) for i in range(sim.cyctxsim_device_count())],
+        sim.cyctxsim_live_contexts(),
+    )
     assert handle(after[1]) == handle(before[1])
     assert (after[0], after[2], after[3]) == (before[0], before[2], before[3])
 
@@ -179,8 +197,11 @@ def run_fresh(code, devices=None, timeout=60):
     """Run `code` in a new interpreter with the simulator loaded and cuda.bindings
     imported as `drv`, nothing called yet; return its stdout. tests/ is on its sys.path
     (for helpers), cyctx is not imported."""
-    env = dict(os.environ, CYCTX_SIM_LIBRARY=SIM_PATH,
-               PYTHONPATH=os.pathsep.join(filter(None, [TESTS_DIR, os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        CYCTX_SIM_LIBRARY=SIM_PATH,
+        PYTHONPATH=os.pathsep.join(filter(None, [TESTS_DIR, os.environ.get("PYTHONPATH")])),
+    )
     env.pop("CYCTX_SIM_DEVICES", None)
     if devices is not None:
         env["CYCTX_SIM_DEVICES"] = str(devices)
@@ -198,14 +219,21 @@ def run_fresh(code, devices=None, timeout=60):
 
 # --- library, versions, initialisation -----------------------------------------------
 
+
 def test_identity_and_exports():
     assert sim.cyctxsim_is_simulated() == 1
     assert ok(drv.cuDriverGetVersion()) == 13000
     for exported in ("cuInit", "cuDriverGetVersion", "cuGetProcAddress", "cuGetProcAddress_v2"):
         assert hasattr(sim, exported)
     # every implementation is static: reachable only through cuGetProcAddress
-    for hidden in ("cuCtxPushCurrent", "cuCtxPushCurrent_v2", "cuDevicePrimaryCtxRetain",
-                   "cuCtxGetCurrent", "cuGetErrorName", "sim_lookup"):
+    for hidden in (
+        "cuCtxPushCurrent",
+        "cuCtxPushCurrent_v2",
+        "cuDevicePrimaryCtxRetain",
+        "cuCtxGetCurrent",
+        "cuGetErrorName",
+        "sim_lookup",
+    ):
         assert not hasattr(sim, hidden)
 
 
@@ -226,19 +254,30 @@ def test_before_cuinit_everything_but_the_loader_calls_is_not_initialized():
     assert lines[0].split() == ["3"] * 7
     assert lines[1].split() == ["0"] * 4
     assert lines[2].split() == ["-1", "-1", "0", "3"]
-    assert lines[3].split() == ["1", "0", "0", "1"]     # cuInit(flags != 0) -> INVALID_VALUE
-    assert lines[4].split() == ["-1", "3", "0"]         # configure after cuInit is refused
+    assert lines[3].split() == ["1", "0", "0", "1"]  # cuInit(flags != 0) -> INVALID_VALUE
+    assert lines[4].split() == ["-1", "3", "0"]  # configure after cuInit is refused
 
 
-@pytest.mark.parametrize("value,expected", [
-    ("", "0 1"), ("2", "0 2"), ("64", "0 64"), ("0", "100 -1"), ("65", "100 -1"),
-    ("two", "100 -1"), ("-1", "100 -1"),
-])
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        ("", "0 1"),
+        ("2", "0 2"),
+        ("64", "0 64"),
+        ("0", "100 -1"),
+        ("65", "100 -1"),
+        ("two", "100 -1"),
+        ("-1", "100 -1"),
+    ],
+)
 def test_device_count_from_environment(value, expected):
-    out = run_fresh("""
+    out = run_fresh(
+        """
         r = rc(drv.cuInit(0))
         print(r, drv.cuDeviceGetCount()[1] if r == 0 else -1)
-    """, devices=value)
+    """,
+        devices=value,
+    )
     assert out.strip() == expected
 
 
@@ -257,39 +296,66 @@ def test_get_proc_address_picks_the_newest_variant_not_newer_than_asked():
     assert gpa("cuGetProcAddress", 11030)[1] == ctypes.cast(_gpa_v1, P).value
     # as the H200 answers: too old for any variant, or an unknown name -> CUDA_SUCCESS, a
     # NULL pointer, and the status says which; newer than the driver -> INVALID_VALUE
-    assert gpa("cuCtxCreate", 1999) == (SUCCESS, None, 2)     # VERSION_NOT_SUFFICIENT
+    assert gpa("cuCtxCreate", 1999) == (SUCCESS, None, 2)  # VERSION_NOT_SUFFICIENT
     assert gpa("cuCtxGetId", 11080) == (SUCCESS, None, 2)
-    assert gpa("cuNoSuchFunction", 13000) == (SUCCESS, None, 1)   # SYMBOL_NOT_FOUND
-    assert gpa("cuMemAlloc", 3020) == (SUCCESS, None, 1)          # not modelled
+    assert gpa("cuNoSuchFunction", 13000) == (SUCCESS, None, 1)  # SYMBOL_NOT_FOUND
+    assert gpa("cuMemAlloc", 3020) == (SUCCESS, None, 1)  # not modelled
     assert gpa("cuStreamGetCtx", 12050) == (SUCCESS, None, 1)
     assert gpa("cuCtxCreate", 13010) == (INVALID_VALUE, 0xDEAD, -1)
     assert gpa("cuCtxCreate", 12050, flags=4)[0] == INVALID_VALUE
-    assert gpa("cuCtxCreate", 12050, flags=2)[0] == SUCCESS       # per-thread stream flag
+    assert gpa("cuCtxCreate", 12050, flags=2)[0] == SUCCESS  # per-thread stream flag
     # the v1 ABI (no status argument) follows the same rule
     pfn = ctypes.c_void_p()
     assert _gpa_v1(b"cuCtxCreate", ctypes.byref(pfn), 11040, 0) == 0 and pfn.value == v3
-    assert _gpa_v1(b"cuNoSuchFunction", ctypes.byref(pfn), 13000, 0) == SUCCESS and pfn.value is None
+    assert (
+        _gpa_v1(b"cuNoSuchFunction", ctypes.byref(pfn), 13000, 0) == SUCCESS and pfn.value is None
+    )
     assert _gpa_v1(None, ctypes.byref(pfn), 13000, 0) == INVALID_VALUE
     # through cuda.bindings too
     assert ok(drv.cuGetProcAddress(b"cuCtxCreate", 11040, 0))[0] == v3
 
 
-@pytest.mark.parametrize("symbol,version", [
-    ("cuGetErrorString", 6000), ("cuGetErrorName", 6000), ("cuInit", 2000),
-    ("cuDriverGetVersion", 2020), ("cuDeviceGet", 2000), ("cuDeviceGetCount", 2000),
-    ("cuDeviceGetName", 2000), ("cuDeviceGetUuid", 11040), ("cuDeviceTotalMem", 3020),
-    ("cuDeviceGetAttribute", 2000), ("cuDeviceComputeCapability", 2000),
-    ("cuDevicePrimaryCtxRetain", 7000), ("cuDevicePrimaryCtxRelease", 11000),
-    ("cuDevicePrimaryCtxSetFlags", 11000), ("cuDevicePrimaryCtxGetState", 7000),
-    ("cuDevicePrimaryCtxReset", 11000), ("cuCtxCreate", 3020), ("cuCtxCreate", 11040),
-    ("cuCtxCreate", 12050), ("cuCtxDestroy", 4000), ("cuCtxPushCurrent", 4000),
-    ("cuCtxPopCurrent", 4000), ("cuCtxSetCurrent", 4000), ("cuCtxGetCurrent", 4000),
-    ("cuCtxGetDevice", 2000), ("cuCtxGetDevice", 13000), ("cuCtxGetFlags", 7000),
-    ("cuCtxSetFlags", 12010), ("cuCtxGetId", 12000), ("cuCtxSynchronize", 2000),
-    ("cuCtxSynchronize", 13000), ("cuCtxGetApiVersion", 3020),
-    ("cuCtxGetStreamPriorityRange", 5050), ("cuDeviceGetPCIBusId", 4010),
-    ("cuDeviceGetByPCIBusId", 4010), ("cuGetProcAddress", 12000),
-])
+@pytest.mark.parametrize(
+    "symbol,version",
+    [
+        ("cuGetErrorString", 6000),
+        ("cuGetErrorName", 6000),
+        ("cuInit", 2000),
+        ("cuDriverGetVersion", 2020),
+        ("cuDeviceGet", 2000),
+        ("cuDeviceGetCount", 2000),
+        ("cuDeviceGetName", 2000),
+        ("cuDeviceGetUuid", 11040),
+        ("cuDeviceTotalMem", 3020),
+        ("cuDeviceGetAttribute", 2000),
+        ("cuDeviceComputeCapability", 2000),
+        ("cuDevicePrimaryCtxRetain", 7000),
+        ("cuDevicePrimaryCtxRelease", 11000),
+        ("cuDevicePrimaryCtxSetFlags", 11000),
+        ("cuDevicePrimaryCtxGetState", 7000),
+        ("cuDevicePrimaryCtxReset", 11000),
+        ("cuCtxCreate", 3020),
+        ("cuCtxCreate", 11040),
+        ("cuCtxCreate", 12050),
+        ("cuCtxDestroy", 4000),
+        ("cuCtxPushCurrent", 4000),
+        ("cuCtxPopCurrent", 4000),
+        ("cuCtxSetCurrent", 4000),
+        ("cuCtxGetCurrent", 4000),
+        ("cuCtxGetDevice", 2000),
+        ("cuCtxGetDevice", 13000),
+        ("cuCtxGetFlags", 7000),
+        ("cuCtxSetFlags", 12010),
+        ("cuCtxGetId", 12000),
+        ("cuCtxSynchronize", 2000),
+        ("cuCtxSynchronize", 13000),
+        ("cuCtxGetApiVersion", 3020),
+        ("cuCtxGetStreamPriorityRange", 5050),
+        ("cuDeviceGetPCIBusId", 4010),
+        ("cuDeviceGetByPCIBusId", 4010),
+        ("cuGetProcAddress", 12000),
+    ],
+)
 def test_every_function_cuda_bindings_asks_for_at_its_version_resolves(symbol, version):
     r, pfn, status = gpa(symbol, version)
     assert (r, status) == (SUCCESS, 0) and pfn
@@ -312,13 +378,22 @@ def test_error_names_match_every_code_of_the_bindings():
             assert ok(drv.cuGetErrorString(code))
 
 
-@pytest.mark.parametrize("code,text", [
-    (0, b"no error"), (1, b"invalid argument"), (2, b"out of memory"),
-    (3, b"initialization error"), (101, b"invalid device ordinal"),
-    (201, b"invalid device context"), (500, b"named symbol not found"),
-    (709, b"context is destroyed"), (999, b"unknown error"), (202, b"context already current"),
-    (916, b"an error happened during the key rotation sequence"),
-])
+@pytest.mark.parametrize(
+    "code,text",
+    [
+        (0, b"no error"),
+        (1, b"invalid argument"),
+        (2, b"out of memory"),
+        (3, b"initialization error"),
+        (101, b"invalid device ordinal"),
+        (201, b"invalid device context"),
+        (500, b"named symbol not found"),
+        (709, b"context is destroyed"),
+        (999, b"unknown error"),
+        (202, b"context already current"),
+        (916, b"an error happened during the key rotation sequence"),
+    ],
+)
 def test_error_strings(code, text):
     assert ok(drv.cuGetErrorString(R(code))) == text
 
@@ -332,6 +407,7 @@ def test_unknown_error_code_is_invalid_value_with_null_string():
 
 
 # --- devices ---------------------------------------------------------------------------
+
 
 def test_device_queries():
     n = ok(drv.cuDeviceGetCount())
@@ -347,7 +423,10 @@ def test_device_queries():
     assert ok(drv.cuDeviceTotalMem(dev)) > 100 << 30
     cc = raw("cuDeviceComputeCapability", 2000, PI, PI, ctypes.c_int)
     major, minor = ctypes.c_int(), ctypes.c_int()
-    assert cc(ctypes.byref(major), ctypes.byref(minor), 0) == 0 and (major.value, minor.value) == (9, 0)
+    assert cc(ctypes.byref(major), ctypes.byref(minor), 0) == 0 and (major.value, minor.value) == (
+        9,
+        0,
+    )
     bus = ok(drv.cuDeviceGetPCIBusId(32, dev)).split(b"\0")[0]
     assert int(ok(drv.cuDeviceGetByPCIBusId(bus))) == int(dev)
     assert err(drv.cuDeviceGetByPCIBusId(b"0000:ff:00.0")) == INVALID_DEVICE
@@ -365,7 +444,14 @@ def test_attribute_range():
         assert attr(ctypes.byref(v), good, 0) == 0
         got[good] = v.value
     # values an H200 with driver 580.159 reports
-    assert (got[16], got[38], got[75], got[76], got[81], got[131]) == (132, 62914560, 9, 0, 233472, -1)
+    assert (got[16], got[38], got[75], got[76], got[81], got[131]) == (
+        132,
+        62914560,
+        9,
+        0,
+        233472,
+        -1,
+    )
     assert attr(None, 16, 0) == INVALID_VALUE
 
 
@@ -373,7 +459,10 @@ def test_attribute_range():
 def test_invalid_device_everywhere(bad):
     assert err(drv.cuDeviceGet(bad)) == INVALID_DEVICE
     assert err(drv.cuDeviceGetName(16, bad)) == INVALID_DEVICE
-    assert err(drv.cuDeviceGetAttribute(drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_WARP_SIZE, bad)) == INVALID_DEVICE
+    assert (
+        err(drv.cuDeviceGetAttribute(drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_WARP_SIZE, bad))
+        == INVALID_DEVICE
+    )
     assert err(drv.cuDeviceTotalMem(bad)) == INVALID_DEVICE
     assert err(drv.cuDeviceGetUuid(bad)) == INVALID_DEVICE
     assert err(drv.cuDeviceGetPCIBusId(16, bad)) == INVALID_DEVICE
@@ -391,11 +480,16 @@ def test_null_out_pointers_are_invalid_value():
     assert raw("cuDeviceGet", 2000, PI, ctypes.c_int)(None, 0) == INVALID_VALUE
     assert raw("cuDeviceGetCount", 2000, PI)(None) == INVALID_VALUE
     assert raw("cuDriverGetVersion", 2020, PI)(None) == INVALID_VALUE
-    assert raw("cuDeviceGetName", 2000, ctypes.c_char_p, ctypes.c_int, ctypes.c_int)(None, 10, 0) == INVALID_VALUE
+    assert (
+        raw("cuDeviceGetName", 2000, ctypes.c_char_p, ctypes.c_int, ctypes.c_int)(None, 10, 0)
+        == INVALID_VALUE
+    )
     assert raw("cuDeviceTotalMem", 3020, P, ctypes.c_int)(None, 0) == INVALID_VALUE
     assert raw("cuDeviceGetUuid", 11040, P, ctypes.c_int)(None, 0) == INVALID_VALUE
     assert raw("cuDevicePrimaryCtxRetain", 7000, PP, ctypes.c_int)(None, 0) == INVALID_VALUE
-    assert raw("cuDevicePrimaryCtxRetain", 7000, PP, ctypes.c_int)(None, 99) == INVALID_DEVICE  # H200
+    assert (
+        raw("cuDevicePrimaryCtxRetain", 7000, PP, ctypes.c_int)(None, 99) == INVALID_DEVICE
+    )  # H200
     state = raw("cuDevicePrimaryCtxGetState", 7000, PU, PI, ctypes.c_int)
     assert state(None, ctypes.byref(i), 0) == INVALID_VALUE
     assert state(ctypes.byref(u), None, 0) == INVALID_VALUE
@@ -403,11 +497,14 @@ def test_null_out_pointers_are_invalid_value():
     assert raw("cuCtxGetDevice", 2000, PI)(None) == INVALID_VALUE
     assert raw("cuCtxGetFlags", 7000, PU)(None) == INVALID_VALUE
     assert raw("cuCtxGetId", 12000, P, PULL)(None, None) == INVALID_VALUE
-    assert raw("cuCtxGetApiVersion", 3020, P, PU)(None, None) == INVALID_CONTEXT  # context first (H200)
+    assert (
+        raw("cuCtxGetApiVersion", 3020, P, PU)(None, None) == INVALID_CONTEXT
+    )  # context first (H200)
     assert raw("cuCtxCreate", 3020, PP, ctypes.c_uint, ctypes.c_int)(None, 0, 0) == INVALID_VALUE
 
 
 # --- primary contexts ------------------------------------------------------------------
+
 
 def test_primary_retain_release_counts_and_handle_is_stable():
     base = sim.cyctxsim_retain_count(0)
@@ -430,7 +527,7 @@ def test_release_v1_abi_is_lenient_when_unbalanced():
         rel1 = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(drv.cuGetProcAddress(b"cuDevicePrimaryCtxRelease", 7000, 0)[1])
         print(rel1(0), rc(drv.cuDevicePrimaryCtxRelease(0)), sim.cyctxsim_retain_count(0))
     """)
-    assert out.split() == ["0", "201", "0"]   # as the H200 answered
+    assert out.split() == ["0", "201", "0"]  # as the H200 answered
 
 
 def test_retain_does_not_push():
@@ -444,7 +541,8 @@ def test_lab_probe2_sequence_exactly():
     """The C probe's sequence on two H200s (docs/evidence.md: "Context ids come from one
     process-wide counter", "Reset keeps the handle and changes the id", "A reset keeps the retain
     count"): ids, stale codes, reference counts."""
-    out = run_fresh("""
+    out = run_fresh(
+        """
         def ok(r):
             if r[0] != 0:
                 sys.exit(f"failed {r}")
@@ -477,7 +575,9 @@ def test_lab_probe2_sequence_exactly():
         ok(drv.cuCtxSetCurrent(g))                  # what cudaSetDevice(0) does inside
         x = ok(drv.cuCtxPopCurrent())
         print("popped dev0", int(x) == int(g), int(ok(drv.cuCtxGetCurrent())) == int(g))
-    """, devices=2)
+    """,
+        devices=2,
+    )
     assert out.splitlines() == [
         "devices 2",
         "retained id 1",
@@ -503,8 +603,12 @@ def test_reset_keeps_refcount_new_id_and_other_threads_see_it(primary):
     def other():
         ok(drv.cuCtxPushCurrent(primary))
         reset_done.wait(30)
-        seen["stale"] = (err(drv.cuCtxGetId(None)), err(drv.cuCtxGetApiVersion(None)),
-                         handle(ok(drv.cuCtxGetCurrent())), int(ok(drv.cuCtxGetDevice())))
+        seen["stale"] = (
+            err(drv.cuCtxGetId(None)),
+            err(drv.cuCtxGetApiVersion(None)),
+            handle(ok(drv.cuCtxGetCurrent())),
+            int(ok(drv.cuCtxGetDevice())),
+        )
         done.set()
         reactivated.wait(30)
         seen["again"] = (ok(drv.cuCtxGetId(None)), ok(drv.cuCtxGetApiVersion(None)))
@@ -512,14 +616,14 @@ def test_reset_keeps_refcount_new_id_and_other_threads_see_it(primary):
 
     with running(other):
         ok(drv.cuDevicePrimaryCtxReset(0))
-        assert sim.cyctxsim_retain_count(0) == base          # reset keeps the references
+        assert sim.cyctxsim_retain_count(0) == base  # reset keeps the references
         assert sim.cyctxsim_primary_active(0) == 0
         assert ok(drv.cuDevicePrimaryCtxGetState(0))[1] == 0
         assert err(drv.cuCtxGetId(primary)) == DESTROYED
         assert err(drv.cuCtxGetApiVersion(primary)) == INVALID_CONTEXT
         reset_done.set()
         done.wait(30)
-        again = ok(drv.cuDevicePrimaryCtxRetain(0))          # re-activates: same handle, new id
+        again = ok(drv.cuDevicePrimaryCtxRetain(0))  # re-activates: same handle, new id
         assert handle(again) == handle(primary)
         new_id = ok(drv.cuCtxGetId(primary))
         assert new_id > old_id
@@ -554,7 +658,7 @@ def test_last_release_clears_primary_flags():
         c = drv.cuDevicePrimaryCtxRetain(0)[1]; drv.cuCtxPushCurrent(c)
         print(drv.cuDevicePrimaryCtxGetState(0)[1], drv.cuCtxGetFlags()[1])
     """)
-    assert out.split() == ["4", "0", "2", str(2 | 8)]   # as the H200 (differential record)
+    assert out.split() == ["4", "0", "2", str(2 | 8)]  # as the H200 (differential record)
 
 
 def test_reset_of_an_inactive_primary_is_harmless():
@@ -574,18 +678,20 @@ def test_stale_primary_codes(primary):
     ok(drv.cuDevicePrimaryCtxReset(0))
     try:
         assert handle(ok(drv.cuCtxGetCurrent())) == handle(primary)
-        assert err(drv.cuCtxGetApiVersion(primary)) == INVALID_CONTEXT   # lab: r201
-        assert err(drv.cuCtxGetApiVersion(None)) == DESTROYED            # H200: via current
-        assert err(drv.cuCtxGetId(primary)) == DESTROYED                 # lab: 709
+        assert err(drv.cuCtxGetApiVersion(primary)) == INVALID_CONTEXT  # lab: r201
+        assert err(drv.cuCtxGetApiVersion(None)) == DESTROYED  # H200: via current
+        assert err(drv.cuCtxGetId(primary)) == DESTROYED  # lab: 709
         assert err(drv.cuCtxGetId(None)) == DESTROYED
-        assert int(ok(drv.cuCtxGetDevice())) == 0                        # lab: ctxdev=0(r0)
-        if HAS13: assert int(ok(drv.cuCtxGetDevice_v2(primary))) == 0
-        assert ok(drv.cuCtxGetFlags()) == 0                              # H200: 0 after reset
-        assert err(drv.cuCtxSynchronize()) == DESTROYED                  # H200
-        if HAS13: assert err(drv.cuCtxSynchronize_v2(primary)) == DESTROYED
+        assert int(ok(drv.cuCtxGetDevice())) == 0  # lab: ctxdev=0(r0)
+        if HAS13:
+            assert int(ok(drv.cuCtxGetDevice_v2(primary))) == 0
+        assert ok(drv.cuCtxGetFlags()) == 0  # H200: 0 after reset
+        assert err(drv.cuCtxSynchronize()) == DESTROYED  # H200
+        if HAS13:
+            assert err(drv.cuCtxSynchronize_v2(primary)) == DESTROYED
         assert err(drv.cuCtxGetStreamPriorityRange()) == DESTROYED
-        assert err(drv.cuCtxSetFlags(0)) == DESTROYED                    # H200 crashed here
-        ok(drv.cuCtxPushCurrent(primary))                                # lab: push stale r0
+        assert err(drv.cuCtxSetFlags(0)) == DESTROYED  # H200 crashed here
+        ok(drv.cuCtxPushCurrent(primary))  # lab: push stale r0
         ok(drv.cuCtxSetCurrent(primary))
         assert handle(ok(drv.cuCtxPopCurrent())) == handle(primary)
     finally:
@@ -603,7 +709,7 @@ def test_primary_set_flags_valid(flags):
 
 
 @pytest.mark.parametrize("flags", [3, 5, 6, 7, 0x08, 0xF9, 0xFF, 0x100, 0x83, 0xFFFFFFFF])
-def test_primary_set_flags_invalid(flags):   # 0x08 (MAP_HOST) too, as on the H200
+def test_primary_set_flags_invalid(flags):  # 0x08 (MAP_HOST) too, as on the H200
     before = ok(drv.cuDevicePrimaryCtxGetState(0))[0]
     assert err(drv.cuDevicePrimaryCtxSetFlags(0, flags)) == INVALID_VALUE
     assert ok(drv.cuDevicePrimaryCtxGetState(0))[0] == before
@@ -613,13 +719,13 @@ def test_primary_set_flags_v1_refuses_an_active_context(primary):
     v1 = raw("cuDevicePrimaryCtxSetFlags", 7000, ctypes.c_int, ctypes.c_uint)
     before = ok(drv.cuDevicePrimaryCtxGetState(0))[0]
     assert v1(0, 4) == R.CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE
-    ok(drv.cuDevicePrimaryCtxSetFlags(0, 4))             # the v2 ABI allows it
+    ok(drv.cuDevicePrimaryCtxSetFlags(0, 4))  # the v2 ABI allows it
     ok(drv.cuCtxPushCurrent(primary))
-    assert ok(drv.cuCtxGetFlags()) == 4 | 8              # the active context too, + MAP_HOST
-    ok(drv.cuCtxSetFlags(2))                             # the context's flags only (H200)
+    assert ok(drv.cuCtxGetFlags()) == 4 | 8  # the active context too, + MAP_HOST
+    ok(drv.cuCtxSetFlags(2))  # the context's flags only (H200)
     assert ok(drv.cuCtxGetFlags()) == 2 | 8
     assert ok(drv.cuDevicePrimaryCtxGetState(0))[0] == 4
-    ok(drv.cuCtxSetFlags(0x22))                          # coredump bits are dropped
+    ok(drv.cuCtxSetFlags(0x22))  # coredump bits are dropped
     assert ok(drv.cuCtxGetFlags()) == 2 | 8
     assert err(drv.cuCtxSetFlags(3)) == INVALID_VALUE
     assert err(drv.cuCtxSetFlags(0x100)) == INVALID_VALUE
@@ -629,9 +735,10 @@ def test_primary_set_flags_v1_refuses_an_active_context(primary):
 
 # --- the per-thread stack ----------------------------------------------------------------
 
+
 def test_push_pop_order_and_empty_stack(primary):
     depth = sim.cyctxsim_stack_depth()
-    mine = ok(drv.cuCtxCreate(None, 0, 0))              # pushed
+    mine = ok(drv.cuCtxCreate(None, 0, 0))  # pushed
     ok(drv.cuCtxPushCurrent(primary))
     assert sim.cyctxsim_stack_depth() == depth + 2
     assert handle(ok(drv.cuCtxGetCurrent())) == handle(primary)
@@ -648,22 +755,24 @@ def test_empty_stack_codes():
         assert err(drv.cuCtxPopCurrent()) == INVALID_CONTEXT
         assert raw("cuCtxPopCurrent", 4000, PP)(None) == INVALID_CONTEXT
         assert err(drv.cuCtxGetDevice()) == INVALID_CONTEXT
-        if HAS13: assert err(drv.cuCtxGetDevice_v2(None)) == INVALID_CONTEXT
+        if HAS13:
+            assert err(drv.cuCtxGetDevice_v2(None)) == INVALID_CONTEXT
         assert err(drv.cuCtxGetApiVersion(None)) == INVALID_CONTEXT
         assert err(drv.cuCtxGetId(None)) == INVALID_CONTEXT
         assert err(drv.cuCtxGetFlags()) == INVALID_CONTEXT
         assert err(drv.cuCtxSetFlags(0)) == INVALID_CONTEXT
         assert err(drv.cuCtxSynchronize()) == INVALID_CONTEXT
         assert err(drv.cuCtxGetStreamPriorityRange()) == INVALID_CONTEXT
-        ok(drv.cuCtxSetCurrent(None))                    # no-op on an empty stack
+        ok(drv.cuCtxSetCurrent(None))  # no-op on an empty stack
         assert sim.cyctxsim_stack_depth() == 0
+
     in_thread(body)
 
 
 def test_pci_bus_id_short_buffer():
     buf = ctypes.create_string_buffer(b"x" * 16)
     pci = raw("cuDeviceGetPCIBusId", 4010, ctypes.c_char_p, ctypes.c_int, ctypes.c_int)
-    assert pci(buf, 5, 0) == INVALID_VALUE and buf.value == b"0000"   # truncated, as on the H200
+    assert pci(buf, 5, 0) == INVALID_VALUE and buf.value == b"0000"  # truncated, as on the H200
     assert pci(buf, 13, 0) == 0 and len(buf.value) == 12
 
 
@@ -679,21 +788,22 @@ def test_set_current_replaces_top_and_null_pops(primary):
         mine = ok(drv.cuCtxCreate(None, 0, 0))
         ok(drv.cuCtxPushCurrent(mine))
         assert sim.cyctxsim_stack_depth() == 2
-        ok(drv.cuCtxSetCurrent(primary))                 # replaces the top: depth unchanged
+        ok(drv.cuCtxSetCurrent(primary))  # replaces the top: depth unchanged
         assert sim.cyctxsim_stack_depth() == 2
         assert handle(ok(drv.cuCtxGetCurrent())) == handle(primary)
-        ok(drv.cuCtxSetCurrent(primary))                 # already current: nothing changes
+        ok(drv.cuCtxSetCurrent(primary))  # already current: nothing changes
         assert sim.cyctxsim_stack_depth() == 2
-        ok(drv.cuCtxSetCurrent(None))                    # NULL pops the top
+        ok(drv.cuCtxSetCurrent(None))  # NULL pops the top
         assert sim.cyctxsim_stack_depth() == 1
         assert handle(ok(drv.cuCtxGetCurrent())) == handle(mine)
         ok(drv.cuCtxSetCurrent(None))
         assert sim.cyctxsim_stack_depth() == 0
-        ok(drv.cuCtxSetCurrent(primary))                 # empty stack: pushes
+        ok(drv.cuCtxSetCurrent(primary))  # empty stack: pushes
         assert sim.cyctxsim_stack_depth() == 1
         assert handle(ok(drv.cuCtxPopCurrent())) == handle(primary)
-        ok(drv.cuCtxDestroy(mine))                       # not current here: nothing popped
+        ok(drv.cuCtxDestroy(mine))  # not current here: nothing popped
         assert sim.cyctxsim_stack_depth() == 0
+
     in_thread(body)
 
 
@@ -707,20 +817,24 @@ def test_foreign_handles_are_invalid_context(bogus):
     assert err(drv.cuCtxDestroy(c)) == INVALID_CONTEXT
     assert err(drv.cuCtxGetId(c)) == INVALID_CONTEXT
     assert err(drv.cuCtxGetApiVersion(c)) == INVALID_CONTEXT
-    if HAS13: assert err(drv.cuCtxGetDevice_v2(c)) == INVALID_CONTEXT
-    if HAS13: assert err(drv.cuCtxSynchronize_v2(c)) == INVALID_CONTEXT
+    if HAS13:
+        assert err(drv.cuCtxGetDevice_v2(c)) == INVALID_CONTEXT
+    if HAS13:
+        assert err(drv.cuCtxSynchronize_v2(c)) == INVALID_CONTEXT
     assert sim.cyctxsim_stack_depth() == depth
 
 
 def test_null_context_arguments(primary):
-    assert err(drv.cuCtxPushCurrent(None)) == INVALID_VALUE          # H200
+    assert err(drv.cuCtxPushCurrent(None)) == INVALID_VALUE  # H200
     assert err(drv.cuCtxDestroy(None)) == INVALID_VALUE
     ok(drv.cuCtxPushCurrent(primary))
     # NULL means "the current context" for these
     assert ok(drv.cuCtxGetId(None)) == ok(drv.cuCtxGetId(primary))
     assert ok(drv.cuCtxGetApiVersion(None)) == 3020
-    if HAS13: assert int(ok(drv.cuCtxGetDevice_v2(None))) == 0
-    if HAS13: ok(drv.cuCtxSynchronize_v2(None))
+    if HAS13:
+        assert int(ok(drv.cuCtxGetDevice_v2(None))) == 0
+    if HAS13:
+        ok(drv.cuCtxSynchronize_v2(None))
     ok(drv.cuCtxSynchronize())
     assert ok(drv.cuCtxGetStreamPriorityRange()) == (0, -5)
     ok(drv.cuCtxPopCurrent())
@@ -729,7 +843,9 @@ def test_null_context_arguments(primary):
 def test_new_thread_starts_with_no_context(primary):
     ok(drv.cuCtxPushCurrent(primary))
     try:
-        assert in_thread(lambda: (handle(ok(drv.cuCtxGetCurrent())), sim.cyctxsim_stack_depth())) == (0, 0)
+        assert in_thread(
+            lambda: (handle(ok(drv.cuCtxGetCurrent())), sim.cyctxsim_stack_depth())
+        ) == (0, 0)
     finally:
         ok(drv.cuCtxPopCurrent())
 
@@ -741,7 +857,7 @@ def test_threads_hammering_push_pop_have_no_cross_talk(primary):
 
     def worker(k):
         try:
-            mine = ok(drv.cuCtxCreate(None, 0, 0))       # a context nobody else has
+            mine = ok(drv.cuCtxCreate(None, 0, 0))  # a context nobody else has
             my_id = ok(drv.cuCtxGetId(mine))
             barrier.wait()
             for i in range(rounds):
@@ -759,7 +875,7 @@ def test_threads_hammering_push_pop_have_no_cross_talk(primary):
                 if i % 50 == 0:
                     ok(drv.cuDevicePrimaryCtxRetain(0))
                     ok(drv.cuDevicePrimaryCtxRelease(0))
-            ok(drv.cuCtxDestroy(mine))                   # current here: popped
+            ok(drv.cuCtxDestroy(mine))  # current here: popped
             assert sim.cyctxsim_stack_depth() == 0
         except BaseException as e:
             errors.append((k, e))
@@ -778,25 +894,28 @@ def test_concurrent_retain_release_balances():
         for _ in range(500):
             ok(drv.cuDevicePrimaryCtxRetain(0))
             ok(drv.cuDevicePrimaryCtxRelease(0))
+
     run_threads(*[worker] * 16)
     assert sim.cyctxsim_retain_count(0) == base
 
 
 def test_thread_exiting_with_contexts_on_its_stack(primary):
     def body():
-        for _ in range(100):                             # grows the stack past its first block
+        for _ in range(100):  # grows the stack past its first block
             ok(drv.cuCtxPushCurrent(primary))
         return sim.cyctxsim_stack_depth()
+
     assert in_thread(body) == 100
     assert in_thread(sim.cyctxsim_stack_depth) == 0
 
 
 # --- created contexts --------------------------------------------------------------------
 
+
 def test_create_pushes_and_destroy_pops(primary):
     live, depth = sim.cyctxsim_live_contexts(), sim.cyctxsim_stack_depth()
     prim_id = ok(drv.cuCtxGetId(primary))
-    a = ok(drv.cuCtxCreate(None, 2, 0))                  # CU_CTX_SCHED_YIELD
+    a = ok(drv.cuCtxCreate(None, 2, 0))  # CU_CTX_SCHED_YIELD
     assert sim.cyctxsim_live_contexts() == live + 1
     assert sim.cyctxsim_stack_depth() == depth + 1
     assert handle(ok(drv.cuCtxGetCurrent())) == handle(a)
@@ -806,7 +925,7 @@ def test_create_pushes_and_destroy_pops(primary):
     a_id = ok(drv.cuCtxGetId(a))
     assert a_id > prim_id
     b = ok(drv.cuCtxCreate(None, 0, 0))
-    assert ok(drv.cuCtxGetId(b)) > a_id                  # one counter for all contexts
+    assert ok(drv.cuCtxGetId(b)) > a_id  # one counter for all contexts
     ok(drv.cuCtxSetFlags(4))
     assert ok(drv.cuCtxGetFlags()) == 4
     ok(drv.cuCtxDestroy(b))
@@ -815,12 +934,14 @@ def test_create_pushes_and_destroy_pops(primary):
     assert sim.cyctxsim_live_contexts() == live
     assert sim.cyctxsim_stack_depth() == depth
     # a destroyed handle, as the H200 treated one
-    assert err(drv.cuCtxDestroy(a)) == DESTROYED         # twice
+    assert err(drv.cuCtxDestroy(a)) == DESTROYED  # twice
     assert err(drv.cuCtxGetId(a)) == DESTROYED
     assert err(drv.cuCtxGetApiVersion(a)) == INVALID_CONTEXT
-    if HAS13: assert err(drv.cuCtxSynchronize_v2(a)) == DESTROYED
-    if HAS13: assert int(ok(drv.cuCtxGetDevice_v2(a))) == 0
-    ok(drv.cuCtxPushCurrent(a))                          # can still be made current
+    if HAS13:
+        assert err(drv.cuCtxSynchronize_v2(a)) == DESTROYED
+    if HAS13:
+        assert int(ok(drv.cuCtxGetDevice_v2(a))) == 0
+    ok(drv.cuCtxPushCurrent(a))  # can still be made current
     ok(drv.cuCtxSetCurrent(a))
     assert handle(ok(drv.cuCtxPopCurrent())) == handle(a)
     assert sim.cyctxsim_live_contexts() == live
@@ -838,12 +959,12 @@ def test_destroy_twice_depends_on_whether_a_thread_had_it():
     assert err(drv.cuCtxGetApiVersion(a)) == INVALID_CONTEXT
     assert err(drv.cuCtxGetId(a)) == DESTROYED
     b = ok(drv.cuCtxCreate(None, 0, 0))
-    ok(drv.cuCtxDestroy(b))                              # current here: popped
+    ok(drv.cuCtxDestroy(b))  # current here: popped
     assert err(drv.cuCtxDestroy(b)) == DESTROYED
     c = ok(drv.cuCtxCreate(None, 0, 0))
     ok(drv.cuCtxPopCurrent())
     ok(drv.cuCtxPushCurrent(c))
-    ok(drv.cuCtxSetCurrent(None))                        # on no stack again
+    ok(drv.cuCtxSetCurrent(None))  # on no stack again
     ok(drv.cuCtxDestroy(c))
     assert err(drv.cuCtxDestroy(c)) == INVALID_CONTEXT
 
@@ -852,11 +973,12 @@ def test_destroy_not_on_top_does_not_pop(primary):
     def body():
         a = ok(drv.cuCtxCreate(None, 0, 0))
         ok(drv.cuCtxPushCurrent(primary))
-        ok(drv.cuCtxDestroy(a))                          # below the top: stays on the stack
+        ok(drv.cuCtxDestroy(a))  # below the top: stays on the stack
         assert sim.cyctxsim_stack_depth() == 2
         assert handle(ok(drv.cuCtxPopCurrent())) == handle(primary)
         assert err(drv.cuCtxGetId(None)) == DESTROYED
         assert handle(ok(drv.cuCtxPopCurrent())) == handle(a)
+
     in_thread(body)
 
 
@@ -868,10 +990,16 @@ def test_destroyed_while_current_on_another_thread():
         ok(drv.cuCtxPushCurrent(box["ctx"]))
         created.set()
         destroyed.wait(30)
-        box["codes"] = (handle(ok(drv.cuCtxGetCurrent())), err(drv.cuCtxGetId(None)),
-                        err(drv.cuCtxGetApiVersion(None)), err(drv.cuCtxGetDevice()),
-                        err(drv.cuCtxGetFlags()), err(drv.cuCtxSynchronize()),
-                        err(drv.cuCtxPushCurrent(box["ctx"])), sim.cyctxsim_stack_depth())
+        box["codes"] = (
+            handle(ok(drv.cuCtxGetCurrent())),
+            err(drv.cuCtxGetId(None)),
+            err(drv.cuCtxGetApiVersion(None)),
+            err(drv.cuCtxGetDevice()),
+            err(drv.cuCtxGetFlags()),
+            err(drv.cuCtxSynchronize()),
+            err(drv.cuCtxPushCurrent(box["ctx"])),
+            sim.cyctxsim_stack_depth(),
+        )
         box["pop"] = handle(ok(drv.cuCtxPopCurrent()))
         ok(drv.cuCtxPopCurrent())
         finished.set()
@@ -879,7 +1007,7 @@ def test_destroyed_while_current_on_another_thread():
     box["ctx"] = ok(drv.cuCtxCreate(None, 0, 0))
     with running(other):
         created.wait(30)
-        ok(drv.cuCtxDestroy(box["ctx"]))                      # current here too: popped here only
+        ok(drv.cuCtxDestroy(box["ctx"]))  # current here too: popped here only
         destroyed.set()
         finished.wait(30)
     h = handle(box["ctx"])
@@ -906,34 +1034,63 @@ def test_create_abi_variants():
     v3 = raw("cuCtxCreate", 11040, PP, P, ctypes.c_int, ctypes.c_uint, ctypes.c_int)
     assert v3(ctypes.byref(out), None, 0, 0, 0) == 0
     ok(drv.cuCtxDestroy(drv.CUcontext(out.value)))
-    param = (ctypes.c_int * 4)(0, 8, 0, 0)                # CUexecAffinityParam: SM count 8
+    param = (ctypes.c_int * 4)(0, 8, 0, 0)  # CUexecAffinityParam: SM count 8
     out.value = 0x77
-    assert v3(ctypes.byref(out), ctypes.cast(param, P), 1, 0, 0) == R.CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY
+    assert (
+        v3(ctypes.byref(out), ctypes.cast(param, P), 1, 0, 0)
+        == R.CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY
+    )
     assert v3(ctypes.byref(out), None, 1, 0, 0) == INVALID_VALUE
     assert out.value == 0x77
-    assert v3(ctypes.byref(out), None, -1, 0, 0) == 0    # a count <= 0 is no affinity (H200)
+    assert v3(ctypes.byref(out), None, -1, 0, 0) == 0  # a count <= 0 is no affinity (H200)
     ok(drv.cuCtxDestroy(drv.CUcontext(out.value)))
     v4 = raw("cuCtxCreate", 12050, PP, P, ctypes.c_uint, ctypes.c_int)
 
     class Params(ctypes.Structure):
-        _fields_ = [("execAffinityParams", P), ("numExecAffinityParams", ctypes.c_int),
-                    ("cigParams", P)]
+        _fields_ = [
+            ("execAffinityParams", P),
+            ("numExecAffinityParams", ctypes.c_int),
+            ("cigParams", P),
+        ]
+
     assert v4(ctypes.byref(out), ctypes.cast(ctypes.pointer(Params(None, 0, None)), P), 0, 0) == 0
     ok(drv.cuCtxDestroy(drv.CUcontext(out.value)))
-    cig = (ctypes.c_int * 4)(0, 0, 0, 0)                 # CUctxCigParam with no data type
-    assert v4(ctypes.byref(out), ctypes.cast(ctypes.pointer(Params(None, 0, ctypes.addressof(cig))), P),
-              0, 0) == INVALID_VALUE
-    cig[0] = 1                                           # D3D12 command queue: not on Linux
-    assert v4(ctypes.byref(out), ctypes.cast(ctypes.pointer(Params(None, 0, ctypes.addressof(cig))), P),
-              0, 0) == R.CUDA_ERROR_NOT_SUPPORTED
-    assert v4(ctypes.byref(out), ctypes.cast(ctypes.pointer(Params(ctypes.addressof(param), 1, None)), P),
-              0, 0) == R.CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY
+    cig = (ctypes.c_int * 4)(0, 0, 0, 0)  # CUctxCigParam with no data type
+    assert (
+        v4(
+            ctypes.byref(out),
+            ctypes.cast(ctypes.pointer(Params(None, 0, ctypes.addressof(cig))), P),
+            0,
+            0,
+        )
+        == INVALID_VALUE
+    )
+    cig[0] = 1  # D3D12 command queue: not on Linux
+    assert (
+        v4(
+            ctypes.byref(out),
+            ctypes.cast(ctypes.pointer(Params(None, 0, ctypes.addressof(cig))), P),
+            0,
+            0,
+        )
+        == R.CUDA_ERROR_NOT_SUPPORTED
+    )
+    assert (
+        v4(
+            ctypes.byref(out),
+            ctypes.cast(ctypes.pointer(Params(ctypes.addressof(param), 1, None)), P),
+            0,
+            0,
+        )
+        == R.CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY
+    )
     assert sim.cyctxsim_live_contexts() == live
 
 
-@pytest.mark.skipif(not HAS13, reason='uses cuCtxGetDevice_v2, which only cuda-bindings 13 exposes')
+@pytest.mark.skipif(not HAS13, reason="uses cuCtxGetDevice_v2, which only cuda-bindings 13 exposes")
 def test_get_device_v1_and_v2():
-    out = run_fresh("""
+    out = run_fresh(
+        """
         drv.cuInit(0)
         c0 = drv.cuDevicePrimaryCtxRetain(0)[1]; c1 = drv.cuDevicePrimaryCtxRetain(1)[1]
         drv.cuCtxPushCurrent(c1)
@@ -941,12 +1098,15 @@ def test_get_device_v1_and_v2():
               int(drv.cuCtxGetDevice_v2(None)[1]))
         mine = drv.cuCtxCreate(None, 0, 1)[1]
         print(int(drv.cuCtxGetDevice()[1]), int(drv.cuCtxGetDevice_v2(c0)[1]))
-    """, devices=2)
+    """,
+        devices=2,
+    )
     assert out.split() == ["1", "0", "1", "1", "0"]
 
 
 def test_several_devices():
-    out = run_fresh("""
+    out = run_fresh(
+        """
         drv.cuInit(0)
         n = drv.cuDeviceGetCount()[1]
         uuids = {bytes(drv.cuDeviceGetUuid(d)[1].bytes) for d in range(n)}
@@ -956,19 +1116,22 @@ def test_several_devices():
         print(n, len(uuids), len(set(buses)), back == list(range(n)), len(prims),
               [sim.cyctxsim_retain_count(d) for d in range(n)] == [1] * n,
               rc(drv.cuDeviceGet(n)), sim.cyctxsim_retain_count(n))
-    """, devices=4)
+    """,
+        devices=4,
+    )
     assert out.split() == ["4", "4", "4", "True", "4", "True", "101", "-1"]
 
 
 # --- fault injection and call counts -----------------------------------------------------
 
+
 def test_fault_nth_call_fails_without_side_effect_then_normal(primary):
     depth = sim.cyctxsim_stack_depth()
     assert sim.cyctxsim_inject_fault(b"cuCtxPushCurrent", 2, 999, 1) == 0
-    ok(drv.cuCtxPushCurrent(primary))                     # 1st: normal
-    assert err(drv.cuCtxPushCurrent(primary)) == R.CUDA_ERROR_UNKNOWN   # 2nd: the fault
-    assert sim.cyctxsim_stack_depth() == depth + 1       # ... with no side effect
-    ok(drv.cuCtxPushCurrent(primary))                     # 3rd: normal again
+    ok(drv.cuCtxPushCurrent(primary))  # 1st: normal
+    assert err(drv.cuCtxPushCurrent(primary)) == R.CUDA_ERROR_UNKNOWN  # 2nd: the fault
+    assert sim.cyctxsim_stack_depth() == depth + 1  # ... with no side effect
+    ok(drv.cuCtxPushCurrent(primary))  # 3rd: normal again
     assert sim.cyctxsim_stack_depth() == depth + 2
     ok(drv.cuCtxPopCurrent())
     ok(drv.cuCtxPopCurrent())
@@ -987,13 +1150,14 @@ def test_fault_count_and_untouched_out_params():
     ok(drv.cuDevicePrimaryCtxRelease(0))
 
 
-@pytest.mark.skipif(not HAS13, reason='uses cuCtxGetDevice_v2, which only cuda-bindings 13 exposes')
+@pytest.mark.skipif(not HAS13, reason="uses cuCtxGetDevice_v2, which only cuda-bindings 13 exposes")
 def test_fault_matches_every_abi_variant(primary):
     ok(drv.cuCtxPushCurrent(primary))
     try:
         assert sim.cyctxsim_inject_fault(b"cuCtxGetDevice", 1, 201, 2) == 0
-        assert err(drv.cuCtxGetDevice()) == INVALID_CONTEXT          # v1
-        if HAS13: assert err(drv.cuCtxGetDevice_v2(None)) == INVALID_CONTEXT   # v2
+        assert err(drv.cuCtxGetDevice()) == INVALID_CONTEXT  # v1
+        if HAS13:
+            assert err(drv.cuCtxGetDevice_v2(None)) == INVALID_CONTEXT  # v2
         assert int(ok(drv.cuCtxGetDevice())) == 0
     finally:
         ok(drv.cuCtxPopCurrent())
@@ -1021,7 +1185,7 @@ def test_independent_faults_and_clear():
 def test_fault_bad_arguments_and_table_limit():
     assert sim.cyctxsim_inject_fault(None, 1, 1, 1) == -1
     assert sim.cyctxsim_inject_fault(b"cuNoSuchFunction", 1, 1, 1) == -1
-    assert sim.cyctxsim_inject_fault(b"cuCtxPushCurrent_v2", 1, 1, 1) == -1   # base names only
+    assert sim.cyctxsim_inject_fault(b"cuCtxPushCurrent_v2", 1, 1, 1) == -1  # base names only
     assert sim.cyctxsim_inject_fault(b"cuCtxGetCurrent", 0, 1, 1) == -1
     assert sim.cyctxsim_inject_fault(b"cuCtxGetCurrent", 1, 0, 1) == -1
     assert sim.cyctxsim_inject_fault(b"cuCtxGetCurrent", 1, -5, 1) == -1
@@ -1044,6 +1208,7 @@ def test_fault_fires_exactly_count_times_across_threads():
             r = drv.cuCtxGetCurrent()
             if r[0] != SUCCESS:
                 failures.append(r[0])
+
     run_threads(*[worker] * 8)
     assert failures == [R.CUDA_ERROR_UNKNOWN] * 5
 
@@ -1058,16 +1223,16 @@ def test_fault_wins_over_not_initialized():
     assert out.split() == ["999", "3", "100", "3", "0", "0"]
 
 
-@pytest.mark.skipif(not HAS13, reason='uses cuCtxGetDevice_v2, which only cuda-bindings 13 exposes')
+@pytest.mark.skipif(not HAS13, reason="uses cuCtxGetDevice_v2, which only cuda-bindings 13 exposes")
 def test_call_counts():
     before = {n: count(n) for n in ("cuCtxGetCurrent", "cuCtxGetDevice", "cuCtxPushCurrent")}
     total = sim.cyctxsim_call_count(None)
     for _ in range(10):
         drv.cuCtxGetCurrent()
     drv.cuCtxGetDevice()
-    drv.cuCtxGetDevice_v2(None)                          # both variants count as cuCtxGetDevice
+    drv.cuCtxGetDevice_v2(None)  # both variants count as cuCtxGetDevice
     sim.cyctxsim_inject_fault(b"cuCtxPushCurrent", 1, 1, 1)
-    drv.cuCtxPushCurrent(None)                           # a faulted call still counts
+    drv.cuCtxPushCurrent(None)  # a faulted call still counts
     assert count("cuCtxGetCurrent") - before["cuCtxGetCurrent"] == 10
     assert count("cuCtxGetDevice") - before["cuCtxGetDevice"] == 2
     assert count("cuCtxPushCurrent") - before["cuCtxPushCurrent"] == 1
@@ -1117,6 +1282,7 @@ def test_call_counts_are_exact_under_threads():
         out = ctypes.c_void_p()
         for _ in range(20000):
             get_current(ctypes.byref(out))
+
     run_threads(*[worker] * 8)
     assert count("cuCtxGetCurrent") - before == 160000
 
@@ -1171,8 +1337,19 @@ def stress_harness(tmp_path_factory):
         pytest.skip("no C compiler for the pthread stress harness")
     d = tmp_path_factory.mktemp("stress")
     (d / "stress.c").write_text(_STRESS_C)
-    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(d / "stress.so"), str(d / "stress.c"),
-                    "-lpthread"], check=True)
+    subprocess.run(
+        [
+            cc,
+            "-O2",
+            "-shared",
+            "-fPIC",
+            "-o",
+            str(d / "stress.so"),
+            str(d / "stress.c"),
+            "-lpthread",
+        ],
+        check=True,
+    )
     lib = ctypes.CDLL(str(d / "stress.so"))
     lib.stress.restype = ctypes.c_long
     lib.stress.argtypes = [P, P, P, ctypes.c_int, ctypes.c_long]
@@ -1181,26 +1358,41 @@ def stress_harness(tmp_path_factory):
 
 def test_pthreads_at_c_speed_no_cross_talk_exact_counts(stress_harness, primary):
     n, iters = 8, 50000
-    fns = (ctypes.c_void_p * 6)(*(gpa(name, ver)[1] for name, ver in (
-        ("cuCtxGetCurrent", 4000), ("cuCtxPushCurrent", 4000), ("cuCtxPopCurrent", 4000),
-        ("cuCtxSetCurrent", 4000), ("cuDevicePrimaryCtxRetain", 7000),
-        ("cuDevicePrimaryCtxRelease", 11000))))
+    fns = (ctypes.c_void_p * 6)(
+        *(
+            gpa(name, ver)[1]
+            for name, ver in (
+                ("cuCtxGetCurrent", 4000),
+                ("cuCtxPushCurrent", 4000),
+                ("cuCtxPopCurrent", 4000),
+                ("cuCtxSetCurrent", 4000),
+                ("cuDevicePrimaryCtxRetain", 7000),
+                ("cuDevicePrimaryCtxRelease", 11000),
+            )
+        )
+    )
     mine = []
-    for _ in range(n):                                   # one private context per thread
+    for _ in range(n):  # one private context per thread
         mine.append(ok(drv.cuCtxCreate(None, 0, 0)))
         ok(drv.cuCtxPopCurrent())
     handles = (ctypes.c_void_p * n)(*(handle(c) for c in mine))
     names = ("cuCtxGetCurrent", "cuCtxPushCurrent", "cuCtxPopCurrent", "cuDevicePrimaryCtxRetain")
     before = {k: count(k) for k in names}
     base = sim.cyctxsim_retain_count(0)
-    errors = stress_harness.stress(ctypes.addressof(fns), ctypes.addressof(handles), handle(primary), n, iters)
+    errors = stress_harness.stress(
+        ctypes.addressof(fns), ctypes.addressof(handles), handle(primary), n, iters
+    )
     after = {k: count(k) - before[k] for k in names}
     for c in mine:
         ok(drv.cuCtxDestroy(c))
     assert errors == 0
     assert sim.cyctxsim_retain_count(0) == base
-    assert after == {"cuCtxGetCurrent": 3 * n * iters, "cuCtxPushCurrent": 2 * n * iters,
-                     "cuCtxPopCurrent": 2 * n * iters, "cuDevicePrimaryCtxRetain": n * iters}
+    assert after == {
+        "cuCtxGetCurrent": 3 * n * iters,
+        "cuCtxPushCurrent": 2 * n * iters,
+        "cuCtxPopCurrent": 2 * n * iters,
+        "cuDevicePrimaryCtxRetain": n * iters,
+    }
 
 
 def test_report_at_exit():
@@ -1223,16 +1415,29 @@ def test_report_at_exit():
 
 # --- fork --------------------------------------------------------------------------------
 
+
 def test_fork_after_cuinit_child_gets_not_initialized(primary):
     ok(drv.cuCtxPushCurrent(primary))
 
     def child():
-        return [int(x[0]) for x in (
-            drv.cuCtxGetCurrent(), drv.cuInit(0), drv.cuDevicePrimaryCtxRetain(0),
-            drv.cuDeviceGetCount(), drv.cuCtxPopCurrent(), drv.cuCtxGetId(None),
-            drv.cuDevicePrimaryCtxRelease(0), drv.cuInit(0),
-        )] + [int(drv.cuDriverGetVersion()[0]), int(drv.cuGetErrorName(R.CUDA_ERROR_INVALID_VALUE)[0]),
-              sim.cyctxsim_configure(2)]
+        return [
+            int(x[0])
+            for x in (
+                drv.cuCtxGetCurrent(),
+                drv.cuInit(0),
+                drv.cuDevicePrimaryCtxRetain(0),
+                drv.cuDeviceGetCount(),
+                drv.cuCtxPopCurrent(),
+                drv.cuCtxGetId(None),
+                drv.cuDevicePrimaryCtxRelease(0),
+                drv.cuInit(0),
+            )
+        ] + [
+            int(drv.cuDriverGetVersion()[0]),
+            int(drv.cuGetErrorName(R.CUDA_ERROR_INVALID_VALUE)[0]),
+            sim.cyctxsim_configure(2),
+        ]
+
     try:
         assert run_forked(child) == [3] * 8 + [0, 0, -1]
         # the parent is unaffected

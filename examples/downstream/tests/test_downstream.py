@@ -11,9 +11,10 @@ if os.environ.get("CYCTX_DOWNSTREAM_DRIVER", "sim") == "sim":
 else:
     SIM = None
 
-import cyctx
 import cyctx_downstream
 from cuda.bindings import driver
+
+import cyctx
 
 driver.cuInit(0)
 LAST = driver.cuDeviceGetCount()[1] - 1  # device 1 where there are two
@@ -21,7 +22,9 @@ LAST = driver.cuDeviceGetCount()[1] - 1  # device 1 where there are two
 
 def test_imported_from_the_installed_package():
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    assert not os.path.abspath(cyctx_downstream.__file__).startswith(here), cyctx_downstream.__file__
+    assert not os.path.abspath(cyctx_downstream.__file__).startswith(here), (
+        cyctx_downstream.__file__
+    )
     assert cyctx_downstream._work.__file__.endswith(".so")
 
 
@@ -41,7 +44,10 @@ def test_guard_from_downstream_code():
 def test_nogil_threads():
     g = cyctx.ContextGuard(LAST)
     bad = []
-    threads = [threading.Thread(target=lambda: bad.append(cyctx_downstream.hammer(g, 20000))) for _ in range(4)]
+    threads = [
+        threading.Thread(target=lambda: bad.append(cyctx_downstream.hammer(g, 20000)))
+        for _ in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -32,7 +32,14 @@ from cyctx._doctor.model import EXIT_NO_CUDA, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE,
 from cyctx._doctor.probe import device_count
 from cyctx._doctor.render import use_colour
 from cyctx._doctor.report import Diagnosis
-from cyctx._doctor.runtime import Cudart, Runtime, StandInRuntime, cu11_candidates, find_cudart, load_cudart
+from cyctx._doctor.runtime import (
+    Cudart,
+    Runtime,
+    StandInRuntime,
+    cu11_candidates,
+    find_cudart,
+    load_cudart,
+)
 
 __all__ = [
     "EXIT_NO_CUDA",

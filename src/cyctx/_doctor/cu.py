@@ -8,12 +8,21 @@ cuda.bindings.driver loads no driver, its first call does, so ``python -m cyctx 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from cuda.bindings import driver
 
-__all__ = ["CONTEXT_IS_DESTROYED", "INVALID_CONTEXT", "NOT_INITIALIZED", "NO_DEVICE", "call",
-           "cstr", "driver", "error_name"]
+__all__ = [
+    "CONTEXT_IS_DESTROYED",
+    "INVALID_CONTEXT",
+    "NOT_INITIALIZED",
+    "NO_DEVICE",
+    "call",
+    "cstr",
+    "driver",
+    "error_name",
+]
 
 # The CUresult values the doctor reasons about, by name; plain ints, as call() returns codes.
 NOT_INITIALIZED = int(driver.CUresult.CUDA_ERROR_NOT_INITIALIZED)

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 from cyctx._doctor.cu import CONTEXT_IS_DESTROYED, INVALID_CONTEXT, call, driver, error_name
 from cyctx._doctor.model import version_str
@@ -33,8 +34,16 @@ from cyctx._guard import ContextGuard
 
 
 class _Out:
-    def __init__(self, stream: TextIO, style: Style, dev: int, simulated: bool, width: int = 88) -> None:
-        self.stream, self.s, self.dev, self.simulated, self.width = stream, style, dev, simulated, width
+    def __init__(
+        self, stream: TextIO, style: Style, dev: int, simulated: bool, width: int = 88
+    ) -> None:
+        self.stream, self.s, self.dev, self.simulated, self.width = (
+            stream,
+            style,
+            dev,
+            simulated,
+            width,
+        )
         self.tag = f"  {SIM_TAG}" if simulated else ""
 
     def line(self, text: str = "") -> None:
@@ -48,7 +57,9 @@ class _Out:
         wrapped = wrap(text, "   ", self.width)
         self.line(style(wrapped) if style else wrapped)
 
-    def step(self, what: str, result: str, verdict: str | None = None, good: bool | None = None) -> None:
+    def step(
+        self, what: str, result: str, verdict: str | None = None, good: bool | None = None
+    ) -> None:
         text = f"   {what:<36} -> {result}"
         if verdict:
             colour = self.s.green if good else self.s.red if good is False else (lambda x: x)
@@ -65,15 +76,22 @@ class _Out:
             where = "current NULL"
         else:
             e, cid = call(d.cuCtxGetId, cur)
-            cid = (f"id {cid}" if e == 0 else f"destroyed: cuCtxGetId -> {CONTEXT_IS_DESTROYED}"
-                   if e == CONTEXT_IS_DESTROYED else f"cuCtxGetId -> {error_name(e)}")
+            cid = (
+                f"id {cid}"
+                if e == 0
+                else f"destroyed: cuCtxGetId -> {CONTEXT_IS_DESTROYED}"
+                if e == CONTEXT_IS_DESTROYED
+                else f"cuCtxGetId -> {error_name(e)}"
+            )
             where = f"current 0x{int(cur):x} ({cid})"
         e, st = call(d.cuDevicePrimaryCtxGetState, self.dev)
         prim = ("active" if st[1] else "inactive") if e == 0 else error_name(e)
         self.line(self.s.dim(f"{'':<6}state: {where} | device {self.dev} primary context: {prim}"))
 
 
-def run_demo(rt: Runtime, device: int = 0, stream: TextIO | None = None, colour: bool = False) -> int:
+def run_demo(
+    rt: Runtime, device: int = 0, stream: TextIO | None = None, colour: bool = False
+) -> int:
     """Run the three parts, printing as it goes. Returns 0 when the guarded steps worked.
 
     ``rt`` is a :class:`~cyctx._doctor.runtime.Cudart` (real runtime) or a
@@ -113,15 +131,18 @@ class _Demo:
         self.o.step("cudaDeviceReset()", self.rt.error_name(r), verdict, None)
         self.o.state()
 
-    def current(self, indent: str = "", verdicts: tuple[str, str] | None = None,
-                quiet: bool = False) -> tuple[Any, int]:
+    def current(
+        self, indent: str = "", verdicts: tuple[str, str] | None = None, quiet: bool = False
+    ) -> tuple[Any, int]:
         """cuCtxGetCurrent: (the handle as cuda.bindings gives it, as an int; 0 on error).
         ``verdicts``: what to say of a non-NULL handle and of NULL."""
         e, cur = call(driver.cuCtxGetCurrent)
         h = int(cur) if e == 0 else 0
         if not quiet:
             verdict = (verdicts[0] if h else verdicts[1]) if verdicts else None
-            self.o.step(f"{indent}cuCtxGetCurrent(&ctx)", f"{error_name(e)}, ctx = 0x{h:x}", verdict, None)
+            self.o.step(
+                f"{indent}cuCtxGetCurrent(&ctx)", f"{error_name(e)}, ctx = 0x{h:x}", verdict, None
+            )
         return cur, h
 
     @staticmethod
@@ -137,7 +158,9 @@ class _Demo:
     def api_version_step(self, cur: Any, indent: str = "", failed: str = "fails") -> bool:
         """cuCtxGetApiVersion(cur) where it is expected to work (true when it does)."""
         e, result = self.api_version(cur)
-        self.o.step(f"{indent}cuCtxGetApiVersion(ctx)", result, "works" if e == 0 else failed, e == 0)
+        self.o.step(
+            f"{indent}cuCtxGetApiVersion(ctx)", result, "works" if e == 0 else failed, e == 0
+        )
         return e == 0
 
     # --- the parts ---------------------------------------------------------------------
@@ -145,12 +168,23 @@ class _Demo:
     def introduction(self) -> None:
         o, s, rt = self.o, self.s, self.rt
         e, drv_ver = call(driver.cuDriverGetVersion)
-        o.line(s.bold("cyctx doctor --demo: the classic CUDA context failure, step by step")
-               + (s.yellow(o.tag) if o.tag else ""))
+        o.line(
+            s.bold("cyctx doctor --demo: the classic CUDA context failure, step by step")
+            + (s.yellow(o.tag) if o.tag else "")
+        )
         if rt.simulated:
-            o.line(s.yellow(wrap(sim_banner(
-                simulated_driver_path(),
-                f" The runtime is a Python stand-in that models libcudart {version_str(rt.version)}."), "", o.width)))
+            o.line(
+                s.yellow(
+                    wrap(
+                        sim_banner(
+                            simulated_driver_path(),
+                            f" The runtime is a Python stand-in that models libcudart {version_str(rt.version)}.",
+                        ),
+                        "",
+                        o.width,
+                    )
+                )
+            )
         o.line(f"   runtime  {rt.label}" + ("" if rt.simulated else f"  [{rt.source}]"))
         o.line(f"   driver   CUDA {version_str(drv_ver) if e == 0 else '?'}   device {self.dev}")
         o.state()
@@ -159,12 +193,17 @@ class _Demo:
         """Part 1, the report's program. True when its last call failed as in the report."""
         o, s, rt, dev = self.o, self.s, self.rt, self.dev
         o.head("1. The classic report: cudaSetDevice, then the Driver API")
-        o.para("The program of the classic report: pick the device with the runtime, take the "
-               "current context from the driver, use it.")
+        o.para(
+            "The program of the classic report: pick the device with the runtime, take the "
+            "current context from the driver, use it."
+        )
         self.set_device()
         cur, h = self.current(verdicts=("non-NULL", "NULL"))
         e, st = call(driver.cuDevicePrimaryCtxGetState, dev)
-        o.step(f"cuDevicePrimaryCtxGetState({dev})", f"active = {int(st[1])}" if e == 0 else error_name(e))
+        o.step(
+            f"cuDevicePrimaryCtxGetState({dev})",
+            f"active = {int(st[1])}" if e == 0 else error_name(e),
+        )
         e, result = self.api_version_of_handle(cur, h)
         failed = e == INVALID_CONTEXT
         if failed:
@@ -177,23 +216,34 @@ class _Demo:
                 "device's primary context to the thread and leaves it inactive; the runtime creates "
                 "it at the first call that needs it (cudaMalloc, cudaFree(0), a launch). So "
                 "cuCtxGetCurrent returns a real handle, cuDevicePrimaryCtxGetState says active=0, and "
-                f"the driver refuses the handle with {error_name(INVALID_CONTEXT)}. The fix is part 3.")
+                f"the driver refuses the handle with {error_name(INVALID_CONTEXT)}. The fix is part 3."
+            )
         elif not self.pre12 and e == 0:
             o.para(
                 "No failure with this runtime: since CUDA 12.0 cudaSetDevice initialises the primary "
                 "context (active = 1 above), so the report's program passes. The same non-NULL but "
-                "dead handle still appears after a reset, on every version: part 2.")
+                "dead handle still appears after a reset, on every version: part 2."
+            )
             if not rt.simulated:
                 for p in cu11_candidates():
-                    o.para(f"A CUDA 11 runtime is installed: `cyctx doctor --demo --cudart {p}` "
-                           f"shows the classic failure itself.", s.dim)
+                    o.para(
+                        f"A CUDA 11 runtime is installed: `cyctx doctor --demo --cudart {p}` "
+                        f"shows the classic failure itself.",
+                        s.dim,
+                    )
                     break
         else:
-            o.para(f"Unexpected for a {version_str(rt.version)} runtime (was the primary context "
-                   f"already active, held by someone else?). Parts 2 and 3 still show the mechanism.", s.yellow)
-        o.para("Not the cause, though often said: the runtime does not unbind the context when a "
-               "function returns (the current context is per-thread state and stays), and there is no "
-               "cuCtxRetain in the Driver API; cuDevicePrimaryCtxRetain is the call that activates.", s.dim)
+            o.para(
+                f"Unexpected for a {version_str(rt.version)} runtime (was the primary context "
+                f"already active, held by someone else?). Parts 2 and 3 still show the mechanism.",
+                s.yellow,
+            )
+        o.para(
+            "Not the cause, though often said: the runtime does not unbind the context when a "
+            "function returns (the current context is per-thread state and stays), and there is no "
+            "cuCtxRetain in the Driver API; cuDevicePrimaryCtxRetain is the call that activates.",
+            s.dim,
+        )
         return failed
 
     def reset(self) -> bool:
@@ -208,12 +258,18 @@ class _Demo:
         cur, h = self.current(verdicts=("non-NULL, same handle", "NULL"))
         e, result = self.api_version_of_handle(cur, h)
         failed = e == INVALID_CONTEXT
-        o.step("cuCtxGetApiVersion(ctx)", result,
-               "FAILS" if failed else "works (unexpected)", False if failed else None)
-        o.para("cudaDeviceReset destroyed the primary context and left its handle current on this "
-               f"thread: cuCtxGetCurrent still returns it, the driver refuses it with {INVALID_CONTEXT}. Any runtime "
-               "version does this, and so does cuDevicePrimaryCtxReset. Memory and modules made "
-               "before the reset are gone.")
+        o.step(
+            "cuCtxGetApiVersion(ctx)",
+            result,
+            "FAILS" if failed else "works (unexpected)",
+            False if failed else None,
+        )
+        o.para(
+            "cudaDeviceReset destroyed the primary context and left its handle current on this "
+            f"thread: cuCtxGetCurrent still returns it, the driver refuses it with {INVALID_CONTEXT}. Any runtime "
+            "version does this, and so does cuDevicePrimaryCtxReset. Memory and modules made "
+            "before the reset are gone."
+        )
         return failed
 
     def guarded(self) -> bool:
@@ -223,7 +279,9 @@ class _Demo:
         ok = [False, False]
         try:
             guard = ContextGuard(dev)
-            o.step(f"guard = ContextGuard({dev})", "retains the primary context (which activates it)")
+            o.step(
+                f"guard = ContextGuard({dev})", "retains the primary context (which activates it)"
+            )
             o.state()
             with guard:
                 o.step("with guard:", "current on this thread")
@@ -248,20 +306,27 @@ class _Demo:
             o.state()
         except CyctxError as exc:
             o.para(f"The guard failed: {type(exc).__name__}: {exc}", s.red)
-        o.para("The guard's retain keeps the primary context active, so the handle the runtime binds "
-               "is usable. After a reset the handle is the same but the context id is not: the guard "
-               "checks the id at every enter, re-activates the context (refcount unchanged) and warns.")
+        o.para(
+            "The guard's retain keeps the primary context active, so the handle the runtime binds "
+            "is usable. After a reset the handle is the same but the context id is not: the guard "
+            "checks the id at every enter, re-activates the context (refcount unchanged) and warns."
+        )
         return all(ok)
 
     def summary(self, classic_failed: bool, reset_failed: bool, guarded_ok: bool) -> None:
         o, s = self.o, self.s
         o.head("Summary")
-        o.para(f"Without a guard: cuCtxGetApiVersion -> "
-               f"{f'{INVALID_CONTEXT} after cudaSetDevice (pre-12 runtime) and ' if classic_failed else ''}"
-               f"{f'{INVALID_CONTEXT} after cudaDeviceReset' if reset_failed else 'no failure after cudaDeviceReset (unexpected)'}. "
-               f"Inside ContextGuard({self.dev}): "
-               f"{'the same steps work, and the reset is detected and repaired' if guarded_ok else 'FAILED'}.",
-               s.green if guarded_ok else s.red)
+        o.para(
+            f"Without a guard: cuCtxGetApiVersion -> "
+            f"{f'{INVALID_CONTEXT} after cudaSetDevice (pre-12 runtime) and ' if classic_failed else ''}"
+            f"{f'{INVALID_CONTEXT} after cudaDeviceReset' if reset_failed else 'no failure after cudaDeviceReset (unexpected)'}. "
+            f"Inside ContextGuard({self.dev}): "
+            f"{'the same steps work, and the reset is detected and repaired' if guarded_ok else 'FAILED'}.",
+            s.green if guarded_ok else s.red,
+        )
         if self.rt.simulated:
-            o.para(f"{SIM_TAG} simulated driver and stand-in runtime: run without --simulate on a GPU "
-                   f"machine for the real thing.", s.yellow)
+            o.para(
+                f"{SIM_TAG} simulated driver and stand-in runtime: run without --simulate on a GPU "
+                f"machine for the real thing.",
+                s.yellow,
+            )

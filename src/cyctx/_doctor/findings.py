@@ -9,20 +9,42 @@ import os
 import platform
 import threading
 
-from cyctx._doctor.cu import CONTEXT_IS_DESTROYED, INVALID_CONTEXT, NO_DEVICE, NOT_INITIALIZED, call, driver, error_name
+from cyctx._doctor.cu import (
+    CONTEXT_IS_DESTROYED,
+    INVALID_CONTEXT,
+    NO_DEVICE,
+    NOT_INITIALIZED,
+    call,
+    driver,
+    error_name,
+)
 from cyctx._doctor.model import ContextInfo, Finding, GuardInfo
-from cyctx._doctor.probe import context_info, device_info, forked_from, guard_infos, simulated_driver_path
+from cyctx._doctor.probe import (
+    context_info,
+    device_info,
+    forked_from,
+    guard_infos,
+    simulated_driver_path,
+)
 from cyctx._doctor.report import Diagnosis
 from cyctx._doctor.runtime import add_runtimes
 from cyctx._errors import load_fix
 from cyctx._guard import load_problem
 from cyctx.testing import loaded_libcuda
 
-
 # Distributions whose versions the report lists when they are installed (CuPy's wheels are
 # named for their CUDA major).
-FRAMEWORK_DISTRIBUTIONS = ("torch", "cupy", "cupy-cuda13x", "cupy-cuda12x", "cupy-cuda11x", "cuda-core",
-                           "numba-cuda", "jax-cuda13-plugin", "jax-cuda12-plugin")
+FRAMEWORK_DISTRIBUTIONS = (
+    "torch",
+    "cupy",
+    "cupy-cuda13x",
+    "cupy-cuda12x",
+    "cupy-cuda11x",
+    "cuda-core",
+    "numba-cuda",
+    "jax-cuda13-plugin",
+    "jax-cuda12-plugin",
+)
 
 
 def diagnose(cudart: str | bool | None = None) -> Diagnosis:
@@ -70,10 +92,20 @@ def diagnose(cudart: str | bool | None = None) -> Diagnosis:
             pass
     t = threading.current_thread()
     diag = Diagnosis(
-        simulated=False, driver_library=None, driver_version=None, driver_error=None,
-        runtime=None, other_runtimes=[], devices=[], thread_name=t.name,
-        thread_native_id=threading.get_native_id(), context=None, guards=[], findings=findings,
-        forked_from=forked_from(), versions=versions,
+        simulated=False,
+        driver_library=None,
+        driver_version=None,
+        driver_error=None,
+        runtime=None,
+        other_runtimes=[],
+        devices=[],
+        thread_name=t.name,
+        thread_native_id=threading.get_native_id(),
+        context=None,
+        guards=[],
+        findings=findings,
+        forked_from=forked_from(),
+        versions=versions,
     )
 
     d = driver
@@ -109,7 +141,9 @@ def diagnose(cudart: str | bool | None = None) -> Diagnosis:
         return diag
     if err != 0:
         diag.driver_error = error_name(err)
-        findings.append(_f_no_device() if err == NO_DEVICE else _f_driver_error("cuInit", error_name(err)))
+        findings.append(
+            _f_no_device() if err == NO_DEVICE else _f_driver_error("cuInit", error_name(err))
+        )
         add_runtimes(diag, cudart, query_device=False)
         return diag
 
@@ -125,8 +159,11 @@ def diagnose(cudart: str | bool | None = None) -> Diagnosis:
     elif c.handle == 0:
         findings.append(_f_no_current(diag))
     elif not c.usable:
-        inactive = c.primary is True or (c.primary is None and c.device is not None
-                                          and diag.devices[c.device].primary_active is False)
+        inactive = c.primary is True or (
+            c.primary is None
+            and c.device is not None
+            and diag.devices[c.device].primary_active is False
+        )
         findings.append(_f_inactive_primary(c) if inactive else _f_dead_current(c))
     for g in diag.guards:
         if g.reset:
@@ -140,13 +177,17 @@ def diagnose(cudart: str | bool | None = None) -> Diagnosis:
 
 # --- the words ---------------------------------------------------------------------------------
 
-_GUARD_FIX = ("create a guard once, `guard = cyctx.ContextGuard({dev})` (or `cyctx.ContextGuard.shared({dev})`), "
-              "and make driver calls inside `with guard:`")
+_GUARD_FIX = (
+    "create a guard once, `guard = cyctx.ContextGuard({dev})` (or `cyctx.ContextGuard.shared({dev})`), "
+    "and make driver calls inside `with guard:`"
+)
 
 
 def _f_no_driver(error: str) -> Finding:
     return Finding(
-        "no_driver", "unavailable", "No NVIDIA driver: this machine has no usable GPU for CUDA",
+        "no_driver",
+        "unavailable",
+        "No NVIDIA driver: this machine has no usable GPU for CUDA",
         f"libcuda.so.1, the NVIDIA driver's CUDA library, cannot be loaded ({error}). Nothing "
         f"in CUDA can run without it; this is normal on a machine without an NVIDIA GPU.",
         "On a GPU machine, install the NVIDIA driver. To try cyctx here, use its simulated driver: "
@@ -154,10 +195,16 @@ def _f_no_driver(error: str) -> Finding:
     )
 
 
-# The libraries cyctx cannot use, by the CUresult its loader reports (_driver.h, driver_load).
+# The libraries cyctx cannot use, by the CUresult its loader reports (_cpp/driver.h, driver_load).
 _UNUSABLE = {
-    34: ("driver_stub", "The libcuda.so.1 that loads is the CUDA toolkit's stub, not the NVIDIA driver"),
-    801: ("driver_too_old", "The NVIDIA driver is too old: cyctx needs a driver of CUDA 12.0 or newer"),
+    34: (
+        "driver_stub",
+        "The libcuda.so.1 that loads is the CUDA toolkit's stub, not the NVIDIA driver",
+    ),
+    801: (
+        "driver_too_old",
+        "The NVIDIA driver is too old: cyctx needs a driver of CUDA 12.0 or newer",
+    ),
     500: ("driver_incomplete", "The libcuda.so.1 that loads is not a complete NVIDIA driver"),
 }
 
@@ -167,7 +214,9 @@ def _f_unusable_library(code: int, why: str, path: str | None) -> Finding:
     fid, title = _UNUSABLE.get(code, ("driver_unusable", "The CUDA driver library cannot be used"))
     where = f" ({path})" if path else ""
     return Finding(
-        fid, "unavailable", title,
+        fid,
+        "unavailable",
+        title,
         f"Loading libcuda.so.1{where} as a ContextGuard does fails with {error_name(code)}. "
         f"{why}. Nothing in CUDA can run with this library.",
         load_fix(code) + ".",
@@ -176,9 +225,13 @@ def _f_unusable_library(code: int, why: str, path: str | None) -> Finding:
 
 def _f_no_device() -> Finding:
     vis = os.environ.get("CUDA_VISIBLE_DEVICES")
-    seen = f"CUDA_VISIBLE_DEVICES is {vis!r}" if vis is not None else "CUDA_VISIBLE_DEVICES is not set"
+    seen = (
+        f"CUDA_VISIBLE_DEVICES is {vis!r}" if vis is not None else "CUDA_VISIBLE_DEVICES is not set"
+    )
     return Finding(
-        "no_device", "unavailable", "The driver loads but finds no CUDA device",
+        "no_device",
+        "unavailable",
+        "The driver loads but finds no CUDA device",
         f"cuInit returned {error_name(NO_DEVICE)}; {seen}.",
         "Check `nvidia-smi`; an empty or wrong CUDA_VISIBLE_DEVICES hides every GPU. "
         "Without a GPU, `cyctx doctor --simulate` runs on cyctx's simulated driver.",
@@ -187,7 +240,9 @@ def _f_no_device() -> Finding:
 
 def _f_driver_error(call: str, what: str) -> Finding:
     return Finding(
-        "driver_error", "error", f"{call} failed with {what}",
+        "driver_error",
+        "error",
+        f"{call} failed with {what}",
         f"The driver answered {call} with {what}; the doctor cannot look further.",
         "Check the driver installation (`nvidia-smi`) and that the driver is at least as new as "
         "the CUDA version the program was built for.",
@@ -195,10 +250,15 @@ def _f_driver_error(call: str, what: str) -> Finding:
 
 
 def _f_fork(parent: int | None) -> Finding:
-    known = (f"This process was forked from pid {parent}" if parent is not None
-             else "This process is most likely a fork of one")
+    known = (
+        f"This process was forked from pid {parent}"
+        if parent is not None
+        else "This process is most likely a fork of one"
+    )
     return Finding(
-        "forked_child", "error", "Forked child: use spawn",
+        "forked_child",
+        "error",
+        "Forked child: use spawn",
         f"{known} after CUDA was initialised there. In such a child the driver refuses every "
         f"call, cuInit included, with {error_name(NOT_INITIALIZED)}; nothing in this process "
         f"can fix that.",
@@ -214,7 +274,9 @@ def _f_no_current(diag: Diagnosis) -> Finding:
     return Finding(
         # A note, not a warning: every new thread starts so, guards make their context current
         # when they need it, and the doctor's own process is always in this state.
-        "no_current_context", "info", "No current context on this thread",
+        "no_current_context",
+        "info",
+        "No current context on this thread",
         "cuCtxGetCurrent returned NULL. The current context is per-thread state: every new thread "
         "starts without one, even when another thread called cudaSetDevice or entered a guard. "
         f"Driver calls that need a context fail here with {error_name(INVALID_CONTEXT)}.",
@@ -225,20 +287,30 @@ def _f_no_current(diag: Diagnosis) -> Finding:
 
 def _f_inactive_primary(c: ContextInfo) -> Finding:
     if c.primary:  # a guard holds it: it was reset inside the guard's block
-        fix = ("A ContextGuard holds this context, so it was reset while the guard was entered: "
-               "leave the `with guard:` block and enter it again; the enter re-activates the "
-               "context (and warns ContextResetWarning). Memory and modules from before the reset "
-               "are gone: recreate them.")
+        fix = (
+            "A ContextGuard holds this context, so it was reset while the guard was entered: "
+            "leave the `with guard:` block and enter it again; the enter re-activates the "
+            "context (and warns ContextResetWarning). Memory and modules from before the reset "
+            "are gone: recreate them."
+        )
     else:
-        fix = (f"Hold a retain on the primary context, which activates it: "
-               f"{_GUARD_FIX.format(dev=c.device)}. Without cyctx: cuDevicePrimaryCtxRetain, or "
-               f"cudaFree(0) right after cudaSetDevice on a pre-12 runtime. After a reset, memory "
-               f"and modules from before it are gone: recreate them.")
-    maybe = "" if c.primary else (
-        " (A context made by cuCtxCreate and destroyed with cuCtxDestroy on another thread "
-        "looks the same to the driver; if this program does that, see that first.)")
+        fix = (
+            f"Hold a retain on the primary context, which activates it: "
+            f"{_GUARD_FIX.format(dev=c.device)}. Without cyctx: cuDevicePrimaryCtxRetain, or "
+            f"cudaFree(0) right after cudaSetDevice on a pre-12 runtime. After a reset, memory "
+            f"and modules from before it are gone: recreate them."
+        )
+    maybe = (
+        ""
+        if c.primary
+        else (
+            " (A context made by cuCtxCreate and destroyed with cuCtxDestroy on another thread "
+            "looks the same to the driver; if this program does that, see that first.)"
+        )
+    )
     return Finding(
-        "inactive_primary_current", "error",
+        "inactive_primary_current",
+        "error",
         f"The current context is device {c.device}'s primary context, and it is not active",
         f"cuCtxGetCurrent returns a non-NULL handle (0x{c.handle:x}) but the primary context "
         f"behind it is not created (cuDevicePrimaryCtxGetState: active=0), so driver calls "
@@ -254,9 +326,15 @@ def _f_inactive_primary(c: ContextInfo) -> Finding:
 
 def _f_dead_current(c: ContextInfo) -> Finding:
     return Finding(
-        "dead_current_context", "error", "The current context is unusable",
+        "dead_current_context",
+        "error",
+        "The current context is unusable",
         f"cuCtxGetCurrent returns 0x{c.handle:x}, but {c.why}. "
-        + (f"It is not device {c.device}'s primary context (that one is active): " if c.primary is False else "")
+        + (
+            f"It is not device {c.device}'s primary context (that one is active): "
+            if c.primary is False
+            else ""
+        )
         + f"a context destroyed with cuCtxDestroy on another thread stays current on this one, and "
         f"the driver answers {error_name(CONTEXT_IS_DESTROYED)}.",
         "Drop the dead context, cuCtxSetCurrent(NULL) (or cuCtxPopCurrent), and make a live one "
@@ -267,10 +345,14 @@ def _f_dead_current(c: ContextInfo) -> Finding:
 def _f_guard_context_destroyed(g: GuardInfo) -> Finding:
     # Not a reset: only a primary context is reset and re-activated. A created or green
     # context destroyed by its owner is gone for good; the guard cannot bring it back.
-    now = (f"the driver now answers {g.driver_id_error}" if g.driver_id is None
-           else f"the driver now reports id {g.driver_id} for the handle: another context reuses it")
+    now = (
+        f"the driver now answers {g.driver_id_error}"
+        if g.driver_id is None
+        else f"the driver now reports id {g.driver_id} for the handle: another context reuses it"
+    )
     return Finding(
-        "guard_context_destroyed", "error",
+        "guard_context_destroyed",
+        "error",
         f"A ContextGuard's context (device {g.device}, not a primary context) was destroyed",
         f"A guard made from a context its caller owns (cuCtxCreate or a green context, handle "
         f"0x{g.handle:x}) last saw context id {g.seen_id}; {now}. Its owner destroyed it "
@@ -282,11 +364,15 @@ def _f_guard_context_destroyed(g: GuardInfo) -> Finding:
 
 
 def _f_reset(g: GuardInfo) -> Finding:
-    now = (f"the driver now reports id {g.driver_id}: someone re-activated it since" if g.driver_id
-           is not None else f"the driver now answers {g.driver_id_error}: the context is destroyed "
-           f"and the primary context is inactive")
+    now = (
+        f"the driver now reports id {g.driver_id}: someone re-activated it since"
+        if g.driver_id is not None
+        else f"the driver now answers {g.driver_id_error}: the context is destroyed "
+        f"and the primary context is inactive"
+    )
     return Finding(
-        "context_reset", "error",
+        "context_reset",
+        "error",
         f"Device {g.device}'s primary context was reset since a ContextGuard last saw it",
         f"A guard of device {g.device} (handle 0x{g.handle:x}) last saw context id {g.seen_id}; "
         f"{now}. cudaDeviceReset or cuDevicePrimaryCtxReset ran in between. The handle value is "

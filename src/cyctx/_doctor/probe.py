@@ -32,7 +32,7 @@ def simulated_driver_path() -> str | None:
 
 def forked_from() -> int | None:
     """The parent's pid when this process is a forked child, from the guard's fork flags
-    (cyctx/_fork.h: set in every child forked after cyctx was imported), else None."""
+    (cyctx/_cpp/fork.h: set in every child forked after cyctx was imported), else None."""
     _, fork_child = _fork_state()
     return os.getppid() if fork_child else None
 
@@ -84,12 +84,17 @@ def guard_infos() -> list[GuardInfo]:
         # docs/evidence.md, "Reset keeps the handle and changes the id"): CONTEXT_IS_DESTROYED means the context
         # behind the handle is destroyed and the primary is inactive.
         e, cid = call(d.cuCtxGetId, d.CUcontext(h))
-        out.append(GuardInfo(
-            device=g.device, handle=h, seen_id=g.context_id,
-            driver_id=int(cid) if e == 0 else None,
-            driver_id_error=error_name(e) if e else None, shared=g.is_shared,
-            primary=g.is_primary,
-        ))
+        out.append(
+            GuardInfo(
+                device=g.device,
+                handle=h,
+                seen_id=g.context_id,
+                driver_id=int(cid) if e == 0 else None,
+                driver_id_error=error_name(e) if e else None,
+                shared=g.is_shared,
+                primary=g.is_primary,
+            )
+        )
     return sorted(out, key=lambda g: (g.device, g.handle))
 
 
@@ -118,27 +123,43 @@ def context_info(guards: list[GuardInfo], devices: list[DeviceInfo]) -> ContextI
     c.id, c.id_error = (int(cid), None) if e == 0 else (None, error_name(e))
     e, dev = call(d.cuCtxGetDevice)
     c.device = int(dev) if e == 0 else None
-    primary_active = devices[c.device].primary_active if c.device is not None and c.device < len(devices) else None
+    primary_active = (
+        devices[c.device].primary_active
+        if c.device is not None and c.device < len(devices)
+        else None
+    )
     # The driver has no query for "is this a primary context" short of retaining the primary
     # (which the doctor never does), so it is told from what is known.
     held = [g for g in guards if g.handle == c.handle and g.device == c.device]
     if any(g.primary for g in held):
         c.primary, c.primary_why = True, "a ContextGuard holds this handle as a primary context"
     elif held:
-        c.primary, c.primary_why = False, (
-            "a ContextGuard holds this handle as a context its caller owns (cuCtxCreate or green)")
+        c.primary, c.primary_why = (
+            False,
+            (
+                "a ContextGuard holds this handle as a context its caller owns (cuCtxCreate or green)"
+            ),
+        )
     elif primary_active is False and c.usable:
-        c.primary, c.primary_why = False, (
-            "it is live while its device's primary context is inactive: made by cuCtxCreate")
+        c.primary, c.primary_why = (
+            False,
+            ("it is live while its device's primary context is inactive: made by cuCtxCreate"),
+        )
     elif primary_active is True and not c.usable:
-        c.primary, c.primary_why = False, (
-            "it is dead while its device's primary context is active: a context destroyed "
-            "with cuCtxDestroy")
+        c.primary, c.primary_why = (
+            False,
+            (
+                "it is dead while its device's primary context is active: a context destroyed "
+                "with cuCtxDestroy"
+            ),
+        )
     elif primary_active is False:
         c.primary_why = (
             "probably: it is dead and its device's primary context is inactive. The driver "
-            "answers an inactive primary context and one destroyed with cuCtxDestroy alike")
+            "answers an inactive primary context and one destroyed with cuCtxDestroy alike"
+        )
     else:
-        c.primary_why = "cannot tell without retaining the primary context, which the doctor never does"
+        c.primary_why = (
+            "cannot tell without retaining the primary context, which the doctor never does"
+        )
     return c
-

@@ -97,8 +97,11 @@ class Diagnosis:
                 {
                     "ordinal": dev.ordinal,
                     "name": dev.name,
-                    "compute_capability": (f"{dev.compute_capability[0]}.{dev.compute_capability[1]}"
-                                           if dev.compute_capability else None),
+                    "compute_capability": (
+                        f"{dev.compute_capability[0]}.{dev.compute_capability[1]}"
+                        if dev.compute_capability
+                        else None
+                    ),
                     "pci_bus_id": dev.pci_bus_id,
                     "total_memory": dev.total_memory,
                     "primary_context": {"active": dev.primary_active, "flags": dev.primary_flags},

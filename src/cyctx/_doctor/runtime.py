@@ -63,8 +63,13 @@ class Cudart(Runtime):
         self.path = path
         self.source = source
         self.lib = ctypes.CDLL(path)
-        for name in ("cudaRuntimeGetVersion", "cudaGetDevice", "cudaSetDevice", "cudaFree",
-                     "cudaDeviceReset"):
+        for name in (
+            "cudaRuntimeGetVersion",
+            "cudaGetDevice",
+            "cudaSetDevice",
+            "cudaFree",
+            "cudaDeviceReset",
+        ):
             getattr(self.lib, name).restype = ctypes.c_int
         self.lib.cudaFree.argtypes = [ctypes.c_void_p]
         self.lib.cudaSetDevice.argtypes = [ctypes.c_int]
@@ -270,8 +275,9 @@ def add_runtimes(diag: Diagnosis, cudart: str | bool | None, query_device: bool)
         if rt is None:
             diag.runtime = RuntimeInfo(library="", source="", note=why)
         else:
-            info = RuntimeInfo(library=rt.path, source=rt.source, version=rt.version,
-                               version_from=rt.version_from)
+            info = RuntimeInfo(
+                library=rt.path, source=rt.source, version=rt.version, version_from=rt.version_from
+            )
             if not query_device:
                 info.note = "cudaGetDevice not called: the driver is not usable"
             else:
@@ -285,7 +291,13 @@ def add_runtimes(diag: Diagnosis, cudart: str | bool | None, query_device: bool)
     for p in cu11_candidates():
         if os.path.realpath(p) != used:
             v, frm = wheel_version(p)
-            diag.other_runtimes.append(RuntimeInfo(
-                library=p, source="nvidia-cuda-runtime-cu11 wheel", version=v, version_from=frm,
-                note="not loaded; `cyctx doctor --demo --cudart PATH` shows the classic "
-                     "failure with it"))
+            diag.other_runtimes.append(
+                RuntimeInfo(
+                    library=p,
+                    source="nvidia-cuda-runtime-cu11 wheel",
+                    version=v,
+                    version_from=frm,
+                    note="not loaded; `cyctx doctor --demo --cudart PATH` shows the classic "
+                    "failure with it",
+                )
+            )

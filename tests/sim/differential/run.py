@@ -112,7 +112,7 @@ def _collect_meta(driver, kind: str) -> dict:
         "cuda_bindings": getattr(cuda.bindings, "__version__", "?"),
         "platform": platform.platform(),
         "machine": platform.node(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     err, ver = driver.cuDriverGetVersion()
     meta["driver_version"] = int(ver) if int(err) == 0 else f"error {err.name}"
@@ -148,9 +148,8 @@ def child_main(scenario: str, result_path: str, sim_library: str | None) -> int:
         # Loaded first, with its soname libcuda.so.1 and RTLD_GLOBAL, so cuda.bindings'
         # dlopen("libcuda.so.1") finds this one instead of searching the system.
         ctypes.CDLL(os.path.abspath(sim_library), mode=os.RTLD_GLOBAL)
-    from cuda.bindings import driver
-
     import scenarios
+    from cuda.bindings import driver
 
     kind = "sim" if sim_library else "real"
     if scenario == "_meta":
@@ -187,8 +186,14 @@ def _run_child(scenario: str, sim_library: str | None, devices: int, timeout: fl
         cmd += ["--sim-library", os.path.abspath(sim_library)]
     try:
         # A new session so a timeout can kill the scenario and any fork child it left.
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True, cwd=str(HERE))
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            cwd=str(HERE),
+        )
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -197,8 +202,12 @@ def _run_child(scenario: str, sim_library: str | None, devices: int, timeout: fl
             except ProcessLookupError:
                 pass
             stdout, stderr = proc.communicate()
-            return {"events": [], "error": f"timed out after {timeout:.0f} s\n"
-                    + stderr.decode(errors="replace")[-4000:], "skipped": None}
+            return {
+                "events": [],
+                "error": f"timed out after {timeout:.0f} s\n"
+                + stderr.decode(errors="replace")[-4000:],
+                "skipped": None,
+            }
         try:
             with open(result_path) as f:
                 text = f.read()
@@ -206,12 +215,21 @@ def _run_child(scenario: str, sim_library: str | None, devices: int, timeout: fl
         except (OSError, ValueError):
             out = None
         if out is None:
-            how = (f"killed by signal {-proc.returncode}" if proc.returncode < 0
-                   else f"exit code {proc.returncode}")
-            return {"events": [], "error": f"scenario process died ({how}) without a result\n"
-                    + stderr.decode(errors="replace")[-4000:], "skipped": None}
+            how = (
+                f"killed by signal {-proc.returncode}"
+                if proc.returncode < 0
+                else f"exit code {proc.returncode}"
+            )
+            return {
+                "events": [],
+                "error": f"scenario process died ({how}) without a result\n"
+                + stderr.decode(errors="replace")[-4000:],
+                "skipped": None,
+            }
         if proc.returncode != 0 and not out.get("error"):
-            out["error"] = f"exit code {proc.returncode}\n" + stderr.decode(errors="replace")[-4000:]
+            out["error"] = (
+                f"exit code {proc.returncode}\n" + stderr.decode(errors="replace")[-4000:]
+            )
         return out
     finally:
         try:
@@ -231,14 +249,22 @@ def scenario_names() -> list[str]:
     return list(scenarios.SCENARIOS)
 
 
-def record(driver: str, sim_library: str | None = None, devices: int = 1,
-           jobs: int | None = None, timeout: float = DEFAULT_TIMEOUT,
-           only: list[str] | None = None, progress=None) -> dict:
+def record(
+    driver: str,
+    sim_library: str | None = None,
+    devices: int = 1,
+    jobs: int | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    only: list[str] | None = None,
+    progress=None,
+) -> dict:
     """Run every scenario (or ``only``) in its own process; return the record dict."""
     if driver == "sim":
         if not sim_library:
-            raise ValueError("--driver sim needs the simulated library: --sim-library PATH, "
-                             "$CYCTX_SIM_LIBRARY or cyctx.testing.sim_library_path()")
+            raise ValueError(
+                "--driver sim needs the simulated library: --sim-library PATH, "
+                "$CYCTX_SIM_LIBRARY or cyctx.testing.sim_library_path()"
+            )
         if not os.path.exists(sim_library):
             raise FileNotFoundError(f"simulated driver not found: {sim_library}")
     else:
@@ -255,8 +281,9 @@ def record(driver: str, sim_library: str | None = None, devices: int = 1,
         # No usable driver (no libcuda, cuInit failing, the wrong library mapped): a record
         # of 45 identical failures would only mislead a later comparison.
         why = meta_res.get("error") or (meta or {}).get("init_error") or "no metadata"
-        raise RuntimeError(f"the {driver} driver is not usable here: "
-                           f"{why.strip().splitlines()[-1]}")
+        raise RuntimeError(
+            f"the {driver} driver is not usable here: {why.strip().splitlines()[-1]}"
+        )
     meta["libcuda"] = meta_res.get("libcuda")
     if not jobs:
         # Scenario processes mostly wait on interpreter start-up and cuInit; a few in
@@ -276,8 +303,11 @@ def record(driver: str, sim_library: str | None = None, devices: int = 1,
         for fut in cf.as_completed(futs):
             n = futs[fut]
             res = fut.result()
-            results[n] = {"events": res.get("events", []), "error": res.get("error"),
-                          "skipped": res.get("skipped")}
+            results[n] = {
+                "events": res.get("events", []),
+                "error": res.get("error"),
+                "skipped": res.get("skipped"),
+            }
             if progress:
                 progress(n, results[n])
     return {"meta": meta, "scenarios": {n: results[n] for n in names}}
@@ -352,8 +382,15 @@ def compare(real: dict, sim: dict, known: dict[str, str] | None = None) -> list[
     rows = []
     for name in order:
         a, b = rs.get(name), ss.get(name)
-        row = {"scenario": name, "status": "same", "detail": None, "index": None,
-               "real": None, "sim": None, "justification": known.get(name)}
+        row = {
+            "scenario": name,
+            "status": "same",
+            "detail": None,
+            "index": None,
+            "real": None,
+            "sim": None,
+            "justification": known.get(name),
+        }
         if a is None:
             row["status"] = "unrecorded"
         elif b is None:
@@ -365,7 +402,9 @@ def compare(real: dict, sim: dict, known: dict[str, str] | None = None) -> list[
         elif a.get("error") or b.get("error"):
             row["status"] = "error"
             side = "real" if a.get("error") else "sim"
-            row["detail"] = f"{side}: " + (a.get("error") or b.get("error")).strip().splitlines()[-1]
+            row["detail"] = (
+                f"{side}: " + (a.get("error") or b.get("error")).strip().splitlines()[-1]
+            )
             row["real"], row["sim"] = a.get("error"), b.get("error")
         elif b.get("skipped"):
             row["status"] = "differs"
@@ -409,18 +448,25 @@ def _fmt_event(ev) -> str:
     return json.dumps(ev, sort_keys=False)
 
 
-def format_table(rows: list[dict], real_meta: dict | None = None,
-                 sim_meta: dict | None = None) -> str:
+def format_table(
+    rows: list[dict], real_meta: dict | None = None, sim_meta: dict | None = None
+) -> str:
     lines = []
     if real_meta and sim_meta:
         rc, sc = real_meta.get("device_count"), sim_meta.get("device_count")
-        lines.append(f"real: {real_meta.get('gpu_names')} driver {real_meta.get('driver_version')}"
-                     f" bindings {real_meta.get('cuda_bindings')} devices {rc}")
-        lines.append(f"sim:  {sim_meta.get('sim_library')} bindings {sim_meta.get('cuda_bindings')}"
-                     f" devices {sc}")
+        lines.append(
+            f"real: {real_meta.get('gpu_names')} driver {real_meta.get('driver_version')}"
+            f" bindings {real_meta.get('cuda_bindings')} devices {rc}"
+        )
+        lines.append(
+            f"sim:  {sim_meta.get('sim_library')} bindings {sim_meta.get('cuda_bindings')}"
+            f" devices {sc}"
+        )
         if rc != sc:
-            lines.append(f"WARNING: device counts differ (real {rc}, sim {sc}): record the sim "
-                         f"with --devices {rc}")
+            lines.append(
+                f"WARNING: device counts differ (real {rc}, sim {sc}): record the sim "
+                f"with --devices {rc}"
+            )
     width = max([len(r["scenario"]) for r in rows] + [8])
     for r in rows:
         status = r["status"].upper() if r["fails"] else r["status"]
@@ -440,8 +486,11 @@ def format_table(rows: list[dict], real_meta: dict | None = None,
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     failing = sum(r["fails"] for r in rows)
-    lines.append("summary: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-                 + f"; {failing} failing")
+    lines.append(
+        "summary: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+        + f"; {failing} failing"
+    )
     return "\n".join(lines)
 
 
@@ -465,18 +514,26 @@ def main(argv=None) -> int:
     pr = sub.add_parser("record", help="run every scenario against one driver")
     pr.add_argument("--driver", choices=("real", "sim"), required=True)
     pr.add_argument("--out", required=True, help="JSON file to write")
-    pr.add_argument("--sim-library", help="simulated libcuda.so.1 (default: $CYCTX_SIM_LIBRARY, "
-                    "then cyctx.testing.sim_library_path())")
-    pr.add_argument("--devices", type=int, default=1,
-                    help="simulated device count (CYCTX_SIM_DEVICES); match the real record's")
+    pr.add_argument(
+        "--sim-library",
+        help="simulated libcuda.so.1 (default: $CYCTX_SIM_LIBRARY, "
+        "then cyctx.testing.sim_library_path())",
+    )
+    pr.add_argument(
+        "--devices",
+        type=int,
+        default=1,
+        help="simulated device count (CYCTX_SIM_DEVICES); match the real record's",
+    )
     pr.add_argument("--jobs", type=int, default=None, help="scenario processes at a time")
     pr.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per scenario")
     pr.add_argument("--only", nargs="+", help="run only these scenarios")
     pc = sub.add_parser("compare", help="compare a real and a simulated record")
     pc.add_argument("real")
     pc.add_argument("sim")
-    pc.add_argument("--known-differences", default=None,
-                    help="JSON object scenario -> justification")
+    pc.add_argument(
+        "--known-differences", default=None, help="JSON object scenario -> justification"
+    )
     sub.add_parser("list", help="list the scenarios")
     ps = sub.add_parser("show", help="print a record's events, one line each")
     ps.add_argument("record")
@@ -503,8 +560,13 @@ def main(argv=None) -> int:
         sim_lib = find_sim_library(a.sim_library) if a.driver == "sim" else None
 
         def progress(name, res):
-            state = ("skipped" if res["skipped"] else "ERROR" if res["error"] else
-                     f"{len(res['events'])} events")
+            state = (
+                "skipped"
+                if res["skipped"]
+                else "ERROR"
+                if res["error"]
+                else f"{len(res['events'])} events"
+            )
             print(f"  {name}: {state}", file=sys.stderr)
 
         try:
@@ -516,8 +578,10 @@ def main(argv=None) -> int:
             json.dump(data, f, indent=1)
             f.write("\n")
         errors = [n for n, s in data["scenarios"].items() if s["error"]]
-        print(f"wrote {a.out}: {len(data['scenarios'])} scenarios, {len(errors)} with errors"
-              + (f" ({', '.join(errors)})" if errors else ""))
+        print(
+            f"wrote {a.out}: {len(data['scenarios'])} scenarios, {len(errors)} with errors"
+            + (f" ({', '.join(errors)})" if errors else "")
+        )
         return 0
     # compare
     with open(a.real) as f:

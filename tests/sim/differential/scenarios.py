@@ -135,7 +135,7 @@ class Recorder:
             return int(v)
         if isinstance(v, bool):
             return v
-        if isinstance(v, int) and hasattr(v, "name") and not type(v) is int:
+        if isinstance(v, int) and hasattr(v, "name") and type(v) is not int:
             return v.name  # an enum member
         if isinstance(v, int):
             return int(v)  # also strips a nameless enum instance (see _bogus_enum) to its value
@@ -155,7 +155,9 @@ class Recorder:
 
     # -- recording --------------------------------------------------------------------------
 
-    def call(self, fname: str, *args, out=None, tag: str | None = None, via: str | None = None) -> Res:
+    def call(
+        self, fname: str, *args, out=None, tag: str | None = None, via: str | None = None
+    ) -> Res:
         # `via`: the binding to call when it differs by major (recorded under `fname`).
         ev = {"call": fname, "args": [self.norm(a) for a in args]}
         if tag:
@@ -211,7 +213,7 @@ class Recorder:
 
     # -- threads ----------------------------------------------------------------------------
 
-    def sub(self, thread: str) -> "Recorder":
+    def sub(self, thread: str) -> Recorder:
         """A recorder for another thread: shares the label table, keeps its own events.
 
         Merge it back with ``merge`` after ``join`` so the event order is deterministic
@@ -221,7 +223,7 @@ class Recorder:
         """
         return Recorder(self.d, self.labels, thread)
 
-    def merge(self, sub: "Recorder"):
+    def merge(self, sub: Recorder):
         self.events.extend(sub.events)
 
     def run_thread(self, name: str, body):
@@ -936,8 +938,10 @@ def s_create_variants(r):
     pop(r)
     created = [x for x in (a, b, c) if x.ok]
     everything = created + [pc] if pc.ok else created
-    r.note("all distinct from each other and from the primary",
-           len({int(x.val) for x in everything}) == len(everything))
+    r.note(
+        "all distinct from each other and from the primary",
+        len({int(x.val) for x in everything}) == len(everything),
+    )
     create(r, dev=-1, tag="bad ordinal")
     create(r, dev=10**6, tag="bad ordinal")
     create(r, flags=3, tag="SPIN|YIELD is invalid")
@@ -1203,8 +1207,11 @@ def s_threads_concurrent_push_pop(r):
             bad_rc += int(e1) != 0 or int(e2) != 0 or int(e3) != 0
             bad_ctx += int(got) != int(h) or int(popped) != int(h)
         e4, left = d.cuCtxGetCurrent()
-        results[k] = {"bad_rc": bad_rc, "bad_ctx": bad_ctx,
-                      "end_empty": int(e4) == 0 and int(left) == 0}
+        results[k] = {
+            "bad_rc": bad_rc,
+            "bad_ctx": bad_ctx,
+            "end_empty": int(e4) == 0 and int(left) == 0,
+        }
 
     threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
     for t in threads:

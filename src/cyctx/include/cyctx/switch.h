@@ -1,5 +1,5 @@
 /* The record of one switch of the current context: what switch_to() replaced, for
- * switch_back(); a guard's per-thread entry (_tls.h) holds one too, so a guard's exit and
+ * switch_back(); a guard's per-thread entry (_cpp/thread_entries.h) holds one too, so a guard's exit and
  * switch_back() restore through the same code from the same record.
  *
  * It is part of the Cython contract (_guard.pxd declares it from here), so it is plain C: a

@@ -1,5 +1,5 @@
 # Part of the _guard module (included by _guard.pyx): the driver as this module reaches it
-# (the table of _driver.h, loaded once per process), the typed errors' native half (raising
+# (the table of _cpp/driver.h, loaded once per process), the typed errors' native half (raising
 # cyctx._errors' classes, naming codes through the driver), and the device count with the
 # fork check that every construction starts with.
 
@@ -61,9 +61,9 @@ def load_problem():
 
 
 # --- the driver -------------------------------------------------------------------------
-# Every driver function is called through the table of _driver.h, resolved once per process
+# Every driver function is called through the table of _cpp/driver.h, resolved once per process
 # at fixed ABI versions (not through cydriver's functions, so this build loads beside any
-# cuda-bindings major; _driver.h says why). A guard's construction loads it, so enter/exit
+# cuda-bindings major; _cpp/driver.h says why). A guard's construction loads it, so enter/exit
 # of a constructed guard find it loaded; the raw layer may run first and loads it itself.
 
 cdef inline const DriverApi* _api() except NULL nogil:

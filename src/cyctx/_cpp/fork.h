@@ -5,12 +5,12 @@
 //
 // The flags are atomics (relaxed: each is a single word set once, read on the hot path as a
 // plain load), so they are race-free without the GIL. The prepare/parent/child handlers also
-// hold _registry.h's mutex across fork(), so a child never inherits it locked.
+// hold registry.h's mutex across fork(), so a child never inherits it locked.
 #pragma once
 #include <atomic>
 #include <pthread.h>
 
-#include "_registry.h"
+#include "registry.h"
 
 namespace cyctx {
 

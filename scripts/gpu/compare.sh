@@ -3,7 +3,7 @@
 # `core` group (driver floor, nogil guard, Python `with`) for each build, alternating, so that
 # drift of the machine hits every build alike. For before/after figures of a change.
 #
-#   bash scripts/gpu_compare.sh ROUNDS TAG=WHEEL[=BENCHDIR] ...
+#   bash scripts/gpu/compare.sh ROUNDS TAG=WHEEL[=BENCHDIR] ...
 #
 # Each WHEEL is installed (no deps) into its own directory put first on PYTHONPATH; BENCHDIR is
 # the bench/ to run with it (default: this checkout's; an older build needs the bench/ of its

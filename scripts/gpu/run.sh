@@ -2,7 +2,7 @@
 # One device call on the H200: install the RELEASE WHEEL (no rebuild) into the machine's own
 # Python, whose torch/CuPy/cuda.core stack holds its own cuda-bindings, and check it there:
 #
-#   bash scripts/gpu_run.sh [PART]      (PART: all, the default; or suite, bench)
+#   bash scripts/gpu/run.sh [PART]      (PART: all, the default; or suite, bench)
 #
 #   1. what the machine has (GPU, driver, the Python stack and its cuda-bindings);
 #   2. `pip install --no-deps --no-index wheelhouse/cyctx-*-cp312-*.whl`; import, `cyctx --version`,
@@ -35,7 +35,7 @@ nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
 command -v python3; python3 --version
 (cat /etc/os-release | grep PRETTY; ldd --version | head -1) 2>/dev/null
 python3 -m pip list 2>/dev/null | grep -i -E "^(cuda|cython|setuptools|pytest |torch |cupy|numba|nvidia-cuda-runtime|matplotlib)"
-echo "command: bash scripts/gpu_run.sh $PART"
+echo "command: bash scripts/gpu/run.sh $PART"
 
 step "install the wheel (no rebuild, --no-deps)"
 python3 -m pip install -q --no-index --no-deps --target /tmp/hdr .whl/nvidia_cuda_runtime-13*.whl .whl/nvidia_cuda_profiler_api-*.whl

@@ -11,7 +11,7 @@
 // thread exit (no Python call: docs/design.md, "Shutdown and thread exit"); that object is
 // only touched on the spill path. (A `thread_local std::vector` would add a TLS init-guard
 // check and an out-of-line call to every access.)
-// The guard's token registry is _registry.h, its shared fields' accessors _fields.h.
+// The guard's token registry is registry.h, its shared fields' accessors shared_fields.h.
 // The stack is small on purpose: built with TLS descriptors (setup.py), glibc can place a
 // dlopen'ed module's TLS in its static-TLS surplus (a few hundred bytes shared by the whole
 // process) and then an access is a few instructions; a larger block falls back to the slower
@@ -20,7 +20,7 @@
 #include <cuda.h>
 #include <atomic>
 #include <cstddef>
-#include "_registry.h"
+#include "registry.h"
 #include "cyctx/switch.h"
 #include <cstdlib>
 #include <cstring>

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the cyctx wheel as a machine with glibc 2.28 (RHEL 8) would, and check it works.
 #
-#   bash scripts/check_glibc228.sh PYTHON [WHEELHOUSE]
+#   bash scripts/release/check_glibc228.sh PYTHON [WHEELHOUSE]
 #
 # A venv of PYTHON gets a `_manylinux` module with PEP 600's `manylinux_compatible` hook,
 # which pip consults for every manylinux tag: it answers "no" above glibc 2.28, so that pip
@@ -50,7 +50,7 @@ echo "check_glibc228: a manylinux_2_34 wheel is refused, as on glibc 2.28"
 "$V" -m pip install -q --only-binary cyctx --find-links "$WHEELHOUSE" "cyctx==$(basename "$wheel" | cut -d- -f2)" 2>&1 \
     | grep -v "^WARNING: Location" || true
 "$V" -m pip check
-(cd "$WORK" && "$V" "$ROOT/scripts/guard_probe.py" && "$V" -c '
+(cd "$WORK" && "$V" "$ROOT/scripts/release/guard_probe.py" && "$V" -c '
 import importlib.metadata as md
 import cyctx
 tag = [l for l in md.distribution("cyctx").read_text("WHEEL").splitlines() if l.startswith("Tag:")]

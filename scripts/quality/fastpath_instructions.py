@@ -1,7 +1,7 @@
 """Instructions per nogil enter()+exit() on the fast path, counted by callgrind: a measure of
 the guard's own code that, unlike a timing on a shared GPU machine, does not drift.
 
-    python scripts/fastpath_instructions.py [TAG=PATH ...]
+    python scripts/quality/fastpath_instructions.py [TAG=PATH ...]
 
 Each TAG=PATH is a cyctx installation (a directory put first on sys.path, e.g. from
 `pip install --target DIR --no-deps WHEEL`; an empty PATH: the cyctx this Python imports).
@@ -59,8 +59,12 @@ RUN = textwrap.dedent("""
 
 
 def per_object(profile: str) -> collections.Counter:
-    out = subprocess.run(["callgrind_annotate", "--threshold=100", profile],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["callgrind_annotate", "--threshold=100", profile],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     total: collections.Counter = collections.Counter()
     for line in out.splitlines():
         m = re.match(r"\s*([\d,]+)\s+\([^)]*\)\s+.*\[(.*)\]\s*$", line)
@@ -81,8 +85,20 @@ def measure(tag: str, path: str, work: str) -> dict[str, float]:
     counts = []
     for n in (N, 2 * N):
         prof = os.path.join(d, f"cg-{n}.out")
-        subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={prof}", sys.executable,
-                        "run.py", str(n)], cwd=d, env=env, check=True, capture_output=True)
+        subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                f"--callgrind-out-file={prof}",
+                sys.executable,
+                "run.py",
+                str(n),
+            ],
+            cwd=d,
+            env=env,
+            check=True,
+            capture_output=True,
+        )
         counts.append(per_object(prof))
     a, b = counts
     return {k: (b[k] - a[k]) / N for k in set(a) | set(b)}
@@ -94,7 +110,9 @@ def main(argv: list[str]) -> int:
         return 2
     specs = [s.partition("=")[::2] for s in argv] or [("installed", "")]
     work = tempfile.mkdtemp(prefix="cyctx-instr-")
-    print(f"instructions per enter()+exit(), fast path, simulated driver ({N} and {2 * N} iterations)")
+    print(
+        f"instructions per enter()+exit(), fast path, simulated driver ({N} and {2 * N} iterations)"
+    )
     print(f"{'build':12s}{'_guard':>10s}{'libcuda':>10s}{'ld.so':>10s}")
     for tag, path in specs:
         d = measure(tag, path, work)

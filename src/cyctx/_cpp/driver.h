@@ -91,7 +91,7 @@ inline const DriverApi *driver_api() noexcept { return g_api.load(std::memory_or
 
 // Resolve the table (once per process); CUDA_SUCCESS, or a CUresult with `problem` (n bytes,
 // the caller's: no thread-local buffer, so the module's TLS stays the small per-thread stack of
-// _tls.h) saying why: CUDA_ERROR_NO_DEVICE when no libcuda.so.1 loads,
+// thread_entries.h) saying why: CUDA_ERROR_NO_DEVICE when no libcuda.so.1 loads,
 // CUDA_ERROR_NOT_SUPPORTED when it predates CUDA 12.0, CUDA_ERROR_STUB_LIBRARY when it is the
 // toolkit's stub, CUDA_ERROR_NOT_FOUND when a required function is missing. GIL: not needed.
 inline CUresult driver_load(const DriverApi **out, char *problem, std::size_t n) noexcept {

@@ -2,7 +2,7 @@
 # The thread-pool and Dask examples (examples/pools/, docs/threads.md) once on a GPU machine,
 # with the installed cyctx (a wheel from wheelhouse/ is installed first when cyctx is not):
 #
-#   bash scripts/pools_gpu_run.sh          (logs to $OUT, or /tmp/cyctx-pools)
+#   bash scripts/gpu/pools_gpu_run.sh          (logs to $OUT, or /tmp/cyctx-pools)
 #
 #   1. threadpool_example.py: 256 tasks over every device on 8 threads, each allocating,
 #      filling and reading back 1 MiB on its device inside ContextGuard.shared(k);

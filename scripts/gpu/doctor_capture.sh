@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The doctor's real output on the GPU machine, for docs/classic-failure.md. Two uses:
 #
-#   bash scripts/doctor_capture.sh                   # on the GPU machine: writes $OUT/doctor-*
-#   bash scripts/doctor_capture.sh --fill-docs DIR   # here: paste DIR/doctor-*.txt into the docs
+#   bash scripts/gpu/doctor_capture.sh                   # on the GPU machine: writes $OUT/doctor-*
+#   bash scripts/gpu/doctor_capture.sh --fill-docs DIR   # here: paste DIR/doctor-*.txt into the docs
 #
 # On the GPU machine it builds cyctx first when the installed one is not this tree's (the same
-# build as scripts/gpu_run.sh; carry .whl with nvidia_cuda_runtime, nvidia_cuda_profiler_api
+# build as scripts/gpu/run.sh; carry .whl with nvidia_cuda_runtime, nvidia_cuda_profiler_api
 # and setuptools wheels for it), unpacks the carried CUDA 11.8 runtime wheel
 # (.whl/nvidia_cuda_runtime_cu11-11.8.89-*.whl) into /tmp/cu11, and runs:
 #   doctor, doctor --json, doctor --demo (the machine's CUDA 12/13 runtime), doctor --demo

@@ -4,8 +4,8 @@
 # chroot of sid. Made once with debootstrap (about 1-2 minutes and 700 MB) and cached outside
 # the repository; later calls reuse it.
 #
-#   bash scripts/sid_chroot.sh ensure            create the chroot when it is missing, print its path
-#   bash scripts/sid_chroot.sh run DIR CMD...    run CMD as root in the chroot, in DIR (a host
+#   bash scripts/release/sid_chroot.sh ensure            create the chroot when it is missing, print its path
+#   bash scripts/release/sid_chroot.sh run DIR CMD...    run CMD as root in the chroot, in DIR (a host
 #                                                directory, bind-mounted at the same path)
 #
 # CYCTX_SID_CHROOT picks the directory (default /work/cache/sid-chroot, else ~/.cache/...).

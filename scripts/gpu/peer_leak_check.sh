@@ -2,10 +2,10 @@
 # cyctx's context-leak checker (pytest --cyctx-check-contexts) over a peer's own test files:
 # CuPy's CUDA tests of the release installed on the GPU machine.
 #
-#   bash scripts/peer_leak_check.sh prepare [CUPY_GIT_DIR]   (here, with the network or a mirror)
+#   bash scripts/gpu/peer_leak_check.sh prepare [CUPY_GIT_DIR]   (here, with the network or a mirror)
 #       copies CuPy 14.2.0's test files (tests/conftest.py, the CUDA tests and its pytest
 #       settings) from a git clone of cupy/cupy into peer_tests/cupy-14.2.0 (git-ignored, ~150 KB);
-#   bash scripts/peer_leak_check.sh run                       (on the GPU machine, no network)
+#   bash scripts/gpu/peer_leak_check.sh run                       (on the GPU machine, no network)
 #       runs them with the checker on the real driver, with the installed cupy and cyctx (a
 #       wheel from wheelhouse/ is installed first when cyctx is not), and writes the logs to
 #       $OUT (or /tmp/cyctx-peer).
@@ -58,5 +58,5 @@ run() {
 case "${1:-}" in
     prepare) shift; prepare "$@" ;;
     run) run ;;
-    *) echo "usage: bash scripts/peer_leak_check.sh prepare [CUPY_GIT_DIR] | run" >&2; exit 2 ;;
+    *) echo "usage: bash scripts/gpu/peer_leak_check.sh prepare [CUPY_GIT_DIR] | run" >&2; exit 2 ;;
 esac

@@ -18,7 +18,7 @@ inline unsigned long long new_token() noexcept {
 // The tokens of the guards alive now. Touched at construction and deallocation, read only
 // on the slow path of exit (an entry on top that is not the exiting guard's), never on the
 // hot path. The mutex is held for a set operation only: never across Python code or a driver
-// call; the fork handlers of _fork.h hold it across fork() so a child never inherits it
+// call; the fork handlers of fork.h hold it across fork() so a child never inherits it
 // locked or the set half-modified.
 //
 // Plain C (a pthread mutex, an open-addressing table from malloc): no C++ library symbols, so

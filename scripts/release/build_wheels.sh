@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Release artefacts into wheelhouse/: the sdist, and one manylinux wheel per supported CPython.
 #
-#   bash scripts/build_wheels.sh [PYTHON ...]
+#   bash scripts/release/build_wheels.sh [PYTHON ...]
 #
 # PYTHONs default to CPython 3.11 to 3.15: each from pyenv (or PATH), else from Debian
-# unstable in a chroot (scripts/sid_chroot.sh; it packages 3.14 and 3.15, which need a newer
+# unstable in a chroot (scripts/release/sid_chroot.sh; it packages 3.14 and 3.15, which need a newer
 # glibc than older hosts have). A PYTHON is a path, or sid:3.15 for the chroot's. Each wheel
 # is built in an isolated environment (the build requirements of pyproject.toml: cuda-bindings
 # and CUDA headers 13.0, 13.4 for 3.15, so the wheel serves every cuda-bindings 12.9+ and
@@ -27,8 +27,8 @@ PLAT=${CYCTX_MANYLINUX:-manylinux_2_28_x86_64}
 export CYCTX_TLS_DESCRIPTORS=${CYCTX_TLS_DESCRIPTORS:-0}
 SUPPORTED="3.11 3.12 3.13 3.14 3.15"
 
-# shellcheck source=scripts/_python.sh
-. scripts/_python.sh
+# shellcheck source=scripts/release/_python.sh
+. scripts/release/_python.sh
 pythons=("$@")
 if [ ${#pythons[@]} -eq 0 ]; then
     for v in $SUPPORTED; do
@@ -57,8 +57,8 @@ for py in "${pythons[@]}"; do
     case "$py" in
     sid:*)
         v=${py#sid:}
-        echo "== wheel for Python $v (Debian unstable's python$v, in the chroot of scripts/sid_chroot.sh)"
-        bash scripts/sid_chroot.sh run "$PWD" bash -c "
+        echo "== wheel for Python $v (Debian unstable's python$v, in the chroot of scripts/release/sid_chroot.sh)"
+        bash scripts/release/sid_chroot.sh run "$PWD" bash -c "
             set -e
             python$v -m venv /tmp/build-venv
             /tmp/build-venv/bin/python -m pip install -q --upgrade pip build
@@ -126,7 +126,7 @@ for whl in "$OUT"/*.whl; do
 done
 listing=$(tar -tzf "$OUT"/cyctx-*.tar.gz)
 if grep -E '\.cpp$|_build_info\.py$|\.so' <<<"$listing"; then echo "FAIL: the sdist holds generated files"; status=1; fi
-for f in src/cyctx/_guard.pyx src/cyctx/_native.pxi src/cyctx/_switch.pxi src/cyctx/_errors.py src/cyctx/_inputs.py src/cyctx/_driver.h src/cyctx/_sim/simdriver.c \
+for f in src/cyctx/_guard.pyx src/cyctx/_driver_and_errors.pxi src/cyctx/_switch.pxi src/cyctx/_errors.py src/cyctx/_inputs.py src/cyctx/_cpp/driver.h src/cyctx/_sim/simdriver.c \
          tests/conftest.py tests/helpers/drivers.py tests/sim/test_simdriver.py \
          examples/downstream/pyproject.toml docs/guarantees.md LICENSE CHANGELOG.md; do
     grep -q "/$f$" <<<"$listing" || { echo "FAIL: the sdist lacks $f"; status=1; }

@@ -2,7 +2,7 @@
 # Install cyctx as a user would, into environments that already hold a cuda-bindings, with
 # pip's defaults, and check that it works there and that pip left that cuda-bindings alone.
 #
-#   bash scripts/check_install.sh SDIST
+#   bash scripts/release/check_install.sh SDIST
 #
 # For each case: a fresh venv; `pip install cuda-bindings==X` (what torch/CuPy/cuda.core
 # environments hold); `pip install <checkout or sdist>`; then: the same cuda-bindings version
@@ -17,7 +17,7 @@ WORK=$PWD/build/check-install
 rm -rf "$WORK"
 mkdir -p "$WORK"
 
-PROBE=$PWD/scripts/guard_probe.py
+PROBE=$PWD/scripts/release/guard_probe.py
 
 check_case() {  # $1: label, $2: cuda-bindings spec to preinstall ("" for none), $3: what to pip install
     local label=$1 pre=$2 target=$3 venv="$WORK/venv" before after

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Mutation testing for cyctx: Cython, C++ headers, C (the simulated driver) and Python.
 
-Each mutant in scripts/mutants.toml replaces one exact snippet of one file with a plausible
+Each mutant in scripts/quality/mutants.toml replaces one exact snippet of one file with a plausible
 bug. This script applies them one at a time to a scratch copy of the working tree (the tree
 itself is never written), rebuilds only what the mutated file compiles into, runs the test
 suite against that build, and reports whether the suite noticed:
@@ -12,9 +12,9 @@ suite against that build, and reports whether the suite noticed:
   build-error  the mutant does not compile (not a mutant; fix or drop it)
   stale        its snippet is not in the file (exactly once): the code moved on; re-anchor it
 
-    python scripts/mutate.py                  # all mutants; table on stdout, JSON report
-    python scripts/mutate.py --list           # anchors only: which are stale (no build)
-    python scripts/mutate.py --only ID ...    # some of them
+    python scripts/quality/mutate.py                  # all mutants; table on stdout, JSON report
+    python scripts/quality/mutate.py --list           # anchors only: which are stale (no build)
+    python scripts/quality/mutate.py --only ID ...    # some of them
 
 How a mutant is built: the scratch tree is built once with `setup.py build_ext --inplace`,
 whose compiler and linker commands are recorded. A mutated .pyx/.pxd/.h is re-Cythonized and
@@ -31,7 +31,6 @@ compiler) and Python 3.11+ (tomllib). Runs on the simulated driver by default.
 from __future__ import annotations
 
 import argparse
-import ast
 import glob
 import json
 import os
@@ -53,6 +52,7 @@ FIELDS = {"id", "file", "find", "replace", "why", "tests", "equivalent"}
 
 # --- the mutant set ---------------------------------------------------------------------------
 
+
 def load_mutants(path):
     with open(path, "rb") as f:
         data = tomllib.load(f)
@@ -62,7 +62,9 @@ def load_mutants(path):
         unknown = set(m) - FIELDS
         missing = {"id", "file", "find", "replace", "why"} - set(m)
         if unknown or missing:
-            raise SystemExit(f"mutant {m.get('id', '?')}: unknown fields {sorted(unknown)}, missing {sorted(missing)}")
+            raise SystemExit(
+                f"mutant {m.get('id', '?')}: unknown fields {sorted(unknown)}, missing {sorted(missing)}"
+            )
         if m["id"] in seen:
             raise SystemExit(f"mutant id {m['id']} appears twice")
         if m["find"] == m["replace"]:
@@ -84,10 +86,15 @@ def anchor_status(tree, m):
 
 # --- the scratch tree and its build -----------------------------------------------------------
 
+
 def tree_files():
     """The working tree's files as git sees them: tracked, plus untracked ones not ignored."""
-    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                         cwd=REPO, capture_output=True, check=True).stdout
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout
     return [p for p in out.decode().split("\0") if p and os.path.isfile(os.path.join(REPO, p))]
 
 
@@ -100,8 +107,15 @@ def copy_tree(dst):
 def run(cmd, cwd, env=None, timeout=None, log=None):
     """Run cmd in its own process group; (returncode or None on timeout, output, seconds)."""
     t0 = time.monotonic()
-    p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True, start_new_session=True)
+    p = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = p.communicate(timeout=timeout)
         rc = p.returncode
@@ -132,35 +146,56 @@ class Build:
 
     def setup(self):
         copy_tree(self.tree)
-        rc, out, secs = run([sys.executable, "setup.py", "build_ext", "--inplace"], self.tree, log=self.log)
+        rc, out, secs = run(
+            [sys.executable, "setup.py", "build_ext", "--inplace"], self.tree, log=self.log
+        )
         if rc != 0:
             raise SystemExit(f"the unmutated tree does not build:\n{out[-4000:]}")
         self._record_commands(out)
         print(f"built the scratch tree in {secs:.0f} s; extensions {sorted(self.exts)}", flush=True)
         # The package as the tests import it: outside tree/src (the consumer tests refuse an
         # import from the source tree), no generated C++, no bytecode.
-        shutil.copytree(os.path.join(self.tree, PKG_REL), os.path.join(self.site, "cyctx"),
-                        ignore=shutil.ignore_patterns("*.cpp", "__pycache__"))
+        shutil.copytree(
+            os.path.join(self.tree, PKG_REL),
+            os.path.join(self.site, "cyctx"),
+            ignore=shutil.ignore_patterns("*.cpp", "__pycache__"),
+        )
         shutil.copytree(self.site, self.pristine)
 
     def _record_commands(self, out):
         lines = [ln.strip() for ln in out.splitlines()]
-        cmds = [shlex.split(ln) for ln in lines if re.match(r"^\S*(gcc|g\+\+|cc|c\+\+|clang\S*)\s", ln)]
-        names = sorted(os.path.basename(f)[:-4] for f in glob.glob(os.path.join(self.tree, PKG_REL, "*.pyx")))
+        cmds = [
+            shlex.split(ln) for ln in lines if re.match(r"^\S*(gcc|g\+\+|cc|c\+\+|clang\S*)\s", ln)
+        ]
+        names = sorted(
+            os.path.basename(f)[:-4] for f in glob.glob(os.path.join(self.tree, PKG_REL, "*.pyx"))
+        )
         for name in names:
             src = f"src/cyctx/{name}.cpp"
             comp = [c for c in cmds if "-c" in c and src in c]
             obj = comp[-1][comp[-1].index("-o") + 1] if comp else None
             link = [c for c in cmds if obj and obj in c and "-shared" in c]
             if not comp or not link:
-                raise SystemExit(f"could not find the build commands of {name} in setup.py's output")
-            self.exts[name] = {"compile": comp[-1], "link": link[-1], "out": link[-1][link[-1].index("-o") + 1]}
+                raise SystemExit(
+                    f"could not find the build commands of {name} in setup.py's output"
+                )
+            self.exts[name] = {
+                "compile": comp[-1],
+                "link": link[-1],
+                "out": link[-1][link[-1].index("-o") + 1],
+            }
         comp = [c for c in cmds if "-c" in c and any(a.endswith("simdriver.c") for a in c)]
         obj = comp[-1][comp[-1].index("-o") + 1] if comp else None
         link = [c for c in cmds if obj and obj in c and "-shared" in c]
         if not comp or not link:
-            raise SystemExit("could not find the simulated driver's build commands in setup.py's output")
-        self.sim = {"compile": comp[-1], "link": link[-1], "out": link[-1][link[-1].index("-o") + 1]}
+            raise SystemExit(
+                "could not find the simulated driver's build commands in setup.py's output"
+            )
+        self.sim = {
+            "compile": comp[-1],
+            "link": link[-1],
+            "out": link[-1][link[-1].index("-o") + 1],
+        }
 
     # -- what a file compiles into
 
@@ -200,17 +235,27 @@ class Build:
     def rebuild(self, target):
         """Rebuild one target in the scratch tree and put it into the package folder."""
         if target[0] == "sim":
-            steps, out, dest = [self.sim["compile"], self.sim["link"]], self.sim["out"], "_sim/libcuda.so.1"
+            steps, out, dest = (
+                [self.sim["compile"], self.sim["link"]],
+                self.sim["out"],
+                "_sim/libcuda.so.1",
+            )
         else:
             name = target[1]
             e = self.exts[name]
-            cy = (f"import ast\nfrom Cython.Build import cythonize\nfrom setuptools import Extension\n"
-                  f"tree = ast.parse(open('setup.py').read())\n"
-                  f"d = next(n.value for n in tree.body if isinstance(n, ast.Assign) and "
-                  f"getattr(n.targets[0], 'id', '') == 'DIRECTIVES')\n"
-                  f"cythonize([Extension('cyctx.{name}', ['src/cyctx/{name}.pyx'], language='c++')], "
-                  f"compiler_directives=ast.literal_eval(d), include_path=['src'], force=True, quiet=True)\n")
-            steps, out, dest = [[sys.executable, "-c", cy], e["compile"], e["link"]], e["out"], os.path.basename(e["out"])
+            cy = (
+                f"import ast\nfrom Cython.Build import cythonize\nfrom setuptools import Extension\n"
+                f"tree = ast.parse(open('setup.py').read())\n"
+                f"d = next(n.value for n in tree.body if isinstance(n, ast.Assign) and "
+                f"getattr(n.targets[0], 'id', '') == 'DIRECTIVES')\n"
+                f"cythonize([Extension('cyctx.{name}', ['src/cyctx/{name}.pyx'], language='c++')], "
+                f"compiler_directives=ast.literal_eval(d), include_path=['src'], force=True, quiet=True)\n"
+            )
+            steps, out, dest = (
+                [[sys.executable, "-c", cy], e["compile"], e["link"]],
+                e["out"],
+                os.path.basename(e["out"]),
+            )
         for argv in steps:
             rc, text, _ = run(argv, self.tree, log=self.log)
             if rc != 0:
@@ -223,7 +268,9 @@ class Build:
         if rel.startswith(PKG_REL + os.sep):
             inside = os.path.relpath(rel, PKG_REL)
             if os.path.isfile(os.path.join(self.pristine, "cyctx", inside)):
-                shutil.copyfile(os.path.join(self.tree, rel), os.path.join(self.site, "cyctx", inside))
+                shutil.copyfile(
+                    os.path.join(self.tree, rel), os.path.join(self.site, "cyctx", inside)
+                )
                 return inside
         return None
 
@@ -231,14 +278,20 @@ class Build:
         with open(os.path.join(self.tree, rel), "w", encoding="utf-8") as f:
             f.write(original)
         for inside in touched:
-            shutil.copyfile(os.path.join(self.pristine, "cyctx", inside), os.path.join(self.site, "cyctx", inside))
+            shutil.copyfile(
+                os.path.join(self.pristine, "cyctx", inside),
+                os.path.join(self.site, "cyctx", inside),
+            )
 
 
 # --- running the suite ------------------------------------------------------------------------
 
+
 def test_env(build, driver):
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([build.site] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [build.site] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # a restored .py must never meet a mutant's bytecode
     env["CYCTX_TEST_DRIVER"] = driver
     env.pop("CYCTX_SIM_LIBRARY", None)
@@ -246,7 +299,17 @@ def test_env(build, driver):
 
 
 def pytest(build, env, tests, timeout):
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--driver", env["CYCTX_TEST_DRIVER"]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-x",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--driver",
+        env["CYCTX_TEST_DRIVER"],
+    ]
     return run(cmd + list(tests), build.tree, env=env, timeout=timeout, log=build.log)
 
 
@@ -277,7 +340,11 @@ def try_mutant(build, m, env, timeout):
         if inside:
             touched.append(inside)
         for target in build.targets(rel):
-            touched.append("_sim/libcuda.so.1" if target[0] == "sim" else os.path.basename(build.exts[target[1]]["out"]))
+            touched.append(
+                "_sim/libcuda.so.1"
+                if target[0] == "sim"
+                else os.path.basename(build.exts[target[1]]["out"])
+            )
             err = build.rebuild(target)
             if err is not None:
                 return {"status": "build-error", "note": err[-800:]}
@@ -286,8 +353,11 @@ def try_mutant(build, m, env, timeout):
         for tests in runs:
             rc, out, _ = pytest(build, env, tests, timeout)
             if rc is None:
-                return {"status": "timeout", "note": f"the suite ran past {timeout} s: a hang, counted as killed",
-                        "build_s": build_s}
+                return {
+                    "status": "timeout",
+                    "note": f"the suite ran past {timeout} s: a hang, counted as killed",
+                    "build_s": build_s,
+                }
             if rc != 0:
                 return {"status": "killed", "by": first_failure(out, rc), "build_s": build_s}
         return {"status": "survived", "build_s": build_s}
@@ -299,6 +369,7 @@ def try_mutant(build, m, env, timeout):
 
 # --- the report -------------------------------------------------------------------------------
 
+
 def report(results, mutants, out_json, elapsed):
     by_id = {m["id"]: m for m in mutants}
     w = max(len(r["id"]) for r in results) if results else 10
@@ -308,29 +379,61 @@ def report(results, mutants, out_json, elapsed):
         m = by_id[r["id"]]
         detail = r.get("by") or r.get("note", "")
         if r["status"] == "survived":
-            detail = f"EQUIVALENT: {m['equivalent']}" if m.get("equivalent") else "NOT EXPLAINED: " + m["why"]
-        print(f"{r['id']:<{w}}  {r['status']:<11}  {r.get('secs', 0):>5.0f}  {detail.splitlines()[0] if detail else ''}")
-    count = {s: sum(r["status"] == s for r in results) for s in ("killed", "timeout", "survived", "build-error", "stale")}
+            detail = (
+                f"EQUIVALENT: {m['equivalent']}"
+                if m.get("equivalent")
+                else "NOT EXPLAINED: " + m["why"]
+            )
+        print(
+            f"{r['id']:<{w}}  {r['status']:<11}  {r.get('secs', 0):>5.0f}  {detail.splitlines()[0] if detail else ''}"
+        )
+    count = {
+        s: sum(r["status"] == s for r in results)
+        for s in ("killed", "timeout", "survived", "build-error", "stale")
+    }
     valid = count["killed"] + count["timeout"] + count["survived"]
     killed = count["killed"] + count["timeout"]
-    equivalent = [r for r in results if r["status"] == "survived" and by_id[r["id"]].get("equivalent")]
-    unexplained = [r["id"] for r in results if r["status"] == "survived" and not by_id[r["id"]].get("equivalent")]
-    wrongly_equivalent = [r["id"] for r in results if r["status"] in ("killed", "timeout") and by_id[r["id"]].get("equivalent")]
+    equivalent = [
+        r for r in results if r["status"] == "survived" and by_id[r["id"]].get("equivalent")
+    ]
+    unexplained = [
+        r["id"]
+        for r in results
+        if r["status"] == "survived" and not by_id[r["id"]].get("equivalent")
+    ]
+    wrongly_equivalent = [
+        r["id"]
+        for r in results
+        if r["status"] in ("killed", "timeout") and by_id[r["id"]].get("equivalent")
+    ]
     score = killed / valid if valid else 0.0
     print()
     print(" ".join(f"{k}={v}" for k, v in count.items()) + f"  ({elapsed / 60:.1f} min)")
-    print(f"score: {killed}/{valid} killed = {100 * score:.1f}%"
-          + (f"; {len(equivalent)} equivalent survivor(s), {killed}/{valid - len(equivalent)} = "
-             f"{100 * killed / (valid - len(equivalent)):.1f}% of the rest" if equivalent and valid > len(equivalent) else ""))
+    print(
+        f"score: {killed}/{valid} killed = {100 * score:.1f}%"
+        + (
+            f"; {len(equivalent)} equivalent survivor(s), {killed}/{valid - len(equivalent)} = "
+            f"{100 * killed / (valid - len(equivalent)):.1f}% of the rest"
+            if equivalent and valid > len(equivalent)
+            else ""
+        )
+    )
     if unexplained:
-        print(f"survivors with no explanation (kill them with a test, or mark them equivalent): {unexplained}")
+        print(
+            f"survivors with no explanation (kill them with a test, or mark them equivalent): {unexplained}"
+        )
     if wrongly_equivalent:
         print(f"marked equivalent but killed (drop the mark): {wrongly_equivalent}")
     stale = [r["id"] for r in results if r["status"] == "stale"]
     if stale:
-        print(f"STALE anchors (re-anchor them in scripts/mutants.toml): {stale}")
-    data = {"score": score, "counts": count, "unexplained_survivors": unexplained,
-            "elapsed_s": round(elapsed), "mutants": results}
+        print(f"STALE anchors (re-anchor them in scripts/quality/mutants.toml): {stale}")
+    data = {
+        "score": score,
+        "counts": count,
+        "unexplained_survivors": unexplained,
+        "elapsed_s": round(elapsed),
+        "mutants": results,
+    }
     os.makedirs(os.path.dirname(os.path.abspath(out_json)), exist_ok=True)
     with open(out_json, "w") as f:
         json.dump(data, f, indent=1)
@@ -339,16 +442,25 @@ def report(results, mutants, out_json, elapsed):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--mutants", default=os.path.join(REPO, "scripts", "mutants.toml"))
     ap.add_argument("--only", nargs="+", metavar="ID", help="run these mutants only")
-    ap.add_argument("--list", action="store_true", help="list the mutants and their anchors; build nothing")
-    ap.add_argument("--timeout", type=float, default=None,
-                    help="seconds one suite run may take (default: 4x the unmutated run, at least 120)")
+    ap.add_argument(
+        "--list", action="store_true", help="list the mutants and their anchors; build nothing"
+    )
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds one suite run may take (default: 4x the unmutated run, at least 120)",
+    )
     ap.add_argument("--driver", default="sim", choices=("sim", "real", "auto"))
     ap.add_argument("--json", default=os.path.join(REPO, "build", "mutation", "report.json"))
-    ap.add_argument("--keep", action="store_true", help="keep the scratch folder (its path is printed)")
+    ap.add_argument(
+        "--keep", action="store_true", help="keep the scratch folder (its path is printed)"
+    )
     args = ap.parse_args(argv)
 
     mutants = load_mutants(args.mutants)
@@ -363,7 +475,9 @@ def main(argv=None):
         for m in mutants:
             why = anchor_status(REPO, m)
             bad += why is not None
-            note = "STALE: " + why if why else "ok" + (" (equivalent)" if m.get("equivalent") else "")
+            note = (
+                "STALE: " + why if why else "ok" + (" (equivalent)" if m.get("equivalent") else "")
+            )
             print(f"{m['id']:<40} {m['file']:<32} {note}")
         print(f"{len(mutants)} mutants, {bad} stale")
         return 1 if bad else 0
@@ -371,6 +485,7 @@ def main(argv=None):
     # SIGTERM as well as Ctrl-C unwinds through the finally below, which removes the scratch.
     def on_term(signum, frame):
         raise KeyboardInterrupt
+
     signal.signal(signal.SIGTERM, on_term)
     scratch = tempfile.mkdtemp(prefix="cyctx-mutate-")
     t0 = time.monotonic()
@@ -388,9 +503,14 @@ def main(argv=None):
                     raise SystemExit(f"replaying the build of {target} failed:\n{err}")
             rc, out, secs = pytest(build, env, [], None)
             if rc != 0:
-                raise SystemExit(f"the unmutated suite fails ({first_failure(out, rc)}): fix that first\n{out[-3000:]}")
+                raise SystemExit(
+                    f"the unmutated suite fails ({first_failure(out, rc)}): fix that first\n{out[-3000:]}"
+                )
             timeout = args.timeout or max(120.0, 4 * secs)
-            print(f"unmutated suite: passed in {secs:.0f} s; limit per run {timeout:.0f} s", flush=True)
+            print(
+                f"unmutated suite: passed in {secs:.0f} s; limit per run {timeout:.0f} s",
+                flush=True,
+            )
             for i, m in enumerate(mutants, 1):
                 why = anchor_status(build.tree, m)
                 if why:
@@ -401,8 +521,11 @@ def main(argv=None):
                     r["secs"] = round(time.monotonic() - t1, 1)
                 r = {"id": m["id"], "file": m["file"], **r}
                 results.append(r)
-                print(f"[{i}/{len(mutants)}] {m['id']}: {r['status']} {r.get('by', r.get('note', ''))[:100]}"
-                      f" ({r.get('secs', 0):.0f} s)", flush=True)
+                print(
+                    f"[{i}/{len(mutants)}] {m['id']}: {r['status']} {r.get('by', r.get('note', ''))[:100]}"
+                    f" ({r.get('secs', 0):.0f} s)",
+                    flush=True,
+                )
     except KeyboardInterrupt:
         print("interrupted: reporting what ran", file=sys.stderr)
     finally:

@@ -1,4 +1,4 @@
-# Sourced by scripts/build_wheels.sh and .ci/run: where a CPython of a given minor is.
+# Sourced by scripts/release/build_wheels.sh and .ci/run: where a CPython of a given minor is.
 # find_python 3.11 -> the newest 3.11.x under pyenv, else python3.11 on PATH, else nothing.
 find_python() {
     local p
