@@ -12,7 +12,7 @@
 # CMP_ARGS adds arguments to run_all.py (e.g. "--sim --quick" for a dry run without a GPU;
 # then also CMP_SIM=1).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROUNDS=$1; shift
 out=${OUT:-/tmp/cyctx-compare}/compare
 mkdir -p "$out"

@@ -13,7 +13,7 @@
 #   one after cudaDeviceReset with the 13 runtime, of a forked child, and doctor --simulate.
 # Each output is doctor-NAME.txt (or .json); doctor-exit-status.txt lists the exit statuses.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 if [ "${1:-}" = "--fill-docs" ]; then
     # docs/classic-failure.md marks each pasted block with <!-- doctor-capture: FILE -->; the

@@ -13,7 +13,7 @@
 # The files are run, not edited; what the checker reports is in each log's summary, under
 # "cyctx: ... left the CUDA context state changed" and "retains taken and kept".
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 CUPY_TAG=v14.2.0
 DEST=peer_tests/cupy-${CUPY_TAG#v}
 FILES="tests/conftest.py tests/cupy_tests/__init__.py tests/cupy_tests/cuda_tests/__init__.py

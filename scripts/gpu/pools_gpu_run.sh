@@ -13,7 +13,7 @@
 #   3. tests/test_pools.py on the real driver.
 # Each prints whether any pool thread was left with a context current or a guard entered.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/cyctx-pools}
 mkdir -p "$out"
 if ! (cd /tmp && python3 -c "import cyctx" 2>/dev/null); then

@@ -44,7 +44,7 @@ import tempfile
 import time
 import tomllib
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PKG_REL = os.path.join("src", "cyctx")
 SIM_REL = os.path.join(PKG_REL, "_sim", "simdriver.c")
 FIELDS = {"id", "file", "find", "replace", "why", "tests", "equivalent"}
@@ -445,7 +445,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--mutants", default=os.path.join(REPO, "scripts", "mutants.toml"))
+    ap.add_argument("--mutants", default=os.path.join(REPO, "scripts", "quality", "mutants.toml"))
     ap.add_argument("--only", nargs="+", metavar="ID", help="run these mutants only")
     ap.add_argument(
         "--list", action="store_true", help="list the mutants and their anchors; build nothing"

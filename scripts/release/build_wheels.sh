@@ -16,7 +16,7 @@
 # present. A CI with containers runs the same through cibuildwheel ([tool.cibuildwheel] in
 # pyproject.toml).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=wheelhouse
 RAW=build/wheels-raw
 TOOLS=build/wheel-tools

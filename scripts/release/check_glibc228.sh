@@ -10,7 +10,7 @@
 # WHEELHOUSE (default wheelhouse/) installs with its dependencies from the index (which must
 # fit glibc 2.28 too), `pip check` is clean, and a guard works on the simulated driver.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROOT=$PWD
 PY=${1:?usage: check_glibc228.sh PYTHON [WHEELHOUSE]}
 WHEELHOUSE=$(realpath "${2:-wheelhouse}")

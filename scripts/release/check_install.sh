@@ -10,7 +10,7 @@
 # `cyctx doctor --simulate` exiting 0. Plus `pip install "<checkout>[cu12]"` in an empty
 # venv, which must give a CUDA 12 cyctx.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 SDIST=$(realpath "${1:?usage: check_install.sh SDIST}")
 PY=${PYTHON:-python3}
 WORK=$PWD/build/check-install
