@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# ThreadSanitizer over cyctx's native code on the simulated driver (docs/threads.md, "Checked
+# with ThreadSanitizer").
+#
+# Builds a copy of the extension and of the simulated driver with -fsanitize=thread (in a
+# temporary directory; the tree and the installed cyctx are untouched), builds the harness
+# (tsan/tsan_harness.pyx, a Cython module that cimports cyctx), and runs tsan/run.py under
+# gcc's libtsan, preloaded since CPython itself is not instrumented:
+#   1. the self-test: a deliberate data race (tsan_harness.racy) must be reported;
+#   2. the check: 16 threads over the nogil surface for $CYCTX_TSAN_SECONDS (default 20) must
+#      give no report at all, and every workload must have run (run.py says what they are).
+# Needs gcc with libtsan (Debian: libtsan2) and a Python with cyctx's build requirements
+# (Cython, setuptools, cuda-bindings and the nvidia-cuda-runtime wheel of the same major, as
+# `pip install ".[test,cu13]"` brings): $PYTHON, else `python` on PATH.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+PY=${PYTHON:-python}
+RUN_SECONDS=${CYCTX_TSAN_SECONDS:-20}
+LIBTSAN=$(gcc -print-file-name=libtsan.so.2)
+if [ ! -f "$LIBTSAN" ]; then
+    echo "tsan.sh: gcc has no libtsan.so.2 (Debian: apt-get install libtsan2)" >&2
+    exit 1
+fi
+
+WORK=$(mktemp -d)  # tree/: the copy of cyctx built with TSan; harness/: the harness
+mkdir "$WORK/tree" "$WORK/harness"
+trap '[ -n "${CYCTX_TSAN_KEEP:-}" ] || rm -rf "$WORK"' EXIT
+t0=$(date +%s)
+
+# The sources as they are (tracked and new files), without anything built in the tree.
+git ls-files -z --cached --others --exclude-standard -- src setup.py pyproject.toml README.md LICENSE |
+    xargs -0 cp --parents -t "$WORK/tree"
+cp scripts/quality/tsan/tsan_harness.pyx scripts/quality/tsan/run.py \
+    scripts/quality/tsan/build_harness.py "$WORK/harness/"
+
+echo "tsan.sh: building cyctx and the simulated driver with -fsanitize=thread"
+# setup.py's own flags follow these (-O2 as in a release build). Symbols kept for the
+# reports (CYCTX_DEBUG=1); linked against the system's libraries, not the wheel's glibc stubs.
+(cd "$WORK/tree" &&
+    CFLAGS="-fsanitize=thread -g" CXXFLAGS="-fsanitize=thread -g" LDFLAGS="-fsanitize=thread" \
+        CYCTX_DEBUG=1 CYCTX_COMPAT_STUBS=0 "$PY" setup.py -q build_ext --inplace >"$WORK/build.log" 2>&1) ||
+    { cat "$WORK/build.log"; exit 1; }
+(cd "$WORK/harness" && "$PY" build_harness.py ../tree/src >>"$WORK/build.log" 2>&1) || { cat "$WORK/build.log"; exit 1; }
+for so in "$WORK"/tree/src/cyctx/_guard*.so "$WORK"/tree/src/cyctx/_sim/libcuda.so.1 \
+    "$WORK"/harness/tsan_harness*.so; do
+    nm -D --undefined-only "$so" | grep -q __tsan_func_entry ||
+        { echo "tsan.sh: $so is not instrumented" >&2; exit 1; }
+done
+t1=$(date +%s)
+echo "tsan.sh: built in $((t1 - t0)) s"
+
+run() {  # $1: log name; the rest: run.py's arguments. Sets REPORTS (ThreadSanitizer reports).
+    local log=$WORK/$1
+    (cd "$WORK/harness" &&
+        env LD_PRELOAD="$LIBTSAN" PYTHONPATH="$WORK/tree/src:$WORK/harness" PYTHONDONTWRITEBYTECODE=1 \
+            TSAN_OPTIONS="log_path=$log halt_on_error=0 exitcode=0 die_after_fork=0 suppressions=$SUPP print_suppressions=1" \
+            timeout 600 "$PY" run.py "${@:2}") || { echo "tsan.sh: run.py ${*:2} failed" >&2; cat "$log".* 2>/dev/null; exit 1; }
+    # One log per process (log.PID: the forked children have their own).
+    touch "$log.none"
+    REPORTS=$(cat "$log".* | grep -c '^WARNING: ThreadSanitizer' || true)
+}
+SUPP=$ROOT/scripts/quality/tsan/suppressions.txt
+
+echo "tsan.sh: self-test: a deliberate data race must be reported"
+run seeded --seed-race
+if [ "$REPORTS" -lt 1 ] || ! grep -q 'data race' "$WORK"/seeded.* || ! grep -q 'tsan_racy_increment' "$WORK"/seeded.*; then
+    echo "tsan.sh: the seeded race in tsan_harness.racy was NOT reported: the harness cannot see races" >&2
+    cat "$WORK"/seeded.*
+    exit 1
+fi
+echo "tsan.sh: seen: $(grep -h -m1 '^SUMMARY: ThreadSanitizer' "$WORK"/seeded.*)"
+
+echo "tsan.sh: 16 threads over the nogil surface for ${RUN_SECONDS} s"
+run check --seconds "$RUN_SECONDS"
+if [ "$REPORTS" -ne 0 ]; then
+    cat "$WORK"/check.*
+    echo "tsan.sh: $REPORTS ThreadSanitizer report(s)" >&2
+    exit 1
+fi
+t2=$(date +%s)
+# What the suppressions dropped (reasons in suppressions.txt), summed over the processes.
+SUPPRESSED=$(cat "$WORK"/check.* | awk '/^ThreadSanitizer: Matched/ {m=1; next} m && /^ *[0-9]+ / {n[$2]+=$1; next} {m=0} END {for (k in n) printf "%s%d %s", sep, n[k], k; sep=", "}')
+echo "tsan.sh: 0 ThreadSanitizer reports; suppressed: ${SUPPRESSED:-none} (build $((t1 - t0)) s, runs $((t2 - t1)) s)"
