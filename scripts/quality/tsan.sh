@@ -9,6 +9,10 @@
 #   1. the self-test: a deliberate data race (tsan_harness.racy) must be reported;
 #   2. the check: 16 threads over the nogil surface for $CYCTX_TSAN_SECONDS (default 20) must
 #      give no report at all, and every workload must have run (run.py says what they are).
+# --seed-cyctx-race: the self-test inside cyctx instead. The copy's guard fields read and
+# written across threads without the GIL (shared_fields.h's u64_load/u64_store: the context id
+# that enter() reads and a reset re-activation writes) become plain accesses, and the check must
+# then report a data race there; nothing else is checked (a second build: slower).
 # Needs gcc with libtsan (Debian: libtsan2) and a Python with cyctx's build requirements
 # (Cython, setuptools, cuda-bindings and the nvidia-cuda-runtime wheel of the same major, as
 # `pip install ".[test,cu13]"` brings): $PYTHON, else `python` on PATH.
@@ -17,6 +21,12 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD
 PY=${PYTHON:-python}
 RUN_SECONDS=${CYCTX_TSAN_SECONDS:-20}
+SEED_CYCTX=0
+case "${1:-}" in
+"") ;;
+--seed-cyctx-race) SEED_CYCTX=1 ;;
+*) echo "usage: $0 [--seed-cyctx-race]" >&2; exit 2 ;;
+esac
 LIBTSAN=$(gcc -print-file-name=libtsan.so.2)
 if [ ! -f "$LIBTSAN" ]; then
     echo "tsan.sh: gcc has no libtsan.so.2 (Debian: apt-get install libtsan2)" >&2
@@ -33,6 +43,14 @@ git ls-files -z --cached --others --exclude-standard -- src setup.py pyproject.t
     xargs -0 cp --parents -t "$WORK/tree"
 cp scripts/quality/tsan/tsan_harness.pyx scripts/quality/tsan/run.py \
     scripts/quality/tsan/build_harness.py "$WORK/harness/"
+if [ "$SEED_CYCTX" = 1 ]; then
+    FIELDS=$WORK/tree/src/cyctx/_cpp/shared_fields.h
+    sed -i -e '/u64_load/s/__atomic_load_n(p, __ATOMIC_RELAXED)/*p/' \
+        -e '/u64_store/s/__atomic_store_n(p, v, __ATOMIC_RELAXED)/*p = v/' "$FIELDS"
+    [ "$(grep -c -e 'return \*p; }' -e '{ \*p = v; }' "$FIELDS")" = 2 ] ||
+        { echo "tsan.sh: could not seed the race in shared_fields.h" >&2; exit 1; }
+    echo "tsan.sh: seeded a race in cyctx: u64_load/u64_store of shared_fields.h made plain"
+fi
 
 echo "tsan.sh: building cyctx and the simulated driver with -fsanitize=thread"
 # setup.py's own flags follow these (-O2 as in a release build). Symbols kept for the
@@ -61,6 +79,17 @@ run() {  # $1: log name; the rest: run.py's arguments. Sets REPORTS (ThreadSanit
     REPORTS=$(cat "$log".* | grep -c '^WARNING: ThreadSanitizer' || true)
 }
 SUPP=$ROOT/scripts/quality/tsan/suppressions.txt
+
+if [ "$SEED_CYCTX" = 1 ]; then
+    run check --seconds "$RUN_SECONDS"
+    if grep -q 'data race' "$WORK"/check.* && grep -q 'shared_fields.h' "$WORK"/check.*; then
+        echo "tsan.sh: seen: $REPORTS report(s), in shared_fields.h: $(grep -h -m1 '^SUMMARY: ThreadSanitizer' "$WORK"/check.*)"
+        exit 0
+    fi
+    echo "tsan.sh: the race seeded in shared_fields.h was NOT reported" >&2
+    cat "$WORK"/check.*
+    exit 1
+fi
 
 echo "tsan.sh: self-test: a deliberate data race must be reported"
 run seeded --seed-race
