@@ -38,9 +38,14 @@ mkdir "$WORK/tree" "$WORK/harness"
 trap '[ -n "${CYCTX_TSAN_KEEP:-}" ] || rm -rf "$WORK"' EXIT
 t0=$(date +%s)
 
-# The sources as they are (tracked and new files), without anything built in the tree.
-git ls-files -z --cached --others --exclude-standard -- src setup.py pyproject.toml README.md LICENSE |
-    xargs -0 cp --parents -t "$WORK/tree"
+# The sources as they are (tracked and new files), without anything built in the tree; outside
+# a git checkout (an unpacked sdist), all of them (the build replaces what was built).
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    git ls-files -z --cached --others --exclude-standard -- src setup.py pyproject.toml README.md LICENSE |
+        xargs -0 cp --parents -t "$WORK/tree"
+else
+    cp -r src setup.py pyproject.toml README.md LICENSE "$WORK/tree/"
+fi
 cp scripts/quality/tsan/tsan_harness.pyx scripts/quality/tsan/run.py \
     scripts/quality/tsan/build_harness.py "$WORK/harness/"
 if [ "$SEED_CYCTX" = 1 ]; then
@@ -53,16 +58,18 @@ if [ "$SEED_CYCTX" = 1 ]; then
 fi
 
 echo "tsan.sh: building cyctx and the simulated driver with -fsanitize=thread"
-# setup.py's own flags follow these (-O2 as in a release build). Symbols kept for the
-# reports (CYCTX_DEBUG=1); linked against the system's libraries, not the wheel's glibc stubs.
+# gcc, whose libtsan is the one preloaded. setup.py's own flags follow these (-O2 as in a
+# release build). Symbols kept for the reports (CYCTX_DEBUG=1); linked against the system's
+# libraries, not the wheel's glibc stubs.
 (cd "$WORK/tree" &&
-    CFLAGS="-fsanitize=thread -g" CXXFLAGS="-fsanitize=thread -g" LDFLAGS="-fsanitize=thread" \
+    CC=gcc CXX=g++ CFLAGS="-fsanitize=thread -g" CXXFLAGS="-fsanitize=thread -g" LDFLAGS="-fsanitize=thread" \
         CYCTX_DEBUG=1 CYCTX_COMPAT_STUBS=0 "$PY" setup.py -q build_ext --inplace >"$WORK/build.log" 2>&1) ||
     { cat "$WORK/build.log"; exit 1; }
-(cd "$WORK/harness" && "$PY" build_harness.py ../tree/src >>"$WORK/build.log" 2>&1) || { cat "$WORK/build.log"; exit 1; }
+(cd "$WORK/harness" && CC=gcc CXX=g++ "$PY" build_harness.py ../tree/src >>"$WORK/build.log" 2>&1) || { cat "$WORK/build.log"; exit 1; }
 for so in "$WORK"/tree/src/cyctx/_guard*.so "$WORK"/tree/src/cyctx/_sim/libcuda.so.1 \
     "$WORK"/harness/tsan_harness*.so; do
-    nm -D --undefined-only "$so" | grep -q __tsan_func_entry ||
+    # grep -c reads all of nm's output (grep -q could stop early and fail the pipe: pipefail).
+    nm -D --undefined-only "$so" | grep -c __tsan_func_entry >/dev/null ||
         { echo "tsan.sh: $so is not instrumented" >&2; exit 1; }
 done
 t1=$(date +%s)
