@@ -68,7 +68,7 @@ def test_consumer_runs_guard_in_nogil_threads(consumer_dir):
         print("RESULT", bad, used, drivers.current())
         g.close()
     """)
-    line = [l for l in out.stdout.splitlines() if l.startswith("RESULT")][0].split()
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")][0].split()
     bad, used, after = int(line[1]), int(line[2]), int(line[3])
     assert bad == 0
     assert used >= 2, "the loop must really run on several threads"

@@ -4,6 +4,7 @@ States that break the process (an inactive primary context made current, a reset
 set up in a fresh interpreter (`run_child`) so that no other test's guards see them.
 """
 
+import itertools
 import json
 import os
 import subprocess
@@ -50,7 +51,7 @@ def snapshot():
     return s
 def codes(r):
     return [f.code for f in r.findings]
-""" % (MUTATORS,)
+""" % (MUTATORS,)  # noqa: UP031 (the child code has braces; %r keeps them single)
 
 
 def child(body, **kw):
@@ -651,7 +652,7 @@ def _headings(text):
     """The title and every section heading: unindented lines after a blank line."""
     lines = text.splitlines()
     return [lines[0]] + [
-        ln for prev, ln in zip(lines, lines[1:]) if not prev.strip() and ln[:1].strip()
+        ln for prev, ln in itertools.pairwise(lines) if not prev.strip() and ln[:1].strip()
     ]
 
 
@@ -778,7 +779,7 @@ def test_packages_line_lists_the_installed_frameworks(tmp_path):
     }
     rc, out, err = cli("doctor", "--simulate", env=env)
     assert rc == 0, err
-    (line,) = [l for l in out.splitlines() if l.strip().startswith("packages")]
+    (line,) = [ln for ln in out.splitlines() if ln.strip().startswith("packages")]
     assert "torch 9.8.7" in line and "cupy-cuda13x 99.1.0" in line, line
     assert line.rstrip().endswith(f"Python {sys.version.split()[0]}"), line
     rc, out, err = cli("doctor", "--simulate", "--json", env=env)

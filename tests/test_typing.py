@@ -150,7 +150,7 @@ def test_a_type_checker_rejects_what_the_run_time_rejects(tmp_path):
         text=True,
         timeout=300,
     )
-    lines = sorted({int(l.split(":")[1]) for l in out.stdout.splitlines() if ": error:" in l})
+    lines = sorted({int(ln.split(":")[1]) for ln in out.stdout.splitlines() if ": error:" in ln})
     assert lines == [6, 7, 8], out.stdout
 
 

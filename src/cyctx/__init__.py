@@ -6,6 +6,7 @@ work and restores exactly what was current before; see its docstring. Errors are
 """
 
 from cyctx._compat import IncompatibleBindingsError, check_bindings, installed_bindings_version
+from cyctx._version import __version__
 
 try:
     from cyctx._build_info import BUILD_INFO
@@ -37,7 +38,6 @@ except ModuleNotFoundError as exc:
         f"Install it with `pip install .` and import it from elsewhere"
     ) from exc
 
-from cyctx._version import __version__
 
 # The errors are defined in private modules but public here: tracebacks, reprs and pickles
 # name them as users import them (`cyctx.NoDeviceError`, not `cyctx._errors.NoDeviceError`).

@@ -115,7 +115,9 @@ _HINTS = {
         "The libcuda.so.1 that was loaded is the toolkit's stub, not the driver: "
         "remove the stubs directory from LD_LIBRARY_PATH"
     ),
-    CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER: "The installed NVIDIA driver is older than this call needs: upgrade the driver",
+    CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER: (
+        "The installed NVIDIA driver is older than this call needs: upgrade the driver"
+    ),
     CUDA_ERROR_DEVICE_UNAVAILABLE: "The device is in use by another process or in exclusive/prohibited compute mode",
     CUDA_ERROR_NO_DEVICE: "No CUDA-capable device is visible: check the driver, CUDA_VISIBLE_DEVICES and nvidia-smi",
     CUDA_ERROR_INVALID_DEVICE: "The device ordinal does not exist: check cuDeviceGetCount and CUDA_VISIBLE_DEVICES",
@@ -130,7 +132,9 @@ _HINTS = {
         "released to zero) while this handle was still in use. Retain it again, e.g. with a "
         "new cyctx.ContextGuard"
     ),
-    CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: "The driver and kernel module versions do not match: reboot or reinstall the driver",
+    CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: (
+        "The driver and kernel module versions do not match: reboot or reinstall the driver"
+    ),
     CUDA_ERROR_UNKNOWN: "The driver reported an unknown error; the GPU may need attention (nvidia-smi)",
 }
 

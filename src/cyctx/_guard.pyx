@@ -598,9 +598,9 @@ cdef size_t _context_of(kind, size_t handle) except? 0:
 
 cdef void _release(cydriver.CUdevice dev, int n) noexcept nogil:
     # Release path of __dealloc__: errors cannot be reported there, and must not be raised.
-    cdef int i
+    cdef int _i
     cdef const DriverApi* d = driver_api()  # loaded: a guard was constructed
-    for i in range(n):
+    for _i in range(n):
         d.PrimaryCtxRelease(dev)
 
 
