@@ -79,7 +79,7 @@ def setup_builds(setup: str = SETUP) -> tuple[list[str], list[str]]:
     return extensions, c_sources
 
 
-def test_one_extension_module_owns_the_native_state():
+def test_setup_builds_one_extension_module():
     extensions, c_sources = setup_builds()
     assert extensions == ["cyctx._guard"], f"setup.py builds {extensions}"
     assert c_sources == ["src/cyctx/_sim/simdriver.c"], f"setup.py compiles {c_sources}"

@@ -5,10 +5,11 @@ carrying the ``CUresult`` as ``.code`` and its name as ``.name``, with a message
 what happened and what to do. Misuse of a guard is a :class:`GuardError`.
 
 Pure Python on purpose: the native state (the driver table, the fork flags) has one owner,
-the ``_guard`` extension module, which raises these classes. Two things only it can know are
-handed to this module when it loads (``_install``): how the driver names a code, and whether
-this process is a forked child. Until then, and with no driver, the names come from
-``_FALLBACK``.
+the ``_guard`` extension module, which imports this module and raises its classes. Two things
+only the native side can know reach this module through one hook, :func:`connect_native`,
+which ``_guard`` calls once as it loads: how the driver names a code, and whether this process
+is a forked child. Until then, and with no driver, the names come from
+:func:`fallback_name_and_string`.
 """
 
 import sys
@@ -176,7 +177,7 @@ _FALLBACK = {
 }
 
 
-def _fallback_name_and_string(code):
+def fallback_name_and_string(code):
     """(name, description) of a CUresult without asking a driver."""
     return _FALLBACK.get(
         int(code), (f"CUresult({int(code)})", "no CUDA driver could be loaded to describe it")
@@ -435,16 +436,22 @@ def _add_note(exc, note):
             pass  # no usable stderr
 
 
-def _fallback_forked():
+# --- the one hook of the native side -----------------------------------------------------
+
+
+def _not_forked():
     return False
 
 
-# Replaced by the _guard module when it loads (_install): the driver's names, the fork flag.
-_describe = _fallback_name_and_string
-_forked = _fallback_forked
+# What DriverError asks: the name and description of a code, and whether this process is a
+# forked child. Until connect_native, the fallbacks (no driver, no fork flags).
+_describe = fallback_name_and_string
+_forked = _not_forked
 
 
-def _install(describe, forked):
-    """Called once by the native module: how to name a code, and whether this is a forked child."""
+def connect_native(describe, is_fork_child):
+    """Called once, by the ``_guard`` extension as it loads: `describe(code)` gives the
+    driver's ``(name, description)`` of a CUresult, `is_fork_child()` the fork flag of
+    ``_cpp/fork.h``. The only way native state reaches this module."""
     global _describe, _forked
-    _describe, _forked = describe, forked
+    _describe, _forked = describe, is_fork_child

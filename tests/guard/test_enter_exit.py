@@ -8,7 +8,7 @@ from helpers.drivers import current, driver, ok
 from helpers.threads import in_thread
 
 from cyctx import ContextGuard, DriverError, GuardError
-from cyctx._guard import _open_entries
+from cyctx._guard import open_entries
 
 
 def test_restores_null_on_a_fresh_thread(guard):
@@ -117,8 +117,8 @@ def test_blocks_left_from_other_frames_still_match_their_guard():
         with contextlib.ExitStack() as stack:
             stack.enter_context(g)
             stack.enter_context(g)
-            assert _open_entries() == 2 and current() == g.handle
-        assert _open_entries() == 0 and current() == 0
+            assert open_entries() == 2 and current() == g.handle
+        assert open_entries() == 0 and current() == 0
         g.close()
 
     in_thread(body)

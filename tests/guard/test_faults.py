@@ -126,12 +126,12 @@ def _created_guard():
 
 
 def _cleanup(g0, g1):
-    from cyctx._guard import _open_entries
+    from cyctx._guard import open_entries
 
     extra = [_CREATED["guard"]] if "guard" in _CREATED else []
     g0, g1 = (g0, g1, *extra), None
 
-    while _open_entries():
+    while open_entries():
         # Leave whatever the case left open, innermost first.
         for g in g0:
             try:
