@@ -84,5 +84,6 @@ html_theme_options = {
     "source_branch": "main",
     "source_directory": "docs/",
 }
-# Paths to files of the repository (src/..., tests/..., results/...) are written as code in
-# the pages, not as links, so the documentation builds from the source tree alone.
+# Pages of this site are linked ([the evidence](evidence.md)); paths to other files of the
+# repository (src/..., tests/..., bench/results/...) are written as code, not as links, so the
+# documentation builds from the source tree alone (tests/test_citations.py checks they exist).
