@@ -291,6 +291,35 @@ def test_import_cyctx_does_not_import_the_doctor():
     assert "cyctx._doctor" in after and is_diagnosis and schema == "cyctx.diagnosis/1" and listed
 
 
+@pytest.mark.parametrize(
+    "name", ["Finding", "DeviceInfo", "ContextInfo", "GuardInfo", "RuntimeInfo"]
+)
+def test_the_records_of_a_diagnosis_are_public(name):
+    # A Diagnosis holds these records; users annotate and check with the names cyctx exports,
+    # each the class the report holds, loaded with the doctor on first use (not by import cyctx).
+    code = f"""
+    import json, sys
+    import cyctx
+    before = [m for m in sys.modules if m.startswith("cyctx._doctor")]
+    from cyctx import {name}
+    from cyctx._doctor import model
+    r = cyctx.diagnose(cudart=False)
+    held = {{"Finding": r.findings, "DeviceInfo": r.devices, "ContextInfo": [r.context],
+            "GuardInfo": r.guards, "RuntimeInfo": r.other_runtimes + [r.runtime]}}["{name}"]
+    print(json.dumps([before, {name} is model.{name}, "{name}" in cyctx.__all__,
+                      "{name}" in dir(cyctx), all(isinstance(x, {name}) for x in held if x)]))
+    """
+    p = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+    )
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == [[], True, True, True, True]
+
+
 # --- no state change ----------------------------------------------------------------------
 
 

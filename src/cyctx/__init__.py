@@ -62,16 +62,21 @@ __all__ = [
     "ContextDestroyedError",
     "ContextGuard",
     "ContextResetWarning",
+    "ContextInfo",
     "CyctxError",
+    "DeviceInfo",
     "Diagnosis",
     "DriverError",
+    "Finding",
     "ForkError",
     "GuardError",
+    "GuardInfo",
     "IncompatibleBindingsError",
     "InvalidContextError",
     "InvalidDeviceError",
     "NoDeviceError",
     "NotInitializedError",
+    "RuntimeInfo",
     "__version__",
     "current_handle",
     "diagnose",
@@ -79,10 +84,22 @@ __all__ = [
 ]
 
 
+_DOCTOR_NAMES = (
+    "Diagnosis",
+    "diagnose",
+    "ContextInfo",
+    "DeviceInfo",
+    "Finding",
+    "GuardInfo",
+    "RuntimeInfo",
+)
+
+
 def __getattr__(name: str) -> object:
     # The doctor (cuda.bindings.driver, ctypes, its report and words) is imported on first
-    # use, not with cyctx: code that only guards contexts never pays for it.
-    if name in ("Diagnosis", "diagnose"):
+    # use, not with cyctx: code that only guards contexts never pays for it. Its records
+    # (what a Diagnosis holds) are public under these names.
+    if name in _DOCTOR_NAMES:
         from cyctx import _doctor
 
         value = getattr(_doctor, name)
