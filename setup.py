@@ -125,10 +125,11 @@ def _ext(name):
         [f"src/cyctx/{name}.pyx"],
         include_dirs=[HDR.include_dir, PKG, os.path.join(PKG, "include")],
         language="c++",  # cydriver.pxd uses <type_traits>
-        # Hidden: the headers' namespace-scope `inline` variables (the driver table, the fork
-        # flags, the live-guard mutex) would otherwise be STB_GNU_UNIQUE symbols, which the
-        # dynamic linker merges across modules despite RTLD_LOCAL. Each module keeps its own
-        # copies, as _cpp/driver.h and _cpp/fork.h say; only PyInit_* is exported (Python marks it).
+        # Hidden: the private headers' namespace-scope `inline` variables (the driver table, the
+        # fork flags, the live-guard mutex), which this one extension owns, would otherwise be
+        # STB_GNU_UNIQUE symbols, which the dynamic linker merges across modules despite
+        # RTLD_LOCAL, with those of any other module that compiled the same headers (the
+        # benchmarks do). Only PyInit_* is exported (Python marks it).
         # The guard's enter/exit share their implementation with the Python-level __enter__/
         # __exit__ (`cdef inline`); GCC's default limit leaves it out of line behind an extra
         # call on every enter and exit. A larger limit inlines it (objdump shows no call).

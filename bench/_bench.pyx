@@ -70,6 +70,7 @@ cdef class Empty:
     ContextGuard, doing nothing."""
     def __enter__(self):
         return self
+
     def __exit__(self, exc_type, exc, tb):
         return False
 
@@ -111,27 +112,27 @@ def checked():
 # --- the driver floor --------------------------------------------------------------------
 
 cdef void _pushpop(Ctx c, int64_t n) noexcept nogil:
-    cdef int64_t i
+    cdef int64_t _i
     cdef Ctx tmp
-    for i in range(n):
+    for _i in range(n):
         api.push(c)
         api.pop(&tmp)
 
 
 cdef void _pushpop_cydriver(Ctx c, int64_t n) noexcept nogil:
-    cdef int64_t i
+    cdef int64_t _i
     cdef Ctx tmp
-    for i in range(n):
+    for _i in range(n):
         cydriver.cuCtxPushCurrent(c)
         cydriver.cuCtxPopCurrent(&tmp)
 
 
 cdef void _full(cydriver.CUdevice dev, int64_t n) noexcept nogil:
     # What a naive guard does per block: take the primary context, push, pop, give it back.
-    cdef int64_t i
+    cdef int64_t _i
     cdef Ctx c
     cdef Ctx tmp
-    for i in range(n):
+    for _i in range(n):
         api.retain(&c, dev)
         api.push(c)
         api.pop(&tmp)
@@ -139,23 +140,23 @@ cdef void _full(cydriver.CUdevice dev, int64_t n) noexcept nogil:
 
 
 cdef void _setset(Ctx a, Ctx b, int64_t n) noexcept nogil:
-    cdef int64_t i
-    for i in range(n):
+    cdef int64_t _i
+    for _i in range(n):
         api.set_current(a)
         api.set_current(b)
 
 
 cdef void _getcur(int64_t n) noexcept nogil:
-    cdef int64_t i
+    cdef int64_t _i
     cdef Ctx c
-    for i in range(n):
+    for _i in range(n):
         api.get_current(&c)
 
 
 cdef void _getid(Ctx c, int64_t n) noexcept nogil:
-    cdef int64_t i
+    cdef int64_t _i
     cdef unsigned long long cid
-    for i in range(n):
+    for _i in range(n):
         api.get_id(c, &cid)
 
 
@@ -185,10 +186,10 @@ cdef extern from *:
 
 
 cdef int _tls(int64_t n) except -1 nogil:
-    cdef int64_t i
+    cdef int64_t _i
     cdef Switch e
     cdef unsigned long long token = 1  # any token: this stack holds no one else's entries
-    for i in range(n):
+    for _i in range(n):
         if bench_tls_push(token) != 0 or bench_tls_pop(token, &e) != 0:
             with gil:
                 raise RuntimeError("thread-local stack out of balance")
@@ -203,8 +204,8 @@ def tls_loop(int64_t n):
 # --- cyctx from Cython -------------------------------------------------------------------
 
 cdef int _guard(ContextGuard g, int64_t n) except -1 nogil:
-    cdef int64_t i
-    for i in range(n):
+    cdef int64_t _i
+    for _i in range(n):
         g.enter()
         g.exit()
     return 0
@@ -212,9 +213,9 @@ cdef int _guard(ContextGuard g, int64_t n) except -1 nogil:
 
 cdef int _switch(Ctx c, int64_t n) except -1 nogil:
     # The raw layer: the guard's restore rule without its reset check and bookkeeping.
-    cdef int64_t i
+    cdef int64_t _i
     cdef Switch s
-    for i in range(n):
+    for _i in range(n):
         switch_to(&s, c)
         switch_back(&s)
     return 0
@@ -224,10 +225,10 @@ cdef int _switch_id(Ctx c, int64_t n) except -1 nogil:
     # The raw layer plus the guard's per-enter reset check (one cuCtxGetId, docs/design.md "Reset"):
     # switch_id - switch is the reset check; guard - switch_id the bookkeeping, except on the
     # fast path, where switch_to reads the id itself and guard - switch is (bench/report.py).
-    cdef int64_t i
+    cdef int64_t _i
     cdef Switch s
     cdef unsigned long long cid
-    for i in range(n):
+    for _i in range(n):
         api.get_id(c, &cid)
         switch_to(&s, c)
         switch_back(&s)
@@ -293,12 +294,12 @@ THREAD_KINDS = ("guard", "pushpop", "switch", "getid")
 def threaded(str kind, ContextGuard g, size_t start_ctx, int nthreads, int64_t n):
     """Each of `nthreads` OpenMP threads makes `start_ctx` current (0: none), runs `n`
     operations of `kind` on the guard's context, and leaves no context current."""
-    cdef int t
+    cdef int _t
     cdef int k = THREAD_KINDS.index(kind)
     cdef Ctx c = <Ctx><size_t>g.handle
     cdef Ctx s0 = _ctx(start_ctx)
     _need()
-    for t in prange(nthreads, nogil=True, num_threads=nthreads, schedule="static", chunksize=1):
+    for _t in prange(nthreads, nogil=True, num_threads=nthreads, schedule="static", chunksize=1):
         api.set_current(s0)
         if k == 0:
             _guard(g, n)
@@ -314,14 +315,14 @@ def threaded(str kind, ContextGuard g, size_t start_ctx, int nthreads, int64_t n
 def team_size(int nthreads):
     """How many distinct OpenMP threads a prange over `nthreads` really runs on (the
     runtime may give fewer, e.g. under OMP_THREAD_LIMIT)."""
-    cdef int t
+    cdef int _t
     cdef int seen = 0
     cdef int[256] ids
     if not 0 < nthreads <= 256:
         raise ValueError("1..256 threads")
     for t in range(256):
         ids[t] = 0
-    for t in prange(nthreads, nogil=True, num_threads=nthreads, schedule="static", chunksize=1):
+    for _t in prange(nthreads, nogil=True, num_threads=nthreads, schedule="static", chunksize=1):
         ids[threadid()] = 1
     for t in range(256):
         seen += ids[t]

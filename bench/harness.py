@@ -81,7 +81,7 @@ class Timer:
         """
         out = [{} for _ in specs]
         ns = []
-        for (fn, setup), res in zip(specs, out):
+        for (fn, setup), res in zip(specs, out, strict=True):
             try:
                 ns.append(self.calibrate(fn, setup))
             except Exception as exc:
@@ -89,7 +89,7 @@ class Timer:
                 res["error"] = f"{type(exc).__name__}: {exc}"
         samples = [[] for _ in specs]
         for r in range(self.rounds + 1):  # round 0 is the warm-up
-            for i, ((fn, setup), n) in enumerate(zip(specs, ns)):
+            for i, ((fn, setup), n) in enumerate(zip(specs, ns, strict=True)):
                 if "error" in out[i]:
                     continue
                 try:
@@ -99,7 +99,7 @@ class Timer:
                     continue
                 if r:
                     samples[i].append(t / n)
-        for res, smp, n in zip(out, samples, ns):
+        for res, smp, n in zip(out, samples, ns, strict=True):
             if "error" not in res:
                 res.update(
                     ns=round(statistics.median(smp), 2),
@@ -185,7 +185,7 @@ def measure(timer, env, cases):
     results = timer.measure_many(
         [(loop, partial(env.set_start, start)) for _, loop, start in timed]
     )
-    for (row, _, _), res in zip(timed, results):
+    for (row, _, _), res in zip(timed, results, strict=True):
         if "error" in res:
             row.update(ns=None, status=f"error: {res['error']}")
         else:

@@ -218,7 +218,7 @@ def main(argv=None):
         fig, axes = plt.subplots(
             1, len(device_sets), figsize=(6 * len(device_sets), 4), squeeze=False
         )
-        for ax, devs in zip(axes[0], device_sets):
+        for ax, devs in zip(axes[0], device_sets, strict=True):
             for m in MODES:
                 ax.plot(
                     THREADS, [rate(len(devs), m, t) / 1e6 for t in THREADS], marker="o", label=m

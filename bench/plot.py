@@ -72,7 +72,7 @@ def _cost_panel(ax, rows, title):
     ax.set_xlabel("ns per enter+exit (median), log scale")
     ax.set_title(title, fontsize=10)
     handles, names = ax.get_legend_handles_labels()
-    uniq = dict(zip(names, handles))
+    uniq = dict(zip(names, handles, strict=True))
     ax.legend(uniq.values(), uniq.keys(), fontsize=7, loc="best")
 
 
@@ -123,7 +123,7 @@ def plot(result, out_dir, tag):
         pts = sorted((r["threads"], r["aggregate_ns_per_op"]) for r in rows if r["id"] == kind)
         if not pts:
             continue
-        ts, ns = zip(*pts)
+        ts, ns = zip(*pts, strict=True)
         a1.plot(ts, ns, marker="o", label=label)
         a2.plot(ts, [ns[0] / x for x in ns], marker="o", label=label)
     counts = sorted({r["threads"] for r in rows}) or [1]

@@ -108,7 +108,7 @@ def _ratio(a, b):
     processes (so a process that is slow as a whole cancels out); else of the medians."""
     pa, pb = a.get("per_process_ns") or [], b.get("per_process_ns") or []
     if a["group"] == b["group"] and pa and len(pa) == len(pb):
-        ratios = [x / y for x, y in zip(pa, pb) if x and y]
+        ratios = [x / y for x, y in zip(pa, pb, strict=True) if x and y]
         if ratios:
             return round(statistics.median(ratios), 3)
     return round(a["ns"] / b["ns"], 3)
@@ -467,12 +467,12 @@ def text(result):
     for title, headers, rows, notes in tables(result):
         lines += ["", title]
         if rows:
-            widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
+            widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows, strict=True)]
             for i, r in enumerate([headers] + rows):
                 lines.append(
                     "  ".join(
                         str(x).ljust(w) if j < 2 else str(x).rjust(w)
-                        for j, (x, w) in enumerate(zip(r, widths))
+                        for j, (x, w) in enumerate(zip(r, widths, strict=True))
                     ).rstrip()
                 )
                 if i == 0:

@@ -22,6 +22,7 @@ release = version = cyctx.__version__
 extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",  # the summary table of each class in api.md (no generated pages)
     "sphinx.ext.napoleon",
     "sphinx.ext.intersphinx",
     "sphinx.ext.doctest",
@@ -33,6 +34,7 @@ exclude_patterns = ["_build", "_intersphinx"]
 myst_heading_anchors = 3
 myst_enable_extensions = ["colon_fence", "deflist"]
 autodoc_member_order = "bysource"
+autosummary_generate = False
 autodoc_typehints = "signature"
 napoleon_numpy_docstring = True
 napoleon_google_docstring = False
@@ -43,14 +45,6 @@ nitpick_ignore = [
     ("py:class", "SupportsIndex"),
     ("py:class", "TracebackType"),
     ("py:class", "Literal[False]"),
-    ("py:class", "RuntimeInfo"),
-    ("py:class", "DeviceInfo"),
-    ("py:class", "ContextInfo"),
-    ("py:class", "GuardInfo"),
-    ("py:class", "cyctx._doctor.model.RuntimeInfo"),
-    ("py:class", "cyctx._doctor.model.DeviceInfo"),
-    ("py:class", "cyctx._doctor.model.ContextInfo"),
-    ("py:class", "cyctx._doctor.model.GuardInfo"),
     ("py:class", "ctypes.CDLL"),
     ("py:class", "optional"),
     # Words of the numpydoc "Parameters" types in ContextGuard's docstring.
@@ -84,5 +78,6 @@ html_theme_options = {
     "source_branch": "main",
     "source_directory": "docs/",
 }
-# Paths to files of the repository (src/..., tests/..., results/...) are written as code in
-# the pages, not as links, so the documentation builds from the source tree alone.
+# Pages of this site are linked ([the evidence](evidence.md)); paths to other files of the
+# repository (src/..., tests/..., bench/results/...) are written as code, not as links, so the
+# documentation builds from the source tree alone (tests/test_citations.py checks they exist).

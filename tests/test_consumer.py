@@ -68,7 +68,7 @@ def test_consumer_runs_guard_in_nogil_threads(consumer_dir):
         print("RESULT", bad, used, drivers.current())
         g.close()
     """)
-    line = [l for l in out.stdout.splitlines() if l.startswith("RESULT")][0].split()
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")][0].split()
     bad, used, after = int(line[1]), int(line[2]), int(line[3])
     assert bad == 0
     assert used >= 2, "the loop must really run on several threads"
@@ -105,7 +105,7 @@ def test_nogil_exit_out_of_order_is_refused_and_changes_nothing(consumer_dir):
     out = run_child(f"""
         import sys; sys.path.insert(0, {consumer_dir!r})
         import cyctx, cyctx_consumer
-        from cyctx._guard import _open_entries
+        from cyctx._guard import open_entries
         g0, g1 = cyctx.ContextGuard(0), cyctx.ContextGuard(D1)
         before = drivers.current()
         cyctx_consumer.enter_nogil(g0)
@@ -115,11 +115,11 @@ def test_nogil_exit_out_of_order_is_refused_and_changes_nothing(consumer_dir):
             print("NOT REFUSED")
         except cyctx.GuardError as e:
             print("REFUSED", "out of order" in str(e), "Nothing was changed" in str(e))
-        print("KEPT", drivers.current() == g1.handle, _open_entries())
+        print("KEPT", drivers.current() == g1.handle, open_entries())
         cyctx_consumer.exit_nogil(g1)
-        print("INNER LEFT", drivers.current() == g0.handle, _open_entries())
+        print("INNER LEFT", drivers.current() == g0.handle, open_entries())
         cyctx_consumer.exit_nogil(g0)            # the retry, now in order
-        print("END", drivers.current() == before, _open_entries())
+        print("END", drivers.current() == before, open_entries())
         g0.close(); g1.close()
     """)
     assert "REFUSED True True" in out.stdout, out.stdout

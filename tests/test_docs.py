@@ -30,7 +30,7 @@ def test_link_checker_finds_a_missing_page_and_a_missing_anchor(tmp_path):
     (tmp_path / "guide.html").write_text('<h1 id="ok">Guide</h1><img src="_images/missing.png">')
     out = _check_links(tmp_path)
     assert out.returncode == 1
-    broken = sorted(l for l in out.stdout.splitlines() if not l.startswith("check_links:"))
+    broken = sorted(ln for ln in out.stdout.splitlines() if not ln.startswith("check_links:"))
     assert broken == [
         "guide.html: _images/missing.png (no file _images/missing.png)",
         "index.html: guide.html#gone (no anchor #gone)",

@@ -4,6 +4,7 @@ States that break the process (an inactive primary context made current, a reset
 set up in a fresh interpreter (`run_child`) so that no other test's guards see them.
 """
 
+import itertools
 import json
 import os
 import subprocess
@@ -50,7 +51,7 @@ def snapshot():
     return s
 def codes(r):
     return [f.code for f in r.findings]
-""" % (MUTATORS,)
+""" % (MUTATORS,)  # noqa: UP031 (the child code has braces; %r keeps them single)
 
 
 def child(body, **kw):
@@ -288,6 +289,35 @@ def test_import_cyctx_does_not_import_the_doctor():
     before, after, is_diagnosis, schema, listed = json.loads(p.stdout.strip().splitlines()[-1])
     assert before == [], f"`import cyctx` imported the doctor: {before}"
     assert "cyctx._doctor" in after and is_diagnosis and schema == "cyctx.diagnosis/1" and listed
+
+
+@pytest.mark.parametrize(
+    "name", ["Finding", "DeviceInfo", "ContextInfo", "GuardInfo", "RuntimeInfo"]
+)
+def test_the_records_of_a_diagnosis_are_public(name):
+    # A Diagnosis holds these records; users annotate and check with the names cyctx exports,
+    # each the class the report holds, loaded with the doctor on first use (not by import cyctx).
+    code = f"""
+    import json, sys
+    import cyctx
+    before = [m for m in sys.modules if m.startswith("cyctx._doctor")]
+    from cyctx import {name}
+    from cyctx._doctor import model
+    r = cyctx.diagnose(cudart=False)
+    held = {{"Finding": r.findings, "DeviceInfo": r.devices, "ContextInfo": [r.context],
+            "GuardInfo": r.guards, "RuntimeInfo": r.other_runtimes + [r.runtime]}}["{name}"]
+    print(json.dumps([before, {name} is model.{name}, "{name}" in cyctx.__all__,
+                      "{name}" in dir(cyctx), all(isinstance(x, {name}) for x in held if x)]))
+    """
+    p = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+    )
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == [[], True, True, True, True]
 
 
 # --- no state change ----------------------------------------------------------------------
@@ -651,7 +681,7 @@ def _headings(text):
     """The title and every section heading: unindented lines after a blank line."""
     lines = text.splitlines()
     return [lines[0]] + [
-        ln for prev, ln in zip(lines, lines[1:]) if not prev.strip() and ln[:1].strip()
+        ln for prev, ln in itertools.pairwise(lines) if not prev.strip() and ln[:1].strip()
     ]
 
 
@@ -778,7 +808,7 @@ def test_packages_line_lists_the_installed_frameworks(tmp_path):
     }
     rc, out, err = cli("doctor", "--simulate", env=env)
     assert rc == 0, err
-    (line,) = [l for l in out.splitlines() if l.strip().startswith("packages")]
+    (line,) = [ln for ln in out.splitlines() if ln.strip().startswith("packages")]
     assert "torch 9.8.7" in line and "cupy-cuda13x 99.1.0" in line, line
     assert line.rstrip().endswith(f"Python {sys.version.split()[0]}"), line
     rc, out, err = cli("doctor", "--simulate", "--json", env=env)

@@ -121,3 +121,36 @@ def test_kernel_on_torch_and_cupy_memory(kernels_mod, nvrtc_ok):
         return True
 
     assert in_thread(body) is True
+
+
+def example_commands(readme: str) -> list[str]:
+    """The commands .ci/run runs for an example: the lines of the code block after
+    ``<!-- ci-example-commands -->`` in its README."""
+    with open(readme, encoding="utf-8") as f:
+        text = f.read()
+    head, marker, rest = text.partition("<!-- ci-example-commands -->\n")
+    if not marker or not rest.startswith("```"):
+        return []
+    return [line for line in rest.split("\n```", 1)[0].splitlines()[1:] if line.strip()]
+
+
+def test_every_example_has_a_readme_whose_commands_ci_runs():
+    examples = os.path.join(os.path.dirname(HERE), "examples")
+    dirs = sorted(d for d in os.listdir(examples) if os.path.isdir(os.path.join(examples, d)))
+    assert {"minimal", "downstream", "kernels", "pools"} <= set(dirs), dirs
+    for d in dirs:
+        readme = os.path.join(examples, d, "README.md")
+        assert os.path.isfile(readme), f"examples/{d} has no README.md"
+        assert example_commands(readme), f"examples/{d}/README.md has no ci-example-commands block"
+    with open(os.path.join(os.path.dirname(HERE), ".ci", "run"), encoding="utf-8") as f:
+        assert "<!-- ci-example-commands -->" in f.read(), ".ci/run does not run the READMEs"
+
+
+def test_readme_commands_are_read_as_ci_reads_them(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "# x\n\n```\nnot this\n```\n<!-- ci-example-commands -->\n```\na\n\nb c\n```\nafter\n"
+    )
+    assert example_commands(str(readme)) == ["a", "b c"]
+    readme.write_text("# x\n```\nno marker\n```\n")
+    assert example_commands(str(readme)) == []

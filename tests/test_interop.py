@@ -193,7 +193,7 @@ def test_framework_devices_and_streams_on_two_gpus():
     """,
         timeout=300,
     )
-    rows = [l.split() for l in out.stdout.splitlines() if l.startswith("OBJ")]
+    rows = [ln.split() for ln in out.stdout.splitlines() if ln.startswith("OBJ")]
     assert len(rows) >= 12, out.stdout
     assert all(r[-1] == "True" for r in rows), rows
 
@@ -224,7 +224,7 @@ def test_frameworks_view_is_unchanged_and_allocations_land_inside():
     """,
         timeout=300,
     )
-    allocs = [l.split()[1:] for l in out.stdout.splitlines() if l.startswith("ALLOC")]
+    allocs = [ln.split()[1:] for ln in out.stdout.splitlines() if ln.startswith("ALLOC")]
     assert allocs and all(len(set(a)) == 1 for a in allocs), allocs
     assert "VIEW True" in out.stdout, out.stdout
     assert "RESTORED True True" in out.stdout, out.stdout

@@ -1,24 +1,16 @@
-"""docs/design.md's "Layout" section against the package: the files it lists are the files of
-src/cyctx, its "who imports whom" column is what the sources import, its import circles are the
-ones there are, and its extension list is what setup.py builds.
+"""The package's layout, as the facts that keep it safe to change (docs/design.md, "Layout"):
 
-The section is written in a fixed format between HTML comments, so this test can read it:
+* one extension module, ``cyctx._guard``, owns the native state: setup.py builds no other
+  (besides the simulated driver's C library);
+* only it includes the private headers (``src/cyctx/_cpp/*.h``): a second module compiling them
+  would hold a second copy of their state (the per-thread entries, the live-guard registry, the
+  driver table, the fork flags) that the first one never sees;
+* there are no import circles among cyctx's modules, lazy imports included (an import under
+  ``if TYPE_CHECKING:`` never runs and is left out);
+* every file under src/cyctx is one docs/design.md's layout names, and every file it names exists.
 
-* ``<!-- layout -->`` ... ``<!-- /layout -->``: a table, one row per file under src/cyctx,
-  ``| `path` | what it is | imports |``. The path is relative to src/cyctx. The imports cell
-  lists, comma-separated and each in backticks, the cyctx modules and headers the file
-  imports, cimports or includes (``cyctx`` for the package itself, ``_doctor.model`` for a
-  module, ``_cpp/thread_entries.h`` for a header); one imported inside a function is followed by
-  ``(lazy)``; ``—`` for none. An import under ``if TYPE_CHECKING:`` is left out: it never
-  runs, it only names a type for an annotation. Generated files say "(generated)" in the middle cell and may be
-  absent.
-* ``<!-- circles -->`` ... ``<!-- /circles -->``: the import circles, lazy imports included:
-  "none", or each circle as its modules in backticks joined by `` ↔ ``, one per ``*`` item.
-* ``<!-- extensions -->`` ... ``<!-- /extensions -->``: ``| `built` | `source` |`` rows: the
-  extension modules (``cyctx._guard``) and the simulated driver library.
-
-After changing the package, `python tests/test_layout.py` prints the table as the sources say it
-should be (the middle cells kept from design.md, "TODO" for new files) and the circles.
+Each check is a function of the package directory, so the tests below also run it on a copy with
+the fact broken and see it fail.
 """
 
 from __future__ import annotations
@@ -26,7 +18,7 @@ from __future__ import annotations
 import ast
 import os
 import re
-import sys
+import shutil
 
 import pytest
 
@@ -35,14 +27,8 @@ PKG = os.path.join(ROOT, "src", "cyctx")
 DESIGN = os.path.join(ROOT, "docs", "design.md")
 SETUP = os.path.join(ROOT, "setup.py")
 
-# Build outputs that live beside the sources after an in-place build; never listed.
-_GENERATED = re.compile(r"(\.cpp|\.so|\.so\.\d+|\.pyc)$")
-_SOURCE_KINDS = (".py", ".pyx", ".pxd", ".pyi", ".h", ".c", ".typed")
-
-pytestmark = pytest.mark.skipif(
-    not (os.path.isdir(PKG) and os.path.isfile(DESIGN) and os.path.isfile(SETUP)),
-    reason="needs the source tree (src/cyctx, docs/design.md, setup.py): a checkout or the sdist",
-)
+# Build outputs that live beside the sources after an in-place build.
+_GENERATED = re.compile(r"(\.cpp|\.so|\.so\.\d+|\.pyc)$|^_build_info\.py$")
 
 
 def _read(path: str) -> str:
@@ -50,256 +36,231 @@ def _read(path: str) -> str:
         return f.read()
 
 
-# --- the document -------------------------------------------------------------------------------
-
-
-def _block(text: str, name: str) -> str:
-    m = re.search(rf"<!-- {name} -->\n(.*?)<!-- /{name} -->", text, re.S)
-    assert m, f"docs/design.md has no <!-- {name} --> ... <!-- /{name} --> block"
-    return m.group(1)
-
-
-def _rows(block: str) -> list[list[str]]:
-    rows = []
-    for line in block.splitlines():
-        line = line.strip()
-        if not line.startswith("|") or re.fullmatch(r"\|[-|: ]+\|", line):
-            continue
-        rows.append([c.strip() for c in line.strip("|").split("|")])
-    return rows[1:]  # the header
-
-
-def _ticked(cell: str) -> str:
-    m = re.fullmatch(r"`([^`]+)`", cell)
-    assert m, f"expected one name in backticks, got {cell!r}"
-    return m.group(1)
-
-
-def documented_layout(text: str | None = None):
-    """{path: (what, eager imports, lazy imports)} as design.md states them."""
-    text = text if text is not None else _read(DESIGN)
-    out = {}
-    for row in _rows(_block(text, "layout")):
-        assert len(row) == 3, f"a layout row has three cells: {row}"
-        path, what, imports = _ticked(row[0]), row[1], row[2]
-        assert path not in out, f"{path} is listed twice"
-        eager, lazy = set(), set()
-        if imports not in ("—", "-", ""):
-            for item in imports.split(","):
-                m = re.fullmatch(r"\s*`([^`]+)`( \(lazy\))?\s*", item)
-                assert m, f"{path}: cannot read {item!r} in {imports!r}"
-                (lazy if m.group(2) else eager).add(m.group(1))
-        out[path] = (what, eager, lazy)
-    return out
-
-
-def documented_circles(text: str | None = None) -> set[frozenset[str]]:
-    text = text if text is not None else _read(DESIGN)
-    block = _block(text, "circles").strip()
-    if re.fullmatch(r"(?i)none\.?", block):
-        return set()
-    circles = set()
-    for line in block.splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        assert line.startswith("* "), f"a circle is a '* ' item: {line!r}"
-        circles.add(frozenset(re.findall(r"`([^`]+)`", line)))
-    return circles
-
-
-def documented_extensions(text: str | None = None) -> dict[str, str]:
-    text = text if text is not None else _read(DESIGN)
-    return {_ticked(r[0]): _ticked(r[1]) for r in _rows(_block(text, "extensions"))}
-
-
-# --- the sources --------------------------------------------------------------------------------
-
-
-def source_files() -> list[str]:
-    """Paths relative to src/cyctx of every source file there (build outputs left out)."""
+def source_files(pkg: str = PKG) -> list[str]:
+    """Paths relative to the package of every source file in it (build outputs left out)."""
     out = []
-    for d, dirs, files in os.walk(PKG):
+    for d, dirs, files in os.walk(pkg):
         dirs[:] = sorted(x for x in dirs if x != "__pycache__" and not x.endswith(".egg-info"))
-        for f in sorted(files):
-            if _GENERATED.search(f):
-                continue
-            out.append(os.path.relpath(os.path.join(d, f), PKG).replace(os.sep, "/"))
+        out += [
+            os.path.relpath(os.path.join(d, f), pkg).replace(os.sep, "/")
+            for f in sorted(files)
+            if not _GENERATED.search(f)
+        ]
     return out
 
 
-def module_of(path: str) -> str:
-    """The import graph's node for a file: `cyctx`, `_guard` (.pyx and .pxd alike), `_doctor`,
-    `_doctor.model`; a header or C file is its own node."""
-    if path.endswith((".h", ".c")):
-        return path
-    stem = path.rsplit(".", 1)[0]
-    parts = stem.split("/")
+# --- one extension ------------------------------------------------------------------------------
+
+
+def setup_builds(setup: str = SETUP) -> tuple[list[str], list[str]]:
+    """(Cython extension modules, package C sources) that setup.py builds: each ``_ext("name")``
+    or ``Extension("cyctx.x", ...)``, and each source under src/ that ``compile([...])`` compiles
+    (the build's probes compile files of their own, in temporary folders)."""
+    extensions, c_sources = [], []
+    for node in ast.walk(ast.parse(_read(setup), setup)):
+        if not isinstance(node, ast.Call):
+            continue
+        fn = (
+            node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        )
+        consts = [
+            a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+        ]
+        if fn == "_ext" and consts:
+            extensions.append(f"cyctx.{consts[0]}")
+        elif fn == "Extension" and consts:
+            extensions.append(consts[0])
+        elif fn == "compile" and node.args and isinstance(node.args[0], ast.List):
+            c_sources += [
+                e.value
+                for e in node.args[0].elts
+                if isinstance(e, ast.Constant) and str(e.value).startswith("src/")
+            ]
+    return extensions, c_sources
+
+
+def test_setup_builds_one_extension_module():
+    extensions, c_sources = setup_builds()
+    assert extensions == ["cyctx._guard"], f"setup.py builds {extensions}"
+    assert c_sources == ["src/cyctx/_sim/simdriver.c"], f"setup.py compiles {c_sources}"
+
+
+def test_a_second_extension_is_caught(tmp_path):
+    text = _read(SETUP)
+    assert '_ext("_guard")' in text
+    (tmp_path / "setup.py").write_text(
+        text.replace('_ext("_guard")', '_ext("_guard"), _ext("_more")')
+    )
+    assert setup_builds(str(tmp_path / "setup.py"))[0] == ["cyctx._guard", "cyctx._more"]
+
+
+# --- only it includes the private headers -------------------------------------------------------
+
+_EXTERN = re.compile(r'^\s*cdef\s+extern\s+from\s+"([^"]+)"', re.M)
+_C_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+_PXI = re.compile(r'^include\s+"([^"]+)"', re.M)
+_CIMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+cimport|cimport\s+([\w.]+))", re.M)
+
+
+def _cimports(text: str) -> set[str]:
+    return {(a or b) for a, b in _CIMPORT.findall(text)}
+
+
+def private_header_users(pkg: str = PKG) -> dict[str, set[str]]:
+    """{file: the _cpp/ headers it names}, for every file outside _cpp/ that names one."""
+    out = {}
+    for path in source_files(pkg):
+        if path.startswith("_cpp/") or not path.endswith((".pyx", ".pxd", ".pxi", ".h", ".c")):
+            continue
+        text = _read(os.path.join(pkg, path))
+        names = set(_EXTERN.findall(text)) | set(_C_INCLUDE.findall(text))
+        private = {n for n in names if n.startswith("_cpp/")}
+        if private:
+            out[path] = private
+    return out
+
+
+def extension_sources(pkg: str = PKG, module: str = "_guard") -> set[str]:
+    """The files compiled into cyctx.<module> alone: its .pyx, the .pxi files it includes, and
+    the package's .pxd files that only it cimports (the public ``__init__.pxd`` and what it
+    cimports reach every module that cimports cyctx, so they are not its alone)."""
+    own = {f"{module}.pyx"}
+    own |= set(_PXI.findall(_read(os.path.join(pkg, f"{module}.pyx"))))
+    users: dict[str, set[str]] = {}
+    for path in source_files(pkg):
+        if path.endswith((".pyx", ".pxd", ".pxi")):
+            for dotted in _cimports(_read(os.path.join(pkg, path))):
+                if dotted.startswith("cyctx."):
+                    users.setdefault(dotted[len("cyctx.") :].replace(".", "/") + ".pxd", set()).add(
+                        path
+                    )
+    own_files = own | {f"{module}.pxd"}
+    for pxd, by in users.items():
+        if by <= own_files and pxd != f"{module}.pxd":
+            own.add(pxd)
+    return own
+
+
+def test_only_the_extension_includes_the_private_headers():
+    users = private_header_users()
+    assert users, "no file names a _cpp/ header: has the folder moved?"
+    strays = {p: h for p, h in users.items() if p not in extension_sources()}
+    assert not strays, f"files outside cyctx._guard that compile private headers: {strays}"
+
+
+def test_a_private_header_named_by_another_file_is_caught(tmp_path):
+    copy = tmp_path / "cyctx"
+    shutil.copytree(
+        PKG, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.so.*", "*.cpp")
+    )
+    # The public contract names a private header: every consumer would compile its state.
+    with open(copy / "_guard.pxd", "a") as f:
+        f.write('\ncdef extern from "_cpp/thread_entries.h":\n    pass\n')
+    # A .pxd that only _guard.pyx cimports is its own; cimported by the public one, it is not.
+    with open(copy / "__init__.pxd", "a") as f:
+        f.write("\nfrom cyctx._driver cimport DriverApi\n")
+    strays = set(private_header_users(str(copy))) - extension_sources(str(copy))
+    assert strays == {"_guard.pxd", "_driver.pxd"}
+
+
+# --- no import circles --------------------------------------------------------------------------
+
+
+def _module_of(path: str) -> str:
+    parts = path.rsplit(".", 1)[0].split("/")
     if parts[-1] == "__init__":
         parts = parts[:-1]
-    return ".".join(parts) or "cyctx"
-
-
-def _is_module(dotted: str) -> bool:
-    base = os.path.join(PKG, *dotted.split("."))
-    return os.path.isdir(base) or any(os.path.isfile(base + e) for e in (".py", ".pyx", ".pxd"))
-
-
-def _resolve(module: str, names: list[str]) -> set[str]:
-    """cyctx nodes named by `from <module> import <names>` (`import <module>`: names=[])."""
-    if module != "cyctx" and not module.startswith("cyctx."):
-        return set()
-    rel = module[len("cyctx.") :] if module != "cyctx" else ""
-    out = set()
-    for n in names:
-        sub = f"{rel}.{n}" if rel else n
-        if _is_module(sub):
-            out.add(sub)
-        else:
-            out.add(rel or "cyctx")
-    if not names:
-        out.add(rel or "cyctx")
-    return out
+    return ".".join(["cyctx", *parts])
 
 
 def _is_type_checking(node: ast.AST) -> bool:
-    """``if TYPE_CHECKING:`` or ``if typing.TYPE_CHECKING:``."""
-    if not isinstance(node, ast.If):
-        return False
-    t = node.test
-    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
-        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
+    t = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING")
+        or (isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
     )
 
 
-def _py_imports(path: str) -> tuple[set[str], set[str]]:
-    tree = ast.parse(_read(os.path.join(PKG, path)), path)
-    package = (
-        module_of(path) if path.endswith("__init__.py") else module_of(path).rpartition(".")[0]
-    )
-    eager, lazy = set(), set()
+_STRING = re.compile(r'"""(?:.|\n)*?"""' + r"|'''(?:.|\n)*?'''")
+_IMPORT_LINE = re.compile(r"^(\s*)((?:from\s+[\w.]+\s+import\s|import\s).*)$", re.M)
 
-    def visit(node, in_function):
+
+def _python_source(pkg: str, path: str) -> str:
+    """A .py file's text; for a .pyx, its Python import statements (docstrings dropped; a
+    statement indented in the source stands inside a function, so it stays lazy)."""
+    text = _read(os.path.join(pkg, path))
+    if not path.endswith(".pyx"):
+        return text
+    out = []
+    for indent, stmt in _IMPORT_LINE.findall(_STRING.sub("", text)):
+        stmt = stmt.split("#", 1)[0].rstrip()
+        out.append(f"def _():\n    {stmt}" if indent else stmt)
+    return "\n".join(out) + "\n"
+
+
+def python_imports(pkg: str, path: str) -> set[str]:
+    """The cyctx modules a .py file imports, at any depth (lazy ones too), leaving out those under
+    ``if TYPE_CHECKING:``. ``from cyctx.a import b`` counts as ``cyctx.a.b`` when that is a
+    module, else as ``cyctx.a``."""
+    me = _module_of(path)
+    package = me if path.endswith("__init__.py") else me.rpartition(".")[0]
+    modules = {_module_of(p) for p in source_files(pkg) if p.endswith((".py", ".pyx"))}
+    found = set()
+
+    def visit(node):
         for child in ast.iter_child_nodes(node):
             if _is_type_checking(child):
                 for other in child.orelse:
-                    visit(ast.Module(body=[other], type_ignores=[]), in_function)
+                    visit(ast.Module(body=[other], type_ignores=[]))
                 continue
-            inner = in_function or isinstance(
-                child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
-            )
-            found = set()
             if isinstance(child, ast.Import):
-                for a in child.names:
-                    found |= _resolve(a.name, [])
+                found.update(a.name for a in child.names)
             elif isinstance(child, ast.ImportFrom):
                 mod = child.module or ""
                 if child.level:
-                    base = ["cyctx"] + ([p for p in package.split(".") if p and p != "cyctx"])
-                    base = base[: len(base) - (child.level - 1)]
+                    base = package.split(".")[: len(package.split(".")) - (child.level - 1)]
                     mod = ".".join(base + ([mod] if mod else []))
-                found = _resolve(mod, [a.name for a in child.names])
-            (lazy if in_function else eager).update(found)
-            visit(child, inner)
+                for a in child.names:
+                    found.add(f"{mod}.{a.name}" if f"{mod}.{a.name}" in modules else mod)
+            visit(child)
 
-    visit(tree, False)
-    return eager, lazy - eager
-
-
-_CY_FROM = re.compile(r"^(\s*)from\s+([\w.]+)\s+c?import\s+(.*)$")
-_CY_IMPORT = re.compile(r"^(\s*)c?import\s+([\w.]+)")
-_EXTERN = re.compile(r'^\s*cdef\s+extern\s+from\s+"([^"]+)"')
-_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+    visit(ast.parse(_python_source(pkg, path), path))
+    return {m for m in found if m in modules and m != me}
 
 
-def _header(path: str, name: str) -> str | None:
-    # Where the compiler looks: beside the includer, then setup.py's include_dirs (the package
-    # and its include/, where get_include() points Cython code that cimports cyctx).
-    for cand in (os.path.join(os.path.dirname(path), name), name, os.path.join("include", name)):
-        cand = os.path.normpath(cand).replace(os.sep, "/")
-        if os.path.isfile(os.path.join(PKG, cand)):
-            return cand
-    return None
+def import_graph(pkg: str = PKG) -> dict[str, set[str]]:
+    """{module: the cyctx modules it imports}, for the .py modules and the extension's .pyx."""
+    graph: dict[str, set[str]] = {}
+    for path in source_files(pkg):
+        if path.endswith((".py", ".pyx")):
+            graph.setdefault(_module_of(path), set()).update(python_imports(pkg, path))
+    return graph
 
 
-def _text_imports(path: str) -> tuple[set[str], set[str]]:
-    """Cython and C files, by regex: an indented Python import counts as lazy (it is inside a
-    function); text inside triple-quoted strings (docstring examples) is skipped."""
-    eager, lazy = set(), set()
-    lines = _read(os.path.join(PKG, path)).splitlines()
-    in_string = False
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        i += 1
-        quotes = line.count('"""') + line.count("'''")
-        was_in_string = in_string
-        if quotes % 2:
-            in_string = not in_string
-        if was_in_string or quotes:
-            continue
-        code = line.split("#", 1)[0] if not path.endswith((".h", ".c")) else line
-        m = _INCLUDE.match(line) if path.endswith((".h", ".c")) else _EXTERN.match(code)
-        if m:
-            h = _header(path, m.group(1))
-            if h:
-                eager.add(h)
-            continue
-        m = _CY_FROM.match(code)
-        if m:
-            names = m.group(3)
-            while "(" in names and ")" not in names and i < len(lines):
-                names += " " + lines[i].split("#", 1)[0]
-                i += 1
-            names = [
-                n.split(" as ")[0].strip()
-                for n in names.strip("() ").replace("(", "").replace(")", "").split(",")
-            ]
-            found = _resolve(m.group(2), [n for n in names if n])
-            (lazy if m.group(1) else eager).update(found)
-            continue
-        m = _CY_IMPORT.match(code)
-        if m:
-            (lazy if m.group(1) else eager).update(_resolve(m.group(2), []))
-    return eager, lazy - eager
-
-
-def source_imports(path: str) -> tuple[set[str], set[str]]:
-    """(eager, lazy) cyctx nodes a source file imports, leaving out itself."""
-    if path.endswith((".py", ".pyi")):
-        eager, lazy = _py_imports(path)
-    elif path.endswith((".pyx", ".pxd", ".h", ".c")):
-        eager, lazy = _text_imports(path)
-    else:
-        return set(), set()
-    me = module_of(path)
-    return eager - {me}, lazy - {me}
-
-
-def import_circles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
-    """Strongly connected components with more than one node (Tarjan)."""
-    index, low, stack, on, out = {}, {}, [], set(), set()
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
 
     def strong(v):
         index[v] = low[v] = len(index)
         stack.append(v)
         on.add(v)
-        for w in graph.get(v, ()):
+        for w in sorted(graph.get(v, ())):
             if w not in index:
                 strong(w)
                 low[v] = min(low[v], low[w])
             elif w in on:
                 low[v] = min(low[v], index[w])
         if low[v] == index[v]:
-            comp = set()
+            comp = []
             while True:
                 w = stack.pop()
                 on.discard(w)
-                comp.add(w)
+                comp.append(w)
                 if w == v:
                     break
             if len(comp) > 1:
-                out.add(frozenset(comp))
+                out.append(sorted(comp))
 
     for v in sorted(graph):
         if v not in index:
@@ -307,166 +268,65 @@ def import_circles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
     return out
 
 
-def source_graph() -> dict[str, set[str]]:
-    graph: dict[str, set[str]] = {}
-    for path in source_files():
-        eager, lazy = source_imports(path)
-        graph.setdefault(module_of(path), set()).update(eager | lazy)
-    for v in list(graph):
-        graph[v].discard(v)
-    return graph
+def test_no_import_circles():
+    graph = import_graph()
+    assert "cyctx._doctor.render" in graph and graph["cyctx._doctor"], "the graph is empty?"
+    assert import_circles(graph) == []
 
 
-def setup_extensions() -> dict[str, str]:
-    """{built: source} from setup.py: each `_ext("name")` (cyctx.name from name.pyx) or
-    `Extension("cyctx.x", ["src/cyctx/x.pyx"])`, and the library `link_shared_object` makes
-    from the C file `compiler.compile` compiles."""
-    tree = ast.parse(_read(SETUP), "setup.py")
-    out = {}
-    c_sources, libraries = [], []
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        fn = (
-            node.func.attr
-            if isinstance(node.func, ast.Attribute)
-            else getattr(node.func, "id", None)
-        )
-        consts = [
-            a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
-        ]
-        if fn == "_ext" and consts:
-            out[f"cyctx.{consts[0]}"] = f"{consts[0]}.pyx"
-        elif fn == "Extension" and consts and isinstance(node.args[1], ast.List):
-            src = [e.value for e in node.args[1].elts if isinstance(e, ast.Constant)]
-            out[consts[0]] = src[0].removeprefix("src/cyctx/")
-        elif fn == "compile" and node.args and isinstance(node.args[0], ast.List):
-            c_sources += [e.value for e in node.args[0].elts if isinstance(e, ast.Constant)]
-        elif fn == "link_shared_object" and consts:
-            libraries += consts
-    for lib, src in zip(libraries, c_sources):
-        rel = src.removeprefix("src/cyctx/")
-        out[f"cyctx/{os.path.dirname(rel)}/{lib}"] = rel
-    return out
-
-
-# --- the tests ----------------------------------------------------------------------------------
-
-
-def test_every_source_file_is_listed_and_every_listed_file_exists():
-    doc = documented_layout()
-    files = set(source_files())
-    unlisted = sorted(files - set(doc))
-    missing = sorted(
-        p for p, (what, _, _) in doc.items() if p not in files and "(generated)" not in what
-    )
-    assert not unlisted, (
-        f"files in src/cyctx that docs/design.md's layout does not list: {unlisted}"
-    )
-    assert not missing, f"docs/design.md's layout lists files that do not exist: {missing}"
-
-
-def test_who_imports_whom_is_what_the_sources_import():
-    doc = documented_layout()
-    wrong = []
-    for path in source_files():
-        if path not in doc:
-            continue  # reported by the test above
-        eager, lazy = source_imports(path)
-        _, d_eager, d_lazy = doc[path]
-        if (eager, lazy) != (d_eager, d_lazy):
-            wrong.append(
-                f"{path}: design.md says {_cell(d_eager, d_lazy)}; the source: {_cell(eager, lazy)}"
-            )
-    assert not wrong, "docs/design.md's layout disagrees with the imports:\n" + "\n".join(wrong)
-
-
-def test_the_import_circles_are_the_documented_ones():
-    found = import_circles(source_graph())
-    assert found == documented_circles(), (
-        f"import circles in the sources: {sorted(map(sorted, found))}; "
-        f"docs/design.md says: {sorted(map(sorted, documented_circles()))}"
-    )
-
-
-def test_the_extensions_listed_are_the_ones_setup_py_builds():
-    built = setup_extensions()
-    assert built, "found no extension in setup.py"
-    assert documented_extensions() == built
-    for src in built.values():
-        assert os.path.isfile(os.path.join(PKG, src)), src
-
-
-# The checks above must catch a module added without its row, a changed import and a new circle:
-# run them on a copy of the real layout with each change made.
-
-
-def test_an_undocumented_module_is_caught(tmp_path, monkeypatch):
-    import shutil
-
+@pytest.mark.parametrize(
+    "extra",
+    [
+        "from cyctx._doctor.report import Diagnosis\n",  # eager
+        "def f():\n    from cyctx._doctor import report\n",  # lazy, relative spelling below
+        "def f():\n    from . import report\n",
+    ],
+)
+def test_an_import_circle_is_caught(tmp_path, extra):
     copy = tmp_path / "cyctx"
     shutil.copytree(
         PKG, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.so.*", "*.cpp")
     )
-    (copy / "_doctor" / "words.py").write_text("from cyctx._doctor import model\n")
-    monkeypatch.setattr(sys.modules[__name__], "PKG", str(copy))
-    with pytest.raises(AssertionError, match="_doctor/words.py"):
-        test_every_source_file_is_listed_and_every_listed_file_exists()
-
-
-def test_a_changed_import_and_a_new_circle_are_caught():
-    text = _read(DESIGN)
-    doc = documented_layout(text)
-    # Drop one documented import of a file that has one: the table no longer matches.
-    path = next(p for p in sorted(doc) if doc[p][1])
-    eager, lazy = doc[path][1], doc[path][2]
-    assert source_imports(path) == (eager, lazy)
-    assert source_imports(path) != (set(sorted(eager)[1:]), lazy)
-    # A new edge back from a leaf closes a circle that is not documented.
-    graph = source_graph()
-    graph["_compat"] = graph.get("_compat", set()) | {"cyctx"}
-    assert import_circles(graph) != documented_circles(text)
-
-
-def test_an_import_for_annotations_only_is_left_out(tmp_path, monkeypatch):
-    for name in ("_errors", "_inputs", "_compat"):
-        (tmp_path / f"{name}.py").write_text("")
-    (tmp_path / "words.py").write_text(
-        "from typing import TYPE_CHECKING\n"
-        "from cyctx import _errors\n"
-        "if TYPE_CHECKING:\n"
-        "    from cyctx import _inputs\n"
-        "else:\n"
-        "    from cyctx import _compat\n"
+    with open(copy / "_doctor" / "render.py", "a") as f:
+        f.write("\n" + extra)
+    assert ["cyctx._doctor.render", "cyctx._doctor.report"] in import_circles(
+        import_graph(str(copy))
     )
-    monkeypatch.setattr(sys.modules[__name__], "PKG", str(tmp_path))
-    assert _py_imports("words.py") == ({"_errors", "_compat"}, set())
 
 
-def _cell(eager: set[str], lazy: set[str]) -> str:
-    items = [f"`{m}`" for m in sorted(eager)] + [f"`{m}` (lazy)" for m in sorted(lazy)]
-    return ", ".join(items) or "—"
+def test_an_import_for_annotations_only_is_left_out(tmp_path):
+    copy = tmp_path / "cyctx"
+    copy.mkdir()
+    for name in ("__init__", "a", "b", "c", "d"):
+        (copy / f"{name}.py").write_text("")
+    (copy / "a.py").write_text(
+        "from typing import TYPE_CHECKING\nfrom cyctx import b\n"
+        "if TYPE_CHECKING:\n    from cyctx import c\nelse:\n    from cyctx import d\n"
+    )
+    assert python_imports(str(copy), "a.py") == {"cyctx.b", "cyctx.d"}
 
 
-def main() -> None:
-    """Print the layout table and the circles as the sources say they should be."""
-    try:
-        doc = documented_layout()
-    except AssertionError:
-        doc = {}
-    print("| file | what it is | imports |\n|---|---|---|")
-    for path in source_files():
-        what = doc.get(path, ("TODO",))[0]
-        print(f"| `{path}` | {what} | {_cell(*source_imports(path))} |")
-    for path, (what, eager, lazy) in doc.items():
-        if "(generated)" in what and path not in source_files():
-            print(f"| `{path}` | {what} | {_cell(eager, lazy)} |")
-    circles = import_circles(source_graph())
-    print("\ncircles:", "none" if not circles else "")
-    for c in sorted(map(sorted, circles)):
-        print("* " + " ↔ ".join(f"`{m}`" for m in c))
-    print("\nextensions:", setup_extensions())
+# --- the layout docs/design.md describes --------------------------------------------------------
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def documented_files(text: str | None = None) -> set[str]:
+    """The files named in the first column of design.md's layout table (paths in backticks,
+    relative to src/cyctx), between ``<!-- layout -->`` and ``<!-- /layout -->``."""
+    text = _read(DESIGN) if text is None else text
+    m = re.search(r"<!-- layout -->\n(.*?)<!-- /layout -->", text, re.S)
+    assert m, "docs/design.md has no <!-- layout --> table"
+    return set(re.findall(r"^\| `([^`]+)` \|", m.group(1), re.M))
+
+
+def test_the_tree_is_the_documented_layout():
+    files, doc = set(source_files()), documented_files()
+    assert not files - doc, (
+        f"files in src/cyctx that docs/design.md does not list: {sorted(files - doc)}"
+    )
+    assert not doc - files, f"docs/design.md lists files that do not exist: {sorted(doc - files)}"
+
+
+def test_an_unlisted_file_is_caught():
+    doc = documented_files()
+    text = _read(DESIGN).replace(f"| `{sorted(doc)[0]}` |", "| gone |", 1)
+    assert documented_files(text) == doc - {sorted(doc)[0]}

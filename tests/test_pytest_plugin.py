@@ -21,7 +21,7 @@ if MODE != "none":
         d.cuInit(0)
 
 def pytest_unconfigure(config):
-    out = {{"libcuda_mapped": any("libcuda.so" in l for l in open("/proc/self/maps"))}}
+    out = {{"libcuda_mapped": any("libcuda.so" in ln for ln in open("/proc/self/maps"))}}
     if MODE != "none":
         out["calls"] = {{f: SIM.call_count(f) for f in {functions!r}}}
     with open("driver_calls.json", "w") as f:
@@ -91,7 +91,7 @@ def _calls(pytester):
 def _leak_section(result):
     """The plugin's list of leaking tests in the terminal summary."""
     lines = result.outlines
-    start = next(i for i, l in enumerate(lines) if "cyctx:" in l)
+    start = next(i for i, ln in enumerate(lines) if "cyctx:" in ln)
     end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith(("=", "cyctx:")))
     return lines[start:end]
 

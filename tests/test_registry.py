@@ -15,7 +15,7 @@ from helpers.threads import in_thread
 
 import cyctx
 from cyctx import ContextGuard, GuardError
-from cyctx._guard import _open_entries
+from cyctx._guard import open_entries
 
 
 def test_registry_keeps_every_live_guard_and_forgets_every_freed_one(sim):
@@ -40,9 +40,9 @@ def test_registry_keeps_every_live_guard_and_forgets_every_freed_one(sim):
                 g.__enter__()
                 with pytest.raises(GuardError, match="out of order"):
                     outer.__exit__(None, None, None)
-                assert _open_entries() == 1
+                assert open_entries() == 1
                 g.__exit__(None, None, None)
-                assert _open_entries() == 0
+                assert open_entries() == 0
             outer.__enter__()
             for g in keep:
                 g.close()
@@ -55,7 +55,7 @@ def test_registry_keeps_every_live_guard_and_forgets_every_freed_one(sim):
             gc.collect()
             with pytest.warns(ResourceWarning, match="dropped 50"):
                 outer.__exit__(None, None, None)
-            assert _open_entries() == 0
+            assert open_entries() == 0
             outer.close()
 
         in_thread(body)

@@ -39,7 +39,7 @@ def test_runtime_sees_the_guard_device():
             print("DEV", k, rt_get(), rt_malloc_device())
     """
     )
-    rows = [l.split()[1:] for l in out.stdout.splitlines() if l.startswith("DEV")]
+    rows = [ln.split()[1:] for ln in out.stdout.splitlines() if ln.startswith("DEV")]
     assert rows and all(a == b == c for a, b, c in rows), rows
 
 

@@ -20,7 +20,7 @@ def run(h):
     from cuda.bindings import driver as d
 
     import cyctx
-    from cyctx._guard import _open_entries
+    from cyctx._guard import open_entries
     from cyctx.testing import simulated
 
     bench = h.bench
@@ -64,7 +64,7 @@ def run(h):
             }
         )
         bench.set_current(0)
-    open_entries = _open_entries()
+    open_entries = open_entries()
     retains_during = [sim.retain_count(i) for i in range(ndev)] if sim else None
     for g in guards:
         g.close()

@@ -89,8 +89,12 @@ def process_docstring(app, what, name, obj, options, lines):
         and isinstance(node, ast.FunctionDef)
         and node.returns is not None
     ):
-        lines.insert(0, f"*Type:* ``{ast.unparse(node.returns)}``")
-        lines.insert(1, "")
+        # A compiled property without a docstring of its own gets the stub's.
+        doc = ast.get_docstring(node)
+        if not any(line.strip() for line in lines) and doc:
+            lines[:] = doc.splitlines()
+        # After the text, so that the first line, which summaries show, stays the docstring's.
+        lines.extend(["", f"*Type:* ``{ast.unparse(node.returns)}``"])
 
 
 def setup(app: Sphinx) -> dict:

@@ -71,13 +71,13 @@ def careless_task(device: int) -> int:
 def thread_state() -> dict:
     """What this thread has: its current context, its open guard entries, and (on the
     simulated driver) each primary context's retain count in this process."""
-    from cyctx._guard import _open_entries
+    from cyctx._guard import open_entries
 
     sim = _sim()
     return {
         "thread": threading.get_ident(),
         "current": cyctx.current_handle(),
-        "open_entries": _open_entries(),
+        "open_entries": open_entries(),
         "retains": [sim.retain_count(k) for k in range(sim.device_count)] if sim else None,
     }
 

@@ -5,8 +5,8 @@
 #   bash scripts/gpu/doctor_capture.sh --fill-docs DIR   # here: paste DIR/doctor-*.txt into the docs
 #
 # On the GPU machine it builds cyctx first when the installed one is not this tree's (the same
-# build as scripts/gpu/run.sh; carry .whl with nvidia_cuda_runtime, nvidia_cuda_profiler_api
-# and setuptools wheels for it), unpacks the carried CUDA 11.8 runtime wheel
+# build as scripts/gpu/run.sh; it needs nvidia_cuda_runtime, nvidia_cuda_profiler_api and
+# setuptools wheels in .whl/), unpacks the CUDA 11.8 runtime wheel of .whl/
 # (.whl/nvidia_cuda_runtime_cu11-11.8.89-*.whl) into /tmp/cu11, and runs:
 #   doctor, doctor --json, doctor --demo (the machine's CUDA 12/13 runtime), doctor --demo
 #   --cudart <11.8>, the report of a thread left in the classic state by the 11.8 runtime, of
@@ -52,7 +52,7 @@ if [ "$same" = 0 ]; then
     CUDA_HOME=/tmp/hdr/nvidia/cu13 PYTHONPATH=/tmp/st python3 -m pip install -q --no-build-isolation --no-deps --no-index . || exit 1
 fi
 
-echo "=== CUDA 11.8 runtime from the carried wheel"
+echo "=== CUDA 11.8 runtime from its wheel in .whl/"
 python3 -m pip install -q --no-index --no-deps --target /tmp/cu11 .whl/nvidia_cuda_runtime_cu11-*.whl
 CU11=/tmp/cu11/nvidia/cuda_runtime/lib/libcudart.so.11.0
 ls -l "$CU11" || exit 1

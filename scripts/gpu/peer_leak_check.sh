@@ -38,7 +38,7 @@ prepare() {
 run() {
     local out=${OUT:-/tmp/cyctx-peer} status
     mkdir -p "$out"
-    [ -d "$DEST" ] || { echo "no $DEST: run 'prepare' first and carry peer_tests" >&2; exit 1; }
+    [ -d "$DEST" ] || { echo "no $DEST: run 'prepare' first (peer_tests/ must be in the checkout)" >&2; exit 1; }
     if ! (cd /tmp && python3 -c "import cyctx" 2>/dev/null); then
         python3 -m pip install -q --no-index --no-deps wheelhouse/cyctx-*-cp312-cp312-*.whl || exit 1
     fi

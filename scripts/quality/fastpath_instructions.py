@@ -117,7 +117,7 @@ def main(argv: list[str]) -> int:
     for tag, path in specs:
         d = measure(tag, path, work)
 
-        def pick(prefix):
+        def pick(prefix, d=d):
             return sum(v for k, v in d.items() if k.startswith(prefix))
 
         print(f"{tag:12s}{pick('_guard.'):10.1f}{pick('libcuda'):10.1f}{pick('ld-linux'):10.1f}")

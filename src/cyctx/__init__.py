@@ -6,6 +6,7 @@ work and restores exactly what was current before; see its docstring. Errors are
 """
 
 from cyctx._compat import IncompatibleBindingsError, check_bindings, installed_bindings_version
+from cyctx._version import __version__
 
 try:
     from cyctx._build_info import BUILD_INFO
@@ -37,7 +38,6 @@ except ModuleNotFoundError as exc:
         f"Install it with `pip install .` and import it from elsewhere"
     ) from exc
 
-from cyctx._version import __version__
 
 # The errors are defined in private modules but public here: tracebacks, reprs and pickles
 # name them as users import them (`cyctx.NoDeviceError`, not `cyctx._errors.NoDeviceError`).
@@ -62,16 +62,21 @@ __all__ = [
     "ContextDestroyedError",
     "ContextGuard",
     "ContextResetWarning",
+    "ContextInfo",
     "CyctxError",
+    "DeviceInfo",
     "Diagnosis",
     "DriverError",
+    "Finding",
     "ForkError",
     "GuardError",
+    "GuardInfo",
     "IncompatibleBindingsError",
     "InvalidContextError",
     "InvalidDeviceError",
     "NoDeviceError",
     "NotInitializedError",
+    "RuntimeInfo",
     "__version__",
     "current_handle",
     "diagnose",
@@ -79,10 +84,22 @@ __all__ = [
 ]
 
 
+_DOCTOR_NAMES = (
+    "Diagnosis",
+    "diagnose",
+    "ContextInfo",
+    "DeviceInfo",
+    "Finding",
+    "GuardInfo",
+    "RuntimeInfo",
+)
+
+
 def __getattr__(name: str) -> object:
     # The doctor (cuda.bindings.driver, ctypes, its report and words) is imported on first
-    # use, not with cyctx: code that only guards contexts never pays for it.
-    if name in ("Diagnosis", "diagnose"):
+    # use, not with cyctx: code that only guards contexts never pays for it. Its records
+    # (what a Diagnosis holds) are public under these names.
+    if name in _DOCTOR_NAMES:
         from cyctx import _doctor
 
         value = getattr(_doctor, name)

@@ -10,8 +10,13 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Protocol, SupportsIndex
 
-# The records a Diagnosis holds; not re-exported (a stub's plain import is private).
-from cyctx._doctor.model import ContextInfo, DeviceInfo, Finding, GuardInfo, RuntimeInfo
+# The records a Diagnosis holds, public as cyctx.Finding, cyctx.DeviceInfo, ... (the
+# redundant aliases re-export them).
+from cyctx._doctor.model import ContextInfo as ContextInfo
+from cyctx._doctor.model import DeviceInfo as DeviceInfo
+from cyctx._doctor.model import Finding as Finding
+from cyctx._doctor.model import GuardInfo as GuardInfo
+from cyctx._doctor.model import RuntimeInfo as RuntimeInfo
 
 # What ContextGuard accepts (docs/guarantees.md, "What a guard can be made from"): an ordinal
 # (an int, or anything with __index__ but bool), or an object of cuda.core, CuPy, torch or

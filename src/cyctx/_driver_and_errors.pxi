@@ -4,8 +4,9 @@
 # fork check that every construction starts with.
 
 # --- errors ------------------------------------------------------------------------------
-# The classes and their words are cyctx._errors (pure Python); what only this module can know,
-# the driver's name for a code and whether this process is a forked child, is handed to it here.
+# The classes and their words are cyctx._errors (pure Python), imported and raised here; what
+# only this module can know, the driver's name for a code and whether this process is a forked
+# child, reaches it through its one hook, _errors.connect_native, called below as this loads.
 
 def _error_name_and_string(code):
     """(name, description) of a CUresult, from the driver; works before cuInit."""
@@ -15,12 +16,12 @@ def _error_name_and_string(code):
     cdef cydriver.CUresult err = <cydriver.CUresult>code
     cdef char problem[512]  # unused: without a driver the names come from the fallback
     if driver_load(&api, problem, sizeof(problem)) != cydriver.CUresult.CUDA_SUCCESS:
-        return _errors._fallback_name_and_string(code)
+        return _errors.fallback_name_and_string(code)
     if api.GetErrorName(err, &name) != cydriver.CUresult.CUDA_SUCCESS:
         name = NULL
     if api.GetErrorString(err, &text) != cydriver.CUresult.CUDA_SUCCESS:
         text = NULL
-    fallback_name, _ = _errors._fallback_name_and_string(code)
+    fallback_name, _ = _errors.fallback_name_and_string(code)
     return (
         name.decode() if name != NULL else fallback_name,
         # The driver was asked and does not know the code.
@@ -32,7 +33,7 @@ def _is_fork_child():
     return bool(fork_child())
 
 
-_errors._install(_error_name_and_string, _is_fork_child)
+_errors.connect_native(_error_name_and_string, _is_fork_child)
 
 
 cdef int raise_driver_error(cydriver.CUresult err, const char* call) except -1 with gil:

@@ -5,10 +5,11 @@ carrying the ``CUresult`` as ``.code`` and its name as ``.name``, with a message
 what happened and what to do. Misuse of a guard is a :class:`GuardError`.
 
 Pure Python on purpose: the native state (the driver table, the fork flags) has one owner,
-the ``_guard`` extension module, which raises these classes. Two things only it can know are
-handed to this module when it loads (``_install``): how the driver names a code, and whether
-this process is a forked child. Until then, and with no driver, the names come from
-``_FALLBACK``.
+the ``_guard`` extension module, which imports this module and raises its classes. Two things
+only the native side can know reach this module through one hook, :func:`connect_native`,
+which ``_guard`` calls once as it loads: how the driver names a code, and whether this process
+is a forked child. Until then, and with no driver, the names come from
+:func:`fallback_name_and_string`.
 """
 
 import sys
@@ -115,7 +116,9 @@ _HINTS = {
         "The libcuda.so.1 that was loaded is the toolkit's stub, not the driver: "
         "remove the stubs directory from LD_LIBRARY_PATH"
     ),
-    CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER: "The installed NVIDIA driver is older than this call needs: upgrade the driver",
+    CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER: (
+        "The installed NVIDIA driver is older than this call needs: upgrade the driver"
+    ),
     CUDA_ERROR_DEVICE_UNAVAILABLE: "The device is in use by another process or in exclusive/prohibited compute mode",
     CUDA_ERROR_NO_DEVICE: "No CUDA-capable device is visible: check the driver, CUDA_VISIBLE_DEVICES and nvidia-smi",
     CUDA_ERROR_INVALID_DEVICE: "The device ordinal does not exist: check cuDeviceGetCount and CUDA_VISIBLE_DEVICES",
@@ -130,7 +133,9 @@ _HINTS = {
         "released to zero) while this handle was still in use. Retain it again, e.g. with a "
         "new cyctx.ContextGuard"
     ),
-    CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: "The driver and kernel module versions do not match: reboot or reinstall the driver",
+    CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: (
+        "The driver and kernel module versions do not match: reboot or reinstall the driver"
+    ),
     CUDA_ERROR_UNKNOWN: "The driver reported an unknown error; the GPU may need attention (nvidia-smi)",
 }
 
@@ -172,7 +177,7 @@ _FALLBACK = {
 }
 
 
-def _fallback_name_and_string(code):
+def fallback_name_and_string(code):
     """(name, description) of a CUresult without asking a driver."""
     return _FALLBACK.get(
         int(code), (f"CUresult({int(code)})", "no CUDA driver could be loaded to describe it")
@@ -431,16 +436,22 @@ def _add_note(exc, note):
             pass  # no usable stderr
 
 
-def _fallback_forked():
+# --- the one hook of the native side -----------------------------------------------------
+
+
+def _not_forked():
     return False
 
 
-# Replaced by the _guard module when it loads (_install): the driver's names, the fork flag.
-_describe = _fallback_name_and_string
-_forked = _fallback_forked
+# What DriverError asks: the name and description of a code, and whether this process is a
+# forked child. Until connect_native, the fallbacks (no driver, no fork flags).
+_describe = fallback_name_and_string
+_forked = _not_forked
 
 
-def _install(describe, forked):
-    """Called once by the native module: how to name a code, and whether this is a forked child."""
+def connect_native(describe, is_fork_child):
+    """Called once, by the ``_guard`` extension as it loads: `describe(code)` gives the
+    driver's ``(name, description)`` of a CUresult, `is_fork_child()` the fork flag of
+    ``_cpp/fork.h``. The only way native state reaches this module."""
     global _describe, _forked
-    _describe, _forked = describe, forked
+    _describe, _forked = describe, is_fork_child

@@ -31,9 +31,9 @@ cdef inline int check(cydriver.CUresult err, const char* call) except -1 nogil:
 # cyctx/switch.h (in cyctx.get_include()): a guard's per-thread entries hold the same record.
 cdef extern from "cyctx/switch.h":
     ctypedef struct Switch "cyctx_Switch":
-        cydriver.CUcontext prev    # current before switch_to (NULL: none)
-        unsigned long long prev_id # prev's cuCtxGetId then (see cyctx/switch.h)
-        bint switched              # switch_to changed the current context
+        cydriver.CUcontext prev     # current before switch_to (NULL: none)
+        unsigned long long prev_id  # prev's cuCtxGetId then (see cyctx/switch.h)
+        bint switched               # switch_to changed the current context
 
 
 # Make `target` current on this thread, remembering what was current in `s`: cuCtxSetCurrent

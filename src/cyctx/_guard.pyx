@@ -102,7 +102,7 @@ include "_switch.pxi"
 cdef dict _shared_guards = {}
 # Every guard alive in this process, for diagnostics (cyctx's doctor compares the ids the
 # guards last saw with the driver's). Touched at construction only, never on enter/exit.
-# Read by _live_guards, never iterated: see there.
+# Read by live_guards, never iterated: see there.
 cdef object _all_guards = weakref.WeakSet()
 
 
@@ -269,7 +269,7 @@ cdef class ContextGuard:
         try:
             _exit_block(self, block, EXIT_PYTHON)
         except BaseException as cleanup:
-            _errors.note_cleanup_failure(exc, _inputs._shown(self, 200), cleanup)
+            _errors.note_cleanup_failure(exc, _inputs.shown(self, 200), cleanup)
         return False
 
     def close(self):
@@ -444,7 +444,7 @@ cdef int _init_primary(ContextGuard self, ordinal, count) except -1:
     cdef unsigned long long ctx_id = 0
     cdef cydriver.CUresult err, rerr
     if ordinal >= count:
-        raise _errors.no_such_device(_inputs._int_text(ordinal), count)
+        raise _errors.no_such_device(_inputs.int_text(ordinal), count)
     cdef int extra = 0
     cdef int tries = 0
     cdef const char* failed = "cuCtxGetId"  # the call whose result `err` holds
@@ -598,9 +598,9 @@ cdef size_t _context_of(kind, size_t handle) except? 0:
 
 cdef void _release(cydriver.CUdevice dev, int n) noexcept nogil:
     # Release path of __dealloc__: errors cannot be reported there, and must not be raised.
-    cdef int i
+    cdef int _i
     cdef const DriverApi* d = driver_api()  # loaded: a guard was constructed
-    for i in range(n):
+    for _i in range(n):
         d.PrimaryCtxRelease(dev)
 
 
@@ -681,7 +681,7 @@ def current_handle():
     return <size_t>cur
 
 
-def _live_guards():
+def live_guards():
     """The ContextGuards alive in this process (a snapshot list; other threads may close or
     free them meanwhile)."""
     # Not list(_all_guards): a WeakSet's iterator is Python code that runs between items, so a
@@ -696,12 +696,12 @@ def _live_guards():
     return out
 
 
-def _open_entries():
+def open_entries():
     """Number of open guard entries on the calling thread (for tests and diagnostics)."""
     return tls_depth()
 
 
-def _fork_state():
+def fork_state():
     """(forked_after_cuda, fork_child) from the C flags of _cpp/fork.h, for the doctor: one fork
     state per process, the one the guard acts on (set by its pthread_atfork child handler)."""
     return bool(forked_after_cuda()), bool(fork_child())

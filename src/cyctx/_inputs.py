@@ -6,7 +6,7 @@ passed one of its objects (then it is already imported). Every value read from a
 is checked here, in Python, before it reaches C: a float, a str or a huge int is a
 TypeError/ValueError, never truncated, parsed or overflowed. No driver call is made here.
 
-Messages show user values through _shown/_int_text: a repr that raises, or an int too long for
+Messages show user values through shown/int_text: a repr that raises, or an int too long for
 Python to print (more than 4300 digits), must not replace the error being raised.
 """
 
@@ -29,15 +29,15 @@ class Target(NamedTuple):
     value: int  # the ordinal, or the handle
 
 
-# Messages show user values through _shown/_int_text: a repr that raises, or an int too long
+# Messages show user values through shown/int_text: a repr that raises, or an int too long
 # for Python to print (more than 4300 digits), must not replace the error being raised.
 
 
-def _shown(value, limit=80):
+def shown(value, limit=80):
     """repr(value) for an error message, at most `limit` characters; never raises."""
     try:
         if isinstance(value, int) and not isinstance(value, bool):
-            return _int_text(int.__index__(value))
+            return int_text(int.__index__(value))
         text = repr(value)
         if not isinstance(text, str):
             raise TypeError("__repr__ returned a non-str")
@@ -46,7 +46,7 @@ def _shown(value, limit=80):
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _int_text(n):
+def int_text(n):
     """An int for a message: its digits when short (up to 2**256), else its size."""
     if n.bit_length() <= 256:
         return str(n)
@@ -123,11 +123,11 @@ def _ordinal_of(device):
             device = int(device)  # a CUdevice is its ordinal (cuDeviceGet(&dev, k) gives k)
         elif isinstance(device, bool) or not hasattr(t, "__index__"):
             raise TypeError(
-                f"device must be an int ordinal (0, 1, ...), got {t.__name__} {_shown(device)}"
+                f"device must be an int ordinal (0, 1, ...), got {t.__name__} {shown(device)}"
             )
         ordinal = _index(device, "device")
     if ordinal < 0:
-        raise ValueError(f"device ordinal must be >= 0, got {_int_text(ordinal)}")
+        raise ValueError(f"device ordinal must be >= 0, got {int_text(ordinal)}")
     return ordinal
 
 
@@ -158,7 +158,7 @@ def _handle_of(value, what, kinds=_CONTEXT_TYPES):
             )
         h = int(value)
     elif isinstance(value, bool) or not hasattr(t, "__index__"):
-        raise TypeError(f"{what} must be an int handle, got {t.__name__} {_shown(value)}")
+        raise TypeError(f"{what} must be an int handle, got {t.__name__} {shown(value)}")
     else:
         h = _index(value, what)
     if not 0 <= h < _HANDLE_LIMIT:
@@ -181,13 +181,13 @@ def _cuda_stream_handle(obj):
     if not isinstance(v, tuple) or tuple.__len__(v) != 2:
         raise TypeError(
             f"{type(obj).__name__}.__cuda_stream__() must return a (version, handle) tuple of "
-            f"two ints, got {type(v).__name__} {_shown(v)}"
+            f"two ints, got {type(v).__name__} {shown(v)}"
         )
     version = tuple.__getitem__(v, 0)
     handle = tuple.__getitem__(v, 1)
     if isinstance(version, bool) or not hasattr(type(version), "__index__"):
         raise TypeError(
-            f"{type(obj).__name__}.__cuda_stream__() returned version {_shown(version, 40)}; an int is needed"
+            f"{type(obj).__name__}.__cuda_stream__() returned version {shown(version, 40)}; an int is needed"
         )
     return _handle_of(handle, f"{type(obj).__name__}.__cuda_stream__() handle", _STREAM_TYPES)
 
@@ -199,9 +199,21 @@ def _cuda_stream_handle(obj):
 _DEFAULT_STREAMS = (0, 1, 2)  # legacy, per-thread (CU_STREAM_LEGACY/PER_THREAD): no own context
 
 
-def _tagged(obj):
-    """('ordinal', k) or ('context', handle) or ('stream', handle, fallback ordinal or None)
-    or ('green', handle) for anything ContextGuard accepts; TypeError/ValueError otherwise."""
+def _stream(handle, device):
+    """The Target of a stream `handle` whose device is `device` (None: unknown). The default
+    streams (0/1/2) belong to whatever context is current, which is meaningless here: a
+    framework's stream object still knows its device."""
+    if handle in _DEFAULT_STREAMS:
+        if device is None:
+            raise ValueError(
+                "a default stream (handle 0/1/2) has no context of its own; pass the device instead"
+            )
+        return Target(Kind.ORDINAL, device)
+    return Target(Kind.STREAM, handle)
+
+
+def recognise(obj):
+    """The Target of anything ContextGuard accepts; TypeError/ValueError otherwise."""
     t = type(obj)
     # Every value read from a duck-typed object is checked (_ordinal_of, _handle_of) before
     # it is used: these are user objects, and a float, a str or a huge int must be a
@@ -214,26 +226,27 @@ def _tagged(obj):
         name = lib.__name__
         if lib.__module__.startswith("cuda.bindings"):
             if name in _CONTEXT_TYPES:
-                return ("context", _handle_of(obj, name, _CONTEXT_TYPES))
+                return Target(Kind.CONTEXT, _handle_of(obj, name, _CONTEXT_TYPES))
             if name in _STREAM_TYPES:
-                return ("stream", _handle_of(obj, name, _STREAM_TYPES), None)
+                return _stream(_handle_of(obj, name, _STREAM_TYPES), None)
             if name in _GREEN_TYPES:
-                return ("green", _handle_of(obj, name, _GREEN_TYPES))
+                return Target(Kind.GREEN, _handle_of(obj, name, _GREEN_TYPES))
             if name in _DEVICE_TYPES:
-                return ("ordinal", _ordinal_of(obj))
+                return Target(Kind.ORDINAL, _ordinal_of(obj))
         else:
             if name == "Device" and hasattr(obj, "device_id"):
-                return ("ordinal", _ordinal_of(obj.device_id))
+                return Target(Kind.ORDINAL, _ordinal_of(obj.device_id))
             if name == "Stream":
-                return (
-                    "stream",
+                return _stream(
                     _handle_of(obj.handle, f"{name}.handle", _STREAM_TYPES),
                     _ordinal_of(obj.device.device_id),
                 )
             if name == "Context":
-                return ("context", _handle_of(obj.handle, f"{name}.handle", _CONTEXT_TYPES))
+                return Target(
+                    Kind.CONTEXT, _handle_of(obj.handle, f"{name}.handle", _CONTEXT_TYPES)
+                )
             if hasattr(obj, "__cuda_stream__"):  # another cuda.core stream kind
-                return ("stream", _cuda_stream_handle(obj), None)
+                return _stream(_cuda_stream_handle(obj), None)
         raise _not_a(
             lib, "a device, a context, a stream or a green context, which ContextGuard takes"
         )
@@ -241,52 +254,34 @@ def _tagged(obj):
     name = t.__name__
     if mod == "torch" and name == "device":
         if obj.type != "cuda":
-            raise ValueError(f"{_shown(obj)} is not a CUDA device")
+            raise ValueError(f"{shown(obj)} is not a CUDA device")
         if obj.index is None:  # torch.device("cuda"): torch's current device
             import torch
 
-            return ("ordinal", _ordinal_of(torch.cuda.current_device()))
-        return ("ordinal", _ordinal_of(obj.index))
+            return Target(Kind.ORDINAL, _ordinal_of(torch.cuda.current_device()))
+        return Target(Kind.ORDINAL, _ordinal_of(obj.index))
     elif mod.startswith("torch") and hasattr(obj, "cuda_stream"):
-        return (
-            "stream",
+        return _stream(
             _handle_of(obj.cuda_stream, f"{name}.cuda_stream", _STREAM_TYPES),
             _optional_ordinal(obj.device.index),
         )
     elif mod.startswith("cupy"):
         if name == "Device":
-            return ("ordinal", _ordinal_of(obj.id))
+            return Target(Kind.ORDINAL, _ordinal_of(obj.id))
         if hasattr(obj, "ptr") and "Stream" in name:
-            return (
-                "stream",
+            return _stream(
                 _handle_of(obj.ptr, f"{name}.ptr", _STREAM_TYPES),
                 _optional_ordinal(getattr(obj, "device_id", None)),
             )
     if hasattr(obj, "__cuda_stream__"):  # the CUDA stream protocol: (version, handle)
-        return ("stream", _cuda_stream_handle(obj), None)
+        return _stream(_cuda_stream_handle(obj), None)
     if isinstance(obj, bool) or not hasattr(t, "__index__"):
         raise TypeError(
             f"ContextGuard takes a device ordinal (int), a device (cuda.core Device, "
             f"cupy.cuda.Device, torch.device), a CUcontext, a stream or a green context; got "
-            f"{mod}.{name} {_shown(obj)}"
+            f"{mod}.{name} {shown(obj)}"
         )
-    return ("ordinal", _ordinal_of(obj))
-
-
-def recognise(obj):
-    """The Target of anything ContextGuard accepts; TypeError/ValueError otherwise."""
-    t = _tagged(obj)
-    if t[0] == "ordinal":
-        return Target(Kind.ORDINAL, t[1])
-    if t[0] == "stream" and t[1] in _DEFAULT_STREAMS:
-        # The default streams belong to whatever context is current: meaningless here. A
-        # framework's stream object still knows its device.
-        if t[2] is None:
-            raise ValueError(
-                "a default stream (handle 0/1/2) has no context of its own; pass the device instead"
-            )
-        return Target(Kind.ORDINAL, t[2])
-    return Target({"context": Kind.CONTEXT, "stream": Kind.STREAM, "green": Kind.GREEN}[t[0]], t[1])
+    return Target(Kind.ORDINAL, _ordinal_of(obj))
 
 
 def shared_ordinal(device):

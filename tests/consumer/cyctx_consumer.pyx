@@ -45,10 +45,10 @@ cdef int raw(cydriver.CUcontext want) except -1 nogil:
 def run_parallel(ContextGuard g, int n, int nthreads):
     """(mismatches, number of distinct OpenMP threads that ran iterations)."""
     cdef cydriver.CUcontext want = <cydriver.CUcontext><size_t>g.handle
-    cdef int i, bad = 0, used = 0
+    cdef int _i, bad = 0, used = 0
     cdef int* per_thread = <int*>calloc(nthreads, sizeof(int))
     try:
-        for i in prange(n, nogil=True, num_threads=nthreads, schedule="static", chunksize=1):
+        for _i in prange(n, nogil=True, num_threads=nthreads, schedule="static", chunksize=1):
             bad += one(g, want) + raw(want)
             per_thread[threadid()] += 1
         for i in range(nthreads):

@@ -1,7 +1,8 @@
 """The table of bad inputs and misuse in docs/guarantees.md: every row is tried here, gets the error the table
 says, and leaves no state behind: after the row's calls (the misuse and whatever the program
 does next, such as leaving the blocks still open) the autouse fixture finds this thread's context
-state as it was before them, and the retain counts are checked on the simulated driver. The table and this list must agree.
+state as it was before them, and the retain counts are checked on the simulated driver. The
+table and this list must agree.
 Also: device arguments refused before any driver call, and messages that stay short and typed
 for values that cannot be printed."""
 

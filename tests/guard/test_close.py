@@ -26,7 +26,7 @@ def test_use_after_close(guard):
         with guard:
             pass
     with pytest.raises(GuardError, match="closed"):
-        guard.handle
+        _ = guard.handle
 
 
 def test_close_inside_block_refused(guard):
@@ -58,7 +58,7 @@ def test_close_from_two_threads_releases_once(sim):
         g = ContextGuard(0)
         b = threading.Barrier(4)
 
-        def f():
+        def f(b=b, g=g):
             b.wait()
             g.close()
 

@@ -10,7 +10,7 @@ from helpers.drivers import create_context, current, driver, ok, reset_primary, 
 from helpers.threads import in_thread
 
 from cyctx import ContextDestroyedError, ContextGuard, ContextResetWarning
-from cyctx._guard import _open_entries
+from cyctx._guard import open_entries
 
 D1 = second_device()  # device 1, or 0 on a one-GPU machine
 
@@ -44,7 +44,7 @@ def test_exit_never_makes_a_context_destroyed_in_the_block_current_again():
             g.__exit__(None, None, None)
         assert handed_over() == sets
         assert "left the stack as the block left it" in str(ei.value)
-        assert current() == 0 and depth() in (0, None) and _open_entries() == 0
+        assert current() == 0 and depth() in (0, None) and open_entries() == 0
         g.close()
 
     in_thread(body)
@@ -64,7 +64,7 @@ def test_exit_over_a_context_destroyed_in_the_block_pops_the_switch():
         assert handed_over() == sets  # the dead handle was not handed over
         assert "popped its own switch" in str(ei.value) and "no context is current" in str(ei.value)
         # As if ctx had been destroyed while current: its place is popped.
-        assert current() == 0 and depth() in (0, None) and _open_entries() == 0
+        assert current() == 0 and depth() in (0, None) and open_entries() == 0
         g.close()
 
     in_thread(body)
@@ -83,9 +83,9 @@ def test_exit_after_the_outer_primary_was_reset_and_reactivated_in_the_block():
                     pass
                 with pytest.raises(ContextDestroyedError, match="id changed"):
                     g0.__exit__(None, None, None)
-                assert current() == 0 and _open_entries() == 1
+                assert current() == 0 and open_entries() == 1
                 ok(driver().cuCtxPushCurrent(g1.context))  # what g1's exit will pop
-        assert current() == 0 and _open_entries() == 0
+        assert current() == 0 and open_entries() == 0
         g0.close()
         g1.close()
 
@@ -133,7 +133,7 @@ def test_a_handle_unknown_to_the_driver_at_the_enter_is_not_restored_when_a_cont
         with pytest.raises(ContextDestroyedError, match="did not survive"):
             g.__exit__(None, None, None)
         assert handed_over() == sets  # the context at that address was not handed over
-        assert current() == 0 and depth() == 0 and _open_entries() == 0
+        assert current() == 0 and depth() == 0 and open_entries() == 0
         ok(driver().cuCtxDestroy(ctx))
         g.close()
 

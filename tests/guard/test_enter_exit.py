@@ -2,14 +2,13 @@
 block that changed the context stack itself gets back, misuse, and an exit that fails."""
 
 import contextlib
-import sys
 
 import pytest
 from helpers.drivers import current, driver, ok
 from helpers.threads import in_thread
 
 from cyctx import ContextGuard, DriverError, GuardError
-from cyctx._guard import _open_entries
+from cyctx._guard import open_entries
 
 
 def test_restores_null_on_a_fresh_thread(guard):
@@ -118,8 +117,8 @@ def test_blocks_left_from_other_frames_still_match_their_guard():
         with contextlib.ExitStack() as stack:
             stack.enter_context(g)
             stack.enter_context(g)
-            assert _open_entries() == 2 and current() == g.handle
-        assert _open_entries() == 0 and current() == 0
+            assert open_entries() == 2 and current() == g.handle
+        assert open_entries() == 0 and current() == 0
         g.close()
 
     in_thread(body)
@@ -281,7 +280,7 @@ def test_exit_on_another_thread(guard):
 # --- an exit that fails: the block's exception wins -------------------------------------------
 
 
-def test_cleanup_failure_does_not_replace_block_exception(guard, sim, capfd):
+def test_cleanup_failure_does_not_replace_block_exception(guard, sim):
     def body():
         with pytest.raises(KeyError) as ei:
             with guard:
@@ -295,10 +294,6 @@ def test_cleanup_failure_does_not_replace_block_exception(guard, sim, capfd):
         return current()
 
     assert in_thread(body) == 0
-    if sys.version_info < (3, 11):
-        # 3.10's traceback does not print __notes__: the failure is also on stderr.
-        err = capfd.readouterr().err
-        assert "CUDA_ERROR_UNKNOWN" in err and "while KeyError propagated" in err
 
 
 class _NotesNotAList(KeyError):

@@ -195,5 +195,5 @@ def test_error_names_and_texts_without_a_driver_cover_cyctxs_own_codes():
     from cyctx import _errors
 
     for code in (34, 100, 500, 801, 2):
-        name, text = _errors._fallback_name_and_string(code)
+        name, text = _errors.fallback_name_and_string(code)
         assert name.startswith("CUDA_ERROR_") and text and "unrecognised" not in text, code

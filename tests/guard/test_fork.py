@@ -72,7 +72,10 @@ def test_fork_after_cuda_used_by_someone_else():
     # and cyctx still names fork.
     out = run_child(
         FORK_CHILD.format(
-            setup="d = drivers.driver(); drivers.ok(d.cuInit(0)); drivers.ok(d.cuDevicePrimaryCtxRetain(drivers.ok(d.cuDeviceGet(0))))",
+            setup=(
+                "d = drivers.driver(); drivers.ok(d.cuInit(0)); "
+                "drivers.ok(d.cuDevicePrimaryCtxRetain(drivers.ok(d.cuDeviceGet(0))))"
+            ),
             child="""
         try:
             cyctx.ContextGuard(0)

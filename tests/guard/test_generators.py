@@ -15,7 +15,7 @@ from helpers.finalizers import collect_unraisable, suspended_in
 from helpers.threads import in_thread
 
 from cyctx import ContextGuard, GuardError
-from cyctx._guard import _open_entries
+from cyctx._guard import open_entries
 
 D1 = second_device()  # device 1, or 0 on a one-GPU machine
 
@@ -37,11 +37,11 @@ def test_generators_interleaving_detected(guard, guard1):
         assert "removed" in str(ei.value)
         # a's entry is gone and b keeps its context; b's block now restores what was current
         # before a's.
-        assert current() == guard1.handle and _open_entries() == 1
+        assert current() == guard1.handle and open_entries() == 1
         with pytest.raises(StopIteration):
             next(b)
             next(b)
-        return before, current(), _open_entries()
+        return before, current(), open_entries()
 
     before, after, left = in_thread(body)
     assert after == before and left == 0
@@ -62,10 +62,10 @@ def test_generator_abandoned_inside_a_guard_collected_under_another_guard(sim):
             assert len(seen) == 1 and isinstance(seen[0].exc_value, GuardError), seen
             assert "generator" in str(seen[0].exc_value)
             # ... its entry is gone, and the open guard still sees its own context current.
-            assert _open_entries() == 1 and current() == g1.handle
+            assert open_entries() == 1 and current() == g1.handle
             g1.__exit__(None, None, None)
             # Leaving g1 restores what was current before g0's block, not g0's context.
-            assert current() == 0 and _open_entries() == 0
+            assert current() == 0 and open_entries() == 0
             g0.close()
             g1.close()
 
@@ -89,7 +89,7 @@ def test_late_exit_hands_its_restore_to_the_entry_just_above_it():
         seen.append(current() == 0)  # leaving g1: what was before the generator's block
         for g in (g0, g1, h):
             g.close()
-        return seen, _open_entries()
+        return seen, open_entries()
 
     assert in_thread(body) == ([True, True, True], 0)
 
@@ -108,7 +108,7 @@ def test_late_exit_spliced_into_a_fast_path_entry_keeps_the_leaked_push_check(si
                 with pytest.raises(GuardError, match="generator"):
                     it.close()
                 ok(d.cuCtxPushCurrent(g1.context))
-        state = (current(), sim.stack_depth(), _open_entries())
+        state = (current(), sim.stack_depth(), open_entries())
         for g in (g0, g1, h):
             g.close()
         return state
@@ -129,7 +129,7 @@ def test_late_generator_exit_under_deep_nesting_is_spliced(sim):
                 g1.__enter__()
             with pytest.raises(GuardError, match="generator"):
                 it.close()
-            assert _open_entries() == 45 and current() == g1.handle
+            assert open_entries() == 45 and current() == g1.handle
             for _ in range(45):
                 g1.__exit__(None, None, None)
             g0.close()
@@ -153,7 +153,7 @@ def test_spliced_exit_restores_what_was_before_the_late_block():
         assert current() == 0
         g0.close()
         g1.close()
-        return _open_entries()
+        return open_entries()
 
     assert in_thread(body) == 0
 
@@ -170,7 +170,7 @@ def test_generator_closed_explicitly_under_another_guard_raises_on_close():
         assert current() == 0
         g0.close()
         g1.close()
-        return _open_entries()
+        return open_entries()
 
     assert in_thread(body) == 0
 
@@ -191,7 +191,7 @@ def test_generator_closed_on_another_thread_raises_and_keeps_the_entering_thread
         next(it)
         with pytest.raises(GuardError, match="without a matching enter"):
             in_thread(it.close)
-        left = _open_entries()
+        left = open_entries()
         g0.__exit__(None, None, None)  # the entering thread leaves its entry itself
         return left, current()
 
@@ -220,7 +220,7 @@ def test_generator_exit_that_drops_dead_entries_warns_as_exit_does():
         gc.collect()
         with pytest.warns(ResourceWarning, match="freed while entered"):
             it.close()
-        assert _open_entries() == 0 and current() == 0
+        assert open_entries() == 0 and current() == 0
         g.close()
 
     in_thread(body)
@@ -237,10 +237,10 @@ def test_same_guard_generator_closed_inside_the_callers_block_removes_its_own_en
             with g:  # entry B: the caller's block, fast path over A
                 with pytest.raises(GuardError, match="generator"):
                     it.close()  # A is the late one: A goes, B stays
-                assert _open_entries() == 2 and current() == g.handle
+                assert open_entries() == 2 and current() == g.handle
             # Leaving B restores what was current before A: other's context.
-            assert _open_entries() == 1 and current() == other.handle
-        assert _open_entries() == 0 and current() == 0
+            assert open_entries() == 1 and current() == other.handle
+        assert open_entries() == 0 and current() == 0
         g.close()  # nothing of g is left open on this thread
         other.close()
 
@@ -254,8 +254,8 @@ def test_same_guard_generator_collected_inside_another_block_of_it():
         with g:
             seen = collect_unraisable(lambda: (holder.clear(), gc.collect()))
             assert len(seen) == 1 and isinstance(seen[0].exc_value, GuardError), seen
-            assert _open_entries() == 1 and current() == g.handle
-        assert _open_entries() == 0 and current() == 0
+            assert open_entries() == 1 and current() == g.handle
+        assert open_entries() == 0 and current() == 0
         g.close()
 
     with retains_unchanged():
@@ -270,11 +270,11 @@ def test_same_guard_generators_closed_in_entry_order_each_take_their_own():
             b = suspended_in(g)  # entered over other's context
             with pytest.raises(GuardError, match="generator"):
                 a.close()  # a lies below: spliced out, its duty handed to other's block
-            assert current() == g.handle and _open_entries() == 2
+            assert current() == g.handle and open_entries() == 2
             b.close()  # b is on top: its own exit restores other's context
-            assert current() == other.handle and _open_entries() == 1
+            assert current() == other.handle and open_entries() == 1
         # other's block inherited a's duty: leaving it restores no context.
-        assert current() == 0 and _open_entries() == 0
+        assert current() == 0 and open_entries() == 0
         g.close()
         other.close()
 
@@ -300,9 +300,9 @@ def test_exitstack_leaving_the_outer_guard_first_hands_its_restore_to_the_inner_
                 outer.close()  # g0's block left while g1's is open
             assert "removed" in str(ei.value)
             # g1's block keeps its context; only g0's entry is gone.
-            assert current() == g1.handle and _open_entries() == 1
+            assert current() == g1.handle and open_entries() == 1
             inner.close()  # restores what was current before g0's block
-            assert current() == before and _open_entries() == 0
+            assert current() == before and open_entries() == 0
             g0.close()
             g1.close()
             return current()
@@ -323,11 +323,11 @@ def test_same_guard_generators_interleaved_with_next_leave_the_guard_closable():
             next(b)  # b's block of g, over a's
             with pytest.raises(GuardError, match="same guard"):
                 next(a)  # a leaves first: out of order
-            assert current() == g.handle and _open_entries() == 2
+            assert current() == g.handle and open_entries() == 2
             with pytest.raises(StopIteration):
                 next(b)  # b restores what was current before a's block
-            assert current() == other.handle and _open_entries() == 1
-        assert current() == 0 and _open_entries() == 0
+            assert current() == other.handle and open_entries() == 1
+        assert current() == 0 and open_entries() == 0
         g.close()  # nothing of g is left open on this thread
         other.close()
 
@@ -346,9 +346,9 @@ def test_exception_thrown_into_a_block_left_out_of_order_carries_the_note_and_re
             notes = getattr(ei.value, "__notes__", [])
             assert len(notes) == 1 and "GuardError" in notes[0], notes
             assert "out of order" in notes[0] and "removed" in notes[0], notes
-            assert current() == g1.handle and _open_entries() == 1
+            assert current() == g1.handle and open_entries() == 1
         # g1's block restored what was current before g0's.
-        assert current() == 0 and _open_entries() == 0
+        assert current() == 0 and open_entries() == 0
         g0.close()
         g1.close()
 
@@ -387,7 +387,7 @@ def test_coroutine_holding_a_guard_across_await_interleaved():
         asyncio.run(main())
         # a's out-of-order exit removed its entry and b's restored what was before a's block:
         # nothing is left open, so both guards close.
-        left = _open_entries()
+        left = open_entries()
         g0.close()
         g1.close()
         return len(errors), left, current()
@@ -401,7 +401,7 @@ def test_asyncio_tasks_sharing_a_guard_across_await_out_of_order_exit_hands_its_
     out = run_child("""
         import asyncio
         import cyctx
-        from cyctx._guard import _open_entries
+        from cyctx._guard import open_entries
         g = cyctx.ContextGuard.shared(0)
         errors = []
 
@@ -421,7 +421,7 @@ def test_asyncio_tasks_sharing_a_guard_across_await_out_of_order_exit_hands_its_
             await b_in.wait()
             a_out.set()            # a leaves while b's block of the same guard is open
             await ta
-            after_a = (drivers.current() == g.handle, _open_entries())
+            after_a = (drivers.current() == g.handle, open_entries())
             b_out.set()
             await tb
             return after_a
@@ -433,7 +433,7 @@ def test_asyncio_tasks_sharing_a_guard_across_await_out_of_order_exit_hands_its_
         assert "removed" in str(errors[0]), errors
         assert after_a == (True, 1), after_a
         # b's exit restored what was current before a's block: nothing is left open.
-        print("END", drivers.current() == before, _open_entries())
+        print("END", drivers.current() == before, open_entries())
     """)
     assert "END True 0" in out.stdout
 
@@ -453,7 +453,7 @@ def test_asyncio_tasks_with_guards_in_synchronous_sections():
 
     def body():
         asyncio.run(main())
-        return current(), _open_entries()
+        return current(), open_entries()
 
     assert in_thread(body) == (0, 0)
     g0.close()
@@ -481,11 +481,11 @@ def test_abandoned_coroutine_inside_a_guard_collected_under_another_guard(sim):
             del c
             seen = collect_unraisable(lambda: (holder.clear(), gc.collect()))
             assert len(seen) == 1 and isinstance(seen[0].exc_value, GuardError)
-            assert current() == g1.handle and _open_entries() == 1
+            assert current() == g1.handle and open_entries() == 1
             g1.__exit__(None, None, None)
             g0.close()
             g1.close()
-            return current(), _open_entries()
+            return current(), open_entries()
 
         assert in_thread(body) == (0, 0)
 
@@ -498,7 +498,7 @@ def test_real_generator_late_exit_and_orphan_drop():
     out = run_child(
         """
         import gc, sys, warnings, cyctx
-        from cyctx._guard import _open_entries
+        from cyctx._guard import open_entries
         n = drivers.device_count()
         g0, g1 = cyctx.ContextGuard(0), cyctx.ContextGuard(1 % n)
         def gen():
@@ -514,7 +514,7 @@ def test_real_generator_late_exit_and_orphan_drop():
                 warnings.simplefilter("always")
                 pass
         print("SEEN", len(seen), type(seen[0].exc_value).__name__)
-        print("STATE", drivers.current(), _open_entries())
+        print("STATE", drivers.current(), open_entries())
         g0.close(); g1.close()
     """,
         timeout=120,
@@ -543,7 +543,7 @@ def test_late_exit_splices_its_own_entry_not_the_guards_innermost():
             assert current() == g.handle  # the inner h restored b's block's context
             b.close()  # b's block, in order: back to h
             assert current() == h.handle
-        assert current() == 0 and _open_entries() == 0  # a's duty: no context
+        assert current() == 0 and open_entries() == 0  # a's duty: no context
         g.close()
         h.close()
 

@@ -13,7 +13,7 @@ from helpers.drivers import current, driver, ok, retains_unchanged, second_devic
 from helpers.threads import in_thread
 
 from cyctx import ContextGuard
-from cyctx._guard import _open_entries
+from cyctx._guard import open_entries
 
 D1 = second_device()  # device 1, or 0 on a one-GPU machine
 
@@ -82,7 +82,7 @@ def test_orphaned_entry_does_not_block_the_outer_guard(sim):
             # never be left), reported, and the outer exit restores what was current before it.
             with pytest.warns(ResourceWarning, match="freed while entered"):
                 outer.__exit__(None, None, None)
-            assert _open_entries() == 0 and current() == 0
+            assert open_entries() == 0 and current() == 0
             outer.close()
 
         in_thread(body)
@@ -103,7 +103,7 @@ def test_orphaned_entry_dropped_by_an_exit_on_the_fast_path_warns_too(sim):
         gc.collect()
         with pytest.warns(ResourceWarning, match="dropped 1 open entry"):
             outer.__exit__(None, None, None)
-        restored = (_open_entries(), current() == outer.handle, sim.stack_depth())
+        restored = (open_entries(), current() == outer.handle, sim.stack_depth())
         ok(d.cuCtxPopCurrent())
         outer.close()
         return restored
@@ -124,10 +124,10 @@ def test_many_guards_freed_while_entered_on_one_thread(sim):
             ):  # beyond the inline entries (_cpp/thread_entries.h): the spill path too
                 ContextGuard(0).__enter__()
             gc.collect()
-            assert _open_entries() == 101
+            assert open_entries() == 101
             with pytest.warns(ResourceWarning, match="dropped 100"):
                 outer.__exit__(None, None, None)
-            assert _open_entries() == 0 and current() == 0
+            assert open_entries() == 0 and current() == 0
             outer.close()
 
         in_thread(body)
@@ -202,7 +202,7 @@ def test_finalizer_runs_a_guard_inside_another_guards_block(sim):
                 f.me = f
                 del f
                 gc.collect()
-                assert current() == g0.handle and _open_entries() == 1
+                assert current() == g0.handle and open_entries() == 1
             g0.close()
             g1.close()
             return current()

@@ -389,7 +389,7 @@ def test_malformed_cuda_stream_values_are_typed_errors_not_crashes():
         check=False,
     )
     assert out.returncode == 0, f"child died ({out.returncode}): {out.stderr[-2000:]}"
-    bad = [l for l in out.stdout.splitlines() if l.startswith(("ACCEPTED", "WRONG"))]
+    bad = [ln for ln in out.stdout.splitlines() if ln.startswith(("ACCEPTED", "WRONG"))]
     assert bad == [] and "DONE" in out.stdout, bad
     # Which error (docs/guarantees.md): a value of the wrong shape or type is a TypeError, a
     # handle out of range a ValueError.

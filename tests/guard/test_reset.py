@@ -12,7 +12,7 @@ from helpers.drivers import current, driver, ok, primary_state, reset_primary, r
 from helpers.threads import in_thread, running
 
 from cyctx import ContextDestroyedError, ContextGuard, ContextResetWarning, DriverError
-from cyctx._guard import _open_entries
+from cyctx._guard import open_entries
 
 
 def api_version_ok():
@@ -208,7 +208,7 @@ def test_showwarning_hook_reenters_the_same_guard_during_reactivation(sim):
         assert inner == [1, True]
         assert sim.retain_count(0) == base + 1
         g.close()
-        return current(), _open_entries()
+        return current(), open_entries()
 
     assert in_thread(body) == (0, 0)
     assert sim.retain_count(0) == base

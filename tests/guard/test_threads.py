@@ -89,8 +89,8 @@ def test_signal_handler_using_guards_during_enter_exit_loops():
             if hits[0] > 500 and i > 20000:
                 break
         signal.setitimer(signal.ITIMER_REAL, 0, 0)
-        from cyctx._guard import _open_entries
-        print("HITS", hits[0] > 0, "STATE", drivers.current(), _open_entries())
+        from cyctx._guard import open_entries
+        print("HITS", hits[0] > 0, "STATE", drivers.current(), open_entries())
         g0.close(); g1.close()
     """,
         timeout=120,

@@ -103,12 +103,12 @@ def retains_unchanged():
 
 
 def thread_state():
-    from cyctx._guard import _open_entries
+    from cyctx._guard import open_entries
 
     return {
         "current": current(),
         "stack_depth": SIM.stack_depth() if SIM else None,
-        "open_guard_entries": _open_entries(),
+        "open_guard_entries": open_entries(),
         "retains": retains(),
     }
 

@@ -524,7 +524,8 @@ def test_primary_retain_release_counts_and_handle_is_stable():
 def test_release_v1_abi_is_lenient_when_unbalanced():
     out = run_fresh("""
         drv.cuInit(0)
-        rel1 = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(drv.cuGetProcAddress(b"cuDevicePrimaryCtxRelease", 7000, 0)[1])
+        addr = drv.cuGetProcAddress(b"cuDevicePrimaryCtxRelease", 7000, 0)[1]
+        rel1 = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(addr)
         print(rel1(0), rc(drv.cuDevicePrimaryCtxRelease(0)), sim.cyctxsim_retain_count(0))
     """)
     assert out.split() == ["0", "201", "0"]  # as the H200 answered

@@ -8,8 +8,9 @@
 // function is resolved once with cuGetProcAddress_v2 at a fixed ABI version, the driver's
 // own mechanism for ABI stability, so one build works with every cuda-bindings 12.9+ and
 // 13.x and every driver of CUDA 12.0+. cydriver.pxd is still where the types come from.
-// Each extension module that includes this header (_guard, _errors) keeps its own table,
-// resolved on its first driver call.
+// One extension module includes this header, cyctx._guard (tests/test_layout.py checks it), so
+// the process has one table, resolved on the first driver call; Cython code that cimports cyctx
+// reaches the driver through the guard's functions and never compiles this header.
 //
 // The library is the one cuda.bindings uses as well: dlopen("libcuda.so.1") returns a
 // library of that soname already loaded (the NVIDIA driver, or cyctx's simulated driver

@@ -22,13 +22,24 @@ One module per job; each imports only those above it in this list:
 * ``findings``: :func:`diagnose`, and the words of each finding;
 * ``demo``: ``python -m cyctx doctor --demo``, the classic failure step by step.
 
-``cyctx`` imports this package on first use of ``cyctx.diagnose`` or ``cyctx.Diagnosis``;
+``cyctx`` imports this package on first use of ``cyctx.diagnose``, ``cyctx.Diagnosis`` or a
+record of a diagnosis (``cyctx.Finding``, ``cyctx.DeviceInfo``, ...);
 the command line (``cyctx/__main__.py``) uses the names below.
 """
 
 from cyctx._doctor.demo import run_demo
 from cyctx._doctor.findings import diagnose
-from cyctx._doctor.model import EXIT_NO_CUDA, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, Finding
+from cyctx._doctor.model import (
+    EXIT_NO_CUDA,
+    EXIT_OK,
+    EXIT_PROBLEM,
+    EXIT_USAGE,
+    ContextInfo,
+    DeviceInfo,
+    Finding,
+    GuardInfo,
+    RuntimeInfo,
+)
 from cyctx._doctor.probe import device_count
 from cyctx._doctor.render import use_colour
 from cyctx._doctor.report import Diagnosis
@@ -46,10 +57,14 @@ __all__ = [
     "EXIT_OK",
     "EXIT_PROBLEM",
     "EXIT_USAGE",
+    "ContextInfo",
     "Cudart",
+    "DeviceInfo",
     "Diagnosis",
     "Finding",
+    "GuardInfo",
     "Runtime",
+    "RuntimeInfo",
     "StandInRuntime",
     "cu11_candidates",
     "device_count",

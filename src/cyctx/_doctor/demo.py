@@ -319,7 +319,12 @@ class _Demo:
         o.para(
             f"Without a guard: cuCtxGetApiVersion -> "
             f"{f'{INVALID_CONTEXT} after cudaSetDevice (pre-12 runtime) and ' if classic_failed else ''}"
-            f"{f'{INVALID_CONTEXT} after cudaDeviceReset' if reset_failed else 'no failure after cudaDeviceReset (unexpected)'}. "
+            + (
+                f"{INVALID_CONTEXT} after cudaDeviceReset"
+                if reset_failed
+                else "no failure after cudaDeviceReset (unexpected)"
+            )
+            + ". "
             f"Inside ContextGuard({self.dev}): "
             f"{'the same steps work, and the reset is detected and repaired' if guarded_ok else 'FAILED'}.",
             s.green if guarded_ok else s.red,

@@ -27,6 +27,19 @@ class Finding:
     will fail unless something is done first), ``"info"`` (a state worth knowing that is
     normal, such as a thread with no current context; it never makes a report less than OK)
     or ``"unavailable"`` (no driver or no GPU).
+
+    Attributes
+    ----------
+    code : str
+        A stable name of the finding, e.g. ``"inactive-primary-current"``.
+    severity : str
+        ``"error"``, ``"warning"``, ``"info"`` or ``"unavailable"``.
+    title : str
+        One line: what was found.
+    explanation : str
+        Why it matters.
+    fix : str
+        What to do.
     """
 
     code: str
@@ -38,7 +51,23 @@ class Finding:
 
 @dataclass
 class RuntimeInfo:
-    """A ``libcudart``: where it is and what it says."""
+    """A ``libcudart``: where it is and what it says.
+
+    Attributes
+    ----------
+    library : str
+        Its path.
+    source : str
+        How it was found.
+    version : int or None
+        ``cudaRuntimeGetVersion``, e.g. 11080 for 11.8.
+    version_from : str or None
+        Where the version came from: the call, or the wheel the library came with.
+    current_device : int or None
+        ``cudaGetDevice`` on the calling thread (it creates no context).
+    note : str or None
+        Why ``current_device`` is missing, or why the library could not be loaded.
+    """
 
     library: str
     source: str  # how it was found
@@ -50,6 +79,24 @@ class RuntimeInfo:
 
 @dataclass
 class DeviceInfo:
+    """One GPU, as the driver describes it.
+
+    Attributes
+    ----------
+    ordinal : int
+        Its device ordinal.
+    name, pci_bus_id : str or None
+        ``cuDeviceGetName``, ``cuDeviceGetPCIBusId``.
+    compute_capability : tuple of int or None
+        (major, minor).
+    total_memory : int or None
+        Bytes.
+    primary_active, primary_flags : bool, int or None
+        ``cuDevicePrimaryCtxGetState``: whether its primary context is active, and its flags.
+    error : str or None
+        Why the rest is missing.
+    """
+
     ordinal: int
     name: str | None = None
     compute_capability: tuple[int, int] | None = None
@@ -62,7 +109,26 @@ class DeviceInfo:
 
 @dataclass
 class ContextInfo:
-    """The calling thread's current context (``handle`` 0: none)."""
+    """The calling thread's current context (``handle`` 0: none).
+
+    Attributes
+    ----------
+    handle : int
+        ``cuCtxGetCurrent``; 0 when no context is current.
+    id, id_error : int or None, str or None
+        ``cuCtxGetId``, or why it failed (a dead context answers 709).
+    device : int or None
+        ``cuCtxGetDevice``.
+    primary, primary_why : bool or None, str or None
+        Whether it is its device's primary context (None: cannot be told without retaining
+        it), and why not known.
+    usable, why : bool or None, str or None
+        Whether driver calls on it succeed, and why not.
+    api_version : int or None
+        ``cuCtxGetApiVersion``.
+    error : str or None
+        ``cuCtxGetCurrent`` failed.
+    """
 
     handle: int
     id: int | None = None
@@ -78,7 +144,23 @@ class ContextInfo:
 
 @dataclass
 class GuardInfo:
-    """A live :class:`cyctx.ContextGuard` and what the driver says about its context now."""
+    """A live :class:`cyctx.ContextGuard` and what the driver says about its context now.
+
+    Attributes
+    ----------
+    device : int
+        The guard's device.
+    handle : int
+        Its context's handle.
+    seen_id : int
+        The context id the guard last saw (at construction or its last enter).
+    driver_id, driver_id_error : int or None, str or None
+        The id the driver gives now, or why it gives none.
+    shared : bool
+        The guard is ``ContextGuard.shared(k)``.
+    primary : bool
+        The guard retains a primary context (else the caller owns the context).
+    """
 
     device: int
     handle: int

@@ -11,7 +11,7 @@ import os
 from cyctx._doctor.cu import call, cstr, driver, error_name
 from cyctx._doctor.model import ContextInfo, DeviceInfo, GuardInfo
 from cyctx._errors import GuardError
-from cyctx._guard import _fork_state, _live_guards
+from cyctx._guard import fork_state, live_guards
 from cyctx.testing import loaded_libcuda, sim_library_path, simulated
 
 
@@ -33,7 +33,7 @@ def simulated_driver_path() -> str | None:
 def forked_from() -> int | None:
     """The parent's pid when this process is a forked child, from the guard's fork flags
     (cyctx/_cpp/fork.h: set in every child forked after cyctx was imported), else None."""
-    _, fork_child = _fork_state()
+    _, fork_child = fork_state()
     return os.getppid() if fork_child else None
 
 
@@ -74,7 +74,7 @@ def guard_infos() -> list[GuardInfo]:
     """The open ContextGuards of this process, each with the id the driver reports now."""
     d = driver
     out = []
-    for g in _live_guards():
+    for g in live_guards():
         # Read, not looked at first: another thread may close the guard at any moment.
         try:
             h = g.handle

@@ -1,8 +1,9 @@
-"""The doctor's words on screen: the human report of a :class:`~.report.Diagnosis`, and the
-styling (colour, wrapping, the simulated label) that the demo shares.
+"""The doctor's words on screen: the human report, and the styling (colour, wrapping, the
+simulated label) that the demo shares.
 
-It reads the report through its attributes and imports only :mod:`.model` (the exit statuses,
-the version format); :mod:`.report` imports this module for ``Diagnosis.render()``.
+:func:`render` takes the records it prints, as a :class:`Report`: the attributes it reads, of
+the record types of :mod:`.model` (a :class:`~.report.Diagnosis` is one). It imports only
+:mod:`.model`; :mod:`.report` imports this module for ``Diagnosis.render()``.
 """
 
 from __future__ import annotations
@@ -10,12 +11,41 @@ from __future__ import annotations
 import os
 import textwrap
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from cyctx._doctor.model import EXIT_NO_CUDA, EXIT_PROBLEM, version_str
+from cyctx._doctor.model import (
+    EXIT_NO_CUDA,
+    EXIT_PROBLEM,
+    ContextInfo,
+    DeviceInfo,
+    Finding,
+    GuardInfo,
+    RuntimeInfo,
+    version_str,
+)
 
-if TYPE_CHECKING:  # for the annotation only: report.py imports this module
-    from cyctx._doctor.report import Diagnosis
+
+class Report(Protocol):
+    """What :func:`render` prints: the records of one diagnosis."""
+
+    simulated: bool
+    driver_library: str | None
+    driver_version: int | None
+    driver_error: str | None
+    runtime: RuntimeInfo | None
+    other_runtimes: list[RuntimeInfo]
+    devices: list[DeviceInfo]
+    thread_name: str
+    thread_native_id: int
+    context: ContextInfo | None
+    guards: list[GuardInfo]
+    findings: list[Finding]
+    pid: int
+    forked_from: int | None
+    versions: dict[str, str | None]
+
+    @property
+    def exit_status(self) -> int: ...
 
 
 class Style:
@@ -79,7 +109,7 @@ def flags_str(flags: int) -> str:
     return f"0x{flags:x} ({'|'.join(names) if names else 'SCHED_AUTO'})"
 
 
-def render(r: Diagnosis, colour: bool = False, width: int = 88, cli: bool = False) -> str:
+def render(r: Report, colour: bool = False, width: int = 88, cli: bool = False) -> str:
     """The human report of ``r`` (:meth:`Diagnosis.render <cyctx.Diagnosis.render>`)."""
     s = Style(colour)
     tag = f"  {SIM_TAG}" if r.simulated else ""

@@ -35,8 +35,6 @@ class Diagnosis:
 
     Attributes
     ----------
-    ok : bool
-        True when no finding is an error and CUDA is usable.
     findings : list of Finding
         The recognised problems, worst first.
     simulated : bool
@@ -61,10 +59,12 @@ class Diagnosis:
 
     @property
     def cuda_usable(self) -> bool:
+        """A driver and a device are usable."""
         return not any(f.severity == "unavailable" for f in self.findings)
 
     @property
     def ok(self) -> bool:
+        """No finding is an error and CUDA is usable."""
         return not any(f.severity in ("error", "unavailable") for f in self.findings)
 
     @property
@@ -121,6 +121,7 @@ class Diagnosis:
         }
 
     def to_json(self, indent: int | None = 2) -> str:
+        """The report as JSON text."""
         return json.dumps(self.to_dict(), indent=indent)
 
     def render(self, colour: bool = False, width: int = 88, cli: bool = False) -> str:

@@ -17,8 +17,8 @@ driver, and ``CYCTX_SIM_DEVICES`` sets its device count; afterwards it checks in
 of the wrong driver is worse than none).
 
 The known-differences file is a JSON object ``{"scenario_name": "why it may differ"}``
-(keys starting with ``_`` are comments) or plain ``scenario_name: why`` lines. A listed scenario that differs is reported as
-``known`` and does not fail the comparison; a listed one that no longer differs is reported
+(keys starting with ``_`` are comments) or plain ``scenario_name: why`` lines. A listed scenario
+that differs is reported as ``known`` and does not fail the comparison; a listed one that no longer differs is reported
 so the entry can be dropped.
 """
 
@@ -354,7 +354,7 @@ def load_known(path: str | os.PathLike | None) -> dict[str, str]:
                 continue
             name, sep, why = line.partition(":")
             if not sep:
-                raise ValueError(f"{path}:{n}: expected 'scenario: justification'")
+                raise ValueError(f"{path}:{n}: expected 'scenario: justification'") from None
             data[name.strip()] = why.strip()
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object scenario -> justification")

@@ -185,7 +185,7 @@ class Recorder:
             # Outputs of a failed call are whatever the binding's default is: not observable.
             specs = out if isinstance(out, list) else [out] * len(values)
             normed, info = [], []
-            for v, s in zip(values, specs):
+            for v, s in zip(values, specs, strict=True):
                 if s == "info":
                     info.append(self.norm(v))
                     normed.append("<info>")
@@ -1028,7 +1028,8 @@ def s_destroy_primary_handle(r):
 
 # No scenario pushes or sets a context after cuCtxDestroy: on the H200 (driver 580.159) both
 # crash the process with a segfault (docs/evidence.md, "Pushing or setting a destroyed context
-# crashes the driver"): the handle points at freed memory, so there is no behaviour to compare. cyctx never does it either (it only holds retained primaries).
+# crashes the driver"): the handle points at freed memory, so there is no behaviour to compare.
+# cyctx never does it either (it only holds retained primaries).
 
 
 @scenario

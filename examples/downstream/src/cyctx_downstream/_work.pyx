@@ -29,9 +29,9 @@ def hammer(ContextGuard guard, Py_ssize_t n):
     cdef cydriver.CUcontext before = NULL
     cdef cydriver.CUcontext inside = NULL
     cdef cydriver.CUcontext after = NULL
-    cdef Py_ssize_t i, bad = 0
+    cdef Py_ssize_t _i, bad = 0
     with nogil:
-        for i in range(n):
+        for _i in range(n):
             cydriver.cuCtxGetCurrent(&before)
             guard.enter()
             try:

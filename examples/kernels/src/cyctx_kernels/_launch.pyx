@@ -84,17 +84,17 @@ cdef class DeviceKernel:
 
 cdef int _loop(DeviceKernel k, cydriver.CUcontext ctx, cydriver.CUstream s, cydriver.CUdeviceptr x,
                int n, int launches, int mode) except -1 nogil:
-    cdef int i
+    cdef int _i
     cdef cydriver.CUcontext popped = NULL
     if mode == 1:
         k.guard.enter()
         try:
-            for i in range(launches):
+            for _i in range(launches):
                 k.launch(s, x, n, 1.0)
         finally:
             k.guard.exit()
         return 0
-    for i in range(launches):
+    for _i in range(launches):
         if mode == 2:
             _check(cydriver.cuCtxPushCurrent(ctx), b"cuCtxPushCurrent")
             try:

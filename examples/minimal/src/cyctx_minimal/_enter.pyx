@@ -4,9 +4,9 @@ from cyctx cimport ContextGuard
 
 def enter_and_leave(ContextGuard guard, Py_ssize_t n):
     """Enter and leave ``guard`` n times without the GIL; return how many times it was left."""
-    cdef Py_ssize_t i, left = 0
+    cdef Py_ssize_t _i, left = 0
     with nogil:
-        for i in range(n):
+        for _i in range(n):
             guard.enter()
             try:
                 pass  # a library's driver calls go here
