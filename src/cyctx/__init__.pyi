@@ -11,7 +11,14 @@ from types import TracebackType
 from typing import Any, Literal, Protocol, SupportsIndex
 
 # The records a Diagnosis holds; not re-exported (a stub's plain import is private).
-from cyctx._doctor.model import ContextInfo, DeviceInfo, Finding, GuardInfo, RuntimeInfo
+from cyctx._doctor.model import (
+    ContextInfo,
+    DeviceInfo,
+    Finding,
+    GuardInfo,
+    LoadedLibrary,
+    RuntimeInfo,
+)
 
 # What ContextGuard accepts (docs/guarantees.md, "What a guard can be made from"): an ordinal
 # (an int, or anything with __index__ but bool), or an object of cuda.core, CuPy, torch or
@@ -228,6 +235,9 @@ class Diagnosis:
     """The parent's pid, in a child forked after CUDA was used."""
     versions: dict[str, str | None] = ...
     """Versions of Python, cyctx, cuda-bindings and the installed CUDA frameworks."""
+    loaded: list[LoadedLibrary] = ...
+    """The census: every CUDA library loaded in the process, the version it reports and the
+    installed distribution that ships it."""
     @property
     def cuda_usable(self) -> bool:
         """A driver and a device are usable."""
@@ -238,7 +248,7 @@ class Diagnosis:
     def exit_status(self) -> int:
         """``cyctx doctor``'s: 0 nothing wrong, 1 a problem was found, 3 no usable driver or GPU."""
     def to_dict(self) -> dict[str, Any]:
-        """The report as plain JSON-able data (schema ``cyctx.diagnosis/1``)."""
+        """The report as plain JSON-able data (schema ``cyctx.diagnosis/2``)."""
     def to_json(self, indent: int | None = 2) -> str:
         """The report as JSON text."""
     def render(self, colour: bool = False, width: int = 88, cli: bool = False) -> str:
