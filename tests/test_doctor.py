@@ -1114,9 +1114,26 @@ def stand_ins(tmp_path_factory):
         paths[key] = fake_cuda_library(where.parent, lib, version, soname=where.name)
         if dist:
             owned.setdefault(dist, []).append(paths[key])
+    # CuPy's extension that holds its runtime (linked in statically): a file its wheel ships.
+    ext = site / "cupy_backends" / "cuda" / "api" / "runtime.cpython-3-x86_64-linux-gnu.so"
+    ext.parent.mkdir(parents=True)
+    ext.write_bytes(b"")
+    paths["cupy_ext"] = str(ext)
+    owned[("cupy-cuda12x", "13.6.0")] = [str(ext)]
     for (name, version), files in owned.items():
         fake_distribution(site, name, version, files)
     return paths
+
+
+# A stand-in for CuPy's runtime module, whose runtime is linked in: imported, it answers
+# runtimeGetVersion like CuPy's (child code; EXT is the file of the extension).
+FAKE_CUPY_RUNTIME = """
+import types
+_m = types.ModuleType("cupy_backends.cuda.api.runtime")
+_m.__file__ = EXT
+_m.runtimeGetVersion = lambda: 12090
+sys.modules[_m.__name__] = _m
+"""
 
 
 def census_child(stand_ins, load, body="", guard=True):
@@ -1188,6 +1205,20 @@ def test_census_of_a_healthy_process(stand_ins):
 def test_census_without_cuda_bindings_runtime_lists_no_static_runtime(stand_ins):
     d, _, _ = census_child(stand_ins, ["torch13"])
     assert [lib["path"] for lib in loaded_of(d, "runtime")] == [stand_ins["torch13"]]
+
+
+def test_census_sees_cupys_static_runtime_beside_torchs(stand_ins):
+    # The report of cupy/cupy#9827's setup: torch's CUDA 13 runtime beside CuPy built for 12.9,
+    # whose runtime is linked into its extension (no libcudart in the memory map).
+    body = f"EXT = {stand_ins['cupy_ext']!r}\n" + FAKE_CUPY_RUNTIME
+    d, _, _ = census_child(stand_ins, ["torch13"], body=body.replace("\n", "\n    "))
+    (cp,) = [lib for lib in loaded_of(d, "runtime") if lib["static"]]
+    assert cp["path"] == stand_ins["cupy_ext"] and cp["version"] == 12090
+    assert cp["distribution"] == "cupy-cuda12x 13.6.0" and "cupy_backends" in cp["name"]
+    (f,) = d["findings"]
+    assert f["code"] == "runtime_majors_mixed"
+    assert "cupy-cuda12x 13.6.0" in f["explanation"] and "torch 9.9.0" in f["explanation"]
+    assert "cupy-cuda12x" in f["fix"]
 
 
 def test_census_two_majors_names_each_distribution(stand_ins):
@@ -1372,3 +1403,103 @@ def test_primary_context_activated_with_other_flags(sim, activate):
     assert f["code"] == "primary_flags" and f["severity"] == "info" and r["exit_status"] == 0
     assert "Device 0" in f["title"] and "SCHED_BLOCKING_SYNC" in f["title"]
     assert "cudaSetDeviceFlags" in f["explanation"] and "SCHED_AUTO" in f["explanation"]
+
+
+# --- the census on the real driver (H200) --------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_an_active_primary_reports_map_host_and_a_created_context_does_not():
+    # The read-only tell of a non-primary context, on the real driver: inside a guard the
+    # primary reports CU_CTX_MAP_HOST; a cuCtxCreate(0) context beside it does not.
+    out = child("""
+    import cyctx
+    g = cyctx.ContextGuard(0)
+    with g:
+        e, primary_flags = d.cuCtxGetFlags()
+    ctx = _drv.create_context(0)
+    e2, created_flags = d.cuCtxGetFlags()
+    r = diagnose(cudart=False).to_dict()
+    d.cuCtxDestroy(ctx)
+    g.close()
+    print(json.dumps([int(e), int(primary_flags), int(e2), int(created_flags), r]))
+    """)
+    e, primary_flags, e2, created_flags, r = last_json(out)
+    assert e == e2 == 0 and primary_flags & 0x08 and not created_flags & 0x08
+    c = r["thread"]["current_context"]
+    assert c["primary"] is False and "CU_CTX_MAP_HOST" in c["primary_why"], c
+    assert [f["code"] for f in r["findings"]] == ["current_not_primary"], r["findings"]
+
+
+@pytest.mark.cudart
+def test_census_with_torch_cupy_and_cuda_bindings_runtime():
+    import importlib.util
+
+    missing = [m for m in ("torch", "cupy") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)}")
+    out = child(
+        """
+    import torch, cupy
+    from cuda.bindings import runtime
+    torch.zeros(1, device="cuda"); cupy.zeros(1)          # both runtimes initialised
+    static = runtime.cudaRuntimeGetVersion()[1]
+    cupy_rt = cupy.cuda.runtime.runtimeGetVersion()
+    r = diagnose()
+    print(json.dumps([r.to_dict(), str(r), static, cupy_rt, torch.version.cuda]))
+    """,
+        timeout=300,
+    )
+    d, text, static, cupy_rt, torch_cuda = last_json(out)
+    runtimes = loaded_of(d, "runtime")
+    (drv,) = loaded_of(d, "driver")
+    assert drv["version"] == d["driver"]["version"]
+    (st,) = [lib for lib in runtimes if lib["static"]]
+    assert st["version"] == static and st["distribution"].startswith("cuda-bindings ")
+    shared = [lib for lib in runtimes if not lib["static"]]
+    assert shared and all(lib["version"] and lib["distribution"] for lib in shared), shared
+    assert cupy_rt in [lib["version"] for lib in runtimes], (cupy_rt, runtimes)
+    assert int(torch_cuda.split(".")[0]) in {lib["version"] // 1000 for lib in shared}
+    codes = [f["code"] for f in d["findings"]]
+    # torch leaves its primary context current: never called a non-primary one.
+    assert d["thread"]["current_context"]["primary"] is not False
+    assert "current_not_primary" not in codes and "runtime_newer_than_driver" not in codes
+    majors = {lib["version"] // 1000 for lib in runtimes}
+    assert ("runtime_majors_mixed" in codes) == (len(majors) > 1), (majors, codes)
+    assert "\nLoaded" in text
+
+
+def _cuda11_runtime():
+    found = _doctor.cu11_candidates() or [p for p in [os.environ.get("CYCTX_CUDART11")] if p]
+    if not found:
+        pytest.skip("no CUDA 11 runtime (nvidia-cuda-runtime-cu11 wheel, or CYCTX_CUDART11=path)")
+    return found[0]
+
+
+@pytest.mark.cudart
+def test_census_cuda11_runtime_beside_cuda13s():
+    path = _cuda11_runtime()
+    # Where the wheel was installed (its dist-info beside nvidia/): on sys.path last, so that
+    # its `nvidia` folder does not hide the CUDA 13 wheels'.
+    root = path.split(os.sep + "nvidia" + os.sep)[0]
+    out = child(f"""
+    import ctypes, sys
+    sys.path.append({root!r})
+    from cyctx._doctor import load_cudart
+    rt13, why = load_cudart()
+    assert rt13 is not None, why
+    cu11 = ctypes.CDLL({path!r})
+    r = diagnose(cudart=False)
+    print(json.dumps([r.to_dict(), str(r), rt13.path]))
+    """)
+    d, text, path13 = last_json(out)
+    (lib11,) = [lib for lib in loaded_of(d, "runtime") if lib["path"].endswith("libcudart.so.11.0")]
+    assert lib11["version"] // 1000 == 11 and not lib11["by_doctor"]
+    assert os.path.realpath(lib11["path"]) == os.path.realpath(path)
+    assert any(os.path.realpath(lib["path"]) == os.path.realpath(path13) for lib in d["loaded"])
+    codes = [f["code"] for f in d["findings"]]
+    assert "cuda11_runtime_loaded" in codes and "runtime_majors_mixed" in codes, codes
+    (f,) = [f for f in d["findings"] if f["code"] == "cuda11_runtime_loaded"]
+    assert lib11["path"] in f["explanation"]
+    if lib11["distribution"]:
+        assert lib11["distribution"].startswith("nvidia-cuda-runtime-cu11 ")

@@ -7,8 +7,9 @@ the loader's lock) and asked through handles that are already loaded: ``dlopen``
 ``RTLD_NOLOAD`` returns the library only when it is loaded already, and loads nothing. Each
 is asked one version function that only reports a constant (``cudaRuntimeGetVersion``,
 ``cuDriverGetVersion``, ``nvrtcVersion``, ``nvJitLinkVersion``), and the handle is closed
-again. Nothing here initialises a runtime or creates a context. The runtime linked statically
-into ``cuda.bindings.runtime`` is asked through that module, only when it is imported already.
+again. Nothing here initialises a runtime or creates a context. A runtime linked statically
+into a Python extension (``cuda.bindings.runtime``, CuPy's) is asked through that module, only
+when it is imported already.
 
 Which distribution ships a file comes from the distributions' ``RECORD`` files: slow enough
 (torch's lists thousands of files) that only :func:`census` reads them, once per call.
@@ -157,32 +158,47 @@ class Owners:
         return None
 
 
-def static_runtime(owners: Owners) -> LoadedLibrary | None:
-    """The CUDA runtime linked into ``cuda.bindings.runtime``, when that module is imported
-    already (importing it here would be a load); asked with its own cudaRuntimeGetVersion."""
-    rt = sys.modules.get("cuda.bindings.runtime")
-    if rt is None:
-        return None
-    # cuda-bindings keeps the linked runtime in an internal extension; name that file.
-    inner = sys.modules.get("cuda.bindings._internal.runtime")
-    path = getattr(inner, "__file__", None) or getattr(rt, "__file__", None) or "cuda.bindings"
-    lib = LoadedLibrary(
-        kind="runtime",
-        name="cudart (static, in cuda.bindings.runtime)",
-        path=path,
-        static=True,
-        distribution=owners.owner(path),
-    )
-    try:
-        e, v = rt.cudaRuntimeGetVersion()
-    except Exception as exc:  # a cuda-bindings without it, or a broken install
-        lib.note = f"cudaRuntimeGetVersion: {type(exc).__name__}: {exc}"
-        return lib
-    if int(e) == 0 and v:
-        lib.version, lib.version_from = int(v), "cudaRuntimeGetVersion"
-    else:
-        lib.note = f"cudaRuntimeGetVersion returned {int(e)}"
-    return lib
+# Runtimes linked statically into a Python extension, which the memory map cannot show: the
+# module that holds one, the module whose file it is in, and how to ask its version.
+STATIC_RUNTIMES: tuple[tuple[str, str, Callable[[Any], tuple[int, int]]], ...] = (
+    (
+        "cuda.bindings.runtime",
+        "cuda.bindings._internal.runtime",
+        lambda m: tuple(int(x) for x in m.cudaRuntimeGetVersion()),
+    ),
+    # CuPy links the runtime into each of its extensions; this one is its runtime API.
+    ("cupy_backends.cuda.api.runtime", "", lambda m: (0, int(m.runtimeGetVersion()))),
+)
+
+
+def static_runtimes(owners: Owners) -> list[LoadedLibrary]:
+    """The CUDA runtimes linked into Python extensions, for those imported already (importing
+    one here would be a load); each asked with its own cudaRuntimeGetVersion."""
+    out = []
+    for module, inner, ask in STATIC_RUNTIMES:
+        mod = sys.modules.get(module)
+        if mod is None:
+            continue
+        holder = sys.modules.get(inner) if inner else None
+        path = getattr(holder, "__file__", None) or getattr(mod, "__file__", None) or module
+        lib = LoadedLibrary(
+            kind="runtime",
+            name=f"cudart (static, in {module})",
+            path=path,
+            static=True,
+            distribution=owners.owner(path),
+        )
+        try:
+            e, v = ask(mod)
+        except Exception as exc:  # a version without the function, or a broken install
+            lib.note = f"cudaRuntimeGetVersion: {type(exc).__name__}: {exc}"
+        else:
+            if e == 0 and v > 0:
+                lib.version, lib.version_from = v, "cudaRuntimeGetVersion"
+            else:
+                lib.note = f"cudaRuntimeGetVersion returned {e}"
+        out.append(lib)
+    return out
 
 
 def census(
@@ -224,7 +240,5 @@ def census(
         if kind == "runtime" and version is None and fallback_version is not None:
             lib.version, lib.version_from = fallback_version(path)
         found[kind].append(lib)
-    static = static_runtime(owners)
-    if static is not None:
-        found["runtime"].append(static)
+    found["runtime"].extend(static_runtimes(owners))
     return [lib for kind, _, _ in KINDS for lib in found[kind]]

@@ -34,6 +34,7 @@ from cyctx._doctor.probe import (
     guard_infos,
     simulated_driver_path,
 )
+from cyctx._doctor.render import flags_str
 from cyctx._doctor.report import Diagnosis
 from cyctx._doctor.runtime import add_runtimes, wheel_version
 from cyctx._errors import load_fix
@@ -519,8 +520,6 @@ def _f_not_primary(c: ContextInfo) -> Finding:
 
 
 def _f_primary_flags(dev: DeviceInfo) -> Finding:
-    from cyctx._doctor.render import flags_str
-
     assert dev.primary_flags is not None
     return Finding(
         "primary_flags",
