@@ -1091,7 +1091,7 @@ STAND_INS = {
     "cu11": (
         "cudart",
         11080,
-        "nvidia/cu11/lib/libcudart.so.11.0",
+        "nvidia/cuda_runtime/lib/libcudart.so.11.0",  # where the cu11 wheel puts it
         ("nvidia-cuda-runtime-cu11", "11.8.89"),
     ),
     "newer14": ("cudart", 14000, "opt/cuda-14/lib/libcudart.so.14", None),
@@ -1218,7 +1218,7 @@ def test_census_sees_cupys_static_runtime_beside_torchs(stand_ins):
     (f,) = d["findings"]
     assert f["code"] == "runtime_majors_mixed"
     assert "cupy-cuda12x 13.6.0" in f["explanation"] and "torch 9.9.0" in f["explanation"]
-    assert "cupy-cuda12x" in f["fix"]
+    assert "`pip install cupy-cuda13x` in place of cupy-cuda12x" in f["fix"], f["fix"]
 
 
 def test_census_two_majors_names_each_distribution(stand_ins):
@@ -1229,7 +1229,8 @@ def test_census_two_majors_names_each_distribution(stand_ins):
     for key, dist in (("torch13", "torch 9.9.0"), ("cu12", "nvidia-cuda-runtime-cu12 12.9.79")):
         assert stand_ins[key] in f["explanation"] and dist in f["explanation"], f
     # The fix names the distribution of the odd major, not the other one.
-    assert "nvidia-cuda-runtime-cu12" in f["fix"] and "torch" not in f["fix"].split("(e.g.")[0]
+    assert "nvidia-cuda-runtime-cu12" in f["fix"] and "torch" not in f["fix"]
+    assert "the CUDA 13 build" in f["fix"]
     assert d["exit_status"] == 0 and "WARNING  CUDA runtimes of different majors" in text
 
 
@@ -1252,7 +1253,7 @@ def test_census_runtime_newer_than_driver(stand_ins, key, finding):
     assert f["code"] == finding and f["severity"] == "error", f
     assert "CUDA 14.0" in f["title"] and "CUDA 13.0" in f["title"]
     assert stand_ins[key] in f["explanation"] and "cudaErrorInsufficientDriver" in f["explanation"]
-    assert "CUDA 14.0 or newer" in f["fix"] and "for CUDA 13" in f["fix"]
+    assert "CUDA 14.0 or newer" in f["fix"] and "the CUDA 13 build" in f["fix"]
     assert d["exit_status"] == 1 and "PROBLEMS FOUND" in text
 
 
@@ -1265,8 +1266,19 @@ def test_census_cuda11_runtime_loaded(stand_ins):
     assert "nvidia-cuda-runtime-cu11 11.8.89" in f["explanation"]
     assert "CUDA_ERROR_INVALID_CONTEXT (201)" in f["explanation"]
     assert "ContextGuard" in f["fix"] and "nvidia-cuda-runtime-cu11" in f["fix"]
+    assert "the CUDA 13 build" in f["fix"], "the driver's major"
     (m,) = [f for f in d["findings"] if f["code"] == "runtime_majors_mixed"]
     assert "CUDA 11" in m["title"] and "nvidia-cuda-runtime-cu11" in m["fix"]
+    # Also found installed beside the others (other_runtimes): said to be loaded, not "not loaded".
+    (o,) = d["other_runtimes"]
+    assert o["library"] == stand_ins["cu11"] and o["note"].startswith("loaded in this process")
+
+
+def test_census_cuda11_installed_not_loaded(stand_ins):
+    d, _, _ = census_child(stand_ins, ["torch13"])
+    (o,) = d["other_runtimes"]
+    assert o["library"] == stand_ins["cu11"] and o["note"].startswith("not loaded"), o
+    assert d["findings"] == [], d["findings"]
 
 
 def test_census_cuda11_alone_is_not_a_mix(stand_ins):

@@ -130,12 +130,12 @@ class Owners:
         if self._dists is None:
             from importlib.metadata import distributions
 
-            found, names = [], set()
+            found = []
+            # Every one, a name installed twice too: each owns the files its RECORD lists.
             for dist in distributions():
                 name = dist.metadata["Name"]
-                if not name or name.lower() in names:  # the first on sys.path is the one used
+                if not name:
                     continue
-                names.add(name.lower())
                 root = os.path.realpath(str(dist.locate_file("")))
                 found.append((root, f"{name} {dist.version}", dist))
             self._dists = found

@@ -87,6 +87,10 @@ def diagnose(cudart: str | bool | None = None) -> Diagnosis:
     before = census.mapped_paths()
     diag = _diagnose(cudart)
     diag.loaded = census.census(before, fallback_version=wheel_version)
+    loaded = {os.path.realpath(lib.path) for lib in diag.loaded}
+    for o in diag.other_runtimes:
+        if os.path.realpath(o.library) in loaded:
+            o.note = "loaded in this process (see the census, Diagnosis.loaded)"
     diag.findings.extend(census_findings(diag))
     order = {"unavailable": 0, "error": 1, "warning": 2, "info": 3}
     diag.findings.sort(key=lambda f: order.get(f.severity, 4))
@@ -214,8 +218,8 @@ def census_findings(diag: Diagnosis) -> list[Finding]:
     if len({lib.version // 1000 for lib in own}) > 1:
         out.append(_f_mixed_majors(own))
     old = [lib for lib in own if lib.version < 12000]
-    if old:
-        out.append(_f_cuda11_loaded(old))
+    if old:  # the fix: the driver's major, or 12 (the first after the classic failure)
+        out.append(_f_cuda11_loaded(old, max(12, (drv or 0) // 1000)))
     return out
 
 
@@ -438,6 +442,23 @@ def _brought_by(lib: LoadedLibrary) -> str:
     return lib.distribution.split(" ")[0] if lib.distribution else lib.path
 
 
+def _build_for(libs: list[LoadedLibrary], major: int) -> str:
+    """How to get the CUDA ``major`` build of what brought ``libs``, for a fix."""
+    ways = []
+    for name in sorted({_brought_by(lib) for lib in libs}):
+        if name.startswith("cupy-cuda"):
+            ways.append(f"CuPy's (`pip install cupy-cuda{major}x` in place of {name})")
+        elif name == "torch":
+            ways.append(f"torch's (its CUDA {major} wheel, from the cu{major}x index)")
+        elif name.startswith("nvidia-cuda-runtime"):
+            ways.append(f"the CUDA runtime wheel's (CUDA {major}'s, in place of {name})")
+        elif name.startswith(os.sep):  # no distribution ships it: a toolkit, a system package
+            ways.append(f"a CUDA {major} runtime in place of {name}")
+        else:
+            ways.append(f"{name}'s")
+    return f"the CUDA {major} build of each: " + ", ".join(ways)
+
+
 def _f_runtime_newer(lib: LoadedLibrary, driver_version: int) -> Finding:
     assert lib.version is not None
     need = lib.version // 1000
@@ -452,10 +473,8 @@ def _f_runtime_newer(lib: LoadedLibrary, driver_version: int) -> Finding:
         f'libraries built on it (cuBLAS, cuSPARSE, ...) fail to create their handles ("CUDA '
         f"context cannot be initialized\"). (A newer minor of the driver's own major works, "
         f"under CUDA's minor version compatibility.)",
-        f"Install an NVIDIA driver of CUDA {need}.0 or newer, or install the build of "
-        f"{_brought_by(lib)} for CUDA {driver_version // 1000} (e.g. `pip install "
-        f"cupy-cuda{driver_version // 1000}x`, or torch from its cu{driver_version // 1000}x "
-        f"index).",
+        f"Install an NVIDIA driver of CUDA {need}.0 or newer, or install "
+        f"{_build_for([lib], driver_version // 1000)}.",
     )
 
 
@@ -475,14 +494,13 @@ def _f_mixed_majors(runtimes: list[LoadedLibrary]) -> Finding:
         "again for the other. A runtime of a newer major than the driver fails outright, and "
         "the older one's limits (a CUDA 11 runtime's cudaSetDevice) apply to the code that "
         "uses it.",
-        "Install every framework's build for one CUDA major: here, the CUDA "
-        f"{newest} builds of "
-        + ", ".join(sorted({_brought_by(lib) for lib in odd}))
-        + " (e.g. `pip install cupy-cuda13x` beside torch's CUDA 13 wheel).",
+        "Install every framework's build for one CUDA major: here, "
+        + _build_for(odd, newest)
+        + ".",
     )
 
 
-def _f_cuda11_loaded(runtimes: list[LoadedLibrary]) -> Finding:
+def _f_cuda11_loaded(runtimes: list[LoadedLibrary], major: int) -> Finding:
     return Finding(
         "cuda11_runtime_loaded",
         "warning",
@@ -495,9 +513,7 @@ def _f_cuda11_loaded(runtimes: list[LoadedLibrary]) -> Finding:
         "PATH` shows it). The context is created only at that runtime's first call that "
         "needs it.",
         "Make driver calls inside `with cyctx.ContextGuard(dev):`, which activates the primary "
-        "context whatever the runtime did; or install the CUDA 12/13 build of "
-        + ", ".join(sorted({_brought_by(lib) for lib in runtimes}))
-        + ".",
+        "context whatever the runtime did; or install " + _build_for(runtimes, major) + ".",
     )
 
 
