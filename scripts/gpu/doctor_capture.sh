@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The doctor's real output on the GPU machine, for docs/classic-failure.md. Two uses:
+# The doctor's real output on the GPU machine, for docs/classic-failure.md and docs/doctor.md.
+# Two uses:
 #
 #   bash scripts/gpu/doctor_capture.sh                   # on the GPU machine: writes $OUT/doctor-*
 #   bash scripts/gpu/doctor_capture.sh --fill-docs DIR   # here: paste DIR/doctor-*.txt into the docs
@@ -18,18 +19,19 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 
 if [ "${1:-}" = "--fill-docs" ]; then
-    # docs/classic-failure.md marks each pasted block with <!-- doctor-capture: FILE -->; the
+    # docs/classic-failure.md and docs/doctor.md mark each pasted block with <!-- doctor-capture: FILE -->; the
     # fenced block right after the marker is replaced by FILE's content.
     exec python3 - "${2:?usage: $0 --fill-docs DIR}" <<'EOF'
 import pathlib, re, sys
-src, readme = pathlib.Path(sys.argv[1]), pathlib.Path("docs/classic-failure.md")
-text = readme.read_text()
+src = pathlib.Path(sys.argv[1])
 def paste(m):
     body = (src / m.group(2)).read_text().rstrip("\n")
     return f"{m.group(1)}```\n{body}\n```"
-new, n = re.subn(r"(<!-- doctor-capture: ([\w.-]+) -->\n)```\n.*?\n```", paste, text, flags=re.S)
-readme.write_text(new)
-print(f"{readme}: {n} block(s) filled from {src}")
+for readme in (pathlib.Path("docs/classic-failure.md"), pathlib.Path("docs/doctor.md")):
+    text = readme.read_text()
+    new, n = re.subn(r"(<!-- doctor-capture: ([\w.-]+) -->\n)```\n.*?\n```", paste, text, flags=re.S)
+    readme.write_text(new)
+    print(f"{readme}: {n} block(s) filled from {src}")
 EOF
 fi
 
