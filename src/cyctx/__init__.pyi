@@ -255,10 +255,11 @@ class Diagnosis:
         """The human report, as ``str()`` gives it; ANSI colour when ``colour`` is true."""
 
 def diagnose(cudart: str | bool | None = None) -> Diagnosis:
-    """Report the CUDA driver, runtime, devices and the calling thread's context, with findings.
+    """Report the CUDA driver, runtime, devices and the calling thread's context, and every CUDA
+    library loaded in the process (the census), with findings.
 
-    Changes no state: it only queries. ``cudart``: the ``libcudart`` to ask (a path), None for
-    one already loaded or cuda-pathfinder's, False for none."""
+    Changes no state: it only queries, and loads nothing. ``cudart``: the ``libcudart`` to ask
+    (a path), None for one already loaded or cuda-pathfinder's, False for none."""
 
 def current_handle() -> int:
     """The calling thread's current ``CUcontext`` as an int (0: none). One ``cuCtxGetCurrent``."""

@@ -57,10 +57,13 @@ FRAMEWORK_DISTRIBUTIONS = (
 
 
 def diagnose(cudart: str | bool | None = None) -> Diagnosis:
-    """Report the CUDA driver, runtime, devices and the calling thread's context, with findings.
+    """Report the CUDA driver, runtime, devices and the calling thread's context, and every CUDA
+    library loaded in the process (the census), with findings.
 
     Changes no state: it only queries the driver (and the runtime's ``cudaGetDevice``); it never
-    retains, pushes or sets a context. Safe in a forked child and on a machine without a GPU.
+    retains, pushes or sets a context. The census asks each loaded library its version through
+    a handle already loaded, and loads nothing. Safe in a forked child and on a machine without
+    a GPU.
 
     Parameters
     ----------

@@ -59,7 +59,9 @@ class LoadedLibrary:
     version_from: str | None = None  # the function that said so, or the wheel it came with
     distribution: str | None = None  # the installed distribution that ships it, "torch 2.11.0"
     static: bool = False  # a runtime linked into another library (cuda.bindings.runtime)
-    by_doctor: bool = False  # loaded by the doctor's own runtime lookup, not by the program
+    by_doctor: bool = (
+        False  # mapped after diagnose() began: the doctor's own load, not the program's
+    )
     note: str | None = None  # why the version is missing
 
 
