@@ -157,7 +157,7 @@ def context_info(guards: list[GuardInfo], devices: list[DeviceInfo]) -> ContextI
         c.primary, c.primary_why = (
             False,
             f"its flags (cuCtxGetFlags: 0x{c.flags:x}) lack CU_CTX_MAP_HOST, which an active "
-            f"primary context always reports: made by cuCtxCreate",
+            f"primary context always reports: made by cuCtxCreate (or a green context)",
         )
     elif primary_active is True and not c.usable:
         c.primary, c.primary_why = (
