@@ -44,11 +44,17 @@ MUTATORS = %r
 def snapshot():
     sim = _drv.SIM
     n = _drv.device_count()
-    s = {"current": _drv.current(), "primary": [_drv.primary_state(i) for i in range(n)]}
+    s = {"current": _drv.current(), "primary": [_drv.primary_state(i) for i in range(n)],
+         "mapped": cuda_mapped()}
     if sim is not None:
         s.update(calls={f: sim.call_count(f) for f in MUTATORS}, depth=sim.stack_depth(),
                  retains=[sim.retain_count(i) for i in range(n)], live=sim.live_contexts())
     return s
+def cuda_mapped():
+    # The CUDA libraries and CUDA modules mapped in this process: the census loads none.
+    with open("/proc/self/maps") as f:
+        paths = {line.split(None, 5)[-1].strip() for line in f}
+    return sorted(p for p in paths if any(w in p for w in ("cuda", "nvrtc", "nvJitLink")))
 def codes(r):
     return [f.code for f in r.findings]
 """ % (MUTATORS,)  # noqa: UP031 (the child code has braces; %r keeps them single)
@@ -149,8 +155,9 @@ def test_new_thread_has_no_current_context():
 
 def test_json_schema():
     d = json.loads(diagnose(cudart=False).to_json())
-    assert d["schema"] == "cyctx.diagnosis/1"
+    assert d["schema"] == "cyctx.diagnosis/2"
     assert set(d) == {
+        "loaded",
         "schema",
         "ok",
         "exit_status",
@@ -206,6 +213,7 @@ def test_json_schema_with_a_context_and_a_guard():
         "primary",
         "primary_why",
         "usable",
+        "flags",
         "api_version",
         "why",
         "error",
@@ -288,7 +296,7 @@ def test_import_cyctx_does_not_import_the_doctor():
     assert p.returncode == 0, p.stderr
     before, after, is_diagnosis, schema, listed = json.loads(p.stdout.strip().splitlines()[-1])
     assert before == [], f"`import cyctx` imported the doctor: {before}"
-    assert "cyctx._doctor" in after and is_diagnosis and schema == "cyctx.diagnosis/1" and listed
+    assert "cyctx._doctor" in after and is_diagnosis and schema == "cyctx.diagnosis/2" and listed
 
 
 @pytest.mark.parametrize(
@@ -323,10 +331,14 @@ def test_the_records_of_a_diagnosis_are_public(name):
 # --- no state change ----------------------------------------------------------------------
 
 
-def test_diagnose_changes_nothing(sim):
+def test_diagnose_changes_nothing(sim, stand_ins):
     """Counted on the simulated driver: no retain, release, push, pop, set; same stack depth,
-    refcounts and activity, in a clean thread and in each broken state."""
-    out = child("""
+    refcounts and activity, and no CUDA library loaded, in a clean thread, in each broken
+    state, and with runtimes of three majors, NVRTC and cuda.bindings.runtime loaded."""
+    load = [stand_ins[k] for k in ("torch13", "cu12", "cu11", "nvrtc13", "jitlink13")]
+    out = child(f"""
+    import ctypes, sys
+    sys.path.append({stand_ins["site"]!r})
     from cyctx import ContextGuard
     from cyctx._doctor import StandInRuntime
     results = []
@@ -352,6 +364,13 @@ def test_diagnose_changes_nothing(sim):
     d.cuCtxSetCurrent(d.CUcontext(0))
     t = threading.Thread(target=check, args=("new thread",))
     t.start(); t.join()
+    libs = [ctypes.CDLL(p) for p in {load!r}]
+    from cuda.bindings import runtime
+    check("census: three runtimes, NVRTC, nvJitLink, cuda.bindings.runtime")
+    g = ContextGuard(1)
+    with g:
+        check("census, inside a guard")
+    g.close()
     print(json.dumps(results))
     """)
     results = last_json(out)
@@ -362,6 +381,8 @@ def test_diagnose_changes_nothing(sim):
         "after a reset, guard alive",
         "inactive primary current",
         "new thread",
+        "census: three runtimes, NVRTC, nvJitLink, cuda.bindings.runtime",
+        "census, inside a guard",
     ]
     for label, same, before, after in results:
         assert same, f"{label}: diagnose changed state: {before} -> {after}"
@@ -545,8 +566,13 @@ def test_created_context_is_not_primary():
     d.cuCtxDestroy(ctx)
     print(json.dumps(r))
     """)
-    c = last_json(out)["thread"]["current_context"]
+    r = last_json(out)
+    c = r["thread"]["current_context"]
     assert c["usable"] is True and c["primary"] is False and "cuCtxCreate" in c["primary_why"]
+    (f,) = r["findings"]
+    assert f["code"] == "current_not_primary" and f["severity"] == "warning", f
+    assert "not device 0's primary context" in f["title"] and r["exit_status"] == 0
+    assert "CUDA_ERROR_ILLEGAL_ADDRESS" in f["explanation"] and "cuCtxCreate" in f["fix"]
 
 
 @pytest.mark.parametrize("import_before_fork", [True, False])
@@ -1070,5 +1096,452 @@ def test_current_created_context_held_by_a_guard_is_not_called_primary():
     d.cuCtxDestroy(ctx)
     print(json.dumps(r))
     """)
-    c = last_json(out)["thread"]["current_context"]
+    r = last_json(out)
+    c = r["thread"]["current_context"]
     assert c["primary"] is False, c
+    # The caller gave the guard this context on purpose: not reported.
+    assert r["findings"] == [], r["findings"]
+
+
+# --- the census: the CUDA libraries loaded in the process ---------------------------------------
+
+# Stand-in libraries (tests/helpers/fakelibs.py), each in a site folder under the path an
+# installed wheel gives it, with the distribution that ships it (None: none does).
+STAND_INS = {
+    # key: (library, version, path under the site folder, distribution)
+    "torch13": ("cudart", 13000, "torch/lib/libcudart.so.13", ("torch", "9.9.0")),
+    "nvrtc13": ("nvrtc", 13010, "torch/lib/libnvrtc.so.13", ("torch", "9.9.0")),
+    "jitlink13": ("nvJitLink", 13020, "torch/lib/libnvJitLink.so.13", ("torch", "9.9.0")),
+    "cu12": (
+        "cudart",
+        12090,
+        "nvidia/cuda_runtime/lib/libcudart.so.12",
+        ("nvidia-cuda-runtime-cu12", "12.9.79"),
+    ),
+    "cu11": (
+        "cudart",
+        11080,
+        "nvidia/cuda_runtime/lib/libcudart.so.11.0",  # where the cu11 wheel puts it
+        ("nvidia-cuda-runtime-cu11", "11.8.89"),
+    ),
+    "newer14": ("cudart", 14000, "opt/cuda-14/lib/libcudart.so.14", None),
+    "minor13": ("cudart", 13020, "opt/cuda-13.2/lib/libcudart.so.13", None),
+}
+
+
+@pytest.fixture(scope="module")
+def stand_ins(tmp_path_factory):
+    """{key: path} of every stand-in, and "site": the folder to put on PYTHONPATH."""
+    from helpers.fakelibs import compiler, fake_cuda_library, fake_distribution
+
+    if compiler() is None:
+        pytest.skip("no C compiler")
+    site = tmp_path_factory.mktemp("site")
+    paths = {"site": str(site)}
+    owned = {}
+    for key, (lib, version, rel, dist) in STAND_INS.items():
+        where = site / rel
+        paths[key] = fake_cuda_library(where.parent, lib, version, soname=where.name)
+        if dist:
+            owned.setdefault(dist, []).append(paths[key])
+    # CuPy's extension that holds its runtime (linked in statically): a file its wheel ships.
+    ext = site / "cupy_backends" / "cuda" / "api" / "runtime.cpython-3-x86_64-linux-gnu.so"
+    ext.parent.mkdir(parents=True)
+    ext.write_bytes(b"")
+    paths["cupy_ext"] = str(ext)
+    owned[("cupy-cuda12x", "13.6.0")] = [str(ext)]
+    for (name, version), files in owned.items():
+        fake_distribution(site, name, version, files)
+    return paths
+
+
+# A stand-in for CuPy's runtime module, whose runtime is linked in: imported, it answers
+# runtimeGetVersion like CuPy's (child code; EXT is the file of the extension).
+FAKE_CUPY_RUNTIME = """
+import types
+_m = types.ModuleType("cupy_backends.cuda.api.runtime")
+_m.__file__ = EXT
+_m.runtimeGetVersion = lambda: 12090
+sys.modules[_m.__name__] = _m
+"""
+
+
+def census_child(stand_ins, load, body="", guard=True):
+    """In a fresh interpreter on this driver: load the stand-ins ``load`` (keys) with ctypes,
+    run ``body``, then diagnose (inside a guard of device 0 unless ``guard`` is false).
+    Returns (to_dict(), str(), {key: calls into the stand-in's version function})."""
+    code = f"""
+    import ctypes, sys
+    sys.path.append({stand_ins["site"]!r})  # where the stand-ins' distributions are installed
+    libs = {{k: ctypes.CDLL(p) for k, p in {[(k, stand_ins[k]) for k in load]!r}}}
+    {body}
+    from cyctx import ContextGuard
+    if {guard}:
+        g = ContextGuard(0)
+        with g:
+            r = diagnose()
+        g.close()
+    else:
+        r = diagnose()
+    calls = {{k: ctypes.c_int.in_dll(lib, "census_calls").value for k, lib in libs.items()}}
+    print(json.dumps([r.to_dict(), str(r), calls]))
+    """
+    return last_json(child(code))
+
+
+def loaded_of(d, kind):
+    return [lib for lib in d["loaded"] if lib["kind"] == kind]
+
+
+def test_census_of_a_healthy_process(stand_ins):
+    # torch's runtime, NVRTC and nvJitLink, and cuda.bindings' static runtime (a newer minor
+    # of the driver's major), inside a guard: every library listed, nothing found.
+    d, text, calls = census_child(
+        stand_ins,
+        ["torch13", "nvrtc13", "jitlink13"],
+        body="from cuda.bindings import runtime as _rt; STATIC = _rt.cudaRuntimeGetVersion()[1]",
+    )
+    assert d["findings"] == [], d["findings"]
+    assert d["exit_status"] == 0
+    (drv,) = loaded_of(d, "driver")
+    assert drv["version"] == d["driver"]["version"] and drv["version_from"] == "cuDriverGetVersion"
+    assert os.path.realpath(drv["path"]) == os.path.realpath(d["driver"]["library"])
+    shared, static = loaded_of(d, "runtime")
+    assert shared["path"] == stand_ins["torch13"] and shared["version"] == 13000
+    assert shared["version_from"] == "cudaRuntimeGetVersion" and shared["version_str"] == "13.0"
+    assert shared["distribution"] == "torch 9.9.0" and not shared["static"]
+    assert static["static"] and static["distribution"].startswith("cuda-bindings ")
+    assert static["version"] // 1000 == 13 and "cuda.bindings.runtime" in static["name"]
+    (nvrtc,) = loaded_of(d, "nvrtc")
+    (jit,) = loaded_of(d, "nvjitlink")
+    assert (nvrtc["version"], nvrtc["version_from"], nvrtc["path"]) == (
+        13010,
+        "nvrtcVersion",
+        stand_ins["nvrtc13"],
+    )
+    assert (jit["version"], jit["version_from"]) == (13020, "nvJitLinkVersion")
+    assert nvrtc["distribution"] == jit["distribution"] == "torch 9.9.0"
+    assert not any(lib["by_doctor"] for lib in d["loaded"])
+    # Not loaded, not listed: the other stand-ins exist on disk beside these.
+    assert {lib["path"] for lib in d["loaded"]}.isdisjoint(
+        {stand_ins[k] for k in ("cu12", "cu11", "newer14")}
+    )
+    assert calls == {"torch13": 1, "nvrtc13": 1, "jitlink13": 1}, "asked once each"
+    section = text.split("\nLoaded", 1)[1].split("\n\n", 1)[0]
+    assert stand_ins["torch13"] in section and "[torch 9.9.0]" in section
+    assert "cuda.bindings.runtime" in section and "nothing wrong" in text
+
+
+def test_census_without_cuda_bindings_runtime_lists_no_static_runtime(stand_ins):
+    d, _, _ = census_child(stand_ins, ["torch13"])
+    assert [lib["path"] for lib in loaded_of(d, "runtime")] == [stand_ins["torch13"]]
+
+
+def test_census_sees_cupys_static_runtime_beside_torchs(stand_ins):
+    # The report of cupy/cupy#9827's setup: torch's CUDA 13 runtime beside CuPy built for 12.9,
+    # whose runtime is linked into its extension (no libcudart in the memory map).
+    body = f"EXT = {stand_ins['cupy_ext']!r}\n" + FAKE_CUPY_RUNTIME
+    d, _, _ = census_child(stand_ins, ["torch13"], body=body.replace("\n", "\n    "))
+    (cp,) = [lib for lib in loaded_of(d, "runtime") if lib["static"]]
+    assert cp["path"] == stand_ins["cupy_ext"] and cp["version"] == 12090
+    assert cp["distribution"] == "cupy-cuda12x 13.6.0" and "cupy_backends" in cp["name"]
+    (f,) = d["findings"]
+    assert f["code"] == "runtime_majors_mixed"
+    assert "cupy-cuda12x 13.6.0" in f["explanation"] and "torch 9.9.0" in f["explanation"]
+    assert "`pip install cupy-cuda13x` in place of cupy-cuda12x" in f["fix"], f["fix"]
+
+
+def test_census_two_majors_names_each_distribution(stand_ins):
+    d, text, _ = census_child(stand_ins, ["torch13", "cu12"])
+    (f,) = d["findings"]
+    assert f["code"] == "runtime_majors_mixed" and f["severity"] == "warning", f
+    assert "CUDA 12" in f["title"] and "CUDA 13" in f["title"]
+    for key, dist in (("torch13", "torch 9.9.0"), ("cu12", "nvidia-cuda-runtime-cu12 12.9.79")):
+        assert stand_ins[key] in f["explanation"] and dist in f["explanation"], f
+    # The fix names the distribution of the odd major, not the other one.
+    assert "nvidia-cuda-runtime-cu12" in f["fix"] and "torch" not in f["fix"]
+    assert "the CUDA 13 build" in f["fix"]
+    assert d["exit_status"] == 0 and "WARNING  CUDA runtimes of different majors" in text
+
+
+@pytest.mark.parametrize(
+    "key, finding",
+    [("newer14", "runtime_newer_than_driver"), ("minor13", None)],
+    ids=["newer major", "newer minor"],
+)
+def test_census_runtime_newer_than_driver(stand_ins, key, finding):
+    # The simulated driver is CUDA 13.0: a 14.0 runtime cannot run on it; a 13.2 one can,
+    # under minor version compatibility, and the report only says so beside it.
+    d, text, _ = census_child(stand_ins, [key])
+    assert d["driver"]["version"] == 13000
+    if finding is None:
+        assert d["findings"] == [], d["findings"]
+        (line,) = [ln for ln in text.splitlines() if stand_ins[key] in ln]
+        assert "minor version compatibility" in line and "CUDA 13.2" in line, line
+        return
+    (f,) = d["findings"]
+    assert f["code"] == finding and f["severity"] == "error", f
+    assert "CUDA 14.0" in f["title"] and "CUDA 13.0" in f["title"]
+    assert stand_ins[key] in f["explanation"] and "cudaErrorInsufficientDriver" in f["explanation"]
+    assert "CUDA 14.0 or newer" in f["fix"] and "the CUDA 13 build" in f["fix"]
+    assert d["exit_status"] == 1 and "PROBLEMS FOUND" in text
+
+
+def test_census_cuda11_runtime_loaded(stand_ins):
+    d, _, _ = census_child(stand_ins, ["cu11", "torch13"])
+    codes = sorted(f["code"] for f in d["findings"])
+    assert codes == ["cuda11_runtime_loaded", "runtime_majors_mixed"], d["findings"]
+    (f,) = [f for f in d["findings"] if f["code"] == "cuda11_runtime_loaded"]
+    assert f["severity"] == "warning" and stand_ins["cu11"] in f["explanation"]
+    assert "nvidia-cuda-runtime-cu11 11.8.89" in f["explanation"]
+    assert "CUDA_ERROR_INVALID_CONTEXT (201)" in f["explanation"]
+    assert "ContextGuard" in f["fix"] and "nvidia-cuda-runtime-cu11" in f["fix"]
+    assert "the CUDA 13 build" in f["fix"], "the driver's major"
+    (m,) = [f for f in d["findings"] if f["code"] == "runtime_majors_mixed"]
+    assert "CUDA 11" in m["title"] and "nvidia-cuda-runtime-cu11" in m["fix"]
+    # Also found installed beside the others (other_runtimes): said to be loaded, not "not loaded".
+    (o,) = d["other_runtimes"]
+    assert o["library"] == stand_ins["cu11"] and o["note"].startswith("loaded in this process")
+
+
+def test_census_cuda11_installed_not_loaded(stand_ins):
+    d, _, _ = census_child(stand_ins, ["torch13"])
+    (o,) = d["other_runtimes"]
+    assert o["library"] == stand_ins["cu11"] and o["note"].startswith("not loaded"), o
+    assert d["findings"] == [], d["findings"]
+
+
+def test_census_cuda11_alone_is_not_a_mix(stand_ins):
+    d, _, _ = census_child(stand_ins, ["cu11"])
+    assert [f["code"] for f in d["findings"]] == ["cuda11_runtime_loaded"], d["findings"]
+
+
+def test_census_marks_what_the_doctor_loaded(stand_ins):
+    # A library mapped after the doctor started (its own runtime lookup, in a process with no
+    # runtime) is the doctor's: listed as such, and no part of the program's mix of majors.
+    out = child(
+        f"""
+    import ctypes, sys
+    sys.path.append({stand_ins["site"]!r})
+    from cyctx._doctor import census, findings
+    ctypes.CDLL({stand_ins["torch13"]!r})
+    before = census.mapped_paths()
+    ctypes.CDLL({stand_ins["cu12"]!r})
+    libs = census.census(before)
+    r = diagnose()
+    r.loaded = libs
+    print(json.dumps([[(l.path, l.by_doctor) for l in libs if l.kind == "runtime"],
+                      [f.code for f in findings.census_findings(r)], str(r)]))
+    """
+    )
+    runtimes, codes, text = last_json(out)
+    assert sorted(runtimes) == sorted([[stand_ins["torch13"], False], [stand_ins["cu12"], True]])
+    assert codes == [], codes
+    (line,) = [
+        ln
+        for ln in text.splitlines()
+        if ln.endswith("libcudart.so.12  [nvidia-cuda-runtime-cu12 12.9.79; loaded by the doctor]")
+    ]
+    assert "loaded by the doctor" in line, text
+
+
+def test_census_json_schema(stand_ins):
+    d, _, _ = census_child(stand_ins, ["torch13"])
+    assert d["schema"] == "cyctx.diagnosis/2"
+    for lib in d["loaded"]:
+        assert set(lib) == {
+            "kind",
+            "name",
+            "path",
+            "version",
+            "version_str",
+            "version_from",
+            "distribution",
+            "static",
+            "by_doctor",
+            "note",
+        }
+        assert lib["kind"] in ("driver", "runtime", "nvrtc", "nvjitlink", "library")
+
+
+def test_census_in_the_cli():
+    rc, out, _ = cli("doctor", "--simulate")
+    section = out.split("\nLoaded", 1)[1].split("\n\n", 1)[0]
+    assert "fresh Python process" in section and "cyctx.diagnose()" in section
+    (line,) = [ln for ln in section.splitlines() if ln.strip().startswith("driver")]
+    assert "CUDA 13.0" in line and os.path.join("_sim", "libcuda.so.1") in line
+    rc, out, _ = cli("doctor", "--simulate", "--json")
+    d = json.loads(out)
+    assert [lib["kind"] for lib in d["loaded"]] == ["driver"] and d["loaded"][0]["version"] == 13000
+
+
+# --- contexts and flags the census's findings recognise ------------------------------------------
+
+
+def test_created_context_while_the_primary_is_active_is_not_primary(sim):
+    # The primary is active (a guard retains it) and another context is current: only its
+    # flags tell, without retaining anything (an active primary always reports MAP_HOST).
+    out = child("""
+    import cyctx
+    g = cyctx.ContextGuard(0)
+    ctx = _drv.create_context()
+    r = diagnose(cudart=False).to_dict()
+    d.cuCtxDestroy(ctx)
+    g.close()
+    print(json.dumps(r))
+    """)
+    r = last_json(out)
+    c = r["thread"]["current_context"]
+    assert c["primary"] is False and "CU_CTX_MAP_HOST" in c["primary_why"] and c["flags"] == 0
+    (f,) = r["findings"]
+    assert f["code"] == "current_not_primary" and f["severity"] == "warning"
+    assert "ContextGuard(0)" in f["fix"] and "primary context" in f["explanation"]
+
+
+def test_created_context_with_map_host_cannot_be_told(sim):
+    out = child("""
+    import cyctx
+    g = cyctx.ContextGuard(0)
+    ctx = _drv.create_context(flags=int(d.CUctx_flags.CU_CTX_MAP_HOST))
+    r = diagnose(cudart=False).to_dict()
+    d.cuCtxDestroy(ctx)
+    g.close()
+    print(json.dumps(r))
+    """)
+    r = last_json(out)
+    assert r["thread"]["current_context"]["primary"] is None
+    assert r["findings"] == [], r["findings"]
+
+
+def test_primary_context_inside_a_guard_reports_map_host():
+    g = ContextGuard(0)
+    try:
+        with g:
+            c = diagnose(cudart=False).context
+    finally:
+        g.close()
+    assert c.flags is not None and c.flags & 0x08 and c.primary is True
+
+
+@pytest.mark.parametrize("activate", [True, False], ids=["active", "inactive"])
+def test_primary_context_activated_with_other_flags(sim, activate):
+    out = child(f"""
+    import cyctx
+    d.cuDevicePrimaryCtxSetFlags(0, int(d.CUctx_flags.CU_CTX_SCHED_BLOCKING_SYNC))
+    if {activate}:
+        g = cyctx.ContextGuard(0)
+        with g:
+            r = diagnose(cudart=False).to_dict()
+        g.close()
+    else:
+        r = diagnose(cudart=False).to_dict()
+    print(json.dumps(r))
+    """)
+    r = last_json(out)
+    if not activate:  # flags waiting for the next activation: nothing runs with them yet
+        assert [f["code"] for f in r["findings"]] == ["no_current_context"], r["findings"]
+        return
+    (f,) = r["findings"]
+    assert f["code"] == "primary_flags" and f["severity"] == "info" and r["exit_status"] == 0
+    assert "Device 0" in f["title"] and "SCHED_BLOCKING_SYNC" in f["title"]
+    assert "cudaSetDeviceFlags" in f["explanation"] and "SCHED_AUTO" in f["explanation"]
+
+
+# --- the census on the real driver (H200) --------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_an_active_primary_reports_map_host_and_a_created_context_does_not():
+    # The read-only tell of a non-primary context, on the real driver: inside a guard the
+    # primary reports CU_CTX_MAP_HOST; a cuCtxCreate(0) context beside it does not.
+    out = child("""
+    import cyctx
+    g = cyctx.ContextGuard(0)
+    with g:
+        e, primary_flags = d.cuCtxGetFlags()
+    ctx = _drv.create_context(0)
+    e2, created_flags = d.cuCtxGetFlags()
+    r = diagnose(cudart=False).to_dict()
+    d.cuCtxDestroy(ctx)
+    g.close()
+    print(json.dumps([int(e), int(primary_flags), int(e2), int(created_flags), r]))
+    """)
+    e, primary_flags, e2, created_flags, r = last_json(out)
+    assert e == e2 == 0 and primary_flags & 0x08 and not created_flags & 0x08
+    c = r["thread"]["current_context"]
+    assert c["primary"] is False and "CU_CTX_MAP_HOST" in c["primary_why"], c
+    assert [f["code"] for f in r["findings"]] == ["current_not_primary"], r["findings"]
+
+
+@pytest.mark.cudart
+def test_census_with_torch_cupy_and_cuda_bindings_runtime():
+    import importlib.util
+
+    missing = [m for m in ("torch", "cupy") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)}")
+    out = child(
+        """
+    import torch, cupy
+    from cuda.bindings import runtime
+    torch.zeros(1, device="cuda"); cupy.zeros(1)          # both runtimes initialised
+    static = runtime.cudaRuntimeGetVersion()[1]
+    cupy_rt = cupy.cuda.runtime.runtimeGetVersion()
+    r = diagnose()
+    print(json.dumps([r.to_dict(), str(r), static, cupy_rt, torch.version.cuda]))
+    """,
+        timeout=300,
+    )
+    d, text, static, cupy_rt, torch_cuda = last_json(out)
+    runtimes = loaded_of(d, "runtime")
+    (drv,) = loaded_of(d, "driver")
+    assert drv["version"] == d["driver"]["version"]
+    (st,) = [lib for lib in runtimes if lib["static"]]
+    assert st["version"] == static and st["distribution"].startswith("cuda-bindings ")
+    shared = [lib for lib in runtimes if not lib["static"]]
+    assert shared and all(lib["version"] and lib["distribution"] for lib in shared), shared
+    assert cupy_rt in [lib["version"] for lib in runtimes], (cupy_rt, runtimes)
+    assert int(torch_cuda.split(".")[0]) in {lib["version"] // 1000 for lib in shared}
+    codes = [f["code"] for f in d["findings"]]
+    # torch leaves its primary context current: never called a non-primary one.
+    assert d["thread"]["current_context"]["primary"] is not False
+    assert "current_not_primary" not in codes and "runtime_newer_than_driver" not in codes
+    majors = {lib["version"] // 1000 for lib in runtimes}
+    assert ("runtime_majors_mixed" in codes) == (len(majors) > 1), (majors, codes)
+    assert "\nLoaded" in text
+
+
+def _cuda11_runtime():
+    found = _doctor.cu11_candidates() or [p for p in [os.environ.get("CYCTX_CUDART11")] if p]
+    if not found:
+        pytest.skip("no CUDA 11 runtime (nvidia-cuda-runtime-cu11 wheel, or CYCTX_CUDART11=path)")
+    return found[0]
+
+
+@pytest.mark.cudart
+def test_census_cuda11_runtime_beside_cuda13s():
+    path = _cuda11_runtime()
+    # Where the wheel was installed (its dist-info beside nvidia/): on sys.path last, so that
+    # its `nvidia` folder does not hide the CUDA 13 wheels'.
+    root = path.split(os.sep + "nvidia" + os.sep)[0]
+    out = child(f"""
+    import ctypes, sys
+    sys.path.append({root!r})
+    from cyctx._doctor import load_cudart
+    rt13, why = load_cudart()
+    assert rt13 is not None, why
+    cu11 = ctypes.CDLL({path!r})
+    r = diagnose(cudart=False)
+    print(json.dumps([r.to_dict(), str(r), rt13.path]))
+    """)
+    d, text, path13 = last_json(out)
+    (lib11,) = [lib for lib in loaded_of(d, "runtime") if lib["path"].endswith("libcudart.so.11.0")]
+    assert lib11["version"] // 1000 == 11 and not lib11["by_doctor"]
+    assert os.path.realpath(lib11["path"]) == os.path.realpath(path)
+    assert any(os.path.realpath(lib["path"]) == os.path.realpath(path13) for lib in d["loaded"])
+    codes = [f["code"] for f in d["findings"]]
+    assert "cuda11_runtime_loaded" in codes and "runtime_majors_mixed" in codes, codes
+    (f,) = [f for f in d["findings"] if f["code"] == "cuda11_runtime_loaded"]
+    assert lib11["path"] in f["explanation"]
+    if lib11["distribution"]:
+        assert lib11["distribution"].startswith("nvidia-cuda-runtime-cu11 ")

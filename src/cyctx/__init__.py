@@ -74,6 +74,7 @@ __all__ = [
     "IncompatibleBindingsError",
     "InvalidContextError",
     "InvalidDeviceError",
+    "LoadedLibrary",
     "NoDeviceError",
     "NotInitializedError",
     "RuntimeInfo",
@@ -91,6 +92,7 @@ _DOCTOR_NAMES = (
     "DeviceInfo",
     "Finding",
     "GuardInfo",
+    "LoadedLibrary",
     "RuntimeInfo",
 )
 

@@ -16,6 +16,7 @@ from cyctx._doctor.model import ContextInfo as ContextInfo
 from cyctx._doctor.model import DeviceInfo as DeviceInfo
 from cyctx._doctor.model import Finding as Finding
 from cyctx._doctor.model import GuardInfo as GuardInfo
+from cyctx._doctor.model import LoadedLibrary as LoadedLibrary
 from cyctx._doctor.model import RuntimeInfo as RuntimeInfo
 
 # What ContextGuard accepts (docs/guarantees.md, "What a guard can be made from"): an ordinal
@@ -233,6 +234,9 @@ class Diagnosis:
     """The parent's pid, in a child forked after CUDA was used."""
     versions: dict[str, str | None] = ...
     """Versions of Python, cyctx, cuda-bindings and the installed CUDA frameworks."""
+    loaded: list[LoadedLibrary] = ...
+    """The census: every CUDA library loaded in the process, the version it reports and the
+    installed distribution that ships it."""
     @property
     def cuda_usable(self) -> bool:
         """A driver and a device are usable."""
@@ -243,17 +247,18 @@ class Diagnosis:
     def exit_status(self) -> int:
         """``cyctx doctor``'s: 0 nothing wrong, 1 a problem was found, 3 no usable driver or GPU."""
     def to_dict(self) -> dict[str, Any]:
-        """The report as plain JSON-able data (schema ``cyctx.diagnosis/1``)."""
+        """The report as plain JSON-able data (schema ``cyctx.diagnosis/2``)."""
     def to_json(self, indent: int | None = 2) -> str:
         """The report as JSON text."""
     def render(self, colour: bool = False, width: int = 88, cli: bool = False) -> str:
         """The human report, as ``str()`` gives it; ANSI colour when ``colour`` is true."""
 
 def diagnose(cudart: str | bool | None = None) -> Diagnosis:
-    """Report the CUDA driver, runtime, devices and the calling thread's context, with findings.
+    """Report the CUDA driver, runtime, devices and the calling thread's context, and every CUDA
+    library loaded in the process (the census), with findings.
 
-    Changes no state: it only queries. ``cudart``: the ``libcudart`` to ask (a path), None for
-    one already loaded or cuda-pathfinder's, False for none."""
+    Changes no state: it only queries, and loads nothing. ``cudart``: the ``libcudart`` to ask
+    (a path), None for one already loaded or cuda-pathfinder's, False for none."""
 
 def current_handle() -> int:
     """The calling thread's current ``CUcontext`` as an int (0: none). One ``cuCtxGetCurrent``."""

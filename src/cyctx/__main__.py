@@ -47,7 +47,7 @@ def _parser(prog: str = "python -m cyctx") -> argparse.ArgumentParser:
         ),
     )
     doc.add_argument(
-        "--json", action="store_true", help="print the report as JSON (schema cyctx.diagnosis/1)"
+        "--json", action="store_true", help="print the report as JSON (schema cyctx.diagnosis/2)"
     )
     doc.add_argument(
         "--demo",

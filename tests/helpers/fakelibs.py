@@ -96,3 +96,61 @@ def fake_libcuda(directory, kind):
 def preload(lib):
     """Child-code prologue: load `lib` first, as the process's libcuda.so.1."""
     return f"import ctypes; ctypes.CDLL({lib!r}, mode=ctypes.RTLD_GLOBAL)\n"
+
+
+# --- stand-ins for the CUDA libraries of the doctor's census --------------------------------------
+
+# Each answers its version function and counts every call into it (census_calls), so a test
+# can tell that the census asked and how often; nothing else is in them.
+_VERSIONED = {
+    "cudart": r"""
+int census_calls = 0;
+int cudaRuntimeGetVersion(int *v) { census_calls++; if (!v) return 1; *v = %(version)d; return 0; }
+""",
+    "nvrtc": r"""
+int census_calls = 0;
+int nvrtcVersion(int *major, int *minor) {
+    census_calls++; *major = %(version)d / 1000; *minor = (%(version)d %% 1000) / 10; return 0;
+}
+""",
+    "nvJitLink": r"""
+int census_calls = 0;
+int nvJitLinkVersion(unsigned *major, unsigned *minor) {
+    census_calls++; *major = %(version)d / 1000; *minor = (%(version)d %% 1000) / 10; return 0;
+}
+""",
+}
+
+
+def fake_cuda_library(directory, lib, version, soname=None):
+    """Build a stand-in ``lib{lib}.so.MAJOR`` (lib: cudart, nvrtc, nvJitLink) that reports
+    ``version`` (e.g. 12090) in ``directory``; its path. soname: another file name and soname
+    (``libcudart.so.11.0``, as CUDA 11's)."""
+    name = soname or f"lib{lib}.so.{version // 1000}"
+    os.makedirs(str(directory), exist_ok=True)
+    path = os.path.join(str(directory), name)
+    c = path + ".c"
+    with open(c, "w") as f:
+        f.write(_VERSIONED[lib] % {"version": version})
+    subprocess.run(
+        [compiler(), "-shared", "-fPIC", f"-Wl,-soname,{name}", "-o", path, c],
+        check=True,
+        capture_output=True,
+    )
+    os.remove(c)
+    return path
+
+
+def fake_distribution(site, name, version, files):
+    """An installed distribution ``name`` ``version`` in the folder ``site`` (put it on
+    PYTHONPATH) whose RECORD lists ``files`` (paths under ``site``), as pip writes it."""
+    info = os.path.join(str(site), f"{name.replace('-', '_')}-{version}.dist-info")
+    os.makedirs(info, exist_ok=True)
+    with open(os.path.join(info, "METADATA"), "w") as f:
+        f.write(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    rel = os.path.relpath(info, str(site))
+    with open(os.path.join(info, "RECORD"), "w") as f:
+        for p in files:
+            f.write(f"{os.path.relpath(p, str(site))},,\n")
+        f.write(f"{rel}/METADATA,,\n{rel}/RECORD,,\n")
+    return info

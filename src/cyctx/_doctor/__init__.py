@@ -4,16 +4,19 @@
 with the fix, the states that make mixed Runtime/Driver API code fail (docs/design.md, "The problem"): a current
 handle to an inactive primary context, no current context, a primary context reset behind a
 guard's back, a forked child. It only *queries*: cuInit, cuDriverGetVersion, cuDeviceGet*,
-cuDevicePrimaryCtxGetState, cuCtxGetCurrent, and cuCtxGetId/GetDevice/GetApiVersion on the
+cuDevicePrimaryCtxGetState, cuCtxGetCurrent, and cuCtxGetId/GetDevice/GetApiVersion/GetFlags on the
 current context and on the guards' handles, plus the runtime's cudaGetDevice, which creates no context
 (docs/evidence.md, "A new thread has no current context, and cudaGetDevice makes none"). It never retains, pushes
-or sets a context.
+or sets a context. Its census of the CUDA libraries loaded in the process (``census``) reads
+``/proc/self/maps`` and asks each library found its version through a handle already loaded
+(``dlopen`` with ``RTLD_NOLOAD``): it loads nothing and initialises nothing.
 
 One module per job; each imports only those above it in this list:
 
 * ``cu``: calling cuda.bindings.driver (``call``, ``error_name``) and the named ``CUresult``
   codes; it imports nothing of cyctx;
 * ``model``: the records a report holds (plain data classes), the exit statuses;
+* ``census``: the CUDA libraries loaded in the process, their versions and distributions;
 * ``probe``: the queries of the driver and of the live guards that fill the records;
 * ``render``: the human report, and the styling the demo shares;
 * ``report``: :class:`Diagnosis`, with its JSON form and (through ``render``) its human one;
@@ -38,6 +41,7 @@ from cyctx._doctor.model import (
     DeviceInfo,
     Finding,
     GuardInfo,
+    LoadedLibrary,
     RuntimeInfo,
 )
 from cyctx._doctor.probe import device_count
@@ -63,6 +67,7 @@ __all__ = [
     "Diagnosis",
     "Finding",
     "GuardInfo",
+    "LoadedLibrary",
     "Runtime",
     "RuntimeInfo",
     "StandInRuntime",

@@ -9,6 +9,7 @@ import os
 import platform
 import threading
 
+from cyctx._doctor import census
 from cyctx._doctor.cu import (
     CONTEXT_IS_DESTROYED,
     INVALID_CONTEXT,
@@ -18,7 +19,14 @@ from cyctx._doctor.cu import (
     driver,
     error_name,
 )
-from cyctx._doctor.model import ContextInfo, Finding, GuardInfo
+from cyctx._doctor.model import (
+    ContextInfo,
+    DeviceInfo,
+    Finding,
+    GuardInfo,
+    LoadedLibrary,
+    version_str,
+)
 from cyctx._doctor.probe import (
     context_info,
     device_info,
@@ -26,8 +34,9 @@ from cyctx._doctor.probe import (
     guard_infos,
     simulated_driver_path,
 )
+from cyctx._doctor.render import flags_str
 from cyctx._doctor.report import Diagnosis
-from cyctx._doctor.runtime import add_runtimes
+from cyctx._doctor.runtime import add_runtimes, wheel_version
 from cyctx._errors import load_fix
 from cyctx._guard import load_problem
 from cyctx.testing import loaded_libcuda
@@ -48,10 +57,13 @@ FRAMEWORK_DISTRIBUTIONS = (
 
 
 def diagnose(cudart: str | bool | None = None) -> Diagnosis:
-    """Report the CUDA driver, runtime, devices and the calling thread's context, with findings.
+    """Report the CUDA driver, runtime, devices and the calling thread's context, and every CUDA
+    library loaded in the process (the census), with findings.
 
     Changes no state: it only queries the driver (and the runtime's ``cudaGetDevice``); it never
-    retains, pushes or sets a context. Safe in a forked child and on a machine without a GPU.
+    retains, pushes or sets a context. The census asks each loaded library its version through
+    a handle already loaded, and loads nothing. Safe in a forked child and on a machine without
+    a GPU.
 
     Parameters
     ----------
@@ -73,6 +85,22 @@ def diagnose(cudart: str | bool | None = None) -> Diagnosis:
     >>> report.ok                  # doctest: +SKIP
     True
     """
+    # What was mapped before the doctor's own work: a runtime its lookup loads (cudart=None
+    # in a process with none) is marked as the doctor's in the census, not the program's.
+    before = census.mapped_paths()
+    diag = _diagnose(cudart)
+    diag.loaded = census.census(before, fallback_version=wheel_version)
+    loaded = {os.path.realpath(lib.path) for lib in diag.loaded}
+    for o in diag.other_runtimes:
+        if os.path.realpath(o.library) in loaded:
+            o.note = "loaded in this process (see the census, Diagnosis.loaded)"
+    diag.findings.extend(census_findings(diag))
+    order = {"unavailable": 0, "error": 1, "warning": 2, "info": 3}
+    diag.findings.sort(key=lambda f: order.get(f.severity, 4))
+    return diag
+
+
+def _diagnose(cudart: str | bool | None) -> Diagnosis:
     from importlib.metadata import PackageNotFoundError, version
 
     findings: list[Finding] = []
@@ -165,14 +193,37 @@ def diagnose(cudart: str | bool | None = None) -> Diagnosis:
             and diag.devices[c.device].primary_active is False
         )
         findings.append(_f_inactive_primary(c) if inactive else _f_dead_current(c))
+    elif c.primary is False and not any(g.handle == c.handle for g in diag.guards):
+        # Live and told apart from the primary context without retaining it; a context the
+        # caller gave a guard is theirs on purpose.
+        findings.append(_f_not_primary(c))
     for g in diag.guards:
         if g.reset:
             findings.append(_f_reset(g))
         elif g.destroyed:
             findings.append(_f_guard_context_destroyed(g))
-    order = {"unavailable": 0, "error": 1, "warning": 2, "info": 3}
-    findings.sort(key=lambda f: order.get(f.severity, 4))
+    for dev in diag.devices:
+        if dev.primary_active and dev.primary_flags:
+            findings.append(_f_primary_flags(dev))
     return diag
+
+
+def census_findings(diag: Diagnosis) -> list[Finding]:
+    """What the census shows: runtimes that do not fit the driver or each other."""
+    out = []
+    runtimes = [lib for lib in diag.loaded if lib.kind == "runtime" and lib.version]
+    drv = diag.driver_version
+    for lib in runtimes:
+        if drv and lib.version // 1000 > drv // 1000:
+            out.append(_f_runtime_newer(lib, drv))
+    # The program's own: a runtime the doctor's lookup loaded is no part of the mix.
+    own = [lib for lib in runtimes if not lib.by_doctor]
+    if len({lib.version // 1000 for lib in own}) > 1:
+        out.append(_f_mixed_majors(own))
+    old = [lib for lib in own if lib.version < 12000]
+    if old:  # the fix: the driver's major, or 12 (the first after the classic failure)
+        out.append(_f_cuda11_loaded(old, max(12, (drv or 0) // 1000)))
+    return out
 
 
 # --- the words ---------------------------------------------------------------------------------
@@ -381,4 +432,126 @@ def _f_reset(g: GuardInfo) -> Finding:
         "Driver calls inside `with guard:` are safe: the next enter re-activates the context and "
         "warns ContextResetWarning. Recreate what was allocated before the reset, and find who "
         "resets the device (`-W error::cyctx.ContextResetWarning` stops at the next enter).",
+    )
+
+
+def _where(lib: LoadedLibrary) -> str:
+    """``CUDA 12.9 runtime libcudart.so.12 (PATH, from cupy-cuda12x 13.6.0)``."""
+    frm = f", from {lib.distribution}" if lib.distribution else ""
+    return f"CUDA {version_str(lib.version)} runtime {lib.name} ({lib.path}{frm})"
+
+
+def _brought_by(lib: LoadedLibrary) -> str:
+    return lib.distribution.split(" ")[0] if lib.distribution else lib.path
+
+
+def _build_for(libs: list[LoadedLibrary], major: int) -> str:
+    """How to get the CUDA ``major`` build of what brought ``libs``, for a fix."""
+    ways = []
+    for name in sorted({_brought_by(lib) for lib in libs}):
+        if name.startswith("cupy-cuda"):
+            ways.append(f"CuPy's (`pip install cupy-cuda{major}x` in place of {name})")
+        elif name == "torch":
+            ways.append(f"torch's (its CUDA {major} wheel, from the cu{major}x index)")
+        elif name.startswith("nvidia-cuda-runtime"):
+            ways.append(f"the CUDA runtime wheel's (CUDA {major}'s, in place of {name})")
+        elif name.startswith(os.sep):  # no distribution ships it: a toolkit, a system package
+            ways.append(f"a CUDA {major} runtime in place of {name}")
+        else:
+            ways.append(f"{name}'s")
+    return f"the CUDA {major} build of each: " + ", ".join(ways)
+
+
+def _f_runtime_newer(lib: LoadedLibrary, driver_version: int) -> Finding:
+    assert lib.version is not None
+    need = lib.version // 1000
+    return Finding(
+        "runtime_newer_than_driver",
+        "error",
+        f"The CUDA {version_str(lib.version)} runtime is newer than the driver "
+        f"(CUDA {version_str(driver_version)})",
+        f"{_where(lib)} is loaded, and the driver supports CUDA "
+        f"{version_str(driver_version)}. A runtime of a newer major than the driver's fails "
+        f"its first call that needs the driver with cudaErrorInsufficientDriver (35), and the "
+        f'libraries built on it (cuBLAS, cuSPARSE, ...) fail to create their handles ("CUDA '
+        f"context cannot be initialized\"). (A newer minor of the driver's own major works, "
+        f"under CUDA's minor version compatibility.)",
+        f"Install an NVIDIA driver of CUDA {need}.0 or newer, or install "
+        f"{_build_for([lib], driver_version // 1000)}.",
+    )
+
+
+def _f_mixed_majors(runtimes: list[LoadedLibrary]) -> Finding:
+    majors = sorted({lib.version // 1000 for lib in runtimes if lib.version})
+    newest = majors[-1]
+    odd = [lib for lib in runtimes if lib.version and lib.version // 1000 != newest]
+    return Finding(
+        "runtime_majors_mixed",
+        "warning",
+        "CUDA runtimes of different majors in one process: "
+        + ", ".join(f"CUDA {m}" for m in majors),
+        "Loaded: "
+        + "; ".join(_where(lib) for lib in runtimes)
+        + ". Each runtime keeps its own state (the current device it sets, its error state, "
+        "its modules), and each library built for one major (cuBLAS, cuSPARSE, NCCL) is loaded "
+        "again for the other. A runtime of a newer major than the driver fails outright, and "
+        "the older one's limits (a CUDA 11 runtime's cudaSetDevice) apply to the code that "
+        "uses it.",
+        "Install every framework's build for one CUDA major: here, "
+        + _build_for(odd, newest)
+        + ".",
+    )
+
+
+def _f_cuda11_loaded(runtimes: list[LoadedLibrary], major: int) -> Finding:
+    return Finding(
+        "cuda11_runtime_loaded",
+        "warning",
+        "A CUDA runtime older than 12.0 is loaded",
+        "Loaded: "
+        + "; ".join(_where(lib) for lib in runtimes)
+        + ". Its cudaSetDevice makes the device's primary context current without creating "
+        "it, so a driver call made right after it fails with "
+        f"{error_name(INVALID_CONTEXT)}: the classic failure (`cyctx doctor --demo --cudart "
+        "PATH` shows it). The context is created only at that runtime's first call that "
+        "needs it.",
+        "Make driver calls inside `with cyctx.ContextGuard(dev):`, which activates the primary "
+        "context whatever the runtime did; or install " + _build_for(runtimes, major) + ".",
+    )
+
+
+def _f_not_primary(c: ContextInfo) -> Finding:
+    return Finding(
+        "current_not_primary",
+        "warning",
+        f"The current context is not device {c.device}'s primary context",
+        f"cuCtxGetCurrent returns 0x{c.handle:x}, a live context that is not the primary "
+        f"context: {c.primary_why}. The runtime (and torch, CuPy, every library on it) works in "
+        f"the primary context; runtime calls on this thread now run in this other context "
+        f"instead. Memory, streams, events and modules of one context are not usable in the "
+        f"other: kernels fault on the other's memory (CUDA_ERROR_ILLEGAL_ADDRESS) and its "
+        f"handles answer {error_name(INVALID_CONTEXT)} or CUDA_ERROR_INVALID_HANDLE.",
+        f"Use the primary context for work shared with the runtime: "
+        f"`cyctx.ContextGuard({c.device})` (or cuDevicePrimaryCtxRetain) instead of "
+        f"cuCtxCreate. If a library made this context on purpose, keep its work inside "
+        f"`with cyctx.ContextGuard(ctx):` so the thread's previous context comes back after it.",
+    )
+
+
+def _f_primary_flags(dev: DeviceInfo) -> Finding:
+    assert dev.primary_flags is not None
+    return Finding(
+        "primary_flags",
+        "info",
+        f"Device {dev.ordinal}'s primary context was activated with flags "
+        f"{flags_str(dev.primary_flags)}",
+        f"cuDevicePrimaryCtxGetState reports flags {flags_str(dev.primary_flags)}, not "
+        f"0x0 (SCHED_AUTO), the flags a ContextGuard or the runtime activates a primary "
+        f"context with when nobody set any: a library called cudaSetDeviceFlags or "
+        f"cuDevicePrimaryCtxSetFlags. The flags belong to the one primary context that every "
+        f"library on the device shares: a blocking-sync or spin schedule set by one changes how "
+        f"every other library's synchronisation waits.",
+        "If that is intended, nothing to do. If not, find the library that sets them; set flags "
+        "once, before anything activates the context (cudaSetDeviceFlags before the first CUDA "
+        "call), since every library in the process gets them.",
     )

@@ -78,6 +78,23 @@ class RuntimeInfo:
 
 
 @dataclass
+class LoadedLibrary:
+    """A CUDA library loaded in the process (the census, :mod:`.census`)."""
+
+    kind: str  # "driver", "runtime", "nvrtc", "nvjitlink" or "library" (cuBLAS, cuDNN, ...)
+    name: str  # the file name, e.g. libcudart.so.12
+    path: str
+    version: int | None = None  # what it reports, e.g. 12090
+    version_from: str | None = None  # the function that said so, or the wheel it came with
+    distribution: str | None = None  # the installed distribution that ships it, "torch 2.11.0"
+    static: bool = False  # a runtime linked into another library (cuda.bindings.runtime)
+    by_doctor: bool = (
+        False  # mapped after diagnose() began: the doctor's own load, not the program's
+    )
+    note: str | None = None  # why the version is missing
+
+
+@dataclass
 class DeviceInfo:
     """One GPU, as the driver describes it.
 
@@ -137,6 +154,7 @@ class ContextInfo:
     primary: bool | None = None  # None: cannot be told without retaining it
     primary_why: str | None = None
     usable: bool | None = None
+    flags: int | None = None  # cuCtxGetFlags
     api_version: int | None = None
     why: str | None = None  # why it is not usable
     error: str | None = None  # cuCtxGetCurrent failed

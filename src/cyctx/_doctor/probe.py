@@ -14,6 +14,9 @@ from cyctx._errors import GuardError
 from cyctx._guard import fork_state, live_guards
 from cyctx.testing import loaded_libcuda, sim_library_path, simulated
 
+# CU_CTX_MAP_HOST: every active primary context reports it in cuCtxGetFlags.
+MAP_HOST = 0x08
+
 
 def simulated_driver_path() -> str | None:
     """Path of cyctx's simulated ``libcuda.so.1`` when it is this process's driver."""
@@ -119,6 +122,8 @@ def context_info(guards: list[GuardInfo], devices: list[DeviceInfo]) -> ContextI
     c.api_version = int(api) if e == 0 else None
     if e:
         c.why = f"cuCtxGetApiVersion(NULL) fails with {error_name(e)}"
+    e, flags = call(d.cuCtxGetFlags)
+    c.flags = int(flags) if e == 0 else None
     e, cid = call(d.cuCtxGetId, null)
     c.id, c.id_error = (int(cid), None) if e == 0 else (None, error_name(e))
     e, dev = call(d.cuCtxGetDevice)
@@ -144,6 +149,15 @@ def context_info(guards: list[GuardInfo], devices: list[DeviceInfo]) -> ContextI
         c.primary, c.primary_why = (
             False,
             ("it is live while its device's primary context is inactive: made by cuCtxCreate"),
+        )
+    elif primary_active is True and c.usable and c.flags is not None and not c.flags & MAP_HOST:
+        # Read-only: an active primary context always reports CU_CTX_MAP_HOST on top of its
+        # flags (the driver's promise that it "always supports pinned allocations"); a
+        # context made by cuCtxCreate reports only the flags it was made with.
+        c.primary, c.primary_why = (
+            False,
+            f"its flags (cuCtxGetFlags: 0x{c.flags:x}) lack CU_CTX_MAP_HOST, which an active "
+            f"primary context always reports: made by cuCtxCreate (or a green context)",
         )
     elif primary_active is True and not c.usable:
         c.primary, c.primary_why = (

@@ -170,6 +170,38 @@ def render(r: Report, colour: bool = False, width: int = 88, cli: bool = False) 
     )
     kv("process", f"pid {r.pid}" + (f", forked from pid {r.forked_from}" if r.forked_from else ""))
 
+    head("Loaded")
+    if cli:
+        out.append(
+            s.dim(
+                wrap(
+                    "(the doctor's own process: what a fresh Python process loads. To see your "
+                    "program's libraries, call cyctx.diagnose() in it.)",
+                    "  ",
+                    width,
+                )
+            )
+        )
+    if not r.loaded:
+        out.append("  no CUDA library")
+    for lib in r.loaded:
+        ver = f"CUDA {version_str(lib.version)}" if lib.version else ""
+        newer = (
+            lib.kind == "runtime"
+            and lib.version
+            and r.driver_version
+            and lib.version > r.driver_version
+        )
+        notes = [lib.distribution or "no Python distribution"]
+        if lib.by_doctor and not cli:
+            notes.append("loaded by the doctor")
+        if newer and lib.version // 1000 == r.driver_version // 1000:
+            notes.append("newer minor than the driver: minor version compatibility")
+        if lib.note:
+            notes.append(lib.note)
+        where = f"{lib.name}  {lib.path}" if lib.static else lib.path
+        out.append(f"  {lib.kind:<10}{ver:<11}{where}  [{'; '.join(notes)}]")
+
     if r.driver_error is None:  # cuInit succeeded: there is a machine to describe
         head(f"Devices ({len(r.devices)})")
         for dev in r.devices:

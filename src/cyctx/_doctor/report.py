@@ -21,12 +21,13 @@ from cyctx._doctor.model import (
     DeviceInfo,
     Finding,
     GuardInfo,
+    LoadedLibrary,
     RuntimeInfo,
     version_str,
 )
 from cyctx._doctor.render import render
 
-SCHEMA = "cyctx.diagnosis/1"
+SCHEMA = "cyctx.diagnosis/2"
 
 
 @dataclass
@@ -39,6 +40,9 @@ class Diagnosis:
         The recognised problems, worst first.
     simulated : bool
         The process runs on cyctx's simulated driver, not a GPU.
+    loaded : list of LoadedLibrary
+        The census: every CUDA library loaded in the process, with the version it reports
+        and the installed distribution that ships it.
     """
 
     simulated: bool
@@ -56,6 +60,7 @@ class Diagnosis:
     pid: int = field(default_factory=os.getpid)
     forked_from: int | None = None
     versions: dict[str, str | None] = field(default_factory=dict)
+    loaded: list[LoadedLibrary] = field(default_factory=list)
 
     @property
     def cuda_usable(self) -> bool:
@@ -75,7 +80,7 @@ class Diagnosis:
         return EXIT_OK if self.cuda_usable else EXIT_NO_CUDA
 
     def to_dict(self) -> dict[str, Any]:
-        """The report as plain JSON-able data (schema ``cyctx.diagnosis/1``)."""
+        """The report as plain JSON-able data (schema ``cyctx.diagnosis/2``)."""
         asdict = dataclasses.asdict
         ctx = self.context
         return {
@@ -93,6 +98,9 @@ class Diagnosis:
             },
             "runtime": asdict(self.runtime) if self.runtime else None,
             "other_runtimes": [asdict(r) for r in self.other_runtimes],
+            "loaded": [
+                {**asdict(lib), "version_str": version_str(lib.version)} for lib in self.loaded
+            ],
             "devices": [
                 {
                     "ordinal": dev.ordinal,

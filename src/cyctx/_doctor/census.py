@@ -1,0 +1,244 @@
+"""The census: every CUDA library loaded in this process, the version each reports, and the
+installed distribution that ships it.
+
+The libraries are found in the process's memory map (``/proc/self/maps``: a plain file read,
+with no loader lock held, unlike ``dl_iterate_phdr``, whose callback would take the GIL inside
+the loader's lock) and asked through handles that are already loaded: ``dlopen`` with
+``RTLD_NOLOAD`` returns the library only when it is loaded already, and loads nothing. Each
+is asked one version function that only reports a constant (``cudaRuntimeGetVersion``,
+``cuDriverGetVersion``, ``nvrtcVersion``, ``nvJitLinkVersion``), and the handle is closed
+again. Nothing here initialises a runtime or creates a context. A runtime linked statically
+into a Python extension (``cuda.bindings.runtime``, CuPy's) is asked through that module, only
+when it is imported already.
+
+Which distribution ships a file comes from the distributions' ``RECORD`` files: slow enough
+(torch's lists thousands of files) that only :func:`census` reads them, once per call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from cyctx._doctor.model import LoadedLibrary
+
+# The libraries of the census, by the start of their file name, with the version function
+# each answers (None: listed with its path and distribution only). Order: how they are shown.
+KINDS: tuple[tuple[str, re.Pattern[str], str | None], ...] = (
+    ("driver", re.compile(r"libcuda\.so(\.|$)"), "cuDriverGetVersion"),
+    ("runtime", re.compile(r"libcudart\.so(\.|$)"), "cudaRuntimeGetVersion"),
+    ("nvrtc", re.compile(r"libnvrtc\.so(\.|$)"), "nvrtcVersion"),
+    ("nvjitlink", re.compile(r"libnvJitLink\.so(\.|$)"), "nvJitLinkVersion"),
+    (
+        "library",
+        re.compile(
+            r"lib(cublas|cublasLt|cufft|cufftw|curand|cusparse|cusparseLt|cusolver|cusolverMg"
+            r"|cudnn|nccl|nvToolsExt|cupti|nvjpeg|cufile|nvshmem_host|nvvm)\.so(\.|$)"
+        ),
+        None,
+    ),
+)
+
+
+def mapped_paths() -> list[str]:
+    """The shared objects mapped in this process, each once, in the order of the map."""
+    seen: dict[str, None] = {}
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and parts[5].startswith("/"):
+                    path = parts[5].rstrip("\n")
+                    if ".so" in os.path.basename(path):
+                        seen.setdefault(path, None)
+    except OSError:  # not Linux, or /proc not mounted
+        return []
+    return list(seen)
+
+
+def kind_of(path: str) -> str | None:
+    name = os.path.basename(path)
+    for kind, pattern, _ in KINDS:
+        if pattern.match(name):
+            return kind
+    return None
+
+
+class _Dl:
+    """dlopen(RTLD_NOLOAD), dlsym and dlclose of the process's C library."""
+
+    def __init__(self) -> None:
+        libc = ctypes.CDLL(None)  # the symbols already in the process: loads nothing
+        self.open = libc.dlopen
+        self.open.restype, self.open.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_int]
+        self.sym = libc.dlsym
+        self.sym.restype, self.sym.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]
+        self.close = libc.dlclose
+        self.close.argtypes = [ctypes.c_void_p]
+
+
+_INT2 = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int))
+_INT1 = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int))
+
+
+def _ask(fn_name: str, address: int) -> tuple[int | None, str | None]:
+    """Call the version function at ``address``: (1000 * major + 10 * minor, None) or
+    (None, why not)."""
+    if fn_name in ("nvrtcVersion", "nvJitLinkVersion"):  # (major, minor); unsigned for nvJitLink
+        major, minor = ctypes.c_int(0), ctypes.c_int(0)
+        e = _INT2(address)(ctypes.byref(major), ctypes.byref(minor))
+        value = 1000 * major.value + 10 * minor.value
+    else:  # cudaRuntimeGetVersion, cuDriverGetVersion: 1000 * major + 10 * minor already
+        v = ctypes.c_int(0)
+        e = _INT1(address)(ctypes.byref(v))
+        value = v.value
+    if e != 0 or value <= 0:
+        return None, f"{fn_name} returned {e}"
+    return value, None
+
+
+def query(dl: _Dl, path: str, fn_name: str | None) -> tuple[bool, int | None, str | None]:
+    """(loaded as a library, version or None, note) through a handle already loaded."""
+    handle = dl.open(os.fsencode(path), os.RTLD_NOLOAD | os.RTLD_LAZY)
+    if not handle:  # mapped, but not as a loaded library (a file mapped by other means)
+        return False, None, None
+    try:
+        if fn_name is None:
+            return True, None, None
+        address = dl.sym(handle, fn_name.encode())
+        if not address:
+            return True, None, f"no {fn_name} in it"
+        version, why = _ask(fn_name, address)
+        return True, version, why
+    finally:
+        dl.close(handle)  # the NOLOAD open took a reference: give it back
+
+
+class Owners:
+    """Which installed distribution ships a file, from the distributions' RECORD files; each
+    RECORD is read at most once for the life of this object (one census)."""
+
+    def __init__(self) -> None:
+        self._dists: list[tuple[str, str, Any]] | None = None  # (root, "name version", dist)
+        self._records: dict[int, str] = {}
+
+    def _all(self) -> list[tuple[str, str, Any]]:
+        if self._dists is None:
+            from importlib.metadata import distributions
+
+            found = []
+            # Every one, a name installed twice too: each owns the files its RECORD lists.
+            for dist in distributions():
+                name = dist.metadata["Name"]
+                if not name:
+                    continue
+                root = os.path.realpath(str(dist.locate_file("")))
+                found.append((root, f"{name} {dist.version}", dist))
+            self._dists = found
+        return self._dists
+
+    def owner(self, path: str) -> str | None:
+        """``"name version"`` of the distribution whose RECORD lists ``path``, else None."""
+        real = os.path.realpath(path)
+        for i, (root, label, dist) in enumerate(self._all()):
+            if not real.startswith(root.rstrip(os.sep) + os.sep):
+                continue
+            rel = os.path.relpath(real, root).replace(os.sep, "/")
+            if i not in self._records:
+                try:
+                    self._records[i] = "\n" + (dist.read_text("RECORD") or "")
+                except OSError:
+                    self._records[i] = ""
+            if f"\n{rel}," in self._records[i]:
+                return label
+        return None
+
+
+# Runtimes linked statically into a Python extension, which the memory map cannot show: the
+# module that holds one, the module whose file it is in, and how to ask its version.
+STATIC_RUNTIMES: tuple[tuple[str, str, Callable[[Any], tuple[int, int]]], ...] = (
+    (
+        "cuda.bindings.runtime",
+        "cuda.bindings._internal.runtime",
+        lambda m: tuple(int(x) for x in m.cudaRuntimeGetVersion()),
+    ),
+    # CuPy links the runtime into each of its extensions; this one is its runtime API.
+    ("cupy_backends.cuda.api.runtime", "", lambda m: (0, int(m.runtimeGetVersion()))),
+)
+
+
+def static_runtimes(owners: Owners) -> list[LoadedLibrary]:
+    """The CUDA runtimes linked into Python extensions, for those imported already (importing
+    one here would be a load); each asked with its own cudaRuntimeGetVersion."""
+    out = []
+    for module, inner, ask in STATIC_RUNTIMES:
+        mod = sys.modules.get(module)
+        if mod is None:
+            continue
+        holder = sys.modules.get(inner) if inner else None
+        path = getattr(holder, "__file__", None) or getattr(mod, "__file__", None) or module
+        lib = LoadedLibrary(
+            kind="runtime",
+            name=f"cudart (static, in {module})",
+            path=path,
+            static=True,
+            distribution=owners.owner(path),
+        )
+        try:
+            e, v = ask(mod)
+        except Exception as exc:  # a version without the function, or a broken install
+            lib.note = f"cudaRuntimeGetVersion: {type(exc).__name__}: {exc}"
+        else:
+            if e == 0 and v > 0:
+                lib.version, lib.version_from = v, "cudaRuntimeGetVersion"
+            else:
+                lib.note = f"cudaRuntimeGetVersion returned {e}"
+        out.append(lib)
+    return out
+
+
+def census(
+    before: Iterable[str] | None = None,
+    fallback_version: Callable[[str], tuple[int | None, str | None]] | None = None,
+) -> list[LoadedLibrary]:
+    """Every CUDA library loaded in this process now, the driver first.
+
+    ``before``: the paths mapped before the doctor's own work (:func:`mapped_paths`); a
+    library mapped since is marked ``by_doctor``. ``fallback_version(path)``: where a
+    runtime's version function does not answer (an 11.x one without a driver), the version
+    from elsewhere, ``(version, where from)``.
+    """
+    earlier = None if before is None else set(before)
+    dl = _Dl()
+    owners = Owners()
+    found: dict[str, list[LoadedLibrary]] = {kind: [] for kind, _, _ in KINDS}
+    functions = {kind: fn for kind, _, fn in KINDS}
+    seen: set[str] = set()
+    for path in mapped_paths():
+        kind = kind_of(path)
+        real = os.path.realpath(path)
+        if kind is None or real in seen:
+            continue
+        seen.add(real)
+        loaded, version, note = query(dl, path, functions[kind])
+        if not loaded:
+            continue
+        lib = LoadedLibrary(
+            kind=kind,
+            name=os.path.basename(path),
+            path=path,
+            version=version,
+            version_from=functions[kind] if version is not None else None,
+            distribution=owners.owner(path),
+            by_doctor=earlier is not None and path not in earlier,
+            note=note,
+        )
+        if kind == "runtime" and version is None and fallback_version is not None:
+            lib.version, lib.version_from = fallback_version(path)
+        found[kind].append(lib)
+    found["runtime"].extend(static_runtimes(owners))
+    return [lib for kind, _, _ in KINDS for lib in found[kind]]
