@@ -176,8 +176,10 @@ class _Ledger:
         self.first: dict = {}
         self.last: dict = {}
         self.delta: dict = {}
+        self.seen: set = set()
 
     def add(self, before: dict, after: dict) -> None:
+        self.seen |= set(before) & set(after)
         for key in set(before) & set(after):
             b, a = before[key], after[key]
             if not _differs(key, b, a):
@@ -193,6 +195,13 @@ class _Ledger:
             start = self.origin.get(key, first) if self.since_origin else first
             before[key] = start
             after[key] = start + self.delta[key] if key[0] in _COUNTED else self.last[key]
+        for key in [k for k in before if k[0] == "primary"]:
+            # Where retains are counted (the simulated driver), a primary context activated by
+            # an owner that released all it retained is kept active by someone else's retain.
+            retains = ("retains", key[1])
+            if retains in self.seen and self.delta.get(retains, 0) == 0:
+                if not before[key][0] and after[key][0]:
+                    del before[key], after[key]
         return _classify(before, after)
 
 
