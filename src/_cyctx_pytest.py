@@ -167,8 +167,9 @@ class _Ledger:
 
     A field is compared from its value when the owner began (``origin``, for a fixture: before
     its setup) or when the owner first changed it (for a test) to its value after the owner last
-    changed it; a counted field by the sum of the owner's own changes, so that what others did
-    between a fixture's setup and its teardown is not the fixture's."""
+    changed it: the same value is no change. Otherwise a counted field is compared by the sum of
+    the owner's own changes, so that what others did between a fixture's setup and its teardown
+    is not the fixture's."""
 
     def __init__(self, origin: dict | None, since_origin: bool) -> None:
         self.origin = origin or {}
@@ -193,6 +194,8 @@ class _Ledger:
         before, after = {}, {}
         for key, first in self.first.items():
             start = self.origin.get(key, first) if self.since_origin else first
+            if self.last[key] == start:  # put back as it was (by a fixture: before its setup)
+                continue
             before[key] = start
             after[key] = start + self.delta[key] if key[0] in _COUNTED else self.last[key]
         for key in [k for k in before if k[0] == "primary"]:
