@@ -160,6 +160,10 @@ class Build:
             os.path.join(self.site, "cyctx"),
             ignore=shutil.ignore_patterns("*.cpp", "__pycache__"),
         )
+        # Top-level modules beside the package (the pytest plugin, src/_cyctx_pytest.py).
+        for name in os.listdir(os.path.join(self.tree, "src")):
+            if name.endswith(".py"):
+                shutil.copyfile(os.path.join(self.tree, "src", name), os.path.join(self.site, name))
         shutil.copytree(self.site, self.pristine)
 
     def _record_commands(self, out):
@@ -265,12 +269,10 @@ class Build:
 
     def install_source(self, rel):
         """A source file the installed package ships (Python, headers, .pxd) goes there too."""
-        if rel.startswith(PKG_REL + os.sep):
-            inside = os.path.relpath(rel, PKG_REL)
-            if os.path.isfile(os.path.join(self.pristine, "cyctx", inside)):
-                shutil.copyfile(
-                    os.path.join(self.tree, rel), os.path.join(self.site, "cyctx", inside)
-                )
+        if rel.startswith("src" + os.sep):
+            inside = os.path.relpath(rel, "src")  # cyctx/..., or a top-level module
+            if os.path.isfile(os.path.join(self.pristine, inside)):
+                shutil.copyfile(os.path.join(self.tree, rel), os.path.join(self.site, inside))
                 return inside
         return None
 
@@ -278,10 +280,7 @@ class Build:
         with open(os.path.join(self.tree, rel), "w", encoding="utf-8") as f:
             f.write(original)
         for inside in touched:
-            shutil.copyfile(
-                os.path.join(self.pristine, "cyctx", inside),
-                os.path.join(self.site, "cyctx", inside),
-            )
+            shutil.copyfile(os.path.join(self.pristine, inside), os.path.join(self.site, inside))
 
 
 # --- running the suite ------------------------------------------------------------------------
@@ -341,9 +340,12 @@ def try_mutant(build, m, env, timeout):
             touched.append(inside)
         for target in build.targets(rel):
             touched.append(
-                "_sim/libcuda.so.1"
-                if target[0] == "sim"
-                else os.path.basename(build.exts[target[1]]["out"])
+                os.path.join(
+                    "cyctx",
+                    "_sim/libcuda.so.1"
+                    if target[0] == "sim"
+                    else os.path.basename(build.exts[target[1]]["out"]),
+                )
             )
             err = build.rebuild(target)
             if err is not None:
