@@ -160,10 +160,13 @@ class Build:
             os.path.join(self.site, "cyctx"),
             ignore=shutil.ignore_patterns("*.cpp", "__pycache__"),
         )
-        # Top-level modules beside the package (the pytest plugin, src/_cyctx_pytest.py).
+        # The packages beside cyctx (the pytest plugin, src/_cyctx_pytest).
         for name in os.listdir(os.path.join(self.tree, "src")):
-            if name.endswith(".py"):
-                shutil.copyfile(os.path.join(self.tree, "src", name), os.path.join(self.site, name))
+            here = os.path.join(self.tree, "src", name)
+            if name != "cyctx" and os.path.isfile(os.path.join(here, "__init__.py")):
+                shutil.copytree(
+                    here, os.path.join(self.site, name), ignore=shutil.ignore_patterns("__pycache__")
+                )
         shutil.copytree(self.site, self.pristine)
 
     def _record_commands(self, out):
@@ -270,7 +273,7 @@ class Build:
     def install_source(self, rel):
         """A source file the installed package ships (Python, headers, .pxd) goes there too."""
         if rel.startswith("src" + os.sep):
-            inside = os.path.relpath(rel, "src")  # cyctx/..., or a top-level module
+            inside = os.path.relpath(rel, "src")  # cyctx/..., or a package beside it
             if os.path.isfile(os.path.join(self.pristine, inside)):
                 shutil.copyfile(os.path.join(self.tree, rel), os.path.join(self.site, inside))
                 return inside

@@ -1,6 +1,6 @@
 """The context-leak checker for pytest: ``pytest --cyctx-check-contexts``.
 
-The plugin is the top-level module ``_cyctx_pytest``, which pytest loads through cyctx's
+The plugin is the top-level package ``_cyctx_pytest``, which pytest loads through cyctx's
 ``pytest11`` entry point (named ``cyctx.pytest_plugin``): it lives outside this package so
 that loading it imports neither cyctx nor cuda-bindings, in every pytest process of the
 environment. This module gives its public names their documented home; ``-p cyctx.pytest_plugin``

@@ -23,7 +23,7 @@ It only *reads*: it calls no driver function that changes state, not even ``cuIn
 loads no driver: until something in the process has loaded ``libcuda.so.1`` nothing can be
 current, and it records just that.
 
-This module is a top-level one, outside the cyctx package, so that pytest can load it (cyctx's
+This package is a top-level one, beside cyctx rather than in it, so that pytest can load it (cyctx's
 ``pytest11`` entry point, named ``cyctx.pytest_plugin``) in every pytest process of an
 environment without importing cyctx or cuda-bindings: at load it imports pytest and the
 standard library only, and until an option asks for the check it does nothing else. The check
