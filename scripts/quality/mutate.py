@@ -164,9 +164,8 @@ class Build:
         for name in os.listdir(os.path.join(self.tree, "src")):
             here = os.path.join(self.tree, "src", name)
             if name != "cyctx" and os.path.isfile(os.path.join(here, "__init__.py")):
-                shutil.copytree(
-                    here, os.path.join(self.site, name), ignore=shutil.ignore_patterns("__pycache__")
-                )
+                ignore = shutil.ignore_patterns("__pycache__")
+                shutil.copytree(here, os.path.join(self.site, name), ignore=ignore)
         shutil.copytree(self.site, self.pristine)
 
     def _record_commands(self, out):
