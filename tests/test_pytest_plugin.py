@@ -687,15 +687,16 @@ def _site_without_cuda_bindings(tmp_path):
     """A directory with everything of this environment's site-packages but cuda-bindings (and the
     other NVIDIA packages): run with `python -S` and it on PYTHONPATH, cyctx is installed and
     cuda-bindings is not."""
-    import site
-
-    sp = next(p for p in site.getsitepackages() if p.endswith("site-packages"))
     farm = tmp_path / "site"
     farm.mkdir()
-    for entry in os.listdir(sp):
-        if entry.lower().startswith(("cuda", "nvidia")):
-            continue
-        os.symlink(os.path.join(sp, entry), farm / entry)
+    sites = [
+        p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and os.path.isdir(p)
+    ]
+    for sp in sites:  # in import order: the first of a name is the one imported
+        for entry in os.listdir(sp):
+            if entry.lower().startswith(("cuda", "nvidia")) or (farm / entry).exists():
+                continue
+            os.symlink(os.path.join(sp, entry), farm / entry)
     return farm
 
 
