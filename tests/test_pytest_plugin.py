@@ -353,6 +353,20 @@ def test_check_thread_raises_for_a_leak_on_that_thread():
 
     assert _on_a_thread(clean) == []
 
+    def raises_inside():
+        err, ctx = d.cuDevicePrimaryCtxRetain(0)
+        try:
+            with check_thread():
+                d.cuCtxPushCurrent(ctx)
+                raise ValueError("the block's own error")
+        finally:
+            d.cuCtxPopCurrent()
+            d.cuDevicePrimaryCtxRelease(0)
+
+    # The block's error is the one that propagates: it is not replaced by the check's.
+    with pytest.raises(ValueError, match="the block's own error"):
+        _on_a_thread(raises_inside)
+
 
 # --- pytest-xdist ---------------------------------------------------------------------------
 

@@ -38,7 +38,6 @@ import os
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -348,8 +347,7 @@ class ContextStateChanged(AssertionError):
     :func:`check_thread`, and by the plugin's fail mode at a test's teardown)."""
 
 
-@contextmanager
-def check_thread() -> Iterator[list[tuple[str, str]]]:
+class check_thread:  # a class, used as a function is: `with check_thread():`
     """Check the calling thread: what the block changes in its CUDA context state.
 
     The plugin watches the thread that runs the tests; work a test hands to a thread of its own
@@ -362,21 +360,32 @@ def check_thread() -> Iterator[list[tuple[str, str]]]:
         with ThreadPoolExecutor() as pool:
             pool.submit(work).result()  # raises ContextStateChanged in the test
 
-    It yields a list that holds, after the block, every change as :func:`changes` gives it
-    (notes included), and raises :class:`ContextStateChanged` when one of them is a leak. It
-    reads only, with or without ``--cyctx-check-contexts``.
+    ``with check_thread() as found:`` gives a list that holds, after the block, every change as
+    :func:`changes` gives it (notes included); leaving the block raises
+    :class:`ContextStateChanged` when one of them is a leak (unless the block raised). It reads
+    only, with or without ``--cyctx-check-contexts``.
     """
-    observer = Observer()
-    before = observer.read()
-    found: list[tuple[str, str]] = []
-    yield found
-    found.extend(changes(before, observer.read()))
-    leaks = [words for kind, words in found if kind == "leak"]
-    if leaks:
-        raise ContextStateChanged(
-            f"the CUDA context state of thread {threading.current_thread().name!r} changed:\n"
-            + "\n".join(f"    {w}" for w in leaks)
-        )
+
+    def __init__(self) -> None:
+        self._observer = Observer()
+        self._found: list[tuple[str, str]] = []
+        self._before: ContextState | None = None
+
+    def __enter__(self) -> list[tuple[str, str]]:
+        """Read the thread's state; return the list the changes will be in."""
+        self._before = self._observer.read()
+        return self._found
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> None:
+        """Read it again; raise :class:`ContextStateChanged` for a leak."""
+        assert self._before is not None, "check_thread left without being entered"
+        self._found.extend(changes(self._before, self._observer.read()))
+        leaks = [words for kind, words in self._found if kind == "leak"]
+        if leaks and exc_type is None:
+            raise ContextStateChanged(
+                f"the CUDA context state of thread {threading.current_thread().name!r} changed:\n"
+                + "\n".join(f"    {w}" for w in leaks)
+            )
 
 
 # --- the pytest hooks ----------------------------------------------------------------------
