@@ -160,6 +160,12 @@ class Build:
             os.path.join(self.site, "cyctx"),
             ignore=shutil.ignore_patterns("*.cpp", "__pycache__"),
         )
+        # The packages beside cyctx (the pytest plugin, src/_cyctx_pytest).
+        for name in os.listdir(os.path.join(self.tree, "src")):
+            here = os.path.join(self.tree, "src", name)
+            if name != "cyctx" and os.path.isfile(os.path.join(here, "__init__.py")):
+                ignore = shutil.ignore_patterns("__pycache__")
+                shutil.copytree(here, os.path.join(self.site, name), ignore=ignore)
         shutil.copytree(self.site, self.pristine)
 
     def _record_commands(self, out):
@@ -265,12 +271,10 @@ class Build:
 
     def install_source(self, rel):
         """A source file the installed package ships (Python, headers, .pxd) goes there too."""
-        if rel.startswith(PKG_REL + os.sep):
-            inside = os.path.relpath(rel, PKG_REL)
-            if os.path.isfile(os.path.join(self.pristine, "cyctx", inside)):
-                shutil.copyfile(
-                    os.path.join(self.tree, rel), os.path.join(self.site, "cyctx", inside)
-                )
+        if rel.startswith("src" + os.sep):
+            inside = os.path.relpath(rel, "src")  # cyctx/..., or a package beside it
+            if os.path.isfile(os.path.join(self.pristine, inside)):
+                shutil.copyfile(os.path.join(self.tree, rel), os.path.join(self.site, inside))
                 return inside
         return None
 
@@ -278,10 +282,7 @@ class Build:
         with open(os.path.join(self.tree, rel), "w", encoding="utf-8") as f:
             f.write(original)
         for inside in touched:
-            shutil.copyfile(
-                os.path.join(self.pristine, "cyctx", inside),
-                os.path.join(self.site, "cyctx", inside),
-            )
+            shutil.copyfile(os.path.join(self.pristine, inside), os.path.join(self.site, inside))
 
 
 # --- running the suite ------------------------------------------------------------------------
@@ -341,9 +342,12 @@ def try_mutant(build, m, env, timeout):
             touched.append(inside)
         for target in build.targets(rel):
             touched.append(
-                "_sim/libcuda.so.1"
-                if target[0] == "sim"
-                else os.path.basename(build.exts[target[1]]["out"])
+                os.path.join(
+                    "cyctx",
+                    "_sim/libcuda.so.1"
+                    if target[0] == "sim"
+                    else os.path.basename(build.exts[target[1]]["out"]),
+                )
             )
             err = build.rebuild(target)
             if err is not None:
