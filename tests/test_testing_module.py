@@ -2,6 +2,7 @@
 process): a second, different driver library is refused; a bad device count is refused before
 anything is loaded; a second call must agree with the first."""
 
+import os
 import shutil
 
 import pytest
@@ -102,3 +103,46 @@ def test_a_second_call_must_ask_for_the_same_device_count():
         print("STILL", sim.device_count, testing.simulated() is sim)
     """)
     assert "SAME True" in out and "REFUSED True" in out and "STILL 2 True" in out, out
+
+
+def _initialised_elsewhere(devices, ask):
+    # The simulator loaded and initialised by someone else first (ctypes, with its device
+    # count from CYCTX_SIM_DEVICES), then use_simulated_driver(ask).
+    path = testing.sim_library_path()
+    return child(
+        f"""
+        import ctypes
+        from cyctx import testing
+        lib = ctypes.CDLL({path!r}, mode=ctypes.RTLD_GLOBAL)
+        assert lib.cuInit(0) == 0
+        try:
+            sim = testing.use_simulated_driver({ask})
+            print("SIM", sim.device_count)
+        except RuntimeError as e:
+            print("REFUSED", str(e))
+        """,
+        env={**os.environ, "CYCTX_SIM_DEVICES": str(devices)},
+    )
+
+
+def test_a_simulator_initialised_with_the_same_count_is_taken():
+    out = _initialised_elsewhere(2, 2)
+    assert "SIM 2" in out, out
+
+
+@pytest.mark.parametrize("devices", [1, 3])
+def test_a_simulator_initialised_with_another_count_is_refused(devices):
+    # Fewer or more devices than asked: either way the caller would not get what it asked for.
+    out = _initialised_elsewhere(devices, 2)
+    line = next(ln for ln in out if ln.startswith(("SIM", "REFUSED")))
+    assert line == f"REFUSED simulated driver already initialised with {devices} devices", out
+
+
+def test_the_state_of_a_device_that_does_not_exist_is_an_error(sim):
+    n = sim.device_count
+    for bad in (n, -1):
+        with pytest.raises(ValueError, match=f"no simulated device {bad}"):
+            sim.retain_count(bad)
+        with pytest.raises(ValueError, match=f"no simulated device {bad}"):
+            sim.primary_active(bad)
+    assert sim.retain_count(n - 1) >= 0

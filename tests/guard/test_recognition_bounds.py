@@ -170,3 +170,24 @@ def test_after_a_fork_only_the_child_believes_it_is_one():
     assert "CHILD ((True, True), True)" in out.stdout, out.stdout
     assert "PARENT ((False, False), False)" in out.stdout, out.stdout
     assert "WORKS True" in out.stdout, out.stdout
+
+
+# --- handles and torch devices -------------------------------------------------------------------
+
+
+def test_the_handle_bounds_are_exact_and_stated():
+    from cyctx._inputs import context_handle
+
+    assert context_handle(2**64 - 1, "h") == 2**64 - 1 and context_handle(0, "h") == 0
+    for bad in (2**64, -1):
+        with pytest.raises(ValueError) as ei:
+            context_handle(bad, "from_handle: the context handle")
+        assert "0 <= handle < 2**64" in str(ei.value), ei.value
+
+
+@pytest.mark.parametrize("kind", ["cpu", "meta", "mps", "xpu"])
+def test_a_torch_device_of_another_kind_than_cuda_is_refused(kind, sim):
+    calls = sim.call_count()
+    with pytest.raises(ValueError, match="is not a CUDA device"):
+        recognise(fake("torch", "device", type=kind, index=0))
+    assert sim.call_count() == calls
