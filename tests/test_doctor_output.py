@@ -27,10 +27,12 @@ def test_the_json_describes_the_current_context():
         with g:
             return cyctx.diagnose(cudart=False).to_dict()["thread"]["current_context"]
 
-    ctx = in_thread(body)
-    assert ctx is not None and ctx["handle"] == g.handle and ctx["error"] is None, ctx
-    assert ctx["id"] == g.context_id and ctx["device"] == 0, ctx
-    g.close()
+    try:
+        ctx = in_thread(body)
+        assert ctx is not None and ctx["handle"] == g.handle and ctx["error"] is None, ctx
+        assert ctx["id"] == g.context_id and ctx["device"] == 0, ctx
+    finally:
+        g.close()
 
 
 def test_the_json_says_when_the_driver_could_not_tell_what_is_current(sim):

@@ -152,3 +152,25 @@ def test_an_enter_reactivation_release_failure_is_given_back_when_the_guard_is_c
         assert sim.retain_count(0) == base[0] + 2
         del g
         gc.collect()
+
+
+def test_a_failed_construction_whose_own_release_fails_says_its_retain_is_left(sim):
+    # Retain, id read: reset; re-activation: retain FAILS. The construction's own release
+    # fails too: the error says one retain is left, not that nothing was.
+    base = sim.retain_count(0)
+    sim.inject_fault("cuCtxGetId", 709, nth=1)
+    sim.inject_fault("cuDevicePrimaryCtxRetain", 2, nth=2)
+    sim.inject_fault("cuDevicePrimaryCtxRelease", 999, nth=1)
+    try:
+        with pytest.raises(DriverError) as ei:
+            ContextGuard(0)
+    finally:
+        sim.clear_faults()
+    try:
+        assert ei.value.code == 2 and ei.value.call == "cuDevicePrimaryCtxRetain", ei.value
+        assert "keeps 1 retain(s) more" in str(ei.value), ei.value
+        assert "cuDevicePrimaryCtxRelease: 999" in str(ei.value), ei.value
+        assert sim.retain_count(0) == base + 1
+    finally:
+        while sim.retain_count(0) > base:
+            ok(driver().cuDevicePrimaryCtxRelease(ok(driver().cuDeviceGet(0))))

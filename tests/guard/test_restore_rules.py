@@ -8,6 +8,7 @@ import pytest
 from helpers.drivers import create_context, current, driver, ok, reset_primary, second_device
 from helpers.threads import in_thread
 
+import cyctx
 from cyctx import ContextDestroyedError, ContextGuard, ContextResetWarning
 from cyctx._guard import _open_entries
 
@@ -125,5 +126,28 @@ def test_a_refused_restore_without_a_switch_names_the_context_the_block_left_cur
         assert current() == 0 and _open_entries() == 0
         g.close()
         other.close()
+
+    in_thread(body)
+
+
+def test_an_id_read_that_fails_otherwise_at_the_exit_changes_nothing(sim):
+    # cuCtxGetId of what was current answers neither "destroyed" nor "unknown": the exit cannot
+    # tell whether it survived, so it changes nothing (its switch is not popped as if it had
+    # died) and raises the driver's error.
+    def body():
+        ctx = create_context(0)  # current, depth 1
+        g = ContextGuard(D1)
+        g.__enter__()  # switched over ctx
+        sim.inject_fault("cuCtxGetId", 999, nth=1)  # the exit's look at ctx
+        try:
+            with pytest.raises(cyctx.DriverError) as ei:
+                g.__exit__(None, None, None)
+        finally:
+            sim.clear_faults()
+        assert ei.value.code == 999 and not isinstance(ei.value, ContextDestroyedError)
+        assert current() == g.handle and sim.stack_depth() == 1 and _open_entries() == 0
+        ok(driver().cuCtxSetCurrent(ctx))
+        ok(driver().cuCtxDestroy(ctx))
+        g.close()
 
     in_thread(body)
