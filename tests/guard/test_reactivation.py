@@ -174,3 +174,20 @@ def test_a_failed_construction_whose_own_release_fails_says_its_retain_is_left(s
     finally:
         while sim.retain_count(0) > base:
             ok(driver().cuDevicePrimaryCtxRelease(ok(driver().cuDeviceGet(0))))
+
+
+def test_a_failed_construction_gives_back_every_retain_whose_release_failed_in_the_loop(sim):
+    # Two re-activations whose releases fail (two retains more), then a retain that fails: the
+    # failed construction gives back both extra retains and its own, not one of them.
+    with retains_unchanged():
+        sim.inject_fault("cuCtxGetId", 709, nth=1, count=3)
+        sim.inject_fault("cuDevicePrimaryCtxRelease", 999, nth=1, count=2)
+        sim.inject_fault("cuDevicePrimaryCtxRetain", 2, nth=4)
+        before = calls(sim)
+        try:
+            with pytest.raises(DriverError) as ei:
+                ContextGuard(0)
+        finally:
+            sim.clear_faults()
+        assert ei.value.code == 2 and "keeps" not in str(ei.value), ei.value
+        assert made(sim, before)["cuDevicePrimaryCtxRelease"] == 2 + 3, made(sim, before)
