@@ -151,3 +151,56 @@ def test_an_id_read_that_fails_otherwise_at_the_exit_changes_nothing(sim):
         g.close()
 
     in_thread(body)
+
+
+@pytest.mark.parametrize(
+    "code, says",
+    [
+        (709, "cuCtxGetId: CUDA_ERROR_CONTEXT_IS_DESTROYED (709)"),
+        (201, "cuCtxGetId: CUDA_ERROR_INVALID_CONTEXT (201), the driver no longer knows it"),
+    ],
+)
+def test_a_refused_restore_says_how_the_driver_answered_for_what_was_current(sim, code, says):
+    # What cuCtxGetId said of what was current, at the exit: destroyed, or not known at all.
+    def body():
+        ctx = create_context(0)  # current, depth 1
+        g = ContextGuard(D1)
+        g.__enter__()
+        sim.inject_fault("cuCtxGetId", code, nth=1)  # the exit's look at ctx
+        try:
+            with pytest.raises(ContextDestroyedError) as ei:
+                g.__exit__(None, None, None)
+        finally:
+            sim.clear_faults()
+        assert says in str(ei.value), ei.value
+        other = 201 if code == 709 else 709
+        assert f"({other})" not in str(ei.value).split("did not survive")[1], ei.value
+        assert current() == 0 and _open_entries() == 0  # the switch's place popped
+        ok(driver().cuCtxPushCurrent(ctx))
+        ok(driver().cuCtxDestroy(ctx))
+        g.close()
+
+    in_thread(body)
+
+
+@pytest.mark.parametrize("n, words", [(1, "1 entry of guards"), (2, "2 entries of guards")])
+def test_an_exit_out_of_order_counts_the_dead_entries_it_dropped(guard, guard1, n, words):
+    # Guards freed while entered above an open block of another guard: the out-of-order exit
+    # of the outer guard drops them first, and says how many, in words that agree with it.
+    import gc
+
+    def body():
+        guard.__enter__()
+        guard1.__enter__()
+        for _ in range(n):
+            gx = ContextGuard(0)
+            gx.__enter__()
+            del gx
+        gc.collect()
+        with pytest.raises(cyctx.GuardError) as ei:
+            guard.__exit__(None, None, None)
+        assert words in str(ei.value) and "freed while entered" in str(ei.value), ei.value
+        guard1.__exit__(None, None, None)
+        assert current() == 0 and _open_entries() == 0
+
+    in_thread(body)
