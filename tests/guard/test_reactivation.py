@@ -191,3 +191,66 @@ def test_a_failed_construction_gives_back_every_retain_whose_release_failed_in_t
             sim.clear_faults()
         assert ei.value.code == 2 and "keeps" not in str(ei.value), ei.value
         assert made(sim, before)["cuDevicePrimaryCtxRelease"] == 2 + 3, made(sim, before)
+
+
+# --- what the enter's re-activation and a racing close() say ------------------------------------
+
+
+def test_the_reset_warning_says_who_reactivated_the_context(sim):
+    d = driver()
+    g = ContextGuard(0)
+    try:
+        reset_primary(0)  # inactive: this enter re-activates it
+        with pytest.warns(ContextResetWarning) as w:
+            with g:
+                pass
+        assert "it is inactive; cyctx re-activates it" in str(w[0].message), w[0].message
+        assert "someone re-activated it since" not in str(w[0].message)
+        reset_primary(0)
+        ok(d.cuDevicePrimaryCtxRetain(ok(d.cuDeviceGet(0))))  # someone else re-activates it
+        with pytest.warns(ContextResetWarning) as w:
+            with g:
+                pass
+        assert "someone re-activated it since" in str(w[0].message), w[0].message
+        ok(d.cuDevicePrimaryCtxRelease(ok(d.cuDeviceGet(0))))
+        assert g.resets == 2
+    finally:
+        g.close()
+
+
+def test_a_close_during_a_close_says_one_is_in_flight_and_does_nothing(sim):
+    # With the GIL a second close() can only come from Python code run inside the first: a
+    # trace hook, a finalizer or a signal handler running while the first close() builds the
+    # error of a failed release. Here a trace hook calls it when that error is made.
+    import sys
+
+    from cyctx import GuardError
+
+    g = ContextGuard(0)
+    base = sim.retain_count(0)
+    seen = []
+
+    def tracer(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "driver_error" and not seen:
+            sys.settrace(None)
+            calls = sim.call_count("cuDevicePrimaryCtxRelease")
+            try:
+                g.close()
+                seen.append("closed")
+            except GuardError as e:
+                seen.append(str(e))
+            seen.append(sim.call_count("cuDevicePrimaryCtxRelease") - calls)
+        return None
+
+    sim.inject_fault("cuDevicePrimaryCtxRelease", 999)
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(DriverError):
+            g.close()
+    finally:
+        sys.settrace(None)
+        sim.clear_faults()
+    assert seen and "while another thread is closing it; nothing was done" in seen[0], seen
+    assert seen[1] == 0 and sim.retain_count(0) == base  # the inner close released nothing
+    g.close()  # the failed close kept the guard open: this one releases its retain
+    assert g.closed and sim.retain_count(0) == base - 1
