@@ -317,3 +317,24 @@ def test_switch_to_a_null_target_is_refused_and_changes_nothing(consumer_dir, si
     """)
     assert out.stdout.count("REFUSED True") == 2, out.stdout
     assert out.stdout.count("SAME True True") == 2 and "ACCEPTED" not in out.stdout, out.stdout
+
+
+def test_switch_back_without_a_switch_restores_the_target_after_the_code_switched_away(
+    consumer_dir, sim
+):
+    # switch_to finds its target current (nothing switched); the code in between makes another
+    # context current. The way back makes the target, which is alive and unchanged, current again.
+    out = run_child(f"""
+        import sys; sys.path.insert(0, {consumer_dir!r})
+        import cyctx, cyctx_consumer
+        g0, g1 = cyctx.ContextGuard(0), cyctx.ContextGuard(D1)
+        drivers.ok(drivers.driver().cuCtxSetCurrent(g0.context))
+        s = cyctx_consumer.switch_to_only(g0.handle)
+        print("RECORDED", s[2] == 0, s[1] == g0.context_id)
+        drivers.ok(drivers.driver().cuCtxSetCurrent(g1.context))   # the code switches away
+        cyctx_consumer.switch_back_only(*s)
+        print("BACK", drivers.current() == g0.handle, drivers.SIM.stack_depth())
+        drivers.ok(drivers.driver().cuCtxSetCurrent(None))
+        g0.close(); g1.close()
+    """)
+    assert "RECORDED True True" in out.stdout and "BACK True 1" in out.stdout, out.stdout

@@ -254,3 +254,23 @@ def test_a_close_during_a_close_says_one_is_in_flight_and_does_nothing(sim):
     assert seen[1] == 0 and sim.retain_count(0) == base  # the inner close released nothing
     g.close()  # the failed close kept the guard open: this one releases its retain
     assert g.closed and sim.retain_count(0) == base - 1
+
+
+def test_a_close_whose_release_of_an_extra_retain_fails_keeps_it_for_the_next_close(sim):
+    with retains_unchanged() as base:
+        sim.inject_fault("cuCtxGetId", 709, nth=1)
+        sim.inject_fault("cuDevicePrimaryCtxRelease", 999, nth=1)
+        try:
+            g = ContextGuard(0)  # one retain more, from the re-activation's failed release
+        finally:
+            sim.clear_faults()
+        assert sim.retain_count(0) == base[0] + 2
+        sim.inject_fault("cuDevicePrimaryCtxRelease", 999, nth=1)  # close()'s first release
+        try:
+            with pytest.raises(DriverError):
+                g.close()
+        finally:
+            sim.clear_faults()
+        assert not g.closed and sim.retain_count(0) == base[0] + 2  # both still the guard's
+        g.close()
+        assert g.closed
