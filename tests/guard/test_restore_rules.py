@@ -204,3 +204,27 @@ def test_an_exit_out_of_order_counts_the_dead_entries_it_dropped(guard, guard1, 
         assert current() == 0 and _open_entries() == 0
 
     in_thread(body)
+
+
+def test_a_spliced_switch_still_pops_its_place_when_what_it_returns_to_died():
+    # An out-of-order exit of a fast-path block (nothing switched) hands its restore to the
+    # switched block above it. That block's exit still owns its switch: when what was current
+    # died meanwhile, its place on the stack is popped, as cuCtxDestroy pops a current context.
+    def body():
+        d = driver()
+        c = create_context(0)  # current, depth 1
+        gc_ = ContextGuard(c)
+        g1 = ContextGuard(D1)
+        gc_.__enter__()  # fast path over c
+        g1.__enter__()  # switches: replaces c on top
+        with pytest.raises(cyctx.GuardError, match="exit out of order"):
+            gc_.__exit__(None, None, None)  # its entry spliced out under g1's
+        ok(d.cuCtxDestroy(c))  # not current: destroyed, not popped
+        with pytest.raises(ContextDestroyedError, match="popped its own switch") as ei:
+            g1.__exit__(None, None, None)
+        assert "no context is current" in str(ei.value), ei.value
+        assert current() == 0 and _open_entries() == 0
+        gc_.close()
+        g1.close()
+
+    in_thread(body)
