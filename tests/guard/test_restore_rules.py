@@ -228,3 +228,25 @@ def test_a_spliced_switch_still_pops_its_place_when_what_it_returns_to_died():
         g1.close()
 
     in_thread(body)
+
+
+def test_an_exit_without_an_enter_changes_nothing_not_even_dead_entries(guard, guard1):
+    # A guard freed while entered leaves an entry that only an exit of a guard entered below it
+    # drops. An exit of a guard that has no entry on this thread at all changes nothing.
+    import gc
+
+    def body():
+        guard.__enter__()
+        gx = ContextGuard(0)
+        gx.__enter__()
+        del gx
+        gc.collect()
+        with pytest.raises(cyctx.GuardError, match="exit without a matching enter") as ei:
+            guard1.__exit__(None, None, None)
+        assert "freed while entered" not in str(ei.value), ei.value
+        assert _open_entries() == 2
+        with pytest.warns(ResourceWarning, match="dropped 1 open entry"):
+            guard.__exit__(None, None, None)  # drops the dead entry, then leaves its own
+        assert current() == 0 and _open_entries() == 0
+
+    in_thread(body)
