@@ -250,3 +250,26 @@ def test_an_exit_without_an_enter_changes_nothing_not_even_dead_entries(guard, g
         assert current() == 0 and _open_entries() == 0
 
     in_thread(body)
+
+
+def test_the_unknown_marker_matches_no_real_context_id_not_even_the_first():
+    # In a fresh process the first context made has the first id. A handle the driver did not
+    # know at the enter is still not taken for it at the exit.
+    from helpers.children import run_child
+
+    out = run_child("""
+        import cyctx
+        sim = drivers.SIM
+        c = drivers.create_context(0)                 # the process's first context: current
+        g = cyctx.ContextGuard(D1)
+        sim.inject_fault("cuCtxGetId", 201, nth=2)    # the enter's read of c's id
+        g.__enter__()
+        sim.clear_faults()
+        try:
+            g.__exit__(None, None, None)
+            print("RESTORED", drivers.current() == int(c))
+        except cyctx.ContextDestroyedError as e:
+            print("REFUSED", drivers.current())
+        g.close()
+    """)
+    assert "REFUSED 0" in out.stdout, out.stdout
