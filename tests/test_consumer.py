@@ -290,3 +290,51 @@ def test_close_during_a_nogil_reset_reactivation_refuses(consumer_dir, sim):
     else:  # a close() that waited for the re-activation: closed, with its own retain released
         assert "CLOSE returned True" in out.stdout and "AFTER True" in out.stdout, out.stdout
     assert "CLOSED True 1" in out.stdout and "END 0" in out.stdout, out.stdout
+
+
+def test_switch_to_a_null_target_is_refused_and_changes_nothing(consumer_dir, sim):
+    # NULL is no context: switch_to refuses it before any driver call, whether the stack is
+    # empty (where a NULL switch would look like "already current") or holds a context (where
+    # cuCtxSetCurrent(NULL) would pop it).
+    out = run_child(f"""
+        import sys; sys.path.insert(0, {consumer_dir!r})
+        import cyctx, cyctx_consumer
+        sim = drivers.SIM
+        g = cyctx.ContextGuard(0)
+        for start in (None, g.context):
+            drivers.ok(drivers.driver().cuCtxSetCurrent(start))
+            before = (drivers.current(), sim.stack_depth())
+            calls = sim.call_count()
+            try:
+                cyctx_consumer.switch_to_only(0)
+                print("ACCEPTED")
+            except ValueError as e:
+                print("REFUSED", "target context is NULL" in str(e))
+            made = sim.call_count() - calls
+            print("SAME", (drivers.current(), sim.stack_depth()) == before, made == 0)
+        drivers.ok(drivers.driver().cuCtxSetCurrent(None))
+        g.close()
+    """)
+    assert out.stdout.count("REFUSED True") == 2, out.stdout
+    assert out.stdout.count("SAME True True") == 2 and "ACCEPTED" not in out.stdout, out.stdout
+
+
+def test_switch_back_without_a_switch_restores_the_target_after_the_code_switched_away(
+    consumer_dir, sim
+):
+    # switch_to finds its target current (nothing switched); the code in between makes another
+    # context current. The way back makes the target, which is alive and unchanged, current again.
+    out = run_child(f"""
+        import sys; sys.path.insert(0, {consumer_dir!r})
+        import cyctx, cyctx_consumer
+        g0, g1 = cyctx.ContextGuard(0), cyctx.ContextGuard(D1)
+        drivers.ok(drivers.driver().cuCtxSetCurrent(g0.context))
+        s = cyctx_consumer.switch_to_only(g0.handle)
+        print("RECORDED", s[2] == 0, s[1] == g0.context_id)
+        drivers.ok(drivers.driver().cuCtxSetCurrent(g1.context))   # the code switches away
+        cyctx_consumer.switch_back_only(*s)
+        print("BACK", drivers.current() == g0.handle, drivers.SIM.stack_depth())
+        drivers.ok(drivers.driver().cuCtxSetCurrent(None))
+        g0.close(); g1.close()
+    """)
+    assert "RECORDED True True" in out.stdout and "BACK True 1" in out.stdout, out.stdout

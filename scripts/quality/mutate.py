@@ -15,14 +15,19 @@ suite against that build, and reports whether the suite noticed:
     python scripts/quality/mutate.py                  # all mutants; table on stdout, JSON report
     python scripts/quality/mutate.py --list           # anchors only: which are stale (no build)
     python scripts/quality/mutate.py --only ID ...    # some of them
+    python scripts/quality/mutate.py --mutants scripts/quality/mutants-blind.toml --json blind.json
+                                                      # another set; the report elsewhere
 
 How a mutant is built: the scratch tree is built once with `setup.py build_ext --inplace`,
 whose compiler and linker commands are recorded. A mutated .pyx/.pxd/.h is re-Cythonized and
 recompiled only for the extension modules that include it (found by following cimports,
-`cdef extern from` and #include); a mutated simdriver.c is recompiled into the simulator
-library alone; a Python file needs no build. The built package lives in its own folder on
-PYTHONPATH (outside the scratch tree's src/, as the consumer tests require), and every file
-a mutant touched there is put back from a pristine copy before the next one.
+`cdef extern from` and #include as the compilers resolve them: beside the including file,
+then on the recorded -I path, so the headers of _cpp/ and include/cyctx/ count); a mutated
+simdriver.c is recompiled into the simulator library alone; a Python file needs no build.
+The built package lives in its own folder on PYTHONPATH (outside the scratch tree's src/, as
+the consumer tests require), and every file a mutant touched there is put back from a
+pristine copy before the next one. A run that hangs past the limit, or dies of a signal, is
+reported with the test it was in.
 
 Needs the development environment of docs/install.md (cuda-bindings, Cython, pytest, a C++
 compiler) and Python 3.11+ (tomllib). Runs on the simulated driver by default.
@@ -31,6 +36,7 @@ compiler) and Python 3.11+ (tomllib). Runs on the simulated driver by default.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -63,7 +69,8 @@ def load_mutants(path):
         missing = {"id", "file", "find", "replace", "why"} - set(m)
         if unknown or missing:
             raise SystemExit(
-                f"mutant {m.get('id', '?')}: unknown fields {sorted(unknown)}, missing {sorted(missing)}"
+                f"mutant {m.get('id', '?')}: unknown fields {sorted(unknown)}, "
+                f"missing {sorted(missing)}"
             )
         if m["id"] in seen:
             raise SystemExit(f"mutant id {m['id']} appears twice")
@@ -135,8 +142,9 @@ def run(cmd, cwd, env=None, timeout=None, log=None):
 class Build:
     """The scratch tree, its recorded build commands, and the package folder the tests use."""
 
-    def __init__(self, scratch, log):
+    def __init__(self, scratch, log, suite=()):
         self.scratch = scratch
+        self.suite = list(suite)  # pytest arguments of the suite; none: all of tests/
         self.tree = os.path.join(scratch, "tree")
         self.site = os.path.join(scratch, "site")
         self.pristine = os.path.join(scratch, "pristine")
@@ -205,38 +213,67 @@ class Build:
 
     # -- what a file compiles into
 
+    def _include_dirs(self, ext):
+        """The extension's -I folders inside the scratch tree, in the compiler's order, relative
+        to it (those outside, cuda.h's and Python's, hold no file a mutant changes)."""
+        argv, dirs = self.exts[ext]["compile"], []
+        for i, a in enumerate(argv):
+            if a == "-I" and i + 1 < len(argv):
+                d = argv[i + 1]
+            elif a.startswith("-I") and a != "-I":
+                d = a[2:]
+            else:
+                continue
+            d = os.path.relpath(os.path.normpath(os.path.join(self.tree, d)), self.tree)
+            if not d.startswith(os.pardir) and d not in dirs:
+                dirs.append(d)
+        return dirs
+
+    def _find(self, name, folders):
+        """The first of folders/name that exists in the scratch tree (relative), else None."""
+        for d in folders:
+            rel = os.path.normpath(os.path.join(d, name))
+            if os.path.isfile(os.path.join(self.tree, rel)):
+                return rel
+        return None
+
     def _deps(self, ext):
-        """Every source file under src/cyctx that extension `ext` is compiled from."""
-        pkg = os.path.join(self.tree, PKG_REL)
-        todo, seen = [f"{ext}.pyx"], set()
-        if os.path.isfile(os.path.join(pkg, f"{ext}.pxd")):
-            todo.append(f"{ext}.pxd")
+        """Every file of the scratch tree that extension `ext` is compiled from, found as the
+        compilers find them: a cimport as a .pxd of the package; a Cython `include` beside the
+        including file, then in the package; a `cdef extern from` header beside the generated
+        .cpp (the package folder), then on the -I path; a C `#include "..."` beside the
+        including header, then on the -I path. So cyctx/switch.h, reached through -I
+        src/cyctx/include from the .pyx, the .pxd and _cpp/thread_entries.h, is one of them."""
+        inc = self._include_dirs(ext)
+        todo = [os.path.join(PKG_REL, f"{ext}.pyx"), os.path.join(PKG_REL, f"{ext}.pxd")]
+        seen = set()
         while todo:
             f = todo.pop()
-            if f in seen or not os.path.isfile(os.path.join(pkg, f)):
+            if f is None or f in seen or not os.path.isfile(os.path.join(self.tree, f)):
                 continue
             seen.add(f)
-            text = open(os.path.join(pkg, f), encoding="utf-8").read()
-            for mod in re.findall(r"^\s*from\s+cyctx\.(\w+)\s+cimport", text, re.M):
-                todo.append(f"{mod}.pxd")
-            for mod in re.findall(r"^\s*cimport\s+cyctx\.(\w+)", text, re.M):
-                todo.append(f"{mod}.pxd")
-            if re.search(r"^\s*from\s+cyctx\s+cimport", text, re.M):
-                todo.append("__init__.pxd")
-            todo += re.findall(r'cdef\s+extern\s+from\s+"([^"]+)"', text)
-            todo += re.findall(r'^\s*include\s+"([^"]+)"', text, re.M)
-            todo += re.findall(r'^\s*#\s*include\s+"([^"]+)"', text, re.M)
-        return {os.path.join(PKG_REL, f) for f in seen}
+            text = open(os.path.join(self.tree, f), encoding="utf-8").read()
+            here = os.path.dirname(f)
+            if f.endswith((".pyx", ".pxd", ".pxi")):
+                mods = re.findall(r"^\s*from\s+cyctx\.(\w+)\s+cimport", text, re.M)
+                mods += re.findall(r"^\s*cimport\s+cyctx\.(\w+)", text, re.M)
+                if re.search(r"^\s*from\s+cyctx\s+cimport", text, re.M):
+                    mods.append("__init__")
+                todo += [os.path.join(PKG_REL, f"{mod}.pxd") for mod in mods]
+                for name in re.findall(r'^\s*include\s+"([^"]+)"', text, re.M):
+                    todo.append(self._find(name, [here, PKG_REL]))
+                for name in re.findall(r'cdef\s+extern\s+from\s+"([^"]+)"', text):
+                    todo.append(self._find(name, [PKG_REL] + inc))
+            else:
+                for name in re.findall(r'^\s*#\s*include\s+"([^"]+)"', text, re.M):
+                    todo.append(self._find(name, [here] + inc))
+        return seen
 
     def targets(self, rel):
         """('ext', name) / ('sim',) targets that a change of `rel` must rebuild."""
-        if rel.endswith((".pyx", ".pxi", ".pxd", ".h")) and rel.startswith(PKG_REL):
-            if os.path.dirname(rel) == os.path.dirname(SIM_REL):
-                return [("sim",)]
-            return [("ext", e) for e in sorted(self.exts) if rel in self._deps(e)]
-        if rel == SIM_REL:
-            return [("sim",)]
-        return []
+        if os.path.dirname(rel) == os.path.dirname(SIM_REL):
+            return [("sim",)] if rel.endswith((".c", ".h")) else []
+        return [("ext", e) for e in sorted(self.exts) if rel in self._deps(e)]
 
     def rebuild(self, target):
         """Rebuild one target in the scratch tree and put it into the package folder."""
@@ -250,12 +287,14 @@ class Build:
             name = target[1]
             e = self.exts[name]
             cy = (
-                f"import ast\nfrom Cython.Build import cythonize\nfrom setuptools import Extension\n"
+                f"import ast\nfrom Cython.Build import cythonize\n"
+                f"from setuptools import Extension\n"
                 f"tree = ast.parse(open('setup.py').read())\n"
                 f"d = next(n.value for n in tree.body if isinstance(n, ast.Assign) and "
                 f"getattr(n.targets[0], 'id', '') == 'DIRECTIVES')\n"
                 f"cythonize([Extension('cyctx.{name}', ['src/cyctx/{name}.pyx'], language='c++')], "
-                f"compiler_directives=ast.literal_eval(d), include_path=['src'], force=True, quiet=True)\n"
+                f"compiler_directives=ast.literal_eval(d), include_path=['src'], force=True, "
+                f"quiet=True)\n"
             )
             steps, out, dest = (
                 [[sys.executable, "-c", cy], e["compile"], e["link"]],
@@ -288,18 +327,39 @@ class Build:
 # --- running the suite ------------------------------------------------------------------------
 
 
+# A plugin of the suite runs: it writes the id of the test starting now to a file, so that a run
+# killed for hanging, or dead of a signal, says in which test (pytest's -q output names none).
+PROGRESS_PLUGIN = '''"""Loaded by scripts/quality/mutate.py into the suites it runs."""
+import os
+
+
+def pytest_runtest_logstart(nodeid, location):
+    with open(os.environ["CYCTX_MUTATE_PROGRESS"], "w") as f:
+        f.write(nodeid)
+'''
+
+
 def test_env(build, driver):
     env = dict(os.environ)
+    plugins = os.path.join(build.scratch, "plugins")
+    os.makedirs(plugins, exist_ok=True)
+    with open(os.path.join(plugins, "cyctx_mutate_progress.py"), "w") as f:
+        f.write(PROGRESS_PLUGIN)
     env["PYTHONPATH"] = os.pathsep.join(
-        [build.site] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        [build.site, plugins] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     )
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # a restored .py must never meet a mutant's bytecode
     env["CYCTX_TEST_DRIVER"] = driver
+    env["CYCTX_MUTATE_PROGRESS"] = os.path.join(build.scratch, "progress")
+    # The suite's test of this tool runs the tool: not inside a mutation run (it would build
+    # and run a suite of its own for every survivor, and it is not what a mutant is about).
+    env["CYCTX_MUTATION_RUN"] = "1"
     env.pop("CYCTX_SIM_LIBRARY", None)
     return env
 
 
 def pytest(build, env, tests, timeout):
+    """Run the suite (or `tests`): (returncode or None on timeout, output, seconds)."""
     cmd = [
         sys.executable,
         "-m",
@@ -308,21 +368,36 @@ def pytest(build, env, tests, timeout):
         "-q",
         "-p",
         "no:cacheprovider",
+        "-p",
+        "cyctx_mutate_progress",
         "--driver",
         env["CYCTX_TEST_DRIVER"],
     ]
-    return run(cmd + list(tests), build.tree, env=env, timeout=timeout, log=build.log)
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(env["CYCTX_MUTATE_PROGRESS"])
+    return run(
+        cmd + list(tests or build.suite), build.tree, env=env, timeout=timeout, log=build.log
+    )
 
 
-def first_failure(out, rc=None):
-    """The first failing test of a pytest run's output, or what else ended it."""
+def last_started(env):
+    """The id of the last test that the latest suite run started, or None (none started)."""
+    try:
+        with open(env["CYCTX_MUTATE_PROGRESS"]) as f:
+            return f.read().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def first_failure(out, rc=None, started=None):
+    """The first failing test of a pytest run's output, or what else ended it (`started`: the
+    last test the run started)."""
     for ln in out.splitlines():
         m = re.match(r"^(FAILED|ERROR) (.+?)(?: - .*)?$", ln)  # test ids may hold spaces
         if m:
             return m.group(2)
     if rc is not None and rc < 0:
-        last = [ln for ln in out.splitlines() if "::" in ln or ln.startswith("tests/")]
-        where = f" in or after {last[-1].split()[0]}" if last else ""
+        where = f" in {started}" if started else " before any test started"
         return f"the test process died of signal {-rc}{where} (a crash)"
     tail = [ln for ln in out.strip().splitlines() if ln.strip()]
     return f"pytest exited with {rc}: {tail[-1][:200] if tail else 'no output'}"
@@ -356,14 +431,21 @@ def try_mutant(build, m, env, timeout):
         runs = [m["tests"], []] if m.get("tests") else [[]]
         for tests in runs:
             rc, out, _ = pytest(build, env, tests, timeout)
+            started = last_started(env)
             if rc is None:
+                where = f"in {started}" if started else "before any test started (collection)"
                 return {
                     "status": "timeout",
-                    "note": f"the suite ran past {timeout} s: a hang, counted as killed",
+                    "by": started,
+                    "note": f"hung {where}: no result after {timeout:.0f} s; counted as killed",
                     "build_s": build_s,
                 }
             if rc != 0:
-                return {"status": "killed", "by": first_failure(out, rc), "build_s": build_s}
+                return {
+                    "status": "killed",
+                    "by": first_failure(out, rc, started),
+                    "build_s": build_s,
+                }
         return {"status": "survived", "build_s": build_s}
     finally:
         # The scratch tree's generated .cpp and objects stay the mutant's: the next mutant of
@@ -374,6 +456,13 @@ def try_mutant(build, m, env, timeout):
 # --- the report -------------------------------------------------------------------------------
 
 
+def outcome(r):
+    """A result in words: the test that killed it, or the note (a hang names its test there)."""
+    if r["status"] == "timeout":
+        return r.get("note", "")
+    return r.get("by") or r.get("note", "")
+
+
 def report(results, mutants, out_json, elapsed):
     by_id = {m["id"]: m for m in mutants}
     w = max(len(r["id"]) for r in results) if results else 10
@@ -381,7 +470,7 @@ def report(results, mutants, out_json, elapsed):
     print(f"{'mutant':<{w}}  {'status':<11}  {'secs':>5}  detail")
     for r in results:
         m = by_id[r["id"]]
-        detail = r.get("by") or r.get("note", "")
+        detail = outcome(r)
         if r["status"] == "survived":
             detail = (
                 f"EQUIVALENT: {m['equivalent']}"
@@ -389,7 +478,8 @@ def report(results, mutants, out_json, elapsed):
                 else "NOT EXPLAINED: " + m["why"]
             )
         print(
-            f"{r['id']:<{w}}  {r['status']:<11}  {r.get('secs', 0):>5.0f}  {detail.splitlines()[0] if detail else ''}"
+            f"{r['id']:<{w}}  {r['status']:<11}  {r.get('secs', 0):>5.0f}  "
+            f"{detail.splitlines()[0] if detail else ''}"
         )
     count = {
         s: sum(r["status"] == s for r in results)
@@ -424,7 +514,8 @@ def report(results, mutants, out_json, elapsed):
     )
     if unexplained:
         print(
-            f"survivors with no explanation (kill them with a test, or mark them equivalent): {unexplained}"
+            "survivors with no explanation (kill them with a test, or mark them equivalent): "
+            f"{unexplained}"
         )
     if wrongly_equivalent:
         print(f"marked equivalent but killed (drop the mark): {wrongly_equivalent}")
@@ -459,6 +550,12 @@ def main(argv=None):
         type=float,
         default=None,
         help="seconds one suite run may take (default: 4x the unmutated run, at least 120)",
+    )
+    ap.add_argument(
+        "--suite",
+        nargs="+",
+        metavar="TEST",
+        help="the suite the mutants face: these test paths or ids (default: all of tests/)",
     )
     ap.add_argument("--driver", default="sim", choices=("sim", "real", "auto"))
     ap.add_argument("--json", default=os.path.join(REPO, "build", "mutation", "report.json"))
@@ -496,7 +593,7 @@ def main(argv=None):
     results = []
     try:
         with open(os.path.join(scratch, "build.log"), "w") as log:
-            build = Build(scratch, log)
+            build = Build(scratch, log, args.suite or ())
             build.setup()
             env = test_env(build, args.driver)
             # The recorded commands rebuild every target once, unmutated, and the suite must
@@ -508,7 +605,8 @@ def main(argv=None):
             rc, out, secs = pytest(build, env, [], None)
             if rc != 0:
                 raise SystemExit(
-                    f"the unmutated suite fails ({first_failure(out, rc)}): fix that first\n{out[-3000:]}"
+                    f"the unmutated suite fails ({first_failure(out, rc, last_started(env))}): "
+                    f"fix that first\n{out[-3000:]}"
                 )
             timeout = args.timeout or max(120.0, 4 * secs)
             print(
@@ -526,7 +624,7 @@ def main(argv=None):
                 r = {"id": m["id"], "file": m["file"], **r}
                 results.append(r)
                 print(
-                    f"[{i}/{len(mutants)}] {m['id']}: {r['status']} {r.get('by', r.get('note', ''))[:100]}"
+                    f"[{i}/{len(mutants)}] {m['id']}: {r['status']} {outcome(r)[:160]}"
                     f" ({r.get('secs', 0):.0f} s)",
                     flush=True,
                 )

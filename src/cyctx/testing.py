@@ -31,6 +31,7 @@ __all__ = [
 ]
 
 _sim: Sim | None = None
+_MAX_DEVICES = 64  # SIM_MAX_DEVICES of simdriver.c: cyctxsim_configure takes 1..64
 
 
 def sim_library_path() -> str:
@@ -40,7 +41,8 @@ def sim_library_path() -> str:
     )
     if not os.path.isfile(path):
         raise FileNotFoundError(
-            f"simulated driver not found at {path}{_from_env()}; was cyctx built with its build_ext?"
+            f"simulated driver not found at {path}{_from_env()}; was cyctx built with its "
+            f"build_ext?"
         )
     return path
 
@@ -160,12 +162,29 @@ def use_simulated_driver(device_count: int = 2) -> Sim:
     """Route this process's driver calls to the simulated driver; returns its :class:`Sim`.
 
     Must run before the first driver call (by cyctx, cuda.bindings, CuPy, ...). Calling it
-    again returns the same Sim. FileNotFoundError when the library is missing; RuntimeError
-    when it does not load or is not the simulator (``CYCTX_SIM_LIBRARY`` names another
-    library), or another driver library is loaded already.
+    again with the same ``device_count`` returns the same Sim. TypeError or ValueError when
+    ``device_count`` is not an int from 1 to 64 (nothing is loaded); FileNotFoundError when
+    the library is missing; RuntimeError when it does not load or is not the simulator
+    (``CYCTX_SIM_LIBRARY`` names another library), when another driver library is loaded
+    already, or when the simulated driver is in use with another number of devices.
     """
     global _sim
+    if isinstance(device_count, bool) or not isinstance(device_count, int):
+        raise TypeError(
+            f"device_count must be an int, got {type(device_count).__name__} {device_count!r}"
+        )
+    if not 1 <= device_count <= _MAX_DEVICES:
+        raise ValueError(
+            f"device_count must be from 1 to {_MAX_DEVICES} (the simulated driver's most), "
+            f"got {device_count}"
+        )
     if _sim is not None:
+        in_use = _sim.device_count
+        if in_use != device_count:
+            raise RuntimeError(
+                f"the simulated driver is in use with {in_use} device(s) in this process; it "
+                f"cannot be given {device_count}"
+            )
         return _sim
     loaded = loaded_libcuda()
     path = sim_library_path()
@@ -210,7 +229,8 @@ def real_driver_available() -> bool:
         "try: lib=ctypes.CDLL('libcuda.so.1')\n"
         "except OSError: sys.exit(1)\n"
         "n=ctypes.c_int(0)\n"
-        "sys.exit(0 if lib.cuInit(0)==0 and lib.cuDeviceGetCount(ctypes.byref(n))==0 and n.value>0 else 1)\n"
+        "sys.exit(0 if lib.cuInit(0)==0 and lib.cuDeviceGetCount(ctypes.byref(n))==0\n"
+        "         and n.value>0 else 1)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     return subprocess.run([sys.executable, "-c", code], env=env, timeout=120).returncode == 0

@@ -1,0 +1,276 @@
+"""Construction's re-activation loop (simulated driver): a reset on another thread between the
+retain and the id read leaves the primary context inactive with the guard's retain counted, and
+the construction re-activates it (a retain+release pair per try), a bounded number of times.
+Pinned here: the exact bound, a release failing inside the loop, and that every retain taken
+on the way is given back -- when the construction fails, when it succeeds (at close()), and
+when the guard is collected without close().
+
+The simulator's faults have no side effect: a 709 injected into cuCtxGetId stands for the
+reset that another thread made between the retain and the id read."""
+
+import gc
+
+import pytest
+from helpers.drivers import driver, ok, reset_primary, retains_unchanged
+
+from cyctx import ContextDestroyedError, ContextGuard, ContextResetWarning, DriverError
+
+# The re-activations a construction tries before it gives up (the first id read, then one more
+# per try): the bound the construction's error states.
+TRIES = 64
+
+
+def calls(sim):
+    return {
+        f: sim.call_count(f)
+        for f in ("cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease", "cuCtxGetId")
+    }
+
+
+def made(sim, before):
+    return {f: n - before[f] for f, n in calls(sim).items()}
+
+
+def test_the_last_allowed_reactivation_still_succeeds(sim):
+    # The first id read and the next TRIES - 1 reads after a re-activation all see a reset;
+    # the read after the last allowed re-activation succeeds: the guard is constructed.
+    with retains_unchanged() as base:
+        before = calls(sim)
+        sim.inject_fault("cuCtxGetId", 709, nth=1, count=TRIES)
+        try:
+            g = ContextGuard(0)
+        finally:
+            sim.clear_faults()
+        n = made(sim, before)
+        assert n["cuDevicePrimaryCtxRetain"] == 1 + TRIES, n
+        assert n["cuDevicePrimaryCtxRelease"] == TRIES, n
+        assert n["cuCtxGetId"] == 1 + TRIES, n
+        assert sim.retain_count(0) == base[0] + 1  # the guard's own retain, no other
+        g.close()
+
+
+def test_one_reset_more_than_the_bound_gives_up_with_the_number_of_tries(sim):
+    with retains_unchanged():
+        before = calls(sim)
+        sim.inject_fault("cuCtxGetId", 709, nth=1, count=TRIES + 1)
+        try:
+            with pytest.raises(ContextDestroyedError) as ei:
+                ContextGuard(0)
+        finally:
+            sim.clear_faults()
+        n = made(sim, before)
+        assert n["cuCtxGetId"] == 1 + TRIES, n  # no read after the last try
+        # Every retain is given back: the re-activations' and the construction's own.
+        assert n["cuDevicePrimaryCtxRetain"] == 1 + TRIES, n
+        assert n["cuDevicePrimaryCtxRelease"] == 1 + TRIES, n
+        msg = str(ei.value)
+        assert f"re-activated ({TRIES} times)" in msg and "no retain is kept" in msg, msg
+
+
+def test_a_release_failing_in_the_loop_is_kept_and_given_back_at_close(sim):
+    with retains_unchanged() as base:
+        sim.inject_fault("cuCtxGetId", 709, nth=1)
+        sim.inject_fault("cuDevicePrimaryCtxRelease", 999, nth=1)  # the re-activation's release
+        try:
+            g = ContextGuard(0)
+        finally:
+            sim.clear_faults()
+        # The retain that could not be given back is the guard's now: counted, not lost.
+        assert sim.retain_count(0) == base[0] + 2
+        with g:
+            pass
+        assert sim.retain_count(0) == base[0] + 2
+        g.close()
+        assert sim.retain_count(0) == base[0]
+
+
+def test_a_release_failing_in_the_loop_is_given_back_when_the_guard_is_collected(sim):
+    with retains_unchanged() as base:
+        sim.inject_fault("cuCtxGetId", 709, nth=1)
+        sim.inject_fault("cuDevicePrimaryCtxRelease", 999, nth=1)
+        try:
+            g = ContextGuard(0)
+        finally:
+            sim.clear_faults()
+        assert sim.retain_count(0) == base[0] + 2
+        del g  # no close(): the deallocation releases both
+        gc.collect()
+
+
+def test_a_failed_construction_gives_back_the_retain_whose_release_failed_in_the_loop(sim):
+    # Retain (the construction's), id read: reset; re-activation: retain, release FAILS (one
+    # retain more), id read: reset; re-activation: retain FAILS. The error names that retain
+    # and the construction keeps nothing: the extra retain is released with its own.
+    with retains_unchanged():
+        sim.inject_fault("cuCtxGetId", 709, nth=1, count=2)
+        sim.inject_fault("cuDevicePrimaryCtxRelease", 999, nth=1)
+        sim.inject_fault("cuDevicePrimaryCtxRetain", 2, nth=3)
+        try:
+            with pytest.raises(DriverError) as ei:
+                ContextGuard(0)
+        finally:
+            sim.clear_faults()
+        assert ei.value.code == 2 and ei.value.call == "cuDevicePrimaryCtxRetain", ei.value
+        assert "keeps" not in str(ei.value), ei.value
+
+
+def test_a_failed_construction_says_how_many_retains_it_could_not_give_back(sim):
+    # As above, but the extra retain's give-back fails too (then the construction's own
+    # release succeeds): one retain is left, and the error says so instead of claiming none.
+    base = sim.retain_count(0)
+    sim.inject_fault("cuCtxGetId", 709, nth=1, count=2)
+    sim.inject_fault("cuDevicePrimaryCtxRelease", 999, nth=1)  # in the loop
+    sim.inject_fault("cuDevicePrimaryCtxRelease", 999, nth=2)  # the extra's give-back
+    sim.inject_fault("cuDevicePrimaryCtxRetain", 2, nth=3)
+    try:
+        with pytest.raises(DriverError) as ei:
+            ContextGuard(0)
+    finally:
+        sim.clear_faults()
+    try:
+        assert ei.value.code == 2 and ei.value.call == "cuDevicePrimaryCtxRetain", ei.value
+        assert "keeps 1 retain(s) more" in str(ei.value), ei.value
+        assert sim.retain_count(0) == base + 1
+    finally:
+        while sim.retain_count(0) > base:  # what the error said is left, given back here
+            ok(driver().cuDevicePrimaryCtxRelease(ok(driver().cuDeviceGet(0))))
+
+
+def test_an_enter_reactivation_release_failure_is_given_back_when_the_guard_is_collected(sim):
+    # The same rule for the re-activation of an enter after a reset: without close(), the
+    # deallocation releases the retain that the re-activation could not give back.
+    with retains_unchanged() as base:
+        g = ContextGuard(0)
+        with pytest.warns(ContextResetWarning):
+            reset_primary(0)
+            sim.inject_fault("cuDevicePrimaryCtxRelease", 999)
+            try:
+                with g:
+                    pass
+            finally:
+                sim.clear_faults()
+        assert sim.retain_count(0) == base[0] + 2
+        del g
+        gc.collect()
+
+
+def test_a_failed_construction_whose_own_release_fails_says_its_retain_is_left(sim):
+    # Retain, id read: reset; re-activation: retain FAILS. The construction's own release
+    # fails too: the error says one retain is left, not that nothing was.
+    base = sim.retain_count(0)
+    sim.inject_fault("cuCtxGetId", 709, nth=1)
+    sim.inject_fault("cuDevicePrimaryCtxRetain", 2, nth=2)
+    sim.inject_fault("cuDevicePrimaryCtxRelease", 999, nth=1)
+    try:
+        with pytest.raises(DriverError) as ei:
+            ContextGuard(0)
+    finally:
+        sim.clear_faults()
+    try:
+        assert ei.value.code == 2 and ei.value.call == "cuDevicePrimaryCtxRetain", ei.value
+        assert "keeps 1 retain(s) more" in str(ei.value), ei.value
+        assert "cuDevicePrimaryCtxRelease: 999" in str(ei.value), ei.value
+        assert sim.retain_count(0) == base + 1
+    finally:
+        while sim.retain_count(0) > base:
+            ok(driver().cuDevicePrimaryCtxRelease(ok(driver().cuDeviceGet(0))))
+
+
+def test_a_failed_construction_gives_back_every_retain_whose_release_failed_in_the_loop(sim):
+    # Two re-activations whose releases fail (two retains more), then a retain that fails: the
+    # failed construction gives back both extra retains and its own, not one of them.
+    with retains_unchanged():
+        sim.inject_fault("cuCtxGetId", 709, nth=1, count=3)
+        sim.inject_fault("cuDevicePrimaryCtxRelease", 999, nth=1, count=2)
+        sim.inject_fault("cuDevicePrimaryCtxRetain", 2, nth=4)
+        before = calls(sim)
+        try:
+            with pytest.raises(DriverError) as ei:
+                ContextGuard(0)
+        finally:
+            sim.clear_faults()
+        assert ei.value.code == 2 and "keeps" not in str(ei.value), ei.value
+        assert made(sim, before)["cuDevicePrimaryCtxRelease"] == 2 + 3, made(sim, before)
+
+
+# --- what the enter's re-activation and a racing close() say ------------------------------------
+
+
+def test_the_reset_warning_says_who_reactivated_the_context(sim):
+    d = driver()
+    g = ContextGuard(0)
+    try:
+        reset_primary(0)  # inactive: this enter re-activates it
+        with pytest.warns(ContextResetWarning) as w:
+            with g:
+                pass
+        assert "it is inactive; cyctx re-activates it" in str(w[0].message), w[0].message
+        assert "someone re-activated it since" not in str(w[0].message)
+        reset_primary(0)
+        ok(d.cuDevicePrimaryCtxRetain(ok(d.cuDeviceGet(0))))  # someone else re-activates it
+        with pytest.warns(ContextResetWarning) as w:
+            with g:
+                pass
+        assert "someone re-activated it since" in str(w[0].message), w[0].message
+        ok(d.cuDevicePrimaryCtxRelease(ok(d.cuDeviceGet(0))))
+        assert g.resets == 2
+    finally:
+        g.close()
+
+
+def test_a_close_during_a_close_says_one_is_in_flight_and_does_nothing(sim):
+    # With the GIL a second close() can only come from Python code run inside the first: a
+    # trace hook, a finalizer or a signal handler running while the first close() builds the
+    # error of a failed release. Here a trace hook calls it when that error is made.
+    import sys
+
+    from cyctx import GuardError
+
+    g = ContextGuard(0)
+    base = sim.retain_count(0)
+    seen = []
+
+    def tracer(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "driver_error" and not seen:
+            sys.settrace(None)
+            calls = sim.call_count("cuDevicePrimaryCtxRelease")
+            try:
+                g.close()
+                seen.append("closed")
+            except GuardError as e:
+                seen.append(str(e))
+            seen.append(sim.call_count("cuDevicePrimaryCtxRelease") - calls)
+        return None
+
+    sim.inject_fault("cuDevicePrimaryCtxRelease", 999)
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(DriverError):
+            g.close()
+    finally:
+        sys.settrace(None)
+        sim.clear_faults()
+    assert seen and "while another thread is closing it; nothing was done" in seen[0], seen
+    assert seen[1] == 0 and sim.retain_count(0) == base  # the inner close released nothing
+    g.close()  # the failed close kept the guard open: this one releases its retain
+    assert g.closed and sim.retain_count(0) == base - 1
+
+
+def test_a_close_whose_release_of_an_extra_retain_fails_keeps_it_for_the_next_close(sim):
+    with retains_unchanged() as base:
+        sim.inject_fault("cuCtxGetId", 709, nth=1)
+        sim.inject_fault("cuDevicePrimaryCtxRelease", 999, nth=1)
+        try:
+            g = ContextGuard(0)  # one retain more, from the re-activation's failed release
+        finally:
+            sim.clear_faults()
+        assert sim.retain_count(0) == base[0] + 2
+        sim.inject_fault("cuDevicePrimaryCtxRelease", 999, nth=1)  # close()'s first release
+        try:
+            with pytest.raises(DriverError):
+                g.close()
+        finally:
+            sim.clear_faults()
+        assert not g.closed and sim.retain_count(0) == base[0] + 2  # both still the guard's
+        g.close()
+        assert g.closed
