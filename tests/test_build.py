@@ -255,10 +255,21 @@ def test_get_include_finds_the_header_the_pxd_declares_switch_from():
     headers = set(re.findall(r'cdef extern from "([^"]+)"', pxd))
     assert headers, "the .pxd declares nothing from a header"
     for h in headers:
-        found = [d for d in cyctx.get_include() if os.path.isfile(os.path.join(d, h))]
-        assert found and all(
-            os.path.realpath(d).startswith(os.path.realpath(PKG)) for d in found
-        ), (h, cyctx.get_include())
+        found = [d for d in cyctx.get_include_dirs() if os.path.isfile(os.path.join(d, h))]
+        assert found == [cyctx.get_include()], (h, cyctx.get_include_dirs())
+        assert os.path.realpath(found[0]).startswith(os.path.realpath(PKG))
+
+
+def test_get_include_is_a_str_and_get_include_dirs_adds_cuda_h():
+    # numpy's and pyarrow's convention: include_dirs=[cyctx.get_include(), np.get_include()].
+    inc = cyctx.get_include()
+    assert type(inc) is str and os.path.isfile(os.path.join(inc, "cyctx", "switch.h"))
+    dirs = cyctx.get_include_dirs()
+    assert type(dirs) is list and all(type(d) is str for d in dirs)
+    assert dirs[0] == inc and len(dirs) == 2
+    assert os.path.isfile(os.path.join(dirs[1], "cuda.h"))
+    # What setuptools does with include_dirs (a list of str, hashed on the way).
+    assert len({inc, *dirs}) == 2
 
 
 def test_simulated_driver_has_the_driver_soname():
