@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 import textwrap
 
 import pytest
@@ -37,13 +38,14 @@ def test_build_info_records_a_matching_header():
         ("12.9.10", None),
         ("12.8.0", "pip install 'cuda-bindings>=12.9,<13'"),
         ("11.8.7", "pip install 'cuda-bindings>=12.9,<13'"),
-        ("14.0.0", "pip install --upgrade cyctx"),
         (None, "pip install 'cuda-bindings>=13,<14'"),
     ],
 )
 def test_check_bindings(installed, fix):
     if fix is None:
-        check_bindings(installed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a supported version warns nothing either
+            check_bindings(installed)
     else:
         with pytest.raises(IncompatibleBindingsError) as ei:
             check_bindings(installed)
@@ -52,8 +54,25 @@ def test_check_bindings(installed, fix):
             assert "cuda-bindings>=13" not in str(ei.value), "a CUDA 12 user is never sent to 13"
 
 
-def _import_with_fake_bindings(tmp_path, version, code="import cyctx"):
-    # A cuda-bindings dist-info shadowing the real one, as importlib.metadata sees it.
+@pytest.mark.parametrize("installed", ["14.0.0", "15.2.1"])
+def test_check_bindings_of_a_newer_major_warns_and_does_not_refuse(installed):
+    with pytest.warns(cyctx.UntestedBindingsWarning) as w:
+        check_bindings(installed)
+    msg = str(w[0].message)
+    assert len(w) == 1 and installed in msg and ">=12.9,<14" in msg
+    assert "pip install --upgrade cyctx" in msg
+
+
+def _import_with_fake_bindings(tmp_path, version, code="import cyctx", how="package"):
+    # A cuda-bindings shadowing the real one: a cuda.bindings package whose _version.py says
+    # `version` (what cyctx reads; how="dist-info": a cuda-bindings without that file) and its
+    # dist-info, as importlib.metadata sees it. Importing cyctx imports neither.
+    pkg = tmp_path / "cuda" / "bindings"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise ImportError('the fake cuda.bindings')\n")
+    if how == "package":
+        (pkg / "_version.py").write_text(f"__version__ = version = {version!r}\n")
+    # What pip leaves beside the package (get_include_dirs() asks it).
     dist = tmp_path / f"cuda_bindings-{version}.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text(
@@ -64,8 +83,64 @@ def _import_with_fake_bindings(tmp_path, version, code="import cyctx"):
         PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
     )
     return subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path
+        [sys.executable, "-W", "always", "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
+
+
+def test_import_reads_the_version_without_importlib_metadata():
+    code = (
+        "import sys, cyctx, cyctx._compat as c; "
+        "print('importlib.metadata' in sys.modules, 'cuda.bindings' in sys.modules, "
+        "c.installed_bindings_version())"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    from importlib.metadata import version
+
+    assert proc.stdout.split() == ["False", "False", version("cuda-bindings")]
+
+
+def test_import_with_a_newer_major_warns_once_and_works(tmp_path):
+    proc = _import_with_fake_bindings(
+        tmp_path,
+        "14.1.0",
+        "import cyctx; print(cyctx.__version__, cyctx.get_include())",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("UntestedBindingsWarning") == 1, proc.stderr
+    assert "cuda-bindings 14.1.0 is newer than this cyctx was tested with" in proc.stderr
+    assert proc.stdout.split()[0] == cyctx.__version__
+
+
+def test_what_needs_a_newer_major_says_it_may_be_why(tmp_path):
+    # The doctor imports cuda.bindings.driver and get_include_dirs() needs a matching cuda.h:
+    # with the (fake) 14.x neither works, and each error names the untested version.
+    proc = _import_with_fake_bindings(
+        tmp_path,
+        "14.1.0",
+        "import warnings, cyctx\n"
+        "for f in (lambda: cyctx.diagnose, cyctx.get_include_dirs):\n"
+        "    try:\n"
+        "        f()\n"
+        "    except Exception as e:\n"
+        "        print(type(e).__name__, '|', e)\n",
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert [ln.split(" |")[0] for ln in lines] == ["ImportError", "HeaderError"], proc.stdout
+    for ln in lines:
+        assert "cuda-bindings 14.1.0 is newer than this cyctx was tested with" in ln
+        assert "pip install 'cuda-bindings>=13,<14'" in ln
+
+
+def test_import_of_a_bindings_without_version_file_asks_its_metadata(tmp_path):
+    proc = _import_with_fake_bindings(tmp_path, "12.8.0", how="dist-info")
+    assert proc.returncode != 0 and "IncompatibleBindingsError" in proc.stderr
+    assert "12.8.0" in proc.stderr
 
 
 def test_import_with_unsupported_bindings_is_a_clear_error(tmp_path):

@@ -19,6 +19,10 @@ import os
 import warnings
 import weakref
 
+cimport cython
+from cpython.long cimport PyLong_AsLongAndOverflow
+from cpython.ref cimport PyObject
+
 from cuda.bindings cimport cydriver
 
 from cyctx._driver cimport DriverApi, driver_api, driver_load
@@ -111,6 +115,12 @@ include "_switch.pxi"
 # GIL (free-threaded CPython locks the dict), publishes exactly one, and the others release
 # theirs. Nothing is held while Python code or the driver runs.
 cdef dict _shared_guards = {}
+# The same guards for the first ordinals, read by cyctx.device() without a dict lookup: borrowed
+# references (the dict keeps each published guard for the life of the process), written once
+# per ordinal, after publication, by the one winner of the dict's setdefault.
+cdef enum:
+    _FAST_ORDINALS = 64
+cdef PyObject* _shared_fast[_FAST_ORDINALS]
 # Every guard alive in this process, for diagnostics (cyctx's doctor compares the ids the
 # guards last saw with the driver's). Touched at construction only, never on enter/exit.
 # Read by _live_guards, never iterated: see there.
@@ -242,6 +252,8 @@ cdef class ContextGuard:
         cdef ContextGuard mine = ContextGuard(ordinal)
         mine._shared = True  # before publication: nobody may ever see it closable
         guard = _shared_guards.setdefault(ordinal, mine)
+        if guard is mine and ordinal < _FAST_ORDINALS:
+            _shared_fast[<Py_ssize_t>ordinal] = <PyObject*>mine
         if guard is not mine:
             mine._shared = False  # never published: release its retain now
             try:
@@ -707,6 +719,8 @@ cdef int _raise_probe_stuck(cydriver.CUresult perr, size_t ctx) except -1 with g
     raise _errors.probe_stuck(<int>perr, ctx)
 
 
+@cython.binding(False)  # a builtin function: the interpreter's quickest call (METH_O)
+@cython.always_allow_keywords(False)
 def device(device):
     """The process's shared guard of ``device``: ``with cyctx.device(0):``, ``@cyctx.device(0)``.
 
@@ -720,11 +734,17 @@ def device(device):
 
     Pickles as the shared guard of the same ordinal in the receiving process.
     """
-    # The common case, an int already seen, is one dict lookup in C.
+    # The common case, a small int already seen, reads a C array: what `with cyctx.device(k):`
+    # adds to `with guard:` is the call (METH_O) and this.
+    cdef int overflow = 0
+    cdef long k
+    cdef PyObject* g
     if type(device) is int:
-        guard = _shared_guards.get(device)
-        if guard is not None:
-            return guard
+        k = PyLong_AsLongAndOverflow(device, &overflow)
+        if not overflow and 0 <= k < _FAST_ORDINALS:
+            g = _shared_fast[k]
+            if g != NULL:
+                return <object>g
     return ContextGuard.shared(device)
 
 
