@@ -5,8 +5,8 @@ import os
 import re
 import subprocess
 import sys
-import warnings
 import textwrap
+import warnings
 
 import pytest
 from helpers.children import run_child

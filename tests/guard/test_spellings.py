@@ -16,7 +16,7 @@ import warnings
 
 import pytest
 from helpers.children import run_child
-from helpers.drivers import KIND, retains_unchanged, second_device
+from helpers.drivers import retains_unchanged, second_device
 from helpers.fakes import fake
 
 import cyctx
@@ -91,15 +91,24 @@ def _refused_by_shared():
         ("context", d.CUcontext(0x1000)),
         ("stream", d.CUstream(0x1000)),
         ("green context", d.CUgreenCtx(0x1000)),
-        ("stream", fake("torch.cuda.streams", "Stream", cuda_stream=0x1000, device=fake("torch", "device", type="cuda", index=0))),
+        (
+            "stream",
+            fake(
+                "torch.cuda.streams",
+                "Stream",
+                cuda_stream=0x1000,
+                device=fake("torch", "device", type="cuda", index=0),
+            ),
+        ),
         ("stream", fake("cupy.cuda.stream", "Stream", ptr=0, device_id=0)),  # a default stream
         ("context", fake("cuda.core.experimental._context", "Context", handle=0x1000)),
     ]
 
 
 @pytest.mark.parametrize("i", range(6))
-@pytest.mark.parametrize("entry", [ContextGuard.shared, cyctx.device])
+@pytest.mark.parametrize("entry", ["ContextGuard.shared", "cyctx.device"])
 def test_shared_refuses_a_context_or_stream_saying_why(entry, i):
+    entry = ContextGuard.shared if entry == "ContextGuard.shared" else cyctx.device
     what, obj = _refused_by_shared()[i]
     with retains_unchanged():
         with pytest.raises(TypeError) as ei:
@@ -457,8 +466,8 @@ def test_pytest_run_sees_a_test_that_leaks_a_guard(tmp_path, filt):
         f"""
         import pytest, sys
         sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "-W", {filt!r},
-                              "-W", "ignore::pytest.PytestAssertRewriteWarning", "--rootdir", {str(tmp_path)!r},
-                              {str(tmp_path / "test_leak.py")!r}]))
+                              "-W", "ignore::pytest.PytestAssertRewriteWarning",
+                              "--rootdir", {str(tmp_path)!r}, {str(tmp_path / "test_leak.py")!r}]))
         """,
         check=False,
     )
@@ -497,10 +506,10 @@ def test_no_warning_for_shared_guards_or_at_interpreter_shutdown():
     assert out.stdout.split() == ["OK"] and out.stderr == ""
 
 
-@pytest.mark.skipif(KIND != "real", reason="needs the real NVIDIA driver (gpu)")
 @pytest.mark.gpu
 def test_gpu_temporary_guard_warns_that_it_destroyed_the_primary_context():
-    # On a GPU, in a fresh process: nothing else holds device 0's primary context.
+    # On a GPU, in a fresh process: nothing else holds device 0's primary context, so the
+    # temporary's release destroys it, and the warning says so.
     out = run_child("""
         import warnings, cyctx
         with warnings.catch_warnings(record=True) as w:
@@ -511,3 +520,30 @@ def test_gpu_temporary_guard_warns_that_it_destroyed_the_primary_context():
     """)
     assert out.stdout.split() == ["1", "True"]
 
+
+@pytest.mark.gpu
+def test_gpu_device_in_a_fresh_process_beside_torch_and_cupy():
+    # Each framework's device names the one shared guard; inside it the framework's own
+    # current device and context are the guard's; torch and CuPy work inside and after.
+    pytest.importorskip("torch")
+    pytest.importorskip("cupy")
+    out = run_child("""
+        import json, warnings
+        warnings.simplefilter("error")
+        import torch, cupy, cyctx
+        from cuda.bindings import driver as d
+        g = cyctx.device(0)
+        same = [cyctx.device(x) is g for x in (torch.device("cuda", 0), cupy.cuda.Device(0))]
+        with cyctx.device(0):
+            t = torch.ones(1024, device="cuda:0") * 2
+            c = cupy.arange(1024) * 2
+            inside = {"device": cyctx.current_device(),
+                      "handle": cyctx.current_handle() == g.handle,
+                      "torch": float(t.sum()), "cupy": int(c.sum())}
+        after = {"device": cyctx.current_device(), "torch": float((t * 2).sum())}
+        print(json.dumps({"same": same, "inside": inside, "after": after}))
+    """)
+    res = json.loads(out.stdout.splitlines()[-1])
+    assert res["same"] == [True, True]
+    assert res["inside"] == {"device": 0, "handle": True, "torch": 2048.0, "cupy": 1047552}
+    assert res["after"]["torch"] == 4096.0
