@@ -229,10 +229,13 @@ cdef class ContextGuard:
             live_remove(self._token)
         if ctx_load(&self._ctx) != NULL and not forked_after_cuda():
             _release(self._dev, n)
-            if n and not self._shared and not cyctx_is_finalizing():
+            if n and not self._shared and not cyctx_is_finalizing() and PyEval_GetFrame() != NULL:
                 # Like an unclosed file: the retain was dropped by the collector, not by code.
                 # Under -W error the warning is raised here and, as from any finalizer,
                 # reported through sys.unraisablehook (the retain is released all the same).
+                # Only with Python code running on this thread: not at interpreter shutdown,
+                # nor when a thread's state is cleared as it exits (no frame), where no Python
+                # call may be made.
                 _warn_collected(self._ordinal, _primary_destroyed(self._dev))
         ctx_store(&self._ctx, NULL)
 

@@ -15,6 +15,7 @@ import sys
 import warnings
 
 import pytest
+from helpers import drivers
 from helpers.children import run_child
 from helpers.drivers import retains_unchanged, second_device
 from helpers.fakes import fake
@@ -495,6 +496,27 @@ def test_no_warning_for_shared_guards_or_at_interpreter_shutdown():
     """)
     assert out.stdout.strip().endswith("END")
     assert "ResourceWarning" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr
+    # A thread's own guard (its threading.local) is freed as the thread exits: no Python code
+    # runs on it then, so no warning either; the retain is released all the same.
+    out = run_child("""
+        import gc, threading, warnings, cyctx
+        warnings.simplefilter("error")
+        local = threading.local()
+        def work():
+            local.g = cyctx.ContextGuard(D1)
+            with local.g:
+                pass
+        for _ in range(3):
+            t = threading.Thread(target=work)
+            t.start()
+            t.join()
+        gc.collect()
+        print("END", drivers.retains())
+    """)
+    assert out.stdout.split()[0] == "END"
+    assert "ResourceWarning" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr
+    if drivers.SIM is not None:
+        assert "[0, 0]" in out.stdout, out.stdout
     out = run_child("""
         import warnings, cyctx
         warnings.simplefilter("error")
