@@ -122,8 +122,9 @@ def test_what_needs_a_newer_major_says_it_may_be_why(tmp_path):
     proc = _import_with_fake_bindings(
         tmp_path,
         "14.1.0",
-        "import warnings, cyctx\n"
-        "for f in (lambda: cyctx.diagnose, cyctx.get_include_dirs):\n"
+        "import warnings, cyctx, cyctx.__main__\n"
+        "for f in (lambda: cyctx.diagnose, cyctx.get_include_dirs,\n"
+        "          lambda: cyctx.__main__.main(['doctor'])):\n"
         "    try:\n"
         "        f()\n"
         "    except Exception as e:\n"
@@ -131,7 +132,8 @@ def test_what_needs_a_newer_major_says_it_may_be_why(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
-    assert [ln.split(" |")[0] for ln in lines] == ["ImportError", "HeaderError"], proc.stdout
+    kinds = [ln.split(" |")[0] for ln in lines]
+    assert kinds == ["ImportError", "HeaderError", "ImportError"], proc.stdout
     for ln in lines:
         assert "cuda-bindings 14.1.0 is newer than this cyctx was tested with" in ln
         assert "pip install 'cuda-bindings>=13,<14'" in ln

@@ -492,6 +492,12 @@ def test_no_warning_for_shared_guards_or_at_interpreter_shutdown():
         shared = cyctx.device(0)
         local = threading.local()
         local.g = cyctx.ContextGuard(0)
+        class Holder:  # drops its guard from Python code run during finalization
+            def __init__(self):
+                self.g = cyctx.ContextGuard(D1)
+            def __del__(self):
+                self.g = None
+        holder = Holder()
         print("END")
     """)
     assert out.stdout.strip().endswith("END")
