@@ -16,6 +16,7 @@ raw switch layer and the restore a guard's exit shares with it).
 """
 
 import os
+import types
 import warnings
 import weakref
 
@@ -137,8 +138,15 @@ cdef class ContextGuard:
     context is already current, entering and leaving make no driver switch.
 
     Creating a guard per ``with`` block is a trap: when nothing else holds the primary
-    context, each close destroys it and frees everything allocated in the block. Keep the
-    guard for the life of the work, or use :meth:`ContextGuard.shared`.
+    context, each release destroys it and frees everything allocated in the block. Keep the
+    guard for the life of the work, or use :func:`cyctx.device` (``with cyctx.device(0):``,
+    the shared guard). A guard released by the garbage collector instead of :meth:`close`
+    warns ``ResourceWarning``, saying whether the release destroyed the primary context.
+
+    A guard is also a decorator: ``@guard`` runs each call of the function inside
+    ``with guard:`` (``async def`` and generator functions are refused, ``TypeError``). Only a
+    shared guard pickles or copies (as the shared guard of its device); any other is a
+    ``TypeError`` that says what to send instead.
 
     Parameters
     ----------
@@ -245,6 +253,11 @@ cdef class ContextGuard:
 
         This is the easy way to hold the long-lived retain: every caller gets the same
         guard, so the primary context stays alive between blocks. Thread-safe.
+        :func:`cyctx.device` returns the same guard. ``device`` is anything ContextGuard takes
+        that names a device (an ordinal, a ``cuda.core`` ``Device``, ``cupy.cuda.Device``,
+        ``torch.device``, a ``CUdevice``); a context or a stream is a ``TypeError``, since the
+        shared guard of a device is its primary context. Pickles as the shared guard of the
+        same device in the receiving process.
         """
         ordinal = _inputs.shared_ordinal(device)
         guard = _shared_guards.get(ordinal)
@@ -748,6 +761,10 @@ def device(device):
             g = _shared_fast[k]
             if g != NULL:
                 return <object>g
+    if isinstance(device, (types.FunctionType, types.MethodType)):
+        raise TypeError(
+            f"cyctx.device takes a device, got the function {_inputs._shown(device)}: "
+            f"decorate with @cyctx.device(0) (the device's guard), not @cyctx.device")
     return ContextGuard.shared(device)
 
 

@@ -199,6 +199,15 @@ def test_device_decorator_refuses_async_and_generators_too():
     assert out.stdout.split() == ["REFUSED", "True"] * 4
 
 
+def test_device_used_as_a_bare_decorator_says_to_call_it():
+    def work():
+        pass
+
+    with retains_unchanged():
+        with pytest.raises(TypeError, match=r"@cyctx.device\(0\)"):
+            cyctx.device(work)
+
+
 def test_decorator_refuses_what_is_not_callable(guard):
     with pytest.raises(TypeError, match="decorates a function"):
         guard(3)
