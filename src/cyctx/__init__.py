@@ -94,23 +94,11 @@ def __getattr__(name: str) -> object:
     # The doctor (cuda.bindings.driver, ctypes, its report and words) is imported on first
     # use, not with cyctx: code that only guards contexts never pays for it.
     if name in ("Diagnosis", "diagnose"):
-        _doctor = _load_doctor()
+        _doctor = _compat.load_doctor()
         value = getattr(_doctor, name)
         globals()[name] = value  # later lookups find it without coming here
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _load_doctor():
-    # The doctor uses cuda.bindings.driver: with an untested cuda-bindings, the error says so.
-    try:
-        from cyctx import _doctor
-    except ImportError as exc:
-        note = _compat.untested_note(installed_bindings_version())
-        if not note:
-            raise
-        raise ImportError(f"cyctx's doctor cannot load cuda.bindings: {exc}{note}") from exc
-    return _doctor
 
 
 def __dir__() -> list[str]:

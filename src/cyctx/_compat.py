@@ -95,6 +95,19 @@ def check_bindings(installed: str | None) -> None:
     )
 
 
+def load_doctor():
+    """Import cyctx's doctor, which uses cuda.bindings.driver: with an untested cuda-bindings,
+    the error says that may be why."""
+    try:
+        from cyctx import _doctor
+    except ImportError as exc:
+        note = untested_note(installed_bindings_version())
+        if not note:
+            raise
+        raise ImportError(f"cyctx's doctor cannot load cuda.bindings: {exc}{note}") from exc
+    return _doctor
+
+
 def installed_bindings_version() -> str | None:
     """The installed cuda-bindings' version, or None when it is not installed.
 

@@ -38,8 +38,10 @@ def test_device_is_the_shared_guard_for_every_device_spelling():
                      fake("cupy.cuda.device", "Device", id=D1),
                      fake("cuda.core.experimental._device", "Device", device_id=D1),
                      d.CUdevice(D1)]
+        zero = cyctx.device(0)  # another device's shared guard exists: never confused
         shared = ContextGuard.shared(D1)
         got = [cyctx.device(s) is shared for s in spellings]
+        got += [cyctx.device(0) is zero is ContextGuard.shared(0)]
         got += [ContextGuard.shared(s) is shared for s in spellings]
         with cyctx.device(D1):
             inside = cyctx.current_device()
@@ -47,10 +49,10 @@ def test_device_is_the_shared_guard_for_every_device_spelling():
                           "retains": drivers.retains(), "shared": shared.is_shared}))
     """)
     res = json.loads(out.stdout.splitlines()[-1])
-    assert res["same"] == [True] * 10
+    assert res["same"] == [True] * 11
     assert res["inside"] == D1 and res["after"] is None and res["shared"]
-    if res["retains"] is not None:  # one retain, the shared guard's, for every spelling
-        assert sum(res["retains"]) == 1 and res["retains"][D1] == 1
+    if res["retains"] is not None:  # one retain per device, its shared guard's
+        assert res["retains"] == [1, 1]
 
 
 def test_device_keeps_the_primary_context_between_blocks(sim):
