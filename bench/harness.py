@@ -209,7 +209,7 @@ class Process(NamedTuple):
 def build_here(build_dir):
     """Compile _bench.pyx in build_dir (never in the source tree, which others share).
 
-    Against the installed cyctx: its .pxd files, cuda.h (cyctx.get_include()) and its
+    Against the installed cyctx: its .pxd files, cuda.h (cyctx.get_include_dirs()) and its
     package directory, for the _cpp/thread_entries.h whose tls_push/tls_pop_own the `cython.tls` row
     times. That header ships in the wheel (pyproject.toml's package data, with the other
     headers), so this works wherever cyctx is installed, and it is the header the installed
@@ -231,7 +231,7 @@ def build_here(build_dir):
     ext = Extension(
         "_bench",
         ["_bench.pyx"],
-        include_dirs=cyctx.get_include() + [os.path.dirname(cyctx.__file__)],
+        include_dirs=[*cyctx.get_include_dirs(), os.path.dirname(cyctx.__file__)],
         language="c++",
         extra_compile_args=["-std=c++17", "-O2", "-fopenmp"] + tls_flags,
         extra_link_args=["-fopenmp"],

@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 from helpers.children import run_child
@@ -37,13 +38,14 @@ def test_build_info_records_a_matching_header():
         ("12.9.10", None),
         ("12.8.0", "pip install 'cuda-bindings>=12.9,<13'"),
         ("11.8.7", "pip install 'cuda-bindings>=12.9,<13'"),
-        ("14.0.0", "pip install --upgrade cyctx"),
         (None, "pip install 'cuda-bindings>=13,<14'"),
     ],
 )
 def test_check_bindings(installed, fix):
     if fix is None:
-        check_bindings(installed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a supported version warns nothing either
+            check_bindings(installed)
     else:
         with pytest.raises(IncompatibleBindingsError) as ei:
             check_bindings(installed)
@@ -52,8 +54,25 @@ def test_check_bindings(installed, fix):
             assert "cuda-bindings>=13" not in str(ei.value), "a CUDA 12 user is never sent to 13"
 
 
-def _import_with_fake_bindings(tmp_path, version, code="import cyctx"):
-    # A cuda-bindings dist-info shadowing the real one, as importlib.metadata sees it.
+@pytest.mark.parametrize("installed", ["14.0.0", "15.2.1"])
+def test_check_bindings_of_a_newer_major_warns_and_does_not_refuse(installed):
+    with pytest.warns(cyctx.UntestedBindingsWarning) as w:
+        check_bindings(installed)
+    msg = str(w[0].message)
+    assert len(w) == 1 and installed in msg and ">=12.9,<14" in msg
+    assert "pip install --upgrade cyctx" in msg
+
+
+def _import_with_fake_bindings(tmp_path, version, code="import cyctx", how="package"):
+    # A cuda-bindings shadowing the real one: a cuda.bindings package whose _version.py says
+    # `version` (what cyctx reads; how="dist-info": a cuda-bindings without that file) and its
+    # dist-info, as importlib.metadata sees it. Importing cyctx imports neither.
+    pkg = tmp_path / "cuda" / "bindings"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise ImportError('the fake cuda.bindings')\n")
+    if how == "package":
+        (pkg / "_version.py").write_text(f"__version__ = version = {version!r}\n")
+    # What pip leaves beside the package (get_include_dirs() asks it).
     dist = tmp_path / f"cuda_bindings-{version}.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text(
@@ -64,8 +83,66 @@ def _import_with_fake_bindings(tmp_path, version, code="import cyctx"):
         PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
     )
     return subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path
+        [sys.executable, "-W", "always", "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
+
+
+def test_import_reads_the_version_without_importlib_metadata():
+    code = (
+        "import sys, cyctx, cyctx._compat as c; "
+        "print('importlib.metadata' in sys.modules, 'cuda.bindings' in sys.modules, "
+        "c.installed_bindings_version())"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    from importlib.metadata import version
+
+    assert proc.stdout.split() == ["False", "False", version("cuda-bindings")]
+
+
+def test_import_with_a_newer_major_warns_once_and_works(tmp_path):
+    proc = _import_with_fake_bindings(
+        tmp_path,
+        "14.1.0",
+        "import cyctx; print(cyctx.__version__, cyctx.get_include())",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("UntestedBindingsWarning") == 1, proc.stderr
+    assert "cuda-bindings 14.1.0 is newer than this cyctx was tested with" in proc.stderr
+    assert proc.stdout.split()[0] == cyctx.__version__
+
+
+def test_what_needs_a_newer_major_says_it_may_be_why(tmp_path):
+    # The doctor imports cuda.bindings.driver and get_include_dirs() needs a matching cuda.h:
+    # with the (fake) 14.x neither works, and each error names the untested version.
+    proc = _import_with_fake_bindings(
+        tmp_path,
+        "14.1.0",
+        "import warnings, cyctx, cyctx.__main__\n"
+        "for f in (lambda: cyctx.diagnose, cyctx.get_include_dirs,\n"
+        "          lambda: cyctx.__main__.main(['doctor'])):\n"
+        "    try:\n"
+        "        f()\n"
+        "    except Exception as e:\n"
+        "        print(type(e).__name__, '|', e)\n",
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    kinds = [ln.split(" |")[0] for ln in lines]
+    assert kinds == ["ImportError", "HeaderError", "ImportError"], proc.stdout
+    for ln in lines:
+        assert "cuda-bindings 14.1.0 is newer than this cyctx was tested with" in ln
+        assert "pip install 'cuda-bindings>=13,<14'" in ln
+
+
+def test_import_of_a_bindings_without_version_file_asks_its_metadata(tmp_path):
+    proc = _import_with_fake_bindings(tmp_path, "12.8.0", how="dist-info")
+    assert proc.returncode != 0 and "IncompatibleBindingsError" in proc.stderr
+    assert "12.8.0" in proc.stderr
 
 
 def test_import_with_unsupported_bindings_is_a_clear_error(tmp_path):
@@ -255,10 +332,21 @@ def test_get_include_finds_the_header_the_pxd_declares_switch_from():
     headers = set(re.findall(r'cdef extern from "([^"]+)"', pxd))
     assert headers, "the .pxd declares nothing from a header"
     for h in headers:
-        found = [d for d in cyctx.get_include() if os.path.isfile(os.path.join(d, h))]
-        assert found and all(
-            os.path.realpath(d).startswith(os.path.realpath(PKG)) for d in found
-        ), (h, cyctx.get_include())
+        found = [d for d in cyctx.get_include_dirs() if os.path.isfile(os.path.join(d, h))]
+        assert found == [cyctx.get_include()], (h, cyctx.get_include_dirs())
+        assert os.path.realpath(found[0]).startswith(os.path.realpath(PKG))
+
+
+def test_get_include_is_a_str_and_get_include_dirs_adds_cuda_h():
+    # numpy's and pyarrow's convention: include_dirs=[cyctx.get_include(), np.get_include()].
+    inc = cyctx.get_include()
+    assert type(inc) is str and os.path.isfile(os.path.join(inc, "cyctx", "switch.h"))
+    dirs = cyctx.get_include_dirs()
+    assert type(dirs) is list and all(type(d) is str for d in dirs)
+    assert dirs[0] == inc and len(dirs) == 2
+    assert os.path.isfile(os.path.join(dirs[1], "cuda.h"))
+    # What setuptools does with include_dirs (a list of str, hashed on the way).
+    assert len({inc, *dirs}) == 2
 
 
 def test_simulated_driver_has_the_driver_soname():

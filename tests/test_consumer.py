@@ -19,7 +19,9 @@ SETUP = textwrap.dedent("""
     import cyctx
     from Cython.Build import cythonize
     from setuptools import Extension, setup
-    ext = Extension("cyctx_consumer", ["cyctx_consumer.pyx"], include_dirs=cyctx.get_include(),
+    # numpy's spelling: cyctx.get_include() (a str) in a list beside other directories.
+    inc = [cyctx.get_include(), *cyctx.get_include_dirs()[1:]]
+    ext = Extension("cyctx_consumer", ["cyctx_consumer.pyx"], include_dirs=inc,
                     language="c++", extra_compile_args=["-fopenmp", "-O1"], extra_link_args=["-fopenmp"])
     setup(name="cyctx_consumer", ext_modules=cythonize([ext], quiet=True),
           script_args=["build_ext", "--inplace"])

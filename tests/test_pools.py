@@ -108,3 +108,36 @@ def test_dask_local_cluster_with_process_workers_and_threads():
     assert [s["thread"] for s in dirty] == [out["leaker"]], (
         "the visit finds a careless task's context"
     )
+
+
+@pytest.mark.slow
+def test_dask_task_closing_over_a_shared_guard_gets_the_workers_own():
+    # What users write: a task (a closure, cloudpickled by Dask) that uses `cyctx.device(k)`
+    # from the client's process. Each worker process unpickles it as ITS shared guard of k.
+    pytest.importorskip(
+        "distributed", reason="dask[distributed] is not installed (pip install '.[dask]')"
+    )
+    out = _child(f"""
+    import json, os, cyctx
+    from dask_example import cluster
+    lc, client = cluster(workers=2, threads=2, simulate={KIND == "sim"!r})
+    try:
+        guard = cyctx.device(D1)
+        def task(i):
+            with guard:
+                inside = cyctx.current_device()
+            return {{"pid": os.getpid(), "same": guard is cyctx.device(D1),
+                     "shared": guard.is_shared, "inside": inside,
+                     "after": cyctx.current_device()}}
+        res = client.gather(client.map(task, range(16), pure=False))
+        held = client.submit(lambda g: g.device, guard, pure=False).result()
+    finally:
+        client.close()
+        lc.close()
+    print(json.dumps({{"res": res, "held": held, "D1": D1, "pid": os.getpid()}}))
+    """)
+    res = out["res"]
+    assert len(res) == 16 and out["held"] == out["D1"]
+    assert all(r["pid"] != out["pid"] for r in res), "ran in the workers"
+    assert all(r["same"] and r["shared"] for r in res)
+    assert all(r["inside"] == out["D1"] and r["after"] is None for r in res)

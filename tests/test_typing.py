@@ -134,7 +134,21 @@ def test_a_type_checker_rejects_what_the_run_time_rejects(tmp_path):
         cyctx.ContextGuard("0")          # line 6
         cyctx.ContextGuard(1.5)          # line 7
         cyctx.ContextGuard.shared("0")   # line 8
-    """)
+        cyctx.device("0")                # line 9
+        inc: str = cyctx.get_include()
+        dirs: list[str] = cyctx.get_include_dirs()
+        dev: int | None = cyctx.current_device()
+        @cyctx.device(0)
+        def f(a: int) -> int:
+            return a
+        f("x")                           # line 16: the decorator keeps the signature
+        bad: int = cyctx.current_device()  # line 17: it may be None
+        cyctx.ContextGuard.shared(torch_like)
+    """).replace(
+            "import cyctx\n",
+            "import cyctx\nclass _T:\n    index = 1\n    type = 'cuda'\ntorch_like = _T()\n",
+            1,
+        )
     )
     out = subprocess.run(
         [
@@ -153,7 +167,7 @@ def test_a_type_checker_rejects_what_the_run_time_rejects(tmp_path):
         timeout=300,
     )
     lines = sorted({int(ln.split(":")[1]) for ln in out.stdout.splitlines() if ": error:" in ln})
-    assert lines == [6, 7, 8], out.stdout
+    assert lines == [10, 11, 12, 13, 20, 21], out.stdout  # the lines above, after _T
 
 
 # stubtest type-checks every module of the package before it compares the stub with the

@@ -8,7 +8,7 @@ import cyctx
 ext = Extension(
     "cyctx_kernels._launch",
     ["src/cyctx_kernels/_launch.pyx"],
-    include_dirs=cyctx.get_include(),
+    include_dirs=cyctx.get_include_dirs(),
     language="c++",
     extra_compile_args=["-std=c++17", "-O2"],
 )

@@ -39,7 +39,7 @@ BUILD = textwrap.dedent("""
     import cyctx
     from Cython.Build import cythonize
     from setuptools import Extension, setup
-    inc = cyctx.get_include()
+    inc = cyctx.get_include_dirs()
     ext = Extension("loop", ["loop.pyx"], include_dirs=inc if isinstance(inc, list) else [inc], language="c++",
                     extra_compile_args=["-std=c++17", "-O2"])
     setup(ext_modules=cythonize([ext], quiet=True), script_args=["build_ext", "--inplace"])

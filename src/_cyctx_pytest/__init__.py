@@ -320,7 +320,7 @@ class Observer:
         # cyctx's own counters, only where the test process imported them (importing them here
         # could load a driver).
         guard = sys.modules.get("cyctx._guard")
-        entries = guard._open_entries() if guard is not None else None
+        entries = guard.open_entries() if guard is not None else None
         testing = sys.modules.get("cyctx.testing")
         sim = testing.simulated() if testing is not None else None
         depth = retains = None

@@ -1,5 +1,5 @@
 # cimport surface of cyctx: `cimport cyctx` or `from cyctx cimport ContextGuard`.
-# Build a consumer with include_dirs=cyctx.get_include() (cyctx/switch.h, and the cuda.h that
+# Build a consumer with include_dirs=cyctx.get_include_dirs() (cyctx/switch.h, and the cuda.h that
 # cuda.bindings' cydriver.pxd needs) and language="c++".
 from cyctx._guard cimport ContextGuard, Switch, switch_to, switch_back
 # The driver-result checker, under a name that says what it checks: 0 on CUDA_SUCCESS, else

@@ -5,7 +5,13 @@ work and restores exactly what was current before; see its docstring. Errors are
 :class:`CyctxError` is the base, :class:`DriverError` carries the ``CUresult``.
 """
 
-from cyctx._compat import IncompatibleBindingsError, check_bindings, installed_bindings_version
+from cyctx import _compat
+from cyctx._compat import (
+    IncompatibleBindingsError,
+    UntestedBindingsWarning,
+    check_bindings,
+    installed_bindings_version,
+)
 from cyctx._version import __version__
 
 try:
@@ -31,7 +37,7 @@ try:
         NoDeviceError,
         NotInitializedError,
     )
-    from cyctx._guard import ContextGuard, current_handle
+    from cyctx._guard import ContextGuard, current_device, current_handle, device
 except ModuleNotFoundError as exc:
     raise ImportError(
         f"cyctx's compiled modules are missing ({exc}): importing cyctx from a source tree? "
@@ -53,6 +59,7 @@ for _cls in (
     InvalidDeviceError,
     NoDeviceError,
     NotInitializedError,
+    UntestedBindingsWarning,
 ):
     _cls.__module__ = __name__
 del _cls
@@ -78,10 +85,14 @@ __all__ = [
     "NoDeviceError",
     "NotInitializedError",
     "RuntimeInfo",
+    "UntestedBindingsWarning",
     "__version__",
+    "current_device",
     "current_handle",
+    "device",
     "diagnose",
     "get_include",
+    "get_include_dirs",
 ]
 
 
@@ -102,8 +113,7 @@ def __getattr__(name: str) -> object:
     # use, not with cyctx: code that only guards contexts never pays for it. Its records
     # (what a Diagnosis holds) are public under these names.
     if name in _DOCTOR_NAMES:
-        from cyctx import _doctor
-
+        _doctor = _compat.load_doctor()
         value = getattr(_doctor, name)
         globals()[name] = value  # later lookups find it without coming here
         return value
@@ -114,18 +124,33 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-def get_include() -> list[str]:
-    """Include directories for compiling Cython code that cimports cyctx.
+def get_include() -> str:
+    """cyctx's include directory (``cyctx/switch.h``, the C record behind ``Switch``), as
+    ``numpy.get_include()`` gives numpy's: ``include_dirs=[cyctx.get_include(), ...]``.
 
-    Two: cyctx's own (``cyctx/switch.h``, the C record behind ``Switch``), and the directory
-    of a ``cuda.h`` that matches the installed cuda-bindings (from ``CUDA_HOME``/``CUDA_PATH``
-    or the ``nvidia-cuda-runtime`` wheel), which cuda.bindings' ``cydriver.pxd`` includes.
+    Cython code that cimports cyctx also needs the directory of a ``cuda.h`` (cuda.bindings'
+    ``cydriver.pxd`` includes it): :func:`get_include_dirs` gives both.
     """
     import os
 
-    from cyctx._cuda_headers import find_cuda_header
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
 
-    return [
-        os.path.join(os.path.dirname(os.path.abspath(__file__)), "include"),
-        find_cuda_header().include_dir,
-    ]
+
+def get_include_dirs() -> list[str]:
+    """Every include directory for compiling Cython code that cimports cyctx.
+
+    Two: :func:`get_include`, and the directory of a ``cuda.h`` that matches the installed
+    cuda-bindings (from ``CUDA_HOME``/``CUDA_PATH`` or the ``nvidia-cuda-runtime`` wheel), which
+    cuda.bindings' ``cydriver.pxd`` includes. Raises an error that says what to install when
+    there is none, or when the installed cuda-bindings is one cyctx cannot build against.
+    """
+    from cyctx._cuda_headers import HeaderError, find_cuda_header
+
+    try:
+        header = find_cuda_header()
+    except HeaderError as exc:
+        note = _compat.untested_note(installed_bindings_version())
+        if not note:
+            raise
+        raise HeaderError(f"{exc}{note}") from None
+    return [get_include(), header.include_dir]

@@ -8,7 +8,7 @@ the runtime and this thread's context, and explains what is wrong.
 
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, Protocol, SupportsIndex
+from typing import Any, Callable, Literal, Protocol, SupportsIndex, TypeVar
 
 # The records a Diagnosis holds, public as cyctx.Finding, cyctx.DeviceInfo, ... (the
 # redundant aliases re-export them).
@@ -133,7 +133,13 @@ class InvalidDeviceError(DriverError, ValueError):
     """``CUDA_ERROR_INVALID_DEVICE`` (101): the ordinal names no device. Also a ``ValueError``."""
 
 class IncompatibleBindingsError(ImportError):
-    """The installed cuda-bindings is outside the range this cyctx supports (``>=12.9,<14``)."""
+    """The installed cuda-bindings is older than this cyctx supports (``>=12.9``), or missing."""
+
+class UntestedBindingsWarning(UserWarning):
+    """The installed cuda-bindings is of a CUDA major newer than this cyctx was tested with
+    (``<14``): guards work; the doctor and ``cimport cyctx`` builds may not."""
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 class ContextGuard:
     """Retain a device's primary context; ``with guard:`` makes it current and restores.
@@ -152,9 +158,11 @@ class ContextGuard:
         """Retain ``device``'s primary context (for a context or stream object: refer to its
         context, which stays the caller's)."""
     @staticmethod
-    def shared(device: SupportsIndex) -> ContextGuard:
-        """The process-wide guard of ``device``: created on first use, never closed.
-        Thread-safe; the easy way to keep the primary context alive between blocks."""
+    def shared(device: DeviceLike) -> ContextGuard:
+        """The process-wide guard of ``device`` (anything that names a device; a context or
+        stream is a TypeError): created on first use, never closed. Thread-safe; the easy way
+        to keep the primary context alive between blocks. Pickles as the receiving process's
+        shared guard of the same device."""
     @staticmethod
     def from_handle(handle: SupportsIndex) -> ContextGuard:
         """A guard for an existing context given as an int handle (a ``CUcontext`` address);
@@ -173,6 +181,16 @@ class ContextGuard:
     def close(self) -> None:
         """Release the retain taken at construction. Idempotent. :class:`GuardError` when the
         guard is entered on this thread or is a :meth:`shared` guard."""
+    def __call__(self, func: _F) -> _F:
+        """Decorate ``func``: each call runs inside ``with self:``. ``async def`` and generator
+        functions are refused (``TypeError``)."""
+    def __reduce__(self) -> tuple[Any, ...]:
+        """A shared guard pickles as the receiving process's shared guard of its device; any
+        other guard is a ``TypeError`` that says what to send instead."""
+    def __copy__(self) -> ContextGuard:
+        """A shared guard is its own copy; any other guard is a ``TypeError``."""
+    def __deepcopy__(self, memo: Any) -> ContextGuard:
+        """As :meth:`__copy__`."""
     @property
     def device(self) -> int:
         """The device ordinal."""
@@ -260,9 +278,20 @@ def diagnose(cudart: str | bool | None = None) -> Diagnosis:
     Changes no state: it only queries, and loads nothing. ``cudart``: the ``libcudart`` to ask
     (a path), None for one already loaded or cuda-pathfinder's, False for none."""
 
+def device(device: DeviceLike) -> ContextGuard:
+    """The process's shared guard of ``device`` (:meth:`ContextGuard.shared`):
+    ``with cyctx.device(0):`` and ``@cyctx.device(0)``."""
+
 def current_handle() -> int:
     """The calling thread's current ``CUcontext`` as an int (0: none). One ``cuCtxGetCurrent``."""
 
-def get_include() -> list[str]:
-    """Include directories for compiling Cython code that cimports cyctx (they hold a ``cuda.h``
-    matching the installed cuda-bindings)."""
+def current_device() -> int | None:
+    """The device of the calling thread's current context; None when none is current. Never
+    initialises the driver or creates a context."""
+
+def get_include() -> str:
+    """cyctx's include directory (``cyctx/switch.h``), as ``numpy.get_include()`` gives numpy's."""
+
+def get_include_dirs() -> list[str]:
+    """Every include directory for compiling Cython code that cimports cyctx: :func:`get_include`
+    and the directory of a ``cuda.h`` matching the installed cuda-bindings."""

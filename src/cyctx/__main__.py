@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m cyctx") -> int:
     """Run the command line with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     # Importing the doctor loads no driver (its first driver call does), so --simulate below
     # still comes first.
-    from cyctx import _doctor
+    from cyctx._compat import load_doctor
+
+    _doctor = load_doctor()
 
     parser = _parser(prog)
     args = parser.parse_args(argv)

@@ -3,14 +3,20 @@
 cyctx's compiled modules do not bind to cuda-bindings' C API (they resolve the driver
 themselves, ``_cpp/driver.h``), so one build serves every cuda-bindings in the supported range,
 CUDA 12 and 13 alike. Outside it, the doctor (which uses ``cuda.bindings.driver``) and
-Cython code that cimports cyctx (which compiles against its ``cydriver.pxd``) are untested,
-so importing cyctx stops with a command that fixes it from where the user stands: staying
-on their CUDA major whenever that major is supported. Pure Python, no driver access.
+Cython code that cimports cyctx (which compiles against its ``cydriver.pxd``) need a
+cuda-bindings of CUDA 12.9 or newer: older, importing cyctx stops with a command that fixes it
+from where the user stands (staying on their CUDA major whenever that major is supported). A
+major newer than the tested ones warns once (UntestedBindingsWarning) and imports: the guard
+does not use cuda-bindings, and what does (the doctor, :func:`cyctx.get_include_dirs`) says,
+when it fails, that the untested cuda-bindings may be why. Pure Python, no driver access, and
+cheap: the version is read from cuda.bindings' ``_version.py`` without importing it (nor
+importlib.metadata, which costs tens of milliseconds).
 """
 
 from __future__ import annotations
 
-import re
+import os
+import sys
 
 # The same range as `dependencies` in pyproject.toml (tests/test_packaging.py checks).
 SUPPORTED_MIN = (12, 9)
@@ -18,14 +24,34 @@ SUPPORTED_MAJORS = (12, 13)
 
 
 class IncompatibleBindingsError(ImportError):
-    """The installed cuda-bindings is outside the range cyctx supports."""
+    """The installed cuda-bindings is older than cyctx supports, or missing."""
+
+
+class UntestedBindingsWarning(UserWarning):
+    """The installed cuda-bindings is of a CUDA major newer than this cyctx was tested with."""
 
 
 def _major_minor(version: str) -> tuple[int, int]:
-    m = re.match(r"(\d+)\.(\d+)", version)
-    if not m:
+    parts = version.split(".")
+    if len(parts) < 2 or not all(p.isdigit() and p.isascii() for p in parts[:2]):
         raise IncompatibleBindingsError(f"cannot parse cuda-bindings version {version!r}")
-    return int(m.group(1)), int(m.group(2))
+    return int(parts[0]), int(parts[1])
+
+
+def is_untested(installed: str | None) -> bool:
+    """A cuda-bindings of a major newer than the tested ones (it imports, with a warning)."""
+    return installed is not None and _major_minor(installed)[0] > SUPPORTED_MAJORS[-1]
+
+
+def untested_note(installed: str | None) -> str:
+    """What to add to an error of the doctor or a build when the cuda-bindings is untested."""
+    if not is_untested(installed):
+        return ""
+    return (
+        f" (cuda-bindings {installed} is newer than this cyctx was tested with, "
+        f"{supported_range()}, which may be why: pip install --upgrade cyctx, or "
+        f"pip install 'cuda-bindings>={SUPPORTED_MAJORS[-1]},<{SUPPORTED_MAJORS[-1] + 1}')"
+    )
 
 
 def supported_range() -> str:
@@ -33,7 +59,8 @@ def supported_range() -> str:
 
 
 def check_bindings(installed: str | None) -> None:
-    """Raise IncompatibleBindingsError unless cyctx supports cuda-bindings ``installed``."""
+    """Raise IncompatibleBindingsError unless cyctx can use cuda-bindings ``installed``; warn
+    UntestedBindingsWarning for a major newer than the tested ones."""
     if installed is None:
         raise IncompatibleBindingsError(
             "cuda-bindings is not installed, and cyctx needs it (the doctor and `cimport cyctx` "
@@ -43,18 +70,24 @@ def check_bindings(installed: str | None) -> None:
     major, minor = _major_minor(installed)
     if major in SUPPORTED_MAJORS and (major, minor) >= SUPPORTED_MIN:
         return
+    if major > SUPPORTED_MAJORS[-1]:
+        import warnings
+
+        warnings.warn(
+            f"cuda-bindings {installed} is newer than this cyctx was tested with "
+            f"({supported_range()}). Guards work (they do not use cuda-bindings); the doctor "
+            f"and `cimport cyctx` builds use it and may fail: pip install --upgrade cyctx for "
+            f"a release tested with CUDA {major}",
+            UntestedBindingsWarning,
+            stacklevel=3,
+        )
+        return
     if major == SUPPORTED_MIN[0]:  # an older minor of a supported major: stay on it
         fix = f"pip install 'cuda-bindings>={SUPPORTED_MIN[0]}.{SUPPORTED_MIN[1]},<{major + 1}'"
-    elif major < SUPPORTED_MIN[0]:
+    else:  # older than every supported major
         fix = (
             f"cyctx needs CUDA {SUPPORTED_MIN[0]} or newer bindings (and a driver of CUDA "
             f"12.0+): pip install 'cuda-bindings>={SUPPORTED_MIN[0]}.{SUPPORTED_MIN[1]},<{SUPPORTED_MIN[0] + 1}'"
-        )
-    else:  # a newer major than this cyctx knows
-        fix = (
-            f"this cyctx supports CUDA {SUPPORTED_MAJORS[0]} and {SUPPORTED_MAJORS[-1]}: "
-            f"pip install --upgrade cyctx for a release that supports CUDA {major}, or "
-            f"pip install 'cuda-bindings>={SUPPORTED_MAJORS[-1]},<{SUPPORTED_MAJORS[-1] + 1}'"
         )
     raise IncompatibleBindingsError(
         f"cuda-bindings {installed} is installed; cyctx supports cuda-bindings "
@@ -62,10 +95,53 @@ def check_bindings(installed: str | None) -> None:
     )
 
 
+def load_doctor():
+    """Import cyctx's doctor, which uses cuda.bindings.driver: with an untested cuda-bindings,
+    the error says that may be why."""
+    try:
+        from cyctx import _doctor
+    except ImportError as exc:
+        note = untested_note(installed_bindings_version())
+        if not note:
+            raise
+        raise ImportError(f"cyctx's doctor cannot load cuda.bindings: {exc}{note}") from exc
+    return _doctor
+
+
 def installed_bindings_version() -> str | None:
+    """The installed cuda-bindings' version, or None when it is not installed.
+
+    Read from cuda.bindings' own ``_version.py`` (the file setuptools-scm writes into the
+    wheel): the package is not imported, and neither is importlib.metadata. Only a
+    cuda-bindings without that file is asked through importlib.metadata."""
+    mod = sys.modules.get("cuda.bindings")
+    if mod is not None and isinstance(getattr(mod, "__version__", None), str):
+        return mod.__version__
+    for entry in sys.path:
+        folder = os.path.join(entry or ".", "cuda", "bindings")
+        if os.path.isfile(os.path.join(folder, "__init__.py")):
+            found = _version_file(os.path.join(folder, "_version.py"))
+            if found is not None:
+                return found
+            break  # the package import would find: its metadata says
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("cuda-bindings")
     except PackageNotFoundError:
         return None
+
+
+def _version_file(path: str) -> str | None:
+    # `__version__ = version = '13.5.0'` (setuptools-scm) or `__version__ = "12.9.0"`.
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("__version__") and "=" in line:
+            value = line.rsplit("=", 1)[1].strip()
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                return value[1:-1]
+    return None

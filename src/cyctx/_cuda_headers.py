@@ -1,7 +1,7 @@
 """Find ``cuda.h`` for building against ``cuda.bindings.cydriver`` (no CUDA toolkit needed).
 
 Used by ``setup.py`` (loaded by path, so it must not import cyctx) and by
-:func:`cyctx.get_include` for Cython code that cimports cyctx. It imports nothing
+:func:`cyctx.get_include_dirs` for Cython code that cimports cyctx. It imports nothing
 from cyctx and nothing that loads a driver.
 
 ``cydriver.pxd`` includes ``cuda.h``; a header older than the bindings, or of another

@@ -16,8 +16,13 @@ raw switch layer and the restore a guard's exit shares with it).
 """
 
 import os
+import types
 import warnings
 import weakref
+
+cimport cython
+from cpython.long cimport PyLong_AsLongAndOverflow
+from cpython.ref cimport PyObject
 
 from cuda.bindings cimport cydriver
 
@@ -76,6 +81,17 @@ cdef extern from *:
     """
     bint CYCTX_FREE_THREADED
 
+# Interpreter shutdown: a guard freed then must make no Python call (no warning either).
+cdef extern from *:
+    """
+    #if PY_VERSION_HEX >= 0x030D0000
+    #define cyctx_is_finalizing() Py_IsFinalizing()
+    #else
+    #define cyctx_is_finalizing() _Py_IsFinalizing()
+    #endif
+    """
+    int cyctx_is_finalizing() noexcept nogil
+
 
 cdef extern from "_cpp/fork.h" namespace "cyctx" nogil:
     int forked_after_cuda() noexcept
@@ -100,6 +116,12 @@ include "_switch.pxi"
 # GIL (free-threaded CPython locks the dict), publishes exactly one, and the others release
 # theirs. Nothing is held while Python code or the driver runs.
 cdef dict _shared_guards = {}
+# The same guards for the first ordinals, read by cyctx.device() without a dict lookup: borrowed
+# references (the dict keeps each published guard for the life of the process), written once
+# per ordinal, after publication, by the one winner of the dict's setdefault.
+cdef enum:
+    _FAST_ORDINALS = 64
+cdef PyObject* _shared_fast[_FAST_ORDINALS]
 # Every guard alive in this process, for diagnostics (cyctx's doctor compares the ids the
 # guards last saw with the driver's). Touched at construction only, never on enter/exit.
 # Read by live_guards, never iterated: see there.
@@ -116,8 +138,15 @@ cdef class ContextGuard:
     context is already current, entering and leaving make no driver switch.
 
     Creating a guard per ``with`` block is a trap: when nothing else holds the primary
-    context, each close destroys it and frees everything allocated in the block. Keep the
-    guard for the life of the work, or use :meth:`ContextGuard.shared`.
+    context, each release destroys it and frees everything allocated in the block. Keep the
+    guard for the life of the work, or use :func:`cyctx.device` (``with cyctx.device(0):``,
+    the shared guard). A guard released by the garbage collector instead of :meth:`close`
+    warns ``ResourceWarning``, saying whether the release destroyed the primary context.
+
+    A guard is also a decorator: ``@guard`` runs each call of the function inside
+    ``with guard:`` (``async def`` and generator functions are refused, ``TypeError``). Only a
+    shared guard pickles or copies (as the shared guard of its device); any other is a
+    ``TypeError`` that says what to send instead.
 
     Parameters
     ----------
@@ -164,7 +193,8 @@ cdef class ContextGuard:
     One guard may be entered from many threads at once; each thread's entries are its own.
     """
 
-    def __cinit__(self, device):
+    def __cinit__(self, *args, **kwargs):
+        device = _device_argument(type(self), args, kwargs)
         self._ctx = NULL
         self._shared = False
         self._owns_retain = False
@@ -202,10 +232,19 @@ cdef class ContextGuard:
         # Entries this guard still has on some thread (it was freed while entered) stay there,
         # orphaned: their token is never reused, so no other guard matches them, and an exit
         # of an enclosing guard on that thread drops them (tls_drop_dead_top).
+        cdef int n = (1 if self._owns_retain else 0) + int_load(&self._extra_retains)
         if self._token:
             live_remove(self._token)
         if ctx_load(&self._ctx) != NULL and not forked_after_cuda():
-            _release(self._dev, (1 if self._owns_retain else 0) + int_load(&self._extra_retains))
+            _release(self._dev, n)
+            if n and not self._shared and not cyctx_is_finalizing() and PyEval_GetFrame() != NULL:
+                # Like an unclosed file: the retain was dropped by the collector, not by code.
+                # Under -W error the warning is raised here and, as from any finalizer,
+                # reported through sys.unraisablehook (the retain is released all the same).
+                # Only with Python code running on this thread: not at interpreter shutdown,
+                # nor when a thread's state is cleared as it exits (no frame), where no Python
+                # call may be made.
+                _warn_collected(self._ordinal, _primary_destroyed(self._dev))
         ctx_store(&self._ctx, NULL)
 
     @staticmethod
@@ -214,6 +253,11 @@ cdef class ContextGuard:
 
         This is the easy way to hold the long-lived retain: every caller gets the same
         guard, so the primary context stays alive between blocks. Thread-safe.
+        :func:`cyctx.device` returns the same guard. ``device`` is anything ContextGuard takes
+        that names a device (an ordinal, a ``cuda.core`` ``Device``, ``cupy.cuda.Device``,
+        ``torch.device``, a ``CUdevice``); a context or a stream is a ``TypeError``, since the
+        shared guard of a device is its primary context. Pickles as the shared guard of the
+        same device in the receiving process.
         """
         ordinal = _inputs.shared_ordinal(device)
         guard = _shared_guards.get(ordinal)
@@ -224,6 +268,8 @@ cdef class ContextGuard:
         cdef ContextGuard mine = ContextGuard(ordinal)
         mine._shared = True  # before publication: nobody may ever see it closable
         guard = _shared_guards.setdefault(ordinal, mine)
+        if guard is mine and ordinal < _FAST_ORDINALS:
+            _shared_fast[<Py_ssize_t>ordinal] = <PyObject*>mine
         if guard is not mine:
             mine._shared = False  # never published: release its retain now
             try:
@@ -369,6 +415,31 @@ cdef class ContextGuard:
         state = "closed" if ctx == NULL else f"ctx=0x{<size_t>ctx:x} id={u64_load(&self._ctx_id)}"
         shared = " shared" if self._shared else ""
         return f"<cyctx.ContextGuard device={self._ordinal}{shared} {state}>"
+
+    def __call__(self, func):
+        """Decorate ``func``: each call runs inside ``with self:``.
+
+        ``async def`` and generator functions are refused (TypeError): their body runs in
+        steps, resumed later on whatever thread drives them, so a guard around the call would
+        not be around the work. Put ``with guard:`` inside such a function instead.
+        """
+        return _decorated(self, func)
+
+    def __reduce__(self):
+        # A shared guard stands for "device k's shared guard", which every process has: it
+        # travels as that (to a spawned worker, a Dask task). Any other guard holds this
+        # process's retain, which means nothing elsewhere.
+        if self._shared:
+            return (device, (self._ordinal,))
+        raise TypeError(_cannot_travel(self, "pickle"))
+
+    def __copy__(self):
+        if self._shared:
+            return self  # one per device and process: a copy is the guard itself
+        raise TypeError(_cannot_travel(self, "copy"))
+
+    def __deepcopy__(self, memo):
+        return self.__copy__()
 
 
 cdef inline int _enter_block(ContextGuard self, const void* block) except -1 nogil:
@@ -662,6 +733,161 @@ cdef int _probe_pop(const DriverApi* d, cydriver.CUcontext ctx) except -1 nogil:
 
 cdef int _raise_probe_stuck(cydriver.CUresult perr, size_t ctx) except -1 with gil:
     raise _errors.probe_stuck(<int>perr, ctx)
+
+
+@cython.binding(False)  # a builtin function: the interpreter's quickest call (METH_O)
+@cython.always_allow_keywords(False)
+def device(device):
+    """The process's shared guard of ``device``: ``with cyctx.device(0):``, ``@cyctx.device(0)``.
+
+    The same object as :meth:`ContextGuard.shared` (created on first use, never closed), so the
+    primary context stays alive between blocks and each ``with`` costs what ``with guard:``
+    costs on a kept guard. ``device`` is anything :class:`ContextGuard` takes that names a
+    device: an ordinal, a ``cuda.core`` ``Device``, ``cupy.cuda.Device``,
+    ``torch.device("cuda", k)``, a ``CUdevice``; a context or a stream is a TypeError (see
+    :meth:`ContextGuard.shared`). As a decorator, each call of the function runs inside the
+    guard; ``async def`` and generator functions are refused (TypeError).
+
+    Pickles as the shared guard of the same ordinal in the receiving process.
+    """
+    # The common case, a small int already seen, reads a C array: what `with cyctx.device(k):`
+    # adds to `with guard:` is the call (METH_O) and this.
+    cdef int overflow = 0
+    cdef long k
+    cdef PyObject* g
+    if type(device) is int:
+        k = PyLong_AsLongAndOverflow(device, &overflow)
+        if not overflow and 0 <= k < _FAST_ORDINALS:
+            g = _shared_fast[k]
+            if g != NULL:
+                return <object>g
+    if isinstance(device, (types.FunctionType, types.MethodType)):
+        raise TypeError(
+            f"cyctx.device takes a device, got the function {_inputs._shown(device)}: "
+            f"decorate with @cyctx.device(0) (the device's guard), not @cyctx.device")
+    return ContextGuard.shared(device)
+
+
+def current_device():
+    """The device (ordinal) of the calling thread's current context; None when none is current.
+
+    Never initialises the driver or creates a context: one ``cuCtxGetCurrent`` and, when a
+    context is current, one ``cuCtxGetDevice``. None also before anyone in this process called
+    ``cuInit``. In a child forked after cyctx used CUDA: :class:`ForkError`."""
+    cdef cydriver.CUcontext cur = NULL
+    cdef cydriver.CUdevice dev = 0
+    if forked_after_cuda():
+        _raise_fork()
+    cdef const DriverApi* d = _api()
+    cdef cydriver.CUresult err = d.CtxGetCurrent(&cur)
+    if err == cydriver.CUresult.CUDA_ERROR_NOT_INITIALIZED:
+        return None
+    check(err, "cuCtxGetCurrent")
+    if cur == NULL:
+        return None
+    check(d.CtxGetDevice(&dev), "cuCtxGetDevice")
+    return <int>dev
+
+
+def _device_argument(cls, args, kwargs):
+    # ContextGuard(device): the one argument, with the messages Python gives a def function
+    # (Cython's would name __cinit__). A subclass's own __init__ may take more: the device is
+    # its first argument or `device=`, and the rest is its __init__'s to check.
+    name = cls.__name__
+    if args:
+        if "device" in kwargs:
+            raise TypeError(f"{name}() got multiple values for argument 'device'")
+        if cls is ContextGuard and (len(args) > 1 or kwargs):
+            if kwargs:
+                raise TypeError(f"{name}() got an unexpected keyword argument {next(iter(kwargs))!r}")
+            raise TypeError(f"{name}() takes 1 argument (device) but {len(args)} were given")
+        return args[0]
+    if "device" not in kwargs:
+        raise TypeError(
+            f"{name}() missing 1 required argument: 'device' (an ordinal such as 0, or a "
+            f"device, context or stream object); for the process's shared guard of a device "
+            f"use cyctx.device(k)"
+        )
+    if cls is ContextGuard and len(kwargs) > 1:
+        extra = next(k for k in kwargs if k != "device")
+        raise TypeError(f"{name}() got an unexpected keyword argument {extra!r}")
+    return kwargs["device"]
+
+
+def _cannot_travel(ContextGuard g, what):
+    if g._owns_retain:
+        holds = "holds this process's retain of device %d's primary context" % g._ordinal
+        instead = (f"cyctx.device({g._ordinal}) (the shared guard of device {g._ordinal}, "
+                   f"which {what}s as the shared guard of that device"
+                   + (" in the receiving process)" if what == "pickle" else ")"))
+    else:
+        holds = "refers to a context this process owns"
+        instead = f"cyctx.device({g._ordinal}) for its device's primary context"
+    if what == "pickle":
+        return (f"cannot pickle {_inputs._shown(g, 200)}: a ContextGuard {holds}, which means "
+                f"nothing in another process. Send the device ordinal and make the guard "
+                f"there, or send {instead}")
+    return (f"cannot copy {_inputs._shown(g, 200)}: a ContextGuard {holds}, which a copy "
+            f"would either share (and lose to the other's close()) or take again. Pass the "
+            f"guard itself, make another with ContextGuard({g._ordinal}), or use {instead}")
+
+
+def _decorated(ContextGuard guard, func):
+    # The decorator of ContextGuard.__call__: `with guard:` around each call.
+    if not callable(func):
+        raise TypeError(
+            f"{_inputs._shown(guard, 200)} decorates a function; got {type(func).__name__} "
+            f"{_inputs._shown(func)}. To make the context current, write `with guard:`"
+        )
+    import functools
+    import inspect  # decoration time only: import cyctx does not pay for it
+
+    kind = None
+    if inspect.iscoroutinefunction(func):
+        kind = "an async def function"
+    elif inspect.isasyncgenfunction(func):
+        kind = "an async generator function"
+    elif inspect.isgeneratorfunction(func):
+        kind = "a generator function"
+    if kind is not None:
+        raise TypeError(
+            f"cannot decorate {kind} ({_inputs._shown(func)}) with a guard: calling it only "
+            f"creates the coroutine or generator, and its body runs later, in steps, on "
+            f"whatever thread resumes it, interleaved with other work; a guard around the call "
+            f"would not be around the body. Write `with guard:` inside it, around the driver "
+            f"calls between its awaits or yields"
+        )
+
+    @functools.wraps(func)
+    def guarded(*args, **kwargs):
+        with guard:
+            return func(*args, **kwargs)
+
+    return guarded
+
+
+cdef bint _primary_destroyed(cydriver.CUdevice dev) noexcept nogil:
+    # After a release: is the primary context inactive now (the release was its last)?
+    cdef unsigned int flags = 0
+    cdef int active = 1
+    cdef const DriverApi* d = driver_api()  # loaded: a guard was constructed
+    if d.PrimaryCtxGetState(dev, &flags, &active) != cydriver.CUresult.CUDA_SUCCESS:
+        return False
+    return active == 0
+
+
+cdef int _warn_collected(int ordinal, bint destroyed) except -1:
+    # From __dealloc__ (the interpreter is not finalizing): no reference to the dying guard.
+    if destroyed:
+        what = (f"which destroyed device {ordinal}'s primary context (nothing else held it) "
+                f"and freed everything made in it")
+    else:
+        what = f"not closed; device {ordinal}'s primary context stays (something else holds it)"
+    warnings.warn(
+        f"cyctx: a ContextGuard of device {ordinal} was released by garbage collection, {what}. "
+        f"Use the shared guard, `with cyctx.device({ordinal}):`, or keep the guard and close() it",
+        ResourceWarning, stacklevel=1)
+    return 0
 
 
 def current_handle():

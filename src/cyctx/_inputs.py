@@ -285,8 +285,19 @@ def recognise(obj):
 
 
 def shared_ordinal(device):
-    """The ordinal ContextGuard.shared() takes (an int or a CUdevice)."""
-    return _ordinal_of(device)
+    """The ordinal of what ContextGuard.shared() takes: anything ContextGuard takes that names
+    a device. A context or a stream is refused: a shared guard is a device's primary context."""
+    tag = _tagged(device)
+    if tag[0] != "ordinal":
+        what = "green context" if tag[0] == "green" else tag[0]
+        raise TypeError(
+            f"ContextGuard.shared() and cyctx.device() take a device (an ordinal, a cuda.core "
+            f"Device, cupy.cuda.Device, torch.device, CUdevice), got a {what} "
+            f"({type(device).__name__} {_shown(device)}): the shared guard of a device is its "
+            f"primary context, which a {what}'s context may not be. Use ContextGuard(it) for a "
+            f"guard of that {what}'s context, kept for the life of the work"
+        )
+    return tag[1]
 
 
 def context_handle(handle, what):

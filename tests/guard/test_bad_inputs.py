@@ -163,6 +163,12 @@ class _BadRepr:
 
 
 # (the table's wording of the input, how to try it, the error the table names)
+def _bindings():
+    from cuda.bindings import driver
+
+    return driver
+
+
 ROWS = [
     ("`ContextGuard(-1)`", lambda: ContextGuard(-1), "ValueError"),
     ("`ContextGuard(10**9)`", lambda: ContextGuard(10**9), "InvalidDeviceError"),
@@ -196,6 +202,24 @@ ROWS = [
     ("`ContextGuard()`", lambda: ContextGuard(), "TypeError"),
     ("`ContextGuard(0, 1)`", lambda: ContextGuard(0, 1), "TypeError"),
     ('`ContextGuard.shared("0")`', lambda: ContextGuard.shared("0"), "TypeError"),
+    ("`ContextGuard(0, flags=1)`", lambda: ContextGuard(0, flags=1), "TypeError"),
+    ('`cyctx.device("0")`', lambda: cyctx.device("0"), "TypeError"),
+    (
+        "`shared()` or `cyctx.device()` of a context, a stream (also a framework's default "
+        "stream) or a green context",
+        lambda: ContextGuard.shared(_bindings().CUcontext(0x1000)),
+        "TypeError",
+    ),
+    (
+        "`@cyctx.device(k)` or `@guard` on an `async def`, async generator or generator function",
+        None,  # tests/guard/test_spellings.py
+        "TypeError",
+    ),
+    (
+        "`pickle`, `copy.copy`, `copy.deepcopy` of a guard that is not shared",
+        None,  # tests/guard/test_spellings.py
+        "TypeError",
+    ),
     ("`ContextGuard.shared(True)`", lambda: ContextGuard.shared(True), "TypeError"),
     ("`with` a closed guard", lambda: _with(_closed()), "GuardError"),
     ("`.handle` of a closed guard", lambda: _closed().handle, "GuardError"),

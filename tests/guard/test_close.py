@@ -16,7 +16,8 @@ def test_dealloc_releases(sim):
     before = sim.retain_count(1)
     g = ContextGuard(1)
     assert sim.retain_count(1) == before + 1
-    del g
+    with pytest.warns(ResourceWarning, match="released by garbage collection"):
+        del g
     assert sim.retain_count(1) == before
 
 

@@ -91,22 +91,11 @@ def test_subclass_works_and_releases(sim):
         with g as x:
             assert x is g and current() == g.handle
         assert g.entered == 1 and current() == 0
-        del g
-        gc.collect()
+        with pytest.warns(ResourceWarning, match="released by garbage collection"):
+            del g, x
+            gc.collect()
 
     in_thread(body)
-    assert sim.retain_count(0) == base
-
-
-def test_subclass_with_own_init_arguments_is_a_type_error(sim):
-    # __cinit__ takes exactly the device: a subclass cannot add constructor arguments.
-    class Named(ContextGuard):
-        def __init__(self, device, name):
-            self.name = name
-
-    base = sim.retain_count(0)
-    with pytest.raises(TypeError):
-        Named(0, "x")
     assert sim.retain_count(0) == base
 
 

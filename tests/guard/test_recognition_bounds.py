@@ -156,13 +156,13 @@ def test_a_plain_exit_out_of_order_is_not_reported_as_a_generator(guard, guard1)
 def test_after_a_fork_only_the_child_believes_it_is_one():
     out = run_child("""
         import cyctx
-        from cyctx._guard import _fork_state
+        from cyctx._guard import fork_state
         from helpers.forking import run_forked
         g = cyctx.ContextGuard(0)  # CUDA used before the fork
         def child():
-            return _fork_state(), "fork" in str(cyctx.DriverError(3)).lower()
+            return fork_state(), "fork" in str(cyctx.DriverError(3)).lower()
         print("CHILD", run_forked(child))
-        print("PARENT", (_fork_state(), "fork" in str(cyctx.DriverError(3)).lower()))
+        print("PARENT", (fork_state(), "fork" in str(cyctx.DriverError(3)).lower()))
         with g:  # the parent goes on using CUDA
             print("WORKS", cyctx.current_handle() == g.handle)
         g.close()

@@ -10,7 +10,7 @@ from helpers.threads import in_thread
 
 import cyctx
 from cyctx import ContextDestroyedError, ContextGuard, ContextResetWarning
-from cyctx._guard import _open_entries
+from cyctx._guard import open_entries
 
 D1 = second_device()
 
@@ -38,7 +38,7 @@ def test_a_context_dead_at_the_enter_and_reactivated_in_the_block_is_restored():
                     pass
             assert current() == g0.handle
         assert current() == stale == g1.handle
-        assert _open_entries() == 0
+        assert open_entries() == 0
         ok(driver().cuCtxSetCurrent(None))
         g0.close()
         g1.close()
@@ -71,7 +71,7 @@ def test_prev_recorded_as_dead_versus_unknown(sim, code, restored):
                 g.__exit__(None, None, None)
             assert current() == 0 and sim.stack_depth() == 0  # the switch's place popped
             ok(driver().cuCtxPushCurrent(ctx))
-        assert _open_entries() == 0
+        assert open_entries() == 0
         ok(driver().cuCtxDestroy(ctx))
         g.close()
 
@@ -123,7 +123,7 @@ def test_a_refused_restore_without_a_switch_names_the_context_the_block_left_cur
         assert current() == other.handle
         ok(d.cuCtxPopCurrent())
         ok(d.cuCtxPopCurrent())  # the dead b
-        assert current() == 0 and _open_entries() == 0
+        assert current() == 0 and open_entries() == 0
         g.close()
         other.close()
 
@@ -145,7 +145,7 @@ def test_an_id_read_that_fails_otherwise_at_the_exit_changes_nothing(sim):
         finally:
             sim.clear_faults()
         assert ei.value.code == 999 and not isinstance(ei.value, ContextDestroyedError)
-        assert current() == g.handle and sim.stack_depth() == 1 and _open_entries() == 0
+        assert current() == g.handle and sim.stack_depth() == 1 and open_entries() == 0
         ok(driver().cuCtxSetCurrent(ctx))
         ok(driver().cuCtxDestroy(ctx))
         g.close()
@@ -175,7 +175,7 @@ def test_a_refused_restore_says_how_the_driver_answered_for_what_was_current(sim
         assert says in str(ei.value), ei.value
         other = 201 if code == 709 else 709
         assert f"({other})" not in str(ei.value).split("did not survive")[1], ei.value
-        assert current() == 0 and _open_entries() == 0  # the switch's place popped
+        assert current() == 0 and open_entries() == 0  # the switch's place popped
         ok(driver().cuCtxPushCurrent(ctx))
         ok(driver().cuCtxDestroy(ctx))
         g.close()
@@ -201,7 +201,7 @@ def test_an_exit_out_of_order_counts_the_dead_entries_it_dropped(guard, guard1, 
             guard.__exit__(None, None, None)
         assert words in str(ei.value) and "freed while entered" in str(ei.value), ei.value
         guard1.__exit__(None, None, None)
-        assert current() == 0 and _open_entries() == 0
+        assert current() == 0 and open_entries() == 0
 
     in_thread(body)
 
@@ -223,7 +223,7 @@ def test_a_spliced_switch_still_pops_its_place_when_what_it_returns_to_died():
         with pytest.raises(ContextDestroyedError, match="popped its own switch") as ei:
             g1.__exit__(None, None, None)
         assert "no context is current" in str(ei.value), ei.value
-        assert current() == 0 and _open_entries() == 0
+        assert current() == 0 and open_entries() == 0
         gc_.close()
         g1.close()
 
@@ -244,10 +244,10 @@ def test_an_exit_without_an_enter_changes_nothing_not_even_dead_entries(guard, g
         with pytest.raises(cyctx.GuardError, match="exit without a matching enter") as ei:
             guard1.__exit__(None, None, None)
         assert "freed while entered" not in str(ei.value), ei.value
-        assert _open_entries() == 2
+        assert open_entries() == 2
         with pytest.warns(ResourceWarning, match="dropped 1 open entry"):
             guard.__exit__(None, None, None)  # drops the dead entry, then leaves its own
-        assert current() == 0 and _open_entries() == 0
+        assert current() == 0 and open_entries() == 0
 
     in_thread(body)
 

@@ -37,7 +37,7 @@ import tsan_harness as h  # noqa: E402
 
 import cyctx  # noqa: E402
 from cyctx import ContextGuard, CyctxError, ForkError  # noqa: E402
-from cyctx._guard import _fork_state, _open_entries  # noqa: E402
+from cyctx._guard import fork_state, open_entries  # noqa: E402
 
 THREADS = 16
 
@@ -161,14 +161,14 @@ def main():
             finally:
                 h.exit_nogil(outer)  # drops the dead entry (live_has), warns ResourceWarning
             res.add("guards freed while entered")
-            if _open_entries():
-                res.problem(f"registry: {_open_entries()} entries left open")
+            if open_entries():
+                res.problem(f"registry: {open_entries()} entries left open")
 
     def forker():
         g = ContextGuard.shared(0)
         while h.monotonic() < deadline[0]:
-            if _fork_state() != (False, False):
-                res.problem(f"parent: fork state {_fork_state()}")
+            if fork_state() != (False, False):
+                res.problem(f"parent: fork state {fork_state()}")
             pid = os.fork()
             if pid == 0:
                 code = 3
@@ -176,7 +176,7 @@ def main():
                     with g:
                         pass
                 except ForkError:
-                    code = 0 if _fork_state() == (True, True) else 4
+                    code = 0 if fork_state() == (True, True) else 4
                 except BaseException:
                     code = 5
                 os._exit(code)
@@ -185,7 +185,7 @@ def main():
                 res.problem(f"forked child: exit {os.waitstatus_to_exitcode(status)}")
             res.add("forks")
             for _ in range(200):
-                _fork_state()
+                fork_state()
 
     def own_guards():
         while h.monotonic() < deadline[0]:
@@ -210,7 +210,7 @@ def main():
         try:
             first_use()
             work()
-            if cyctx.current_handle() != 0 or _open_entries():
+            if cyctx.current_handle() != 0 or open_entries():
                 res.problem(f"{getattr(work, '__name__', 'a thread')} left a context or an entry")
         except BaseException as exc:
             res.problem(f"{getattr(work, '__name__', 'a thread')}: {type(exc).__name__}: {exc}")
