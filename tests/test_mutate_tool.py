@@ -21,7 +21,7 @@ UNKNOWN_TEST = (
     "tests/guard/test_dead_contexts.py::"
     "test_a_handle_unknown_to_the_driver_at_the_enter_is_not_restored_when_a_context_answers_there"
 )
-# Formats an ordinal for its message (_int_text): the hang mutant loops there for ever.
+# Formats an ordinal for its message (int_text): the hang mutant loops there for ever.
 BOUND_TEST = (
     "tests/guard/test_bad_inputs.py::"
     "test_one_past_the_last_device_is_refused_before_the_driver_is_asked"

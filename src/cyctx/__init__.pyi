@@ -6,9 +6,10 @@ the base, :class:`DriverError` carries the ``CUresult``. :func:`diagnose` report
 the runtime and this thread's context, and explains what is wrong.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Callable, Literal, Protocol, SupportsIndex, TypeVar
+from typing import Any, Literal, Protocol, SupportsIndex, TypeVar
 
 # The records a Diagnosis holds, public as cyctx.Finding, cyctx.DeviceInfo, ... (the
 # redundant aliases re-export them).

@@ -763,7 +763,7 @@ def device(device):
                 return <object>g
     if isinstance(device, (types.FunctionType, types.MethodType)):
         raise TypeError(
-            f"cyctx.device takes a device, got the function {_inputs._shown(device)}: "
+            f"cyctx.device takes a device, got the function {_inputs.shown(device)}: "
             f"decorate with @cyctx.device(0) (the device's guard), not @cyctx.device")
     return ContextGuard.shared(device)
 
@@ -824,10 +824,10 @@ def _cannot_travel(ContextGuard g, what):
         holds = "refers to a context this process owns"
         instead = f"cyctx.device({g._ordinal}) for its device's primary context"
     if what == "pickle":
-        return (f"cannot pickle {_inputs._shown(g, 200)}: a ContextGuard {holds}, which means "
+        return (f"cannot pickle {_inputs.shown(g, 200)}: a ContextGuard {holds}, which means "
                 f"nothing in another process. Send the device ordinal and make the guard "
                 f"there, or send {instead}")
-    return (f"cannot copy {_inputs._shown(g, 200)}: a ContextGuard {holds}, which a copy "
+    return (f"cannot copy {_inputs.shown(g, 200)}: a ContextGuard {holds}, which a copy "
             f"would either share (and lose to the other's close()) or take again. Pass the "
             f"guard itself, make another with ContextGuard({g._ordinal}), or use {instead}")
 
@@ -836,8 +836,8 @@ def _decorated(ContextGuard guard, func):
     # The decorator of ContextGuard.__call__: `with guard:` around each call.
     if not callable(func):
         raise TypeError(
-            f"{_inputs._shown(guard, 200)} decorates a function; got {type(func).__name__} "
-            f"{_inputs._shown(func)}. To make the context current, write `with guard:`"
+            f"{_inputs.shown(guard, 200)} decorates a function; got {type(func).__name__} "
+            f"{_inputs.shown(func)}. To make the context current, write `with guard:`"
         )
     import functools
     import inspect  # decoration time only: import cyctx does not pay for it
@@ -851,7 +851,7 @@ def _decorated(ContextGuard guard, func):
         kind = "a generator function"
     if kind is not None:
         raise TypeError(
-            f"cannot decorate {kind} ({_inputs._shown(func)}) with a guard: calling it only "
+            f"cannot decorate {kind} ({_inputs.shown(func)}) with a guard: calling it only "
             f"creates the coroutine or generator, and its body runs later, in steps, on "
             f"whatever thread resumes it, interleaved with other work; a guard around the call "
             f"would not be around the body. Write `with guard:` inside it, around the driver "

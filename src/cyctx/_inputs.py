@@ -287,17 +287,19 @@ def recognise(obj):
 def shared_ordinal(device):
     """The ordinal of what ContextGuard.shared() takes: anything ContextGuard takes that names
     a device. A context or a stream is refused: a shared guard is a device's primary context."""
-    tag = _tagged(device)
-    if tag[0] != "ordinal":
-        what = "green context" if tag[0] == "green" else tag[0]
+    target = recognise(device)
+    if target.kind != Kind.ORDINAL:
+        what = {Kind.CONTEXT: "context", Kind.STREAM: "stream", Kind.GREEN: "green context"}[
+            target.kind
+        ]
         raise TypeError(
             f"ContextGuard.shared() and cyctx.device() take a device (an ordinal, a cuda.core "
             f"Device, cupy.cuda.Device, torch.device, CUdevice), got a {what} "
-            f"({type(device).__name__} {_shown(device)}): the shared guard of a device is its "
+            f"({type(device).__name__} {shown(device)}): the shared guard of a device is its "
             f"primary context, which a {what}'s context may not be. Use ContextGuard(it) for a "
             f"guard of that {what}'s context, kept for the life of the work"
         )
-    return tag[1]
+    return target.value
 
 
 def context_handle(handle, what):
