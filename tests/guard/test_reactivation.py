@@ -93,8 +93,9 @@ def test_a_release_failing_in_the_loop_is_given_back_when_the_guard_is_collected
         finally:
             sim.clear_faults()
         assert sim.retain_count(0) == base[0] + 2
-        del g  # no close(): the deallocation releases both
-        gc.collect()
+        with pytest.warns(ResourceWarning, match="released by garbage collection"):
+            del g  # no close(): the deallocation releases both
+            gc.collect()
 
 
 def test_a_failed_construction_gives_back_the_retain_whose_release_failed_in_the_loop(sim):
@@ -150,8 +151,9 @@ def test_an_enter_reactivation_release_failure_is_given_back_when_the_guard_is_c
             finally:
                 sim.clear_faults()
         assert sim.retain_count(0) == base[0] + 2
-        del g
-        gc.collect()
+        with pytest.warns(ResourceWarning, match="released by garbage collection"):
+            del g
+            gc.collect()
 
 
 def test_a_failed_construction_whose_own_release_fails_says_its_retain_is_left(sim):
