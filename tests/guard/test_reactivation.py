@@ -276,3 +276,43 @@ def test_a_close_whose_release_of_an_extra_retain_fails_keeps_it_for_the_next_cl
         assert not g.closed and sim.retain_count(0) == base[0] + 2  # both still the guard's
         g.close()
         assert g.closed
+
+
+def test_a_reactivation_while_a_close_holds_the_guard_is_refused(sim):
+    # A close() whose release fails builds its error in Python, still holding the guard; code
+    # run then (here a trace hook) enters the guard after a reset. The re-activation must not
+    # go ahead under the close (it would re-open what close() is releasing).
+    import sys
+    import warnings
+
+    from cyctx import GuardError
+
+    g = ContextGuard(0)
+    base = sim.retain_count(0)
+    reset_primary(0)
+    seen = []
+
+    def tracer(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "driver_error" and not seen:
+            sys.settrace(None)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ContextResetWarning)
+                try:
+                    with g:
+                        seen.append("entered")
+                except GuardError as e:
+                    seen.append(str(e))
+        return None
+
+    sim.inject_fault("cuDevicePrimaryCtxRelease", 999)
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(DriverError):
+            g.close()
+    finally:
+        sys.settrace(None)
+        sim.clear_faults()
+    assert seen and seen[0] != "entered", seen
+    assert not sim.primary_active(0) and sim.retain_count(0) == base  # not re-activated
+    g.close()
+    assert sim.retain_count(0) == base - 1
