@@ -30,9 +30,9 @@ test_pinned_memory.py test_profile.py test_nvtx.py test_memory_hook.py test_text
 test_cublas.py test_curand.py test_cufft.py test_cusolver.py test_cusparse.py test_nvrtc.py
 test_compiler.py test_compiler_cache.py test_cutensor.py test_nccl.py memory_hooks_tests
 test_device.py"
-CUPY_BUDGET_S=180   # no new CuPy file starts after this
+CUPY_BUDGET_S=${CUPY_BUDGET_S:-180}   # no new CuPy file starts after this
 PER_FILE_S=60
-NUMBA_S=180
+NUMBA_S=${NUMBA_S:-180}
 PYTEST_ARGS="-p no:cacheprovider -p no:benchmark -q -rN -n 4 --cyctx-check-contexts"
 
 prepare() {

@@ -16,8 +16,10 @@
 # nvidia-cuda-runtime and nvidia-cuda-profiler-api of the machine's cuda-bindings minor (the
 # headers the benchmarks compile against); cuda-bindings 12.9 and nvidia-cuda-runtime-cu12 12.9
 # (the CUDA 12 suite); nvidia-cuda-runtime-cu11 11.8 (the doctor's demo); pytest-xdist and
-# execnet in .whl/xdist (the suite on 8 workers); dask[distributed] in .whl/dask (`pools`,
-# when the machine has no dask); peer_tests/ from `peer_leak_check.sh prepare` (`peers`).
+# execnet in .whl/xdist where the machine has no xdist (the suite on 8 workers); test
+# dependencies the machine lacks in .whl/extra (greenlet); dask[distributed] in .whl/dask
+# (`pools`, when the machine has no dask); peer_tests/ from `peer_leak_check.sh prepare`
+# (`peers`).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ALL="machine install suite differential downstream bench launch stress doctor pools"
@@ -45,6 +47,11 @@ part_install() {
     python3 -m pip install -q --no-index --no-deps --target /tmp/cu11 .whl/nvidia_cuda_runtime_cu11-*.whl
     python3 -m pip install -q --no-index --no-deps --target /tmp/cu12site \
         .whl/cuda_bindings-12.9*.whl .whl/nvidia_cuda_runtime_cu12-*.whl
+    # Test dependencies the machine lacks (greenlet, for the tests of blocks in greenlets).
+    if ls .whl/extra/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --target /tmp/extra .whl/extra/*.whl \
+            && export PYTHONPATH=/tmp/extra${PYTHONPATH:+:$PYTHONPATH}
+    fi
     python3 -m pip install --no-index --no-deps "$(ls wheelhouse/cyctx-*-cp312-cp312-*.whl)" 2>&1 | tail -2 \
         || return 1
     (cd /tmp && python3 -c "import cyctx; print(cyctx.__file__); print(cyctx.BUILD_INFO)" \
@@ -60,10 +67,12 @@ part_suite() {
     # simulator is part of it). On 8 xdist workers, each a process of its own, so a test's
     # resets never reach another's; pytest-benchmark warns under xdist (an error with the
     # suite's filterwarnings), so it is not loaded.
-    local xd="" xdpath=""
-    if ls .whl/xdist/*.whl >/dev/null 2>&1; then
+    local xd="" xdpath=${PYTHONPATH:-}
+    if python3 -c "import xdist" 2>/dev/null; then
+        xd="-n 8"
+    elif ls .whl/xdist/*.whl >/dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps --target /tmp/xd .whl/xdist/*.whl \
-            && xd="-n 8" && xdpath=/tmp/xd
+            && xd="-n 8" && xdpath=/tmp/xd${xdpath:+:$xdpath}
     fi
     # shellcheck disable=SC2086
     PYTHONPATH=$xdpath CUDA_HOME=$HDR timeout 330 python3 -m pytest --driver=real $xd \
@@ -134,7 +143,7 @@ part_pools() {
         --workers 2 --threads 4 --tasks 256)
     echo "exit status $?"
     echo "== tests/test_pools.py --driver=real"
-    timeout 300 python3 -m pytest --driver=real -q -p no:cacheprovider -rs tests/test_pools.py
+    PYTHONPATH=$path timeout 300 python3 -m pytest --driver=real -q -p no:cacheprovider -rs tests/test_pools.py
     echo "exit status $?"
 }
 

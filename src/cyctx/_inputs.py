@@ -199,11 +199,12 @@ def _cuda_stream_handle(obj):
 _DEFAULT_STREAMS = (0, 1, 2)  # legacy, per-thread (CU_STREAM_LEGACY/PER_THREAD): no own context
 
 
-def _stream(handle, device):
+def _stream(handle, device, default_as_device):
     """The Target of a stream `handle` whose device is `device` (None: unknown). The default
     streams (0/1/2) belong to whatever context is current, which is meaningless here: a
-    framework's stream object still knows its device."""
-    if handle in _DEFAULT_STREAMS:
+    framework's stream object still knows its device (unless `default_as_device` is false:
+    then a default stream is a STREAM like any other, for shared(), which takes devices only)."""
+    if handle in _DEFAULT_STREAMS and default_as_device:
         if device is None:
             raise ValueError(
                 "a default stream (handle 0/1/2) has no context of its own; pass the device instead"
@@ -214,6 +215,10 @@ def _stream(handle, device):
 
 def recognise(obj):
     """The Target of anything ContextGuard accepts; TypeError/ValueError otherwise."""
+    return _recognise(obj, True)
+
+
+def _recognise(obj, default_as_device):
     t = type(obj)
     # Every value read from a duck-typed object is checked (_ordinal_of, _handle_of) before
     # it is used: these are user objects, and a float, a str or a huge int must be a
@@ -228,7 +233,7 @@ def recognise(obj):
             if name in _CONTEXT_TYPES:
                 return Target(Kind.CONTEXT, _handle_of(obj, name, _CONTEXT_TYPES))
             if name in _STREAM_TYPES:
-                return _stream(_handle_of(obj, name, _STREAM_TYPES), None)
+                return _stream(_handle_of(obj, name, _STREAM_TYPES), None, default_as_device)
             if name in _GREEN_TYPES:
                 return Target(Kind.GREEN, _handle_of(obj, name, _GREEN_TYPES))
             if name in _DEVICE_TYPES:
@@ -240,13 +245,14 @@ def recognise(obj):
                 return _stream(
                     _handle_of(obj.handle, f"{name}.handle", _STREAM_TYPES),
                     _ordinal_of(obj.device.device_id),
+                    default_as_device,
                 )
             if name == "Context":
                 return Target(
                     Kind.CONTEXT, _handle_of(obj.handle, f"{name}.handle", _CONTEXT_TYPES)
                 )
             if hasattr(obj, "__cuda_stream__"):  # another cuda.core stream kind
-                return _stream(_cuda_stream_handle(obj), None)
+                return _stream(_cuda_stream_handle(obj), None, default_as_device)
         raise _not_a(
             lib, "a device, a context, a stream or a green context, which ContextGuard takes"
         )
@@ -264,6 +270,7 @@ def recognise(obj):
         return _stream(
             _handle_of(obj.cuda_stream, f"{name}.cuda_stream", _STREAM_TYPES),
             _optional_ordinal(obj.device.index),
+            default_as_device,
         )
     elif mod.startswith("cupy"):
         if name == "Device":
@@ -272,9 +279,10 @@ def recognise(obj):
             return _stream(
                 _handle_of(obj.ptr, f"{name}.ptr", _STREAM_TYPES),
                 _optional_ordinal(getattr(obj, "device_id", None)),
+                default_as_device,
             )
     if hasattr(obj, "__cuda_stream__"):  # the CUDA stream protocol: (version, handle)
-        return _stream(_cuda_stream_handle(obj), None)
+        return _stream(_cuda_stream_handle(obj), None, default_as_device)
     if isinstance(obj, bool) or not hasattr(t, "__index__"):
         raise TypeError(
             f"ContextGuard takes a device ordinal (int), a device (cuda.core Device, "
@@ -287,7 +295,7 @@ def recognise(obj):
 def shared_ordinal(device):
     """The ordinal of what ContextGuard.shared() takes: anything ContextGuard takes that names
     a device. A context or a stream is refused: a shared guard is a device's primary context."""
-    target = recognise(device)
+    target = _recognise(device, False)
     if target.kind != Kind.ORDINAL:
         what = {Kind.CONTEXT: "context", Kind.STREAM: "stream", Kind.GREEN: "green context"}[
             target.kind
