@@ -213,9 +213,9 @@ def exit_nogil(ContextGuard g):
 def racy(long n, int meet):
     """Increment a plain global n times without the GIL and without synchronisation, once
     `meet` threads are in here: a data race. Only the self-test calls it."""
-    cdef long i
+    cdef long _i
     with nogil:
         tsan_racy_meet(meet)
-        for i in range(n):
+        for _i in range(n):
             tsan_racy_increment()
     return tsan_racy_value()
