@@ -1283,7 +1283,10 @@ def test_census_runtime_newer_than_driver(stand_ins, key, finding):
     assert d["driver"]["version"] == 13000
     if finding is None:
         assert d["findings"] == [], d["findings"]
-        (line,) = [ln for ln in text.splitlines() if stand_ins[key] in ln]
+        lines = text.splitlines()
+        start = next(i for i, ln in enumerate(lines) if ln.startswith("Loaded"))
+        end = next(i for i in range(start, len(lines)) if not lines[i].strip())
+        (line,) = [ln for ln in lines[start:end] if stand_ins[key] in ln]  # in "Loaded"
         assert "minor version compatibility" in line and "CUDA 13.2" in line, line
         return
     (f,) = d["findings"]
@@ -1503,7 +1506,8 @@ def test_census_with_torch_cupy_and_cuda_bindings_runtime():
     runtimes = loaded_of(d, "runtime")
     (drv,) = loaded_of(d, "driver")
     assert drv["version"] == d["driver"]["version"]
-    (st,) = [lib for lib in runtimes if lib["static"]]
+    # cuda.bindings' static runtime, and CuPy's beside it.
+    (st,) = [lib for lib in runtimes if lib["static"] and "cuda.bindings.runtime" in lib["name"]]
     assert st["version"] == static and st["distribution"].startswith("cuda-bindings ")
     shared = [lib for lib in runtimes if not lib["static"]]
     assert shared and all(lib["version"] and lib["distribution"] for lib in shared), shared

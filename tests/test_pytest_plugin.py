@@ -690,10 +690,13 @@ UNRELATED = """
 import sys
 
 def test_unrelated(pytestconfig):
-    # The plugin is loaded (through the entry point), and imported nothing of CUDA or cyctx.
-    assert pytestconfig.pluginmanager.has_plugin("cyctx.pytest_plugin")
+    # The plugin is loaded (through the entry point), and imported nothing of CUDA or cyctx;
+    # ctypes only where another plugin of the environment imports it (the run without ours
+    # says which).
+    assert pytestconfig.pluginmanager.has_plugin("cyctx.pytest_plugin") == OURS
     loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("cyctx", "cuda", "ctypes"))
-    assert loaded == [], loaded
+    assert not [m for m in loaded if not m.startswith("ctypes")], loaded
+    print("LOADED", loaded)
 """
 
 
@@ -714,8 +717,8 @@ def _site_without_cuda_bindings(tmp_path):
     return farm
 
 
-def _run_unrelated(pytester, env_path, *args, isolated):
-    pytester.makepyfile(test_unrelated=UNRELATED)
+def _run_unrelated(pytester, env_path, *args, isolated, ours=True):
+    pytester.makepyfile(test_unrelated=f"OURS = {ours}\n" + UNRELATED)
     env = dict(os.environ, PYTHONPATH=str(env_path))
     env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
     cmd = [
@@ -725,11 +728,24 @@ def _run_unrelated(pytester, env_path, *args, isolated):
         "pytest",
         "-p",
         "no:cacheprovider",
+        "-s",
+        *([] if ours else ["-p", "no:cyctx.pytest_plugin"]),
         *args,
     ]
     return subprocess.run(
         cmd, cwd=pytester.path, env=env, capture_output=True, text=True, timeout=120
     )
+
+
+def _loaded_by_others(pytester, env_path, isolated):
+    """What of ctypes the environment's other plugins import: the same suite without ours."""
+    r = _run_unrelated(pytester, env_path, isolated=isolated, ours=False)
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
+    return [ln for ln in r.stdout.splitlines() if ln.startswith("LOADED")]
+
+
+def _loaded(r):
+    return [ln for ln in r.stdout.splitlines() if ln.startswith("LOADED")]
 
 
 def test_an_environment_without_cuda_bindings_runs_an_unrelated_suite(pytester, tmp_path):
@@ -745,6 +761,7 @@ def test_an_environment_without_cuda_bindings_runs_an_unrelated_suite(pytester, 
     )  # the environment is what it says
     r = _run_unrelated(pytester, farm, isolated=True)
     assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
+    assert _loaded(r) == _loaded_by_others(pytester, farm, isolated=True), r.stdout
     # Asked for, the check runs there too: it needs neither cyctx nor cuda-bindings.
     r = _run_unrelated(pytester, farm, "--cyctx-contexts-fail", "-k", "nothing", isolated=True)
     assert r.returncode == pytest.ExitCode.NO_TESTS_COLLECTED, r.stdout + r.stderr
@@ -769,6 +786,7 @@ def test_an_environment_with_unsupported_cuda_bindings_runs_an_unrelated_suite(p
     )
     r = _run_unrelated(pytester, stub, isolated=False)
     assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
+    assert _loaded(r) == _loaded_by_others(pytester, stub, isolated=False), r.stdout
 
 
 def test_the_plugin_module_imports_only_pytest_and_the_standard_library():

@@ -254,7 +254,7 @@ def test_an_exit_without_an_enter_changes_nothing_not_even_dead_entries(guard, g
     in_thread(body)
 
 
-def test_the_unknown_marker_matches_no_real_context_id_not_even_the_first():
+def test_the_unknown_marker_matches_no_real_context_id_not_even_the_first(sim):
     # In a fresh process the first context made has the first id. A handle the driver did not
     # know at the enter is still not taken for it at the exit.
     from helpers.children import run_child

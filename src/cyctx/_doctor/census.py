@@ -118,9 +118,16 @@ def query(dl: _Dl, path: str, fn_name: str | None) -> tuple[bool, int | None, st
         dl.close(handle)  # the NOLOAD open took a reference: give it back
 
 
+# The owner of a file found once, for the process's life (a file replaced on disk is asked
+# again): reading every distribution's RECORD takes seconds in a large environment, and a
+# program may call diagnose() often.
+_OWNER_OF: dict[tuple[str, int], str | None] = {}
+
+
 class Owners:
     """Which installed distribution ships a file, from the distributions' RECORD files; each
-    RECORD is read at most once for the life of this object (one census)."""
+    RECORD is read at most once for the life of this object (one census), and each file's
+    answer is kept for the process's life."""
 
     def __init__(self) -> None:
         self._dists: list[tuple[str, str, Any]] | None = None  # (root, "name version", dist)
@@ -144,6 +151,15 @@ class Owners:
     def owner(self, path: str) -> str | None:
         """``"name version"`` of the distribution whose RECORD lists ``path``, else None."""
         real = os.path.realpath(path)
+        try:
+            key = (real, os.stat(real).st_mtime_ns)
+        except OSError:
+            key = (real, 0)
+        if key not in _OWNER_OF:
+            _OWNER_OF[key] = self._find(real)
+        return _OWNER_OF[key]
+
+    def _find(self, real: str) -> str | None:
         for i, (root, label, dist) in enumerate(self._all()):
             if not real.startswith(root.rstrip(os.sep) + os.sep):
                 continue
