@@ -1203,6 +1203,13 @@ def loaded_of(d, kind):
 def test_census_of_a_healthy_process(stand_ins):
     # torch's runtime, NVRTC and nvJitLink, and cuda.bindings' static runtime (a newer minor
     # of the driver's major), inside a guard: every library listed, nothing found.
+    from cyctx._compat import installed_bindings_version
+
+    if not (installed_bindings_version() or "").startswith("13."):
+        pytest.skip(
+            "the stand-ins are CUDA 13's: beside CUDA 12 bindings, whose static runtime is of "
+            "another major, the census rightly finds two majors (tested on its own)"
+        )
     d, text, calls = census_child(
         stand_ins,
         ["torch13", "nvrtc13", "jitlink13"],
