@@ -305,6 +305,17 @@ def test_a_retain_released_is_a_leak_and_one_kept_a_note():
     ]
 
 
+def test_a_stack_that_shrank_or_grew_is_a_leak_even_with_the_same_context_current():
+    # Two pushes of one context, one popped: the current context is the same, only the depth
+    # of the thread's stack tells.
+    def deep(n):
+        return ContextState("ok", 0x1000, 0, 5, (ACTIVE, INACTIVE), 0, n, None)
+
+    assert changes(deep(2), deep(1)) == [("leak", "context stack depth: 2 -> 1")]
+    assert changes(deep(1), deep(2)) == [("leak", "context stack depth: 1 -> 2")]
+    assert changes(deep(1), deep(1)) == []
+
+
 def test_the_driver_lost_is_a_leak_and_found_is_not():
     assert changes(_state(), ContextState("deinitialised")) == [
         ("leak", "driver: ok -> deinitialised")
