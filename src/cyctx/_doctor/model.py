@@ -79,7 +79,7 @@ class RuntimeInfo:
 
 @dataclass
 class LoadedLibrary:
-    """A CUDA library loaded in the process (the census, :mod:`.census`)."""
+    """A CUDA library loaded in the process (one entry of the census)."""
 
     kind: str  # "driver", "runtime", "nvrtc", "nvjitlink" or "library" (cuBLAS, cuDNN, ...)
     name: str  # the file name, e.g. libcudart.so.12
