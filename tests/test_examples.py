@@ -142,7 +142,10 @@ def test_every_example_has_a_readme_whose_commands_ci_runs():
         readme = os.path.join(examples, d, "README.md")
         assert os.path.isfile(readme), f"examples/{d} has no README.md"
         assert example_commands(readme), f"examples/{d}/README.md has no ci-example-commands block"
-    with open(os.path.join(os.path.dirname(HERE), ".ci", "run"), encoding="utf-8") as f:
+    ci = os.path.join(os.path.dirname(HERE), ".ci", "run")
+    if not os.path.isfile(ci):
+        pytest.skip("no .ci/run here: a checkout's file, not in the source distribution")
+    with open(ci, encoding="utf-8") as f:
         assert "<!-- ci-example-commands -->" in f.read(), ".ci/run does not run the READMEs"
 
 
