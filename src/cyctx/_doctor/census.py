@@ -176,7 +176,7 @@ class Owners:
 
 # Runtimes linked statically into a Python extension, which the memory map cannot show: the
 # module that holds one, the module whose file it is in, and how to ask its version.
-STATIC_RUNTIMES: tuple[tuple[str, str, Callable[[Any], tuple[int, int]]], ...] = (
+STATIC_RUNTIMES: tuple[tuple[str, str, Callable[[Any], tuple[int, ...]]], ...] = (
     (
         "cuda.bindings.runtime",
         "cuda.bindings._internal.runtime",

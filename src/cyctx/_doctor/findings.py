@@ -212,15 +212,16 @@ def census_findings(diag: Diagnosis) -> list[Finding]:
     """What the census shows: runtimes that do not fit the driver or each other."""
     out = []
     runtimes = [lib for lib in diag.loaded if lib.kind == "runtime" and lib.version]
+    version = {id(lib): lib.version or 0 for lib in runtimes}  # each is set (filtered above)
     drv = diag.driver_version
     for lib in runtimes:
-        if drv and lib.version // 1000 > drv // 1000:
+        if drv and version[id(lib)] // 1000 > drv // 1000:
             out.append(_f_runtime_newer(lib, drv))
     # The program's own: a runtime the doctor's lookup loaded is no part of the mix.
     own = [lib for lib in runtimes if not lib.by_doctor]
-    if len({lib.version // 1000 for lib in own}) > 1:
+    if len({version[id(lib)] // 1000 for lib in own}) > 1:
         out.append(_f_mixed_majors(own))
-    old = [lib for lib in own if lib.version < 12000]
+    old = [lib for lib in own if version[id(lib)] < 12000]
     if old:  # the fix: the driver's major, or 12 (the first after the classic failure)
         out.append(_f_cuda11_loaded(old, max(12, (drv or 0) // 1000)))
     return out

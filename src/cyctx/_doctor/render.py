@@ -20,6 +20,7 @@ from cyctx._doctor.model import (
     DeviceInfo,
     Finding,
     GuardInfo,
+    LoadedLibrary,
     RuntimeInfo,
     version_str,
 )
@@ -40,6 +41,7 @@ class Report(Protocol):
     context: ContextInfo | None
     guards: list[GuardInfo]
     findings: list[Finding]
+    loaded: list[LoadedLibrary]
     pid: int
     forked_from: int | None
     versions: dict[str, str | None]
@@ -195,7 +197,12 @@ def render(r: Report, colour: bool = False, width: int = 88, cli: bool = False) 
         notes = [lib.distribution or "no Python distribution"]
         if lib.by_doctor and not cli:
             notes.append("loaded by the doctor")
-        if newer and lib.version // 1000 == r.driver_version // 1000:
+        if (
+            newer
+            and lib.version
+            and r.driver_version
+            and lib.version // 1000 == r.driver_version // 1000
+        ):
             notes.append("newer minor than the driver: minor version compatibility")
         if lib.note:
             notes.append(lib.note)
