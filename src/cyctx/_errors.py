@@ -415,6 +415,25 @@ def note_cleanup_failure(exc, guard, cleanup):
     _add_note(exc, f"cyctx: leaving {guard} also failed: {type(cleanup).__name__}: {what}")
 
 
+def report_unraisable(err, guard):
+    """Report `err`, a failure leaving `guard` while an exception that is often never shown
+    propagated, through sys.unraisablehook (as a finalizer's error is). Never raises."""
+    try:
+        hook = sys.unraisablehook
+        hook(_Unraisable(type(err), err, err.__traceback__, f"cyctx: leaving {guard}", None))
+    except Exception:
+        pass
+
+
+class _Unraisable:
+    # The argument sys.unraisablehook takes (sys.UnraisableHookArgs cannot be made from Python).
+    __slots__ = ("exc_type", "exc_value", "exc_traceback", "err_msg", "object")
+
+    def __init__(self, exc_type, exc_value, exc_traceback, err_msg, obj):
+        self.exc_type, self.exc_value, self.exc_traceback = exc_type, exc_value, exc_traceback
+        self.err_msg, self.object = err_msg, obj
+
+
 def _add_note(exc, note):
     # PEP 678. Best effort: an exception whose __notes__ is not a list, or whose add_note
     # raises, keeps its own __notes__, and the note goes to stderr instead: never lost.

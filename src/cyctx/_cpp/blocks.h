@@ -1,0 +1,134 @@
+// Which `with guard:` block a Python enter or exit belongs to (the `block` of thread_entries.h's
+// Entry). GIL: held by every caller (Python's __enter__/__exit__).
+//
+// A block is keyed by what stays the same from its enter to its exit, and differs between
+// blocks that can be open at once on one thread:
+// * Inside a generator or coroutine (CPython's or Cython's, which has no frame of its own), the
+//   running generator: the thread's exception-state item, `tstate->exc_info`, which each running
+//   generator pushes (it lies inside the generator object). A generator's block is left from
+//   the generator itself, also when it is closed from elsewhere or collected, so its enter and
+//   its exit see the same item. Tagged with the low bit (frames are never odd).
+// * Elsewhere (a thread's or a greenlet's plain code), the Python frame running the statement.
+// Frames that only forward the protocol are skipped first: any `__enter__`, `__exit__`,
+// `__aenter__` or `__aexit__` (a subclass or a wrapper object calling the guard's own), and
+// contextlib's (ExitStack, AsyncExitStack), so the key is that of the code running the `with`.
+// Skipping a generator or coroutine frame (an `async def __aexit__`) also pops its item.
+// The common case, a frame that forwards nothing, is one code-object look.
+#pragma once
+#include <Python.h>
+#include <cstdint>
+
+namespace cyctx {
+
+struct BlockNames {
+    PyObject *enter, *exit, *aenter, *aexit;  // interned method names
+    PyObject *contextlib;                     // contextlib's co_filename
+};
+static BlockNames g_block_names;  // set once at module import (block_names_init)
+
+inline int block_names_init(PyObject *contextlib_file) noexcept {
+    g_block_names.enter = PyUnicode_InternFromString("__enter__");
+    g_block_names.exit = PyUnicode_InternFromString("__exit__");
+    g_block_names.aenter = PyUnicode_InternFromString("__aenter__");
+    g_block_names.aexit = PyUnicode_InternFromString("__aexit__");
+    Py_INCREF(contextlib_file);
+    g_block_names.contextlib = contextlib_file;
+    return g_block_names.enter && g_block_names.exit && g_block_names.aenter && g_block_names.aexit ? 0 : -1;
+}
+
+inline PyThreadState *block_tstate() noexcept {
+#if PY_VERSION_HEX >= 0x030D0000
+    return PyThreadState_GetUnchecked();
+#else
+    return _PyThreadState_UncheckedGet();
+#endif
+}
+
+// A frame that only forwards the protocol to the guard.
+inline bool block_forwards(PyCodeObject *co) noexcept {
+    PyObject *n = co->co_name;
+    const BlockNames &b = g_block_names;
+    return n == b.exit || n == b.enter || n == b.aexit || n == b.aenter || co->co_filename == b.contextlib;
+}
+
+inline const void *block_tag(_PyErr_StackItem *item) noexcept {
+    return reinterpret_cast<const void *>(reinterpret_cast<std::uintptr_t>(item) | 1);
+}
+
+inline bool block_is_frame(const void *block) noexcept {
+    return block && !(reinterpret_cast<std::uintptr_t>(block) & 1);
+}
+
+__attribute__((noinline)) inline const void *block_key_slow(PyFrameObject *f, PyThreadState *ts) noexcept {
+    _PyErr_StackItem *item = ts->exc_info;
+    Py_INCREF(f);
+    while (f) {
+        PyCodeObject *co = PyFrame_GetCode(f);
+        bool fwd = block_forwards(co);
+        bool gen = co->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE);
+        Py_DECREF(co);
+        if (!fwd) break;
+        if (gen && item != &ts->exc_state && item->previous_item) item = item->previous_item;
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+    // A frame found here is running (the chain from the current frame), so its reference may go.
+    Py_XDECREF(f);
+    return item != &ts->exc_state ? block_tag(item) : static_cast<const void *>(f);
+}
+
+// The key of the block that the current Python code is entering or leaving.
+inline const void *block_key() noexcept {
+    PyThreadState *ts = block_tstate();
+    PyFrameObject *f = PyEval_GetFrame();  // borrowed
+    if (f) {
+        PyCodeObject *co = PyFrame_GetCode(f);
+        bool fwd = block_forwards(co);
+        Py_DECREF(co);
+        if (fwd) return block_key_slow(f, ts);
+    }
+    _PyErr_StackItem *item = ts->exc_info;
+    return item != &ts->exc_state ? block_tag(item) : static_cast<const void *>(f);
+}
+
+// Whether the block of a frame key has ended: its frame has returned. Plain code's frames run
+// as long as they are on this thread's call stack, so a frame not found there has returned,
+// unless greenlet is loaded (a suspended greenlet's frames are on no running stack): then it
+// is taken as running. Slow path of an exit only (the innermost entry is its guard's, another
+// block's). The frame is compared by address, never touched; frames that forward the protocol
+// are not looked at (they are no block, and one may run at the address of the frame that died).
+inline bool block_ended(const void *block) noexcept {
+    if (!block_is_frame(block)) return false;
+    PyFrameObject *f = PyEval_GetFrame();
+    Py_XINCREF(f);
+    while (f) {
+        // A frame that forwards is no block: the exit's own wrapper may run at the address of
+        // the frame that died (frames are freed and reused).
+        PyCodeObject *co = PyFrame_GetCode(f);
+        bool fwd = block_forwards(co);
+        Py_DECREF(co);
+        if (!fwd && static_cast<const void *>(f) == block) {
+            Py_DECREF(f);
+            return false;
+        }
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+    PyObject *name = PyUnicode_FromString("greenlet");
+    if (!name) {
+        PyErr_Clear();
+        return false;
+    }
+    PyObject *m = PyImport_GetModule(name);
+    Py_DECREF(name);
+    if (!m) {
+        PyErr_Clear();
+        return true;
+    }
+    Py_DECREF(m);
+    return false;
+}
+
+}  // namespace cyctx
