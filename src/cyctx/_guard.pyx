@@ -63,6 +63,7 @@ cdef extern from "_cpp/shared_fields.h" namespace "cyctx" nogil:
 cdef extern from "_cpp/blocks.h" namespace "cyctx":
     int block_names_init(object contextlib_file) except -1
     const void* block_key() noexcept
+    const void* block_key_exit(unsigned long long token) noexcept
 
 import contextlib as _contextlib
 block_names_init(_contextlib.ExitStack.enter_context.__code__.co_filename)
@@ -258,7 +259,7 @@ cdef class ContextGuard:
     def __exit__(self, exc_type, exc, tb):
         # Python calls this once per block: an out-of-order exit removes its entry rather than
         # leave it for ever (_exit_misuse).
-        cdef const void* block = block_key()
+        cdef const void* block = block_key_exit(self._token)
         if exc is None:
             _exit_block(self, block, EXIT_PYTHON)
             return False

@@ -494,6 +494,48 @@ def test_blocks_in_tracer_profiler_and_gc_callbacks_nest_inside_whatever_runs():
     assert in_thread(body) == (0, 0)
 
 
+def test_ten_thousand_generator_blocks_closed_in_random_order():
+    # Every close is in order (silent) or out of order (reported, its own entry removed); the
+    # innermost open block's guard is current throughout, and nothing is left at the end.
+    import random
+
+    def body():
+        guards = [ContextGuard(0), ContextGuard(D1), Sub(0)]
+        rng = random.Random(7)
+
+        def gen(g):
+            with g:
+                yield
+
+        before = current()
+        open_ = []
+        for _ in range(10000):
+            g = rng.choice(guards)
+            it = gen(g)
+            next(it)
+            open_.append((it, g))
+        order = list(range(len(open_)))
+        rng.shuffle(order)
+        alive = set(order)
+        reported = 0
+        for n, k in enumerate(order):
+            it, _ = open_[k]
+            top = max(alive)
+            try:
+                it.close()
+            except GuardError:
+                reported += 1
+                assert k != top
+            alive.discard(k)
+            if alive and n % 97 == 0:
+                assert current() == open_[max(alive)][1].handle
+        assert reported > 9000 and current() == before and _open_entries() == 0
+        for g in guards:
+            g.close()
+
+    in_thread(body)
+
+
 # --- swallowed exceptions --------------------------------------------------------------------
 
 

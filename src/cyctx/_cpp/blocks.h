@@ -17,6 +17,7 @@
 #pragma once
 #include <Python.h>
 #include <cstdint>
+#include "thread_entries.h"
 
 namespace cyctx {
 
@@ -26,7 +27,10 @@ struct BlockNames {
 };
 static BlockNames g_block_names;  // set once at module import (block_names_init)
 
+inline bool block_ended(const void *block) noexcept;
+
 inline int block_names_init(PyObject *contextlib_file) noexcept {
+    block_ended_hook = block_ended;
     g_block_names.enter = PyUnicode_InternFromString("__enter__");
     g_block_names.exit = PyUnicode_InternFromString("__exit__");
     g_block_names.aenter = PyUnicode_InternFromString("__aenter__");
@@ -90,6 +94,23 @@ inline const void *block_key() noexcept {
     }
     _PyErr_StackItem *item = ts->exc_info;
     return item != &ts->exc_state ? block_tag(item) : static_cast<const void *>(f);
+}
+
+// The key for an exit. When the innermost entry is this guard's and was made by the code running
+// now (this frame, or this generator), that is its key: a block's exit mostly runs where its
+// enter ran, and then no frame is looked at. Otherwise block_key(). (Were the running frame one
+// that forwards, at the address of a returned frame that made the entry, block_key() would
+// lead to the same entry: tls_pop_own takes an ended block's entry.)
+inline const void *block_key_exit(unsigned long long token) noexcept {
+    PyThreadState *ts = block_tstate();
+    _PyErr_StackItem *item = ts->exc_info;
+    const void *here = item != &ts->exc_state ? block_tag(item) : static_cast<const void *>(PyEval_GetFrame());
+    Stack &s = *my_stack();
+    if (s.depth) {
+        const Entry *e = slot(s, s.depth - 1);
+        if (e->token == token && e->block == here) return here;
+    }
+    return block_key();
 }
 
 // Whether the block of a frame key has ended: its frame has returned. Plain code's frames run
