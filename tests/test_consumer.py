@@ -351,7 +351,8 @@ def test_cython_generator_and_coroutine_blocks_are_their_own(consumer_dir):
             b_out.set(); await tb
             return between
         between = asyncio.run(main())
-        print("TASKS", len(errors), all("same guard" in e for e in errors), between, _open_entries())
+        same = all("same guard" in e for e in errors)
+        print("TASKS", len(errors), same, between, _open_entries())
         g.close(); h.close()
         print("CLOSED", drivers.current() == before)
     """)

@@ -63,7 +63,9 @@ cdef extern from "_cpp/shared_fields.h" namespace "cyctx" nogil:
 cdef extern from "_cpp/blocks.h" namespace "cyctx":
     int block_names_init(object contextlib_file) except -1
     const void* block_key() noexcept
-    const void* block_key_exit(unsigned long long token) noexcept
+    # Needs the GIL, which its one caller holds (_exit_block for a Python exit, from __exit__);
+    # declared nogil for that caller, which the nogil exit() shares.
+    int tls_pop_python(unsigned long long token, Switch* out, size_t* dropped, const void** key) noexcept nogil
 
 import contextlib as _contextlib
 block_names_init(_contextlib.ExitStack.enter_context.__code__.co_filename)
@@ -241,7 +243,7 @@ cdef class ContextGuard:
         return _enter_block(self, NULL)
 
     cdef int exit(self) except -1 nogil:
-        return _exit_block(self, NULL, EXIT_NOGIL)
+        return _exit_block(self, EXIT_NOGIL)
 
     def __enter__(self):
         cdef const void* block = block_key()
@@ -259,9 +261,8 @@ cdef class ContextGuard:
     def __exit__(self, exc_type, exc, tb):
         # Python calls this once per block: an out-of-order exit removes its entry rather than
         # leave it for ever (_exit_misuse).
-        cdef const void* block = block_key_exit(self._token)
         if exc is None:
-            _exit_block(self, block, EXIT_PYTHON)
+            _exit_block(self, EXIT_PYTHON)
             return False
         if isinstance(exc, GeneratorExit) or _swallowed(type(exc)):
             # A generator or coroutine closed with the block open: from close(), or from its
@@ -269,11 +270,11 @@ cdef class ContextGuard:
             # is collected). A note on that exception would be lost (the generator machinery and
             # greenlet swallow it), so a failure here is raised instead: close() or throw()
             # raises it, a finalizer reports it through sys.unraisablehook.
-            _exit_block(self, block, EXIT_GENERATOR)
+            _exit_block(self, EXIT_GENERATOR)
             return False
         # The block's exception wins; a cleanup failure rides along as a note.
         try:
-            _exit_block(self, block, EXIT_PYTHON)
+            _exit_block(self, EXIT_PYTHON)
         except BaseException as cleanup:
             _errors.note_cleanup_failure(exc, _inputs._shown(self, 200), cleanup)
             if not isinstance(exc, Exception):
@@ -430,13 +431,20 @@ cdef enum:
     EXIT_GENERATOR = 2   # Python's __exit__ for a GeneratorExit: a generator or coroutine closed
 
 
-cdef inline int _exit_block(ContextGuard self, const void* block, int how) except -1 nogil:
-    # exit() for a block (see _enter_block). The entry ends here even if the restore below
+cdef inline int _exit_block(ContextGuard self, int how) except -1 nogil:
+    # exit() for a block (see _enter_block): the nogil exit() has no block, a Python exit
+    # finds its own (_cpp/blocks.h, with the GIL). The entry ends here even if the restore below
     # fails: a failed restore leaves the driver's stack as it was, and keeping the entry would
     # make every later exit on this thread look out of order.
     cdef Switch s
     cdef size_t dropped = 0
-    if tls_pop_own(self._token, block, &s, &dropped) != 0:
+    cdef const void* block = NULL
+    cdef int r
+    if how == EXIT_NOGIL:
+        r = tls_pop_own(self._token, NULL, &s, &dropped)
+    else:
+        r = tls_pop_python(self._token, &s, &dropped, &block)
+    if r != 0:
         return _exit_misuse(self, block, how, dropped)
     if forked_after_cuda():
         return 0  # a block left in a forked child: the driver is gone, nothing to restore

@@ -96,21 +96,30 @@ inline const void *block_key() noexcept {
     return item != &ts->exc_state ? block_tag(item) : static_cast<const void *>(f);
 }
 
-// The key for an exit. When the innermost entry is this guard's and was made by the code running
-// now (this frame, or this generator), that is its key: a block's exit mostly runs where its
-// enter ran, and then no frame is looked at. Otherwise block_key(). (Were the running frame one
-// that forwards, at the address of a returned frame that made the entry, block_key() would
-// lead to the same entry: tls_pop_own takes an ended block's entry.)
-inline const void *block_key_exit(unsigned long long token) noexcept {
-    PyThreadState *ts = block_tstate();
-    _PyErr_StackItem *item = ts->exc_info;
-    const void *here = item != &ts->exc_state ? block_tag(item) : static_cast<const void *>(PyEval_GetFrame());
+// A Python exit's tls_pop_own: its block's key into *key, then the entry taken as tls_pop_own
+// does. When the innermost entry is this guard's and was made by the code running now (this
+// frame, or this generator), it is the exit's own and no frame is looked at: a block's exit
+// mostly runs where its enter ran. (Were the running frame one that forwards, at the address
+// of a returned frame that made the entry, block_key() would lead to the same entry, since
+// tls_pop_own takes an ended block's entry.) Otherwise the key is block_key()'s.
+inline int tls_pop_python(unsigned long long token, cyctx_Switch *out, std::size_t *dropped,
+                          const void **key) noexcept {
     Stack &s = *my_stack();
     if (s.depth) {
-        const Entry *e = slot(s, s.depth - 1);
-        if (e->token == token && e->block == here) return here;
+        Entry *e = slot(s, s.depth - 1);
+        if (e->token == token) {
+            const void *b = e->block;
+            if (b == static_cast<const void *>(PyEval_GetFrame()) ||
+                (!block_is_frame(b) && b && b == block_tag(block_tstate()->exc_info))) {
+                *key = b;
+                *out = e->sw;
+                s.depth--;
+                return 0;
+            }
+        }
     }
-    return block_key();
+    *key = block_key();
+    return tls_pop_own_slow(token, *key, out, dropped);
 }
 
 // Whether the block of a frame key has ended: its frame has returned. Plain code's frames run
