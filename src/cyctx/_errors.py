@@ -256,7 +256,8 @@ def exit_misuse(
 
     `removed`: the entry was taken out from under the open block (a Python exit, never called
     again for its block); else nothing was changed (the nogil exit(), which its caller can call
-    again). `generator`: the exit is a generator's or coroutine's, closed or collected."""
+    again). `generator`: the exit is a generator's or coroutine's, closed or collected, or a
+    greenlet's, killed or collected."""
     also = _dropped_note(dropped)
     if not entered_here:
         return GuardError(
@@ -267,7 +268,8 @@ def exit_misuse(
         "another block of this same guard" if same_guard_on_top else f"another guard (guard #{top})"
     )
     what = (
-        "a generator or coroutine holding this guard was closed (or collected) out of order"
+        "a generator, coroutine or greenlet holding this guard was closed, killed or collected "
+        "out of order"
         if generator
         else "exit out of order"
     )

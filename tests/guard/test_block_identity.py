@@ -341,7 +341,7 @@ def test_greenlet_killed_inside_a_block_out_of_order_raises_instead_of_a_lost_no
         gl.switch()
         with h:
             # GreenletExit is swallowed by greenlet: a note on it would never be seen.
-            with pytest.raises(GuardError, match="out of order"):
+            with pytest.raises(GuardError, match="greenlet holding this guard was closed, killed"):
                 gl.throw(greenlet.GreenletExit)
             assert gl.dead and current() == h.handle and _open_entries() == 1
         assert current() == 0 and _open_entries() == 0
