@@ -381,7 +381,9 @@ def test_greenlet_collected_inside_a_block_out_of_order_reports_through_unraisab
     assert in_thread(body) == (0, 0)
 
 
-def test_two_greenlets_sharing_a_guard_are_told_apart():
+@pytest.mark.parametrize("how", ["with", "ExitStack"])
+def test_two_greenlets_sharing_a_guard_are_told_apart(how):
+    # Through ExitStack too: the frames of contextlib that enter and leave are not the block.
     greenlet = pytest.importorskip("greenlet")
 
     def body():
@@ -390,8 +392,13 @@ def test_two_greenlets_sharing_a_guard_are_told_apart():
 
         def run():
             try:
-                with g:
-                    greenlet.getcurrent().parent.switch()
+                if how == "with":
+                    with g:
+                        greenlet.getcurrent().parent.switch()
+                else:
+                    with ExitStack() as st:
+                        st.enter_context(g)
+                        greenlet.getcurrent().parent.switch()
             except GuardError as e:
                 errors.append(e)
 
