@@ -108,10 +108,13 @@ inline int tls_pop_python(unsigned long long token, cyctx_Switch *out, std::size
     if (s.depth) {
         Entry *e = slot(s, s.depth - 1);
         if (e->token == token) {
-            const void *b = e->block;
-            if (b == static_cast<const void *>(PyEval_GetFrame()) ||
-                (!block_is_frame(b) && b && b == block_tag(block_tstate()->exc_info))) {
-                *key = b;
+            // The running generator first: a Cython generator runs on its caller's frame.
+            PyThreadState *ts = block_tstate();
+            _PyErr_StackItem *item = ts->exc_info;
+            const void *here =
+                item != &ts->exc_state ? block_tag(item) : static_cast<const void *>(PyEval_GetFrame());
+            if (e->block == here) {
+                *key = here;
                 *out = e->sw;
                 s.depth--;
                 return 0;
