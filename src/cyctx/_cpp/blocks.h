@@ -27,7 +27,7 @@ struct BlockNames {
 };
 static BlockNames g_block_names;  // set once at module import (block_names_init)
 
-inline bool block_ended(const void *block) noexcept;
+inline bool block_ended(const void *block, const void *exit_key) noexcept;
 
 inline int block_names_init(PyObject *contextlib_file) noexcept {
     block_ended_hook = block_ended;
@@ -125,29 +125,37 @@ inline int tls_pop_python(unsigned long long token, cyctx_Switch *out, std::size
     return tls_pop_own_slow(token, *key, out, dropped);
 }
 
-// Whether the block of a frame key has ended: its frame has returned. Plain code's frames run
-// as long as they are on this thread's call stack, so a frame not found there has returned,
-// unless greenlet is loaded (a suspended greenlet's frames are on no running stack): then it
-// is taken as running. Slow path of an exit only (the innermost entry is its guard's, another
-// block's). The frame is compared by address, never touched; frames that forward the protocol
-// are not looked at (they are no block, and one may run at the address of the frame that died).
-inline bool block_ended(const void *block) noexcept {
+// Whether the block of the entry `block`, innermost but not the exit's own, has ended: its
+// frame has returned. Slow path of a Python exit whose key is `exit_key`. Frames are compared
+// by address, never touched.
+// * The exit runs in plain code (its key a frame F): an entry made after F's own by plain code
+//   can only be a callee's of F, and the only frames running above F now are the ones that
+//   forward this exit; so the entry's frame has returned. No frame is walked: frame objects of
+//   the frames below F are made on demand, and a new one may sit at the freed frame's address.
+// * The exit runs in a generator: the entry may be that of a frame that resumed it, so the
+//   running stack is searched (a frame made on demand at a freed address can only make an
+//   ended block look running: the exit is then refused, never given a wrong entry).
+// With greenlet loaded a frame off the running stack may be a suspended greenlet's: taken as
+// running.
+inline bool block_ended(const void *block, const void *exit_key) noexcept {
     if (!block_is_frame(block)) return false;
-    PyFrameObject *f = PyEval_GetFrame();
-    Py_XINCREF(f);
-    while (f) {
-        // A frame that forwards is no block: the exit's own wrapper may run at the address of
-        // the frame that died (frames are freed and reused).
-        PyCodeObject *co = PyFrame_GetCode(f);
-        bool fwd = block_forwards(co);
-        Py_DECREF(co);
-        if (!fwd && static_cast<const void *>(f) == block) {
+    if (!block_is_frame(exit_key) && exit_key) {
+        PyFrameObject *f = PyEval_GetFrame();
+        Py_XINCREF(f);
+        while (f) {
+            // A frame that forwards is no block: one may run at the address of the frame that
+            // died (frames are freed and reused).
+            PyCodeObject *co = PyFrame_GetCode(f);
+            bool fwd = block_forwards(co);
+            Py_DECREF(co);
+            if (!fwd && static_cast<const void *>(f) == block) {
+                Py_DECREF(f);
+                return false;
+            }
+            PyFrameObject *back = PyFrame_GetBack(f);
             Py_DECREF(f);
-            return false;
+            f = back;
         }
-        PyFrameObject *back = PyFrame_GetBack(f);
-        Py_DECREF(f);
-        f = back;
     }
     PyObject *name = PyUnicode_FromString("greenlet");
     if (!name) {

@@ -30,7 +30,7 @@ namespace cyctx {
 // Whether the block of a Python exit's entry has ended: blocks.h's block_ended, set by the guard
 // module when it loads (GIL held: Python exits only). Unset in other code that includes this
 // header (the benchmarks' own copy), where no Python exit runs.
-static bool (*block_ended_hook)(const void *block) noexcept = nullptr;
+static bool (*block_ended_hook)(const void *block, const void *exit_key) noexcept = nullptr;
 
 // One open entry: whose it is, and the switch its exit undoes (the record switch_back uses).
 struct Entry {
@@ -123,7 +123,7 @@ inline int tls_pop_matching(unsigned long long token, const void *block, cyctx_S
     Entry *e = slot(s, s.depth - 1);
     if (e->token != token) return -1;
     if (block && e->block != block && tls_below(s, token, block) &&
-        !(block_ended_hook && block_ended_hook(e->block)))
+        !(block_ended_hook && block_ended_hook(e->block, block)))
         return -1;
     *out = e->sw;
     s.depth--;
