@@ -340,3 +340,75 @@ def test_switch_back_without_a_switch_restores_the_target_after_the_code_switche
         g0.close(); g1.close()
     """)
     assert "RECORDED True True" in out.stdout and "BACK True 1" in out.stdout, out.stdout
+
+
+def test_cython_generator_and_coroutine_blocks_are_their_own(consumer_dir):
+    # A Cython-compiled generator or coroutine has no Python frame: its block is still its own,
+    # also when it is closed inside the caller's block of the same guard, collected from another
+    # function, or when two Cython coroutines hold the guard across await.
+    out = run_child(f"""
+        import sys; sys.path.insert(0, {consumer_dir!r})
+        import asyncio, gc
+        import cyctx, cyctx_consumer
+        from cyctx._guard import open_entries
+        g, h = cyctx.ContextGuard(0), cyctx.ContextGuard(D1)
+        before = drivers.current()
+        it = cyctx_consumer.hold(g)
+        next(it)
+        with h:
+            with g:
+                try:
+                    it.close()
+                    print("NOT RAISED")
+                except cyctx.GuardError as e:
+                    print("RAISED", "out of order" in str(e))
+                print("INSIDE", drivers.current() == g.handle, open_entries())
+            print("AFTER", drivers.current() == h.handle, open_entries())
+        print("END", drivers.current() == before, open_entries())
+
+        it = cyctx_consumer.hold(g)
+        next(it)
+        seen = []
+        def elsewhere():
+            global it
+            with g:
+                old, sys.unraisablehook = sys.unraisablehook, seen.append
+                try:
+                    del it
+                    gc.collect()
+                finally:
+                    sys.unraisablehook = old
+                print("KEPT", drivers.current() == g.handle, open_entries())
+        elsewhere()
+        print("COLLECTED", [type(s.exc_value).__name__ for s in seen], open_entries())
+
+        it = cyctx_consumer.hold(g)
+        print("IN ORDER", next(it), next(it), list(it), open_entries())
+
+        errors = []
+        async def task(ev_in, ev_out):
+            try:
+                ev_in.set()
+                await cyctx_consumer.hold_async(g, ev_out)
+            except cyctx.GuardError as e:
+                errors.append(str(e))
+        async def main():
+            a_in, a_out, b_in, b_out = (asyncio.Event() for _ in range(4))
+            ta = asyncio.ensure_future(task(a_in, a_out)); await a_in.wait(); await asyncio.sleep(0)
+            tb = asyncio.ensure_future(task(b_in, b_out)); await b_in.wait(); await asyncio.sleep(0)
+            a_out.set(); await ta
+            between = (drivers.current() == g.handle, open_entries())
+            b_out.set(); await tb
+            return between
+        between = asyncio.run(main())
+        same = all("same guard" in e for e in errors)
+        print("TASKS", len(errors), same, between, open_entries())
+        g.close(); h.close()
+        print("CLOSED", drivers.current() == before)
+    """)
+    assert "RAISED True" in out.stdout, out.stdout
+    assert "INSIDE True 2" in out.stdout and "AFTER True 1" in out.stdout, out.stdout
+    assert "END True 0" in out.stdout, out.stdout
+    assert "KEPT True 1" in out.stdout and "COLLECTED ['GuardError'] 0" in out.stdout, out.stdout
+    assert "IN ORDER None None [] 0" in out.stdout, out.stdout
+    assert "TASKS 1 True (True, 1) 0" in out.stdout and "CLOSED True" in out.stdout, out.stdout

@@ -261,7 +261,8 @@ def exit_misuse(
 
     `removed`: the entry was taken out from under the open block (a Python exit, never called
     again for its block); else nothing was changed (the nogil exit(), which its caller can call
-    again). `generator`: the exit is a generator's or coroutine's, closed or collected."""
+    again). `generator`: the exit is a generator's or coroutine's, closed or collected, or a
+    greenlet's, killed or collected."""
     also = _dropped_note(dropped)
     if not entered_here:
         return GuardError(
@@ -272,7 +273,8 @@ def exit_misuse(
         "another block of this same guard" if same_guard_on_top else f"another guard (guard #{top})"
     )
     what = (
-        "a generator or coroutine holding this guard was closed (or collected) out of order"
+        "a generator, coroutine or greenlet holding this guard was closed, killed or collected "
+        "out of order"
         if generator
         else "exit out of order"
     )
@@ -418,6 +420,25 @@ def note_cleanup_failure(exc, guard, cleanup):
     except Exception:
         what = "(its message could not be made)"
     _add_note(exc, f"cyctx: leaving {guard} also failed: {type(cleanup).__name__}: {what}")
+
+
+def report_unraisable(err, guard):
+    """Report `err`, a failure leaving `guard` while an exception that is often never shown
+    propagated, through sys.unraisablehook (as a finalizer's error is). Never raises."""
+    try:
+        hook = sys.unraisablehook
+        hook(_Unraisable(type(err), err, err.__traceback__, f"cyctx: leaving {guard}", None))
+    except Exception:
+        pass
+
+
+class _Unraisable:
+    # The argument sys.unraisablehook takes (sys.UnraisableHookArgs cannot be made from Python).
+    __slots__ = ("exc_type", "exc_value", "exc_traceback", "err_msg", "object")
+
+    def __init__(self, exc_type, exc_value, exc_traceback, err_msg, obj):
+        self.exc_type, self.exc_value, self.exc_traceback = exc_type, exc_value, exc_traceback
+        self.err_msg, self.object = err_msg, obj
 
 
 def _add_note(exc, note):

@@ -62,11 +62,23 @@ cdef extern from "_cpp/shared_fields.h" namespace "cyctx" nogil:
     int gate_close(int* gate) noexcept
 
 
-# The Python frame running a `with guard:` statement identifies its block (the block of _cpp/thread_entries.h's Entry).
-# A frame object lives as long as its frame runs, which is as long as its block is open; a
-# generator's or coroutine's frame is its own across yield and await.
+# The key of the Python block being entered or left (the block of _cpp/thread_entries.h's Entry):
+# the running generator or coroutine, else the frame running the `with`, past the frames that
+# only forward the protocol (subclasses, wrappers, contextlib). See _cpp/blocks.h.
+cdef extern from "_cpp/blocks.h" namespace "cyctx":
+    int block_names_init(object contextlib_file) except -1
+    const void* block_key() noexcept
+    # Needs the GIL, which its one caller holds (_exit_block for a Python exit, from __exit__);
+    # declared nogil for that caller, which the nogil exit() shares.
+    int tls_pop_python(unsigned long long token, Switch* out, size_t* dropped, const void** key) noexcept nogil
+
+# A guard collected with no Python frame running is being freed as its thread exits
+# (threading.local's teardown): no Python code (the ResourceWarning) may run there.
 cdef extern from "Python.h":
     const void* PyEval_GetFrame()
+
+import contextlib as _contextlib
+block_names_init(_contextlib.ExitStack.enter_context.__code__.co_filename)
 
 # Free-threaded CPython: the Python-level enter takes the guard's gate so that close() cannot
 # release the retain between the enter's read of the handle and its switch. With the GIL the
@@ -282,10 +294,10 @@ cdef class ContextGuard:
         return _enter_block(self, NULL)
 
     cdef int exit(self) except -1 nogil:
-        return _exit_block(self, NULL, EXIT_NOGIL)
+        return _exit_block(self, EXIT_NOGIL)
 
     def __enter__(self):
-        cdef const void* block = PyEval_GetFrame()
+        cdef const void* block = block_key()
         if not CYCTX_FREE_THREADED:
             _enter_block(self, block)
             return self
@@ -300,22 +312,27 @@ cdef class ContextGuard:
     def __exit__(self, exc_type, exc, tb):
         # Python calls this once per block: an out-of-order exit removes its entry rather than
         # leave it for ever (_exit_misuse).
-        cdef const void* block = PyEval_GetFrame()
         if exc is None:
-            _exit_block(self, block, EXIT_PYTHON)
+            _exit_block(self, EXIT_PYTHON)
             return False
-        if isinstance(exc, GeneratorExit):
+        if isinstance(exc, GeneratorExit) or _swallowed(type(exc)):
             # A generator or coroutine closed with the block open: from close(), or from its
-            # finalizer when it was abandoned. A note on the GeneratorExit would be lost (the
-            # generator machinery swallows it), so a failure here is raised instead: close()
+            # finalizer when it was abandoned; or a greenlet killed (GreenletExit, also when it
+            # is collected). A note on that exception would be lost (the generator machinery and
+            # greenlet swallow it), so a failure here is raised instead: close() or throw()
             # raises it, a finalizer reports it through sys.unraisablehook.
-            _exit_block(self, block, EXIT_GENERATOR)
+            _exit_block(self, EXIT_GENERATOR)
             return False
         # The block's exception wins; a cleanup failure rides along as a note.
         try:
-            _exit_block(self, block, EXIT_PYTHON)
+            _exit_block(self, EXIT_PYTHON)
         except BaseException as cleanup:
             _errors.note_cleanup_failure(exc, _inputs.shown(self, 200), cleanup)
+            if not isinstance(exc, Exception):
+                # Cancellation, KeyboardInterrupt, SystemExit: what carries the note is often
+                # never shown (a cancelled task, a framework's cancel scope, a quiet exit), so
+                # the failure is reported through sys.unraisablehook as well.
+                _errors.report_unraisable(cleanup, _inputs.shown(self, 200))
         return False
 
     def close(self):
@@ -490,13 +507,20 @@ cdef enum:
     EXIT_GENERATOR = 2   # Python's __exit__ for a GeneratorExit: a generator or coroutine closed
 
 
-cdef inline int _exit_block(ContextGuard self, const void* block, int how) except -1 nogil:
-    # exit() for a block (see _enter_block). The entry ends here even if the restore below
+cdef inline int _exit_block(ContextGuard self, int how) except -1 nogil:
+    # exit() for a block (see _enter_block): the nogil exit() has no block, a Python exit
+    # finds its own (_cpp/blocks.h, with the GIL). The entry ends here even if the restore below
     # fails: a failed restore leaves the driver's stack as it was, and keeping the entry would
     # make every later exit on this thread look out of order.
     cdef Switch s
     cdef size_t dropped = 0
-    if tls_pop_own(self._token, block, &s, &dropped) != 0:
+    cdef const void* block = NULL
+    cdef int r
+    if how == EXIT_NOGIL:
+        r = tls_pop_own(self._token, NULL, &s, &dropped)
+    else:
+        r = tls_pop_python(self._token, &s, &dropped, &block)
+    if r != 0:
         return _exit_misuse(self, block, how, dropped)
     if forked_after_cuda():
         return 0  # a block left in a forked child: the driver is gone, nothing to restore
@@ -713,6 +737,16 @@ cdef int _warn_dropped(ContextGuard g, size_t dropped) except -1 with gil:
     # pytest and python -X dev).
     warnings.warn(_errors.dropped_text(repr(g), dropped), ResourceWarning, stacklevel=2)
     return 0
+
+
+cdef bint _swallowed(type t):
+    # An exception that a framework catches and drops, so a note on it is never seen:
+    # greenlet's GreenletExit (or a subclass), known by its type's module and name, never by
+    # importing greenlet. Only looked at while an exception propagates out of a block.
+    for k in t.__mro__:
+        if getattr(k, "__name__", None) == "GreenletExit" and getattr(k, "__module__", None) == "greenlet":
+            return True
+    return False
 
 
 cdef int _probe_pop(const DriverApi* d, cydriver.CUcontext ctx) except -1 nogil:

@@ -122,3 +122,16 @@ def enter_and_exit_nogil(ContextGuard g):
     with nogil:
         g.enter()
         g.exit()
+
+
+def hold(g):
+    """A Cython-compiled generator holding a block of g (it has no Python frame of its own)."""
+    with g:
+        yield
+        yield
+
+
+async def hold_async(g, ev):
+    """A Cython-compiled coroutine holding a block of g across an await."""
+    with g:
+        await ev.wait()

@@ -110,8 +110,8 @@ def test_deep_nesting_beyond_the_inline_entries(guard, guard1):
 
 
 def test_blocks_left_from_other_frames_still_match_their_guard():
-    # contextlib.ExitStack enters in enter_context's frame and exits in __exit__'s: the block's
-    # frame is not the one that leaves it, and the guard's innermost entry is taken.
+    # contextlib.ExitStack enters from enter_context and exits from __exit__: contextlib's frames
+    # are skipped, so both blocks are the frame running `with ExitStack()`, left innermost first.
     def body():
         g = ContextGuard(0)
         with contextlib.ExitStack() as stack:

@@ -129,7 +129,7 @@ def test_a_generator_closed_out_of_order_is_reported_as_such(guard, guard1):
                 it.close()
             assert current() == guard1.handle  # the open block keeps its context
         msg = str(ei.value)
-        assert "a generator or coroutine holding this guard was closed" in msg, msg
+        assert "a generator, coroutine or greenlet holding this guard was closed" in msg, msg
         assert "exit out of order" not in msg, msg
         assert current() == 0
 

@@ -27,12 +27,18 @@
 
 namespace cyctx {
 
+// Whether the block of a Python exit's entry has ended: blocks.h's block_ended, set by the guard
+// module when it loads (GIL held: Python exits only). Unset in other code that includes this
+// header (the benchmarks' own copy), where no Python exit runs.
+static bool (*block_ended_hook)(const void *block, const void *exit_key) noexcept = nullptr;
+
 // One open entry: whose it is, and the switch its exit undoes (the record switch_back uses).
 struct Entry {
     unsigned long long token;  // the guard's token (new_token)
-    // Which block of the guard this is: the Python frame that ran `with guard:` (0 for the
-    // nogil enter()). Two open blocks of one guard on one thread (a generator suspended in
-    // one, its caller in another; two asyncio tasks sharing a guard) are told apart by it.
+    // Which block of the guard this is: blocks.h's key of the Python code that ran `with guard:`
+    // (0 for the nogil enter()). Two open blocks of one guard on one thread (a generator
+    // suspended in one, its caller in another; two asyncio tasks sharing a guard) are told
+    // apart by it.
     const void *block;
     cyctx_Switch sw;
 };
@@ -106,15 +112,19 @@ inline bool tls_below(const Stack &s, unsigned long long token, const void *bloc
 // Remove the innermost entry, its switch into *out, if it is this exit's own (0); else change nothing (-1).
 // It is when it belongs to `token` and, for an exit that knows its block, to that block. An
 // entry of the same guard made by another block is not this exit's when this block's own
-// entry lies deeper (the exit is out of order); with no entry of this block at all (a block
-// left from another frame than it was entered in: contextlib.ExitStack, a Cython generator),
-// the guard's innermost entry is taken, as for the nogil exit().
+// entry lies deeper (the exit is out of order), unless the block that made it has ended (a
+// helper function that entered for its caller and returned: its entry is the caller's to
+// leave, and the guard's entries are interchangeable); with no entry of this block at all (a
+// block left from another block than it was entered in: an ExitStack handed on), the guard's
+// innermost entry is taken, as for the nogil exit().
 inline int tls_pop_matching(unsigned long long token, const void *block, cyctx_Switch *out) noexcept {
     Stack &s = *my_stack();
     if (!s.depth) return -1;
     Entry *e = slot(s, s.depth - 1);
     if (e->token != token) return -1;
-    if (block && e->block != block && tls_below(s, token, block)) return -1;
+    if (block && e->block != block && tls_below(s, token, block) &&
+        !(block_ended_hook && block_ended_hook(e->block, block)))
+        return -1;
     *out = e->sw;
     s.depth--;
     return 0;
