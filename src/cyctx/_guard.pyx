@@ -297,43 +297,10 @@ cdef class ContextGuard:
         return _exit_block(self, EXIT_NOGIL)
 
     def __enter__(self):
-        cdef const void* block = block_key()
-        if not CYCTX_FREE_THREADED:
-            _enter_block(self, block)
-            return self
-        if gate_enter(&self._gate) != 0:
-            _raise_closed(self)  # a close() is in flight: it wins
-        try:
-            _enter_block(self, block)
-        finally:
-            gate_leave(&self._gate)
-        return self
+        return _with_enter(self)
 
     def __exit__(self, exc_type, exc, tb):
-        # Python calls this once per block: an out-of-order exit removes its entry rather than
-        # leave it for ever (_exit_misuse).
-        if exc is None:
-            _exit_block(self, EXIT_PYTHON)
-            return False
-        if isinstance(exc, GeneratorExit) or _swallowed(type(exc)):
-            # A generator or coroutine closed with the block open: from close(), or from its
-            # finalizer when it was abandoned; or a greenlet killed (GreenletExit, also when it
-            # is collected). A note on that exception would be lost (the generator machinery and
-            # greenlet swallow it), so a failure here is raised instead: close() or throw()
-            # raises it, a finalizer reports it through sys.unraisablehook.
-            _exit_block(self, EXIT_GENERATOR)
-            return False
-        # The block's exception wins; a cleanup failure rides along as a note.
-        try:
-            _exit_block(self, EXIT_PYTHON)
-        except BaseException as cleanup:
-            _errors.note_cleanup_failure(exc, _inputs.shown(self, 200), cleanup)
-            if not isinstance(exc, Exception):
-                # Cancellation, KeyboardInterrupt, SystemExit: what carries the note is often
-                # never shown (a cancelled task, a framework's cancel scope, a quiet exit), so
-                # the failure is reported through sys.unraisablehook as well.
-                _errors.report_unraisable(cleanup, _inputs.shown(self, 200))
-        return False
+        return _with_exit(self, exc_type, exc, tb)
 
     def close(self):
         """Release the retain taken at construction. Idempotent.
@@ -457,6 +424,58 @@ cdef class ContextGuard:
 
     def __deepcopy__(self, memo):
         return self.__copy__()
+
+
+# `with guard:` itself (what __enter__/__exit__ run). Module-level C functions so that the
+# bound methods a `with` makes for an exact ContextGuard call them directly (_cpp/methods.h):
+# the same code runs whichever way the method is reached.
+cdef object _with_enter(object obj):
+    cdef ContextGuard self = <ContextGuard>obj
+    cdef const void* block = block_key()
+    if not CYCTX_FREE_THREADED:
+        _enter_block(self, block)
+        return self
+    if gate_enter(&self._gate) != 0:
+        _raise_closed(self)  # a close() is in flight: it wins
+    try:
+        _enter_block(self, block)
+    finally:
+        gate_leave(&self._gate)
+    return self
+
+
+cdef object _with_exit(object obj, object exc_type, object exc, object tb):
+    cdef ContextGuard self = <ContextGuard>obj
+    # Python calls this once per block: an out-of-order exit removes its entry rather than
+    # leave it for ever (_exit_misuse).
+    if exc is None:
+        _exit_block(self, EXIT_PYTHON)
+        return False
+    if isinstance(exc, GeneratorExit) or _swallowed(type(exc)):
+        # A generator or coroutine closed with the block open: from close(), or from its
+        # finalizer when it was abandoned; or a greenlet killed (GreenletExit, also when it
+        # is collected). A note on that exception would be lost (the generator machinery and
+        # greenlet swallow it), so a failure here is raised instead: close() or throw()
+        # raises it, a finalizer reports it through sys.unraisablehook.
+        _exit_block(self, EXIT_GENERATOR)
+        return False
+    # The block's exception wins; a cleanup failure rides along as a note.
+    try:
+        _exit_block(self, EXIT_PYTHON)
+    except BaseException as cleanup:
+        _errors.note_cleanup_failure(exc, _inputs.shown(self, 200), cleanup)
+        if not isinstance(exc, Exception):
+            # Cancellation, KeyboardInterrupt, SystemExit: what carries the note is often
+            # never shown (a cancelled task, a framework's cancel scope, a quiet exit), so
+            # the failure is reported through sys.unraisablehook as well.
+            _errors.report_unraisable(cleanup, _inputs.shown(self, 200))
+    return False
+
+
+cdef extern from "_cpp/methods.h" namespace "cyctx":
+    int install_quick_with(object cls, void* enter, void* exit) except -1
+
+install_quick_with(ContextGuard, <void*>_with_enter, <void*>_with_exit)
 
 
 cdef inline int _enter_block(ContextGuard self, const void* block) except -1 nogil:

@@ -1,0 +1,214 @@
+// The bound __enter__/__exit__ of a ContextGuard: what `with guard:` looks up on every block.
+// GIL: held by every caller (attribute lookup, calls, deallocation).
+//
+// `with g:` asks the type for __enter__ and __exit__ and binds each to g. For a method defined
+// in an extension type that makes a new method object per lookup: two garbage-collected
+// allocations, their tracking and their frees on every block, and a call through the generic
+// method wrapper and argument parser. That is most of what a `with` over an extension type
+// costs, more than the guard's own enter and exit. So the guard's class holds a Slot in
+// place of each method: for an exact ContextGuard it binds to a small Bound object taken from a
+// free list (not tracked by the collector: it refers to the guard only, and a ContextGuard,
+// which has no __dict__, refers to no Bound, so no cycle can hold one), and a call goes straight
+// to the guard's C implementation. For anything else (a subclass, whose instances have a
+// __dict__; the class itself, `ContextGuard.__enter__`) the Slot gives what the method it
+// replaces gives, so subclasses, contextlib's `cls.__enter__` and introspection see a plain
+// method. A Bound answers attribute lookups (__name__, __doc__, __self__, __func__, ...),
+// repr, ==, hash and pickling as the method object it stands for does.
+//
+// Free-threaded builds do not install the Slots (the free list relies on the GIL).
+#pragma once
+#include <Python.h>
+
+namespace cyctx {
+
+typedef PyObject *(*enter_impl_t)(PyObject *self);
+typedef PyObject *(*exit_impl_t)(PyObject *self, PyObject *exc_type, PyObject *exc, PyObject *tb);
+
+struct Slot {
+    PyObject_HEAD
+    PyObject *method;        // the method it replaces (a Cython function), for everything else
+    PyTypeObject *owner;     // ContextGuard: only its exact instances get a Bound
+    enter_impl_t enter;      // one of the two is set
+    exit_impl_t exit;
+};
+
+struct Bound {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *self;          // the guard (a strong reference)
+    Slot *slot;              // borrowed: a Slot lives in the class's dict for the process's life
+    Bound *next_free;
+};
+
+// The plain bound method a Bound stands for (a new reference), for everything but the call.
+inline PyObject *bound_plain(Bound *b) noexcept {
+    PyObject *m = b->slot->method;
+    return Py_TYPE(m)->tp_descr_get(m, b->self, reinterpret_cast<PyObject *>(Py_TYPE(b->self)));
+}
+
+// A call the quick path does not take (other arguments, keywords): the plain method's, which
+// also gives its errors.
+inline PyObject *bound_call_plain(Bound *b, PyObject *const *args, size_t nargsf, PyObject *kwnames) noexcept {
+    PyObject *m = bound_plain(b);
+    if (!m) return nullptr;
+    PyObject *r = PyObject_Vectorcall(m, args, nargsf, kwnames);
+    Py_DECREF(m);
+    return r;
+}
+
+inline PyObject *bound_call(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) noexcept {
+    Bound *b = reinterpret_cast<Bound *>(callable);
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (!kwnames) {
+        if (b->slot->enter && n == 0) return b->slot->enter(b->self);
+        if (b->slot->exit && n == 3) return b->slot->exit(b->self, args[0], args[1], args[2]);
+    }
+    return bound_call_plain(b, args, nargsf, kwnames);
+}
+
+enum { kFreeMax = 16 };
+static Bound *g_free = nullptr;
+static int g_nfree = 0;
+
+inline void bound_dealloc(PyObject *o) noexcept {
+    Bound *b = reinterpret_cast<Bound *>(o);
+    PyObject *self = b->self;
+    b->self = nullptr;
+    if (g_nfree < kFreeMax) {
+        b->next_free = g_free;
+        g_free = b;
+        g_nfree++;
+    } else {
+        PyObject_Free(b);
+    }
+    Py_DECREF(self);  // last: freeing the guard may run Python code (its ResourceWarning)
+}
+
+inline PyObject *bound_getattro(PyObject *o, PyObject *name) noexcept {
+    PyObject *m = bound_plain(reinterpret_cast<Bound *>(o));
+    if (!m) return nullptr;
+    PyObject *r = PyObject_GetAttr(m, name);
+    Py_DECREF(m);
+    return r;
+}
+
+inline PyObject *bound_repr(PyObject *o) noexcept {
+    PyObject *m = bound_plain(reinterpret_cast<Bound *>(o));
+    if (!m) return nullptr;
+    PyObject *r = PyObject_Repr(m);
+    Py_DECREF(m);
+    return r;
+}
+
+static PyTypeObject BoundType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+// As a method object: equal when bound to the same guard for the same method.
+inline PyObject *bound_richcompare(PyObject *a, PyObject *b, int op) noexcept {
+    if ((op != Py_EQ && op != Py_NE) || Py_TYPE(b) != &BoundType) Py_RETURN_NOTIMPLEMENTED;
+    Bound *x = reinterpret_cast<Bound *>(a), *y = reinterpret_cast<Bound *>(b);
+    bool eq = x->self == y->self && x->slot == y->slot;
+    return PyBool_FromLong(op == Py_EQ ? eq : !eq);
+}
+
+inline Py_hash_t bound_hash(PyObject *o) noexcept {
+    Bound *b = reinterpret_cast<Bound *>(o);
+#if PY_VERSION_HEX >= 0x030D0000
+    Py_hash_t h = Py_HashPointer(b->self) ^ Py_HashPointer(b->slot);
+#else
+    Py_hash_t h = _Py_HashPointer(b->self) ^ _Py_HashPointer(b->slot);
+#endif
+    return h == -1 ? -2 : h;
+}
+
+inline PyObject *slot_get(PyObject *descr, PyObject *obj, PyObject *type) noexcept {
+    Slot *s = reinterpret_cast<Slot *>(descr);
+    if (!obj || Py_TYPE(obj) != s->owner) return Py_TYPE(s->method)->tp_descr_get(s->method, obj, type);
+    Bound *b = g_free;
+    if (b) {
+        g_free = b->next_free;
+        g_nfree--;
+        // A free-listed Bound is a freed object: made live again as a new one.
+        (void)PyObject_Init(reinterpret_cast<PyObject *>(b), &BoundType);
+    } else {
+        b = PyObject_New(Bound, &BoundType);
+        if (!b) return nullptr;
+    }
+    b->vectorcall = bound_call;
+    b->self = Py_NewRef(obj);
+    b->slot = s;
+    return reinterpret_cast<PyObject *>(b);
+}
+
+inline PyObject *slot_getattro(PyObject *o, PyObject *name) noexcept {
+    return PyObject_GetAttr(reinterpret_cast<Slot *>(o)->method, name);
+}
+
+inline PyObject *slot_repr(PyObject *o) noexcept {
+    return PyObject_Repr(reinterpret_cast<Slot *>(o)->method);
+}
+
+// Calling ContextGuard.__dict__["__enter__"] directly: as the method it replaces.
+inline PyObject *slot_call(PyObject *o, PyObject *args, PyObject *kw) noexcept {
+    return PyObject_Call(reinterpret_cast<Slot *>(o)->method, args, kw);
+}
+
+static PyTypeObject SlotType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+inline int slot_types_ready() noexcept {
+    if (BoundType.tp_name) return 0;
+    BoundType.tp_name = "cyctx._guard.bound_method";
+    BoundType.tp_basicsize = sizeof(Bound);
+    BoundType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+    BoundType.tp_doc = "A ContextGuard's bound __enter__ or __exit__ (see the method).";
+    BoundType.tp_dealloc = bound_dealloc;
+    BoundType.tp_vectorcall_offset = offsetof(Bound, vectorcall);
+    BoundType.tp_call = PyVectorcall_Call;
+    BoundType.tp_getattro = bound_getattro;
+    BoundType.tp_repr = bound_repr;
+    BoundType.tp_richcompare = bound_richcompare;
+    BoundType.tp_hash = bound_hash;
+    SlotType.tp_name = "cyctx._guard.method_slot";
+    SlotType.tp_basicsize = sizeof(Slot);
+    SlotType.tp_flags = Py_TPFLAGS_DEFAULT;
+    SlotType.tp_doc = "ContextGuard's __enter__ or __exit__ (see the method).";
+    SlotType.tp_descr_get = slot_get;
+    SlotType.tp_getattro = slot_getattro;
+    SlotType.tp_repr = slot_repr;
+    SlotType.tp_call = slot_call;
+    if (PyType_Ready(&BoundType) < 0 || PyType_Ready(&SlotType) < 0) return -1;
+    return 0;
+}
+
+// Put Slots in place of `cls`'s __enter__ and __exit__ (a static type: its dict is set at
+// module initialisation, before any instance is made, as Cython's own set-up does).
+inline int install_quick_with(PyObject *cls, void *enter, void *exit) noexcept {
+#ifdef Py_GIL_DISABLED
+    (void)cls; (void)enter; (void)exit;
+    return 0;
+#else
+    if (slot_types_ready() < 0) return -1;
+    PyTypeObject *t = reinterpret_cast<PyTypeObject *>(cls);
+    PyObject *dict = t->tp_dict;
+    const char *names[2] = {"__enter__", "__exit__"};
+    for (int i = 0; i < 2; i++) {
+        PyObject *method = PyDict_GetItemString(dict, names[i]);  // borrowed
+        if (!method || !Py_TYPE(method)->tp_descr_get) {
+            PyErr_Format(PyExc_RuntimeError, "cyctx: %s.%s is not a method", t->tp_name, names[i]);
+            return -1;
+        }
+        Slot *s = PyObject_New(Slot, &SlotType);
+        if (!s) return -1;
+        s->method = Py_NewRef(method);
+        s->owner = t;
+        s->enter = i == 0 ? reinterpret_cast<enter_impl_t>(enter) : nullptr;
+        s->exit = i == 1 ? reinterpret_cast<exit_impl_t>(exit) : nullptr;
+        int r = PyDict_SetItemString(dict, names[i], reinterpret_cast<PyObject *>(s));
+        Py_DECREF(s);
+        if (r < 0) return -1;
+    }
+    PyType_Modified(t);
+    return 0;
+#endif
+}
+
+}  // namespace cyctx
