@@ -157,10 +157,11 @@ def test_the_plugin_and_cyctx_testing_share_one_libcuda_lookup():
         print("CYCTX", any(m.split(".")[0] == "cyctx" for m in sys.modules))
         from cyctx import testing
         print("SAME", testing.loaded_libcuda is _cyctx_pytest.loaded_libcuda)
+        print("NAMED", testing.loaded_libcuda.__module__)  # where users import it from
         print("BEFORE", testing.loaded_libcuda())
         sim = testing.use_simulated_driver(2)
         import os
         print("AFTER", os.path.realpath(_cyctx_pytest.loaded_libcuda()) == os.path.realpath(sim.path))
     """)
-    assert "CYCTX False" in out and "SAME True" in out, out
+    assert "CYCTX False" in out and "SAME True" in out and "NAMED cyctx.testing" in out, out
     assert "BEFORE None" in out and "AFTER True" in out, out
