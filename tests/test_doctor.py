@@ -7,6 +7,7 @@ set up in a fresh interpreter (`run_child`) so that no other test's guards see t
 import itertools
 import json
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -17,6 +18,7 @@ import pytest
 from helpers.children import run_child
 from helpers.drivers import KIND, current, device_count, primary_state
 
+import cyctx
 from cyctx import ContextGuard, _doctor
 from cyctx._doctor import Diagnosis, Finding, diagnose
 from cyctx._doctor.runtime import wheel_version
@@ -277,15 +279,16 @@ def test_colour_only_on_a_terminal(monkeypatch):
 
 
 def test_import_cyctx_does_not_import_the_doctor():
-    # The doctor is imported on first use of cyctx.diagnose / cyctx.Diagnosis (cyctx/__init__.py).
+    # The doctor is imported by cyctx.diagnose()'s first call (cyctx/__init__.py), not before.
     code = """
     import json, sys
     import cyctx
     doctor = lambda: sorted(m for m in sys.modules if m.startswith("cyctx._doctor"))
-    before = doctor()
+    before = doctor(), "cyctx.doctor" in sys.modules, "cuda.bindings.driver" in sys.modules
     r = cyctx.diagnose(cudart=False)
-    print(json.dumps([before, doctor(), isinstance(r, cyctx.Diagnosis), r.to_dict()["schema"],
-                      "diagnose" in dir(cyctx)]))
+    import cyctx.doctor
+    print(json.dumps([before, doctor(), isinstance(r, cyctx.doctor.Diagnosis),
+                      r.to_dict()["schema"], "diagnose" in dir(cyctx)]))
     """
     p = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
@@ -296,27 +299,50 @@ def test_import_cyctx_does_not_import_the_doctor():
     )
     assert p.returncode == 0, p.stderr
     before, after, is_diagnosis, schema, listed = json.loads(p.stdout.strip().splitlines()[-1])
-    assert before == [], f"`import cyctx` imported the doctor: {before}"
+    assert before == [[], False, False], f"`import cyctx` imported the doctor: {before}"
     assert "cyctx._doctor" in after and is_diagnosis and schema == "cyctx.diagnosis/2" and listed
 
 
+def test_cyctx_has_no_module_getattr():
+    # A module with a __getattr__ in its namespace is never given the interpreter's quick
+    # attribute load (CPython's specializer refuses it), so every `cyctx.device` in
+    # `with cyctx.device(0):` would take the slow path. The doctor's names live in cyctx.doctor
+    # instead; an unknown name is a plain AttributeError.
+    assert "__getattr__" not in vars(cyctx)
+    with pytest.raises(AttributeError, match="Finding"):
+        cyctx.Finding  # noqa: B018
+
+
 @pytest.mark.parametrize(
-    "name", ["Finding", "DeviceInfo", "ContextInfo", "GuardInfo", "RuntimeInfo"]
+    "name",
+    [
+        "Diagnosis",
+        "Finding",
+        "DeviceInfo",
+        "ContextInfo",
+        "GuardInfo",
+        "RuntimeInfo",
+        "LoadedLibrary",
+    ],
 )
 def test_the_records_of_a_diagnosis_are_public(name):
-    # A Diagnosis holds these records; users annotate and check with the names cyctx exports,
-    # each the class the report holds, loaded with the doctor on first use (not by import cyctx).
+    # A Diagnosis holds these records; users annotate and check with the names cyctx.doctor
+    # exports, each the class the report holds, named as users import it.
     code = f"""
-    import json, sys
+    import json, pickle, sys
     import cyctx
     before = [m for m in sys.modules if m.startswith("cyctx._doctor")]
-    from cyctx import {name}
-    from cyctx._doctor import model
+    from cyctx.doctor import {name}
+    import cyctx.doctor
+    from cyctx._doctor import model, report
     r = cyctx.diagnose(cudart=False)
-    held = {{"Finding": r.findings, "DeviceInfo": r.devices, "ContextInfo": [r.context],
-            "GuardInfo": r.guards, "RuntimeInfo": r.other_runtimes + [r.runtime]}}["{name}"]
-    print(json.dumps([before, {name} is model.{name}, "{name}" in cyctx.__all__,
-                      "{name}" in dir(cyctx), all(isinstance(x, {name}) for x in held if x)]))
+    held = {{"Diagnosis": [r], "Finding": r.findings, "DeviceInfo": r.devices,
+            "ContextInfo": [r.context], "GuardInfo": r.guards,
+            "RuntimeInfo": r.other_runtimes + [r.runtime], "LoadedLibrary": r.loaded}}["{name}"]
+    real = getattr(model, "{name}", None) or getattr(report, "{name}")
+    print(json.dumps([before, {name} is real, "{name}" in cyctx.doctor.__all__,
+                      {name}.__module__, all(isinstance(x, {name}) for x in held if x),
+                      cyctx.doctor.diagnose is cyctx._doctor.diagnose]))
     """
     p = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
@@ -326,7 +352,21 @@ def test_the_records_of_a_diagnosis_are_public(name):
         cwd=os.path.dirname(os.path.abspath(__file__)),
     )
     assert p.returncode == 0, p.stderr
-    assert json.loads(p.stdout.strip().splitlines()[-1]) == [[], True, True, True, True]
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == [
+        [],
+        True,
+        True,
+        "cyctx.doctor",
+        True,
+        True,
+    ]
+
+
+def test_a_diagnosis_pickles_under_its_public_name():
+    r = cyctx.diagnose(cudart=False)
+    back = pickle.loads(pickle.dumps(r))
+    assert type(back) is type(r) and back.to_dict() == r.to_dict()
+    assert b"cyctx.doctor" in pickle.dumps(r.findings[0] if r.findings else r)
 
 
 # --- no state change ----------------------------------------------------------------------

@@ -1,15 +1,19 @@
-"""Instructions per nogil enter()+exit() on the fast path, counted by callgrind: a measure of
-the guard's own code that, unlike a timing on a shared GPU machine, does not drift.
+"""Instructions per enter+exit on the fast path, counted by callgrind: a measure of the guard's
+own code that, unlike a timing on a shared GPU machine, does not drift. Two loops: a Cython loop
+of nogil g.enter(); g.exit(), and a Python loop of `with g: pass` beside the same loop over an
+extension type whose __enter__/__exit__ do nothing (the floor of any Python `with`).
 
     python scripts/quality/fastpath_instructions.py [TAG=PATH ...]
 
 Each TAG=PATH is a cyctx installation (a directory put first on sys.path, e.g. from
 `pip install --target DIR --no-deps WHEEL`; an empty PATH: the cyctx this Python imports).
-For each, a Cython loop of g.enter(); g.exit() is compiled against it and run on the simulated
-driver under `valgrind --tool=callgrind` for N and 2N iterations; the difference, divided by N,
-is what one enter+exit costs, split by the object that executes it: cyctx's `_guard` module, the
-simulated libcuda (the driver calls themselves) and ld.so (where the general-dynamic TLS
-model's `__tls_get_addr` runs). Needs valgrind, a C++ compiler and Cython.
+For each, the loops are compiled against it and run on the simulated driver under
+`valgrind --tool=callgrind` for N and 2N iterations; the difference, divided by N, is what one
+enter+exit costs. The nogil loop is split by the object that executes it: cyctx's `_guard`
+module, the simulated libcuda (the driver calls themselves) and ld.so (where the
+general-dynamic TLS model's `__tls_get_addr` runs). The Python loops are counted whole
+(interpreter included): `with guard` and `with Empty()`, and their ratio. Needs valgrind, a C++
+compiler and Cython.
 """
 
 from __future__ import annotations
@@ -33,13 +37,20 @@ LOOP = textwrap.dedent("""
             for i in range(n):
                 g.enter()
                 g.exit()
+
+    cdef class Empty:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, exc_type, exc, tb):
+            return False
 """)
 
 BUILD = textwrap.dedent("""
     import cyctx
     from Cython.Build import cythonize
     from setuptools import Extension, setup
-    inc = cyctx.get_include_dirs()
+    inc = getattr(cyctx, "get_include_dirs", cyctx.get_include)()  # older cyctx: get_include()
     ext = Extension("loop", ["loop.pyx"], include_dirs=inc if isinstance(inc, list) else [inc], language="c++",
                     extra_compile_args=["-std=c++17", "-O2"])
     setup(ext_modules=cythonize([ext], quiet=True), script_args=["build_ext", "--inplace"])
@@ -50,9 +61,17 @@ RUN = textwrap.dedent("""
     from cyctx.testing import use_simulated_driver
     use_simulated_driver(2)
     import cyctx, loop
+    def pyloop(cm, n):
+        for _ in range(n):
+            with cm:
+                pass
     g = cyctx.ContextGuard(0)
     g.__enter__()  # the guard's context is current: every enter below is the fast path
-    loop.loop(g, int(sys.argv[1]))
+    which, n = sys.argv[1], int(sys.argv[2])
+    if which == "nogil":
+        loop.loop(g, n)
+    else:
+        pyloop(g if which == "with" else loop.Empty(), n)
     g.__exit__(None, None, None)
     g.close()
 """)
@@ -82,26 +101,30 @@ def measure(tag: str, path: str, work: str) -> dict[str, float]:
         f.write(RUN)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (path, d) if p))
     subprocess.run([sys.executable, "-c", BUILD], cwd=d, env=env, check=True, capture_output=True)
-    counts = []
-    for n in (N, 2 * N):
-        prof = os.path.join(d, f"cg-{n}.out")
-        subprocess.run(
-            [
-                "valgrind",
-                "--tool=callgrind",
-                f"--callgrind-out-file={prof}",
-                sys.executable,
-                "run.py",
-                str(n),
-            ],
-            cwd=d,
-            env=env,
-            check=True,
-            capture_output=True,
-        )
-        counts.append(per_object(prof))
-    a, b = counts
-    return {k: (b[k] - a[k]) / N for k in set(a) | set(b)}
+    out = {}
+    for which in ("nogil", "with", "empty"):
+        counts = []
+        for n in (N, 2 * N):
+            prof = os.path.join(d, f"cg-{which}-{n}.out")
+            subprocess.run(
+                [
+                    "valgrind",
+                    "--tool=callgrind",
+                    f"--callgrind-out-file={prof}",
+                    sys.executable,
+                    "run.py",
+                    which,
+                    str(n),
+                ],
+                cwd=d,
+                env=env,
+                check=True,
+                capture_output=True,
+            )
+            counts.append(per_object(prof))
+        a, b = counts
+        out[which] = {k: (b[k] - a[k]) / N for k in set(a) | set(b)}
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -110,17 +133,22 @@ def main(argv: list[str]) -> int:
         return 2
     specs = [s.partition("=")[::2] for s in argv] or [("installed", "")]
     work = tempfile.mkdtemp(prefix="cyctx-instr-")
+    print(f"instructions per enter+exit, fast path, simulated driver ({N} and {2 * N} iterations)")
     print(
-        f"instructions per enter()+exit(), fast path, simulated driver ({N} and {2 * N} iterations)"
+        f"{'build':12s}{'_guard':>10s}{'libcuda':>10s}{'ld.so':>10s}"
+        f"{'with guard':>12s}{'with Empty':>12s}{'ratio':>8s}"
     )
-    print(f"{'build':12s}{'_guard':>10s}{'libcuda':>10s}{'ld.so':>10s}")
     for tag, path in specs:
         d = measure(tag, path, work)
 
-        def pick(prefix, d=d):
+        def pick(prefix, d=d["nogil"]):
             return sum(v for k, v in d.items() if k.startswith(prefix))
 
-        print(f"{tag:12s}{pick('_guard.'):10.1f}{pick('libcuda'):10.1f}{pick('ld-linux'):10.1f}")
+        with_guard, with_empty = (sum(d[w].values()) for w in ("with", "empty"))
+        print(
+            f"{tag:12s}{pick('_guard.'):10.1f}{pick('libcuda'):10.1f}{pick('ld-linux'):10.1f}"
+            f"{with_guard:12.1f}{with_empty:12.1f}{with_guard / with_empty:8.3f}"
+        )
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

@@ -69,22 +69,15 @@ __all__ = [
     "ContextDestroyedError",
     "ContextGuard",
     "ContextResetWarning",
-    "ContextInfo",
     "CyctxError",
-    "DeviceInfo",
-    "Diagnosis",
     "DriverError",
-    "Finding",
     "ForkError",
     "GuardError",
-    "GuardInfo",
     "IncompatibleBindingsError",
     "InvalidContextError",
     "InvalidDeviceError",
-    "LoadedLibrary",
     "NoDeviceError",
     "NotInitializedError",
-    "RuntimeInfo",
     "UntestedBindingsWarning",
     "__version__",
     "current_device",
@@ -96,32 +89,15 @@ __all__ = [
 ]
 
 
-_DOCTOR_NAMES = (
-    "Diagnosis",
-    "diagnose",
-    "ContextInfo",
-    "DeviceInfo",
-    "Finding",
-    "GuardInfo",
-    "LoadedLibrary",
-    "RuntimeInfo",
-)
+def diagnose(cudart=None):
+    """Report the CUDA driver, runtime, devices, the calling thread's context and the CUDA
+    libraries loaded in the process, with findings: :func:`cyctx.doctor.diagnose`, whose
+    records are in :mod:`cyctx.doctor`. The doctor is loaded on the first call, not by
+    ``import cyctx``. Changes no state.
+    """
+    from cyctx.doctor import diagnose as _diagnose
 
-
-def __getattr__(name: str) -> object:
-    # The doctor (cuda.bindings.driver, ctypes, its report and words) is imported on first
-    # use, not with cyctx: code that only guards contexts never pays for it. Its records
-    # (what a Diagnosis holds) are public under these names.
-    if name in _DOCTOR_NAMES:
-        _doctor = _compat.load_doctor()
-        value = getattr(_doctor, name)
-        globals()[name] = value  # later lookups find it without coming here
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return _diagnose(cudart)
 
 
 def get_include() -> str:

@@ -3,22 +3,15 @@
 ``ContextGuard(device)`` retains a device's primary context, makes it current around driver
 work and restores exactly what was current before. Errors are typed: :class:`CyctxError` is
 the base, :class:`DriverError` carries the ``CUresult``. :func:`diagnose` reports the driver,
-the runtime and this thread's context, and explains what is wrong.
+the runtime and this thread's context, and explains what is wrong (its records:
+:mod:`cyctx.doctor`).
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Protocol, SupportsIndex, TypeVar
 
-# The records a Diagnosis holds, public as cyctx.Finding, cyctx.DeviceInfo, ... (the
-# redundant aliases re-export them).
-from cyctx._doctor.model import ContextInfo as ContextInfo
-from cyctx._doctor.model import DeviceInfo as DeviceInfo
-from cyctx._doctor.model import Finding as Finding
-from cyctx._doctor.model import GuardInfo as GuardInfo
-from cyctx._doctor.model import LoadedLibrary as LoadedLibrary
-from cyctx._doctor.model import RuntimeInfo as RuntimeInfo
+from cyctx.doctor import Diagnosis
 
 # What ContextGuard accepts (docs/guarantees.md, "What a guard can be made from"): an ordinal
 # (an int, or anything with __index__ but bool), or an object of cuda.core, CuPy, torch or
@@ -218,66 +211,10 @@ class ContextGuard:
     def resets(self) -> int:
         """How many resets of the primary context enter detected and re-activated."""
 
-@dataclass
-class Diagnosis:
-    """What :func:`diagnose` saw: ``print()`` it for people, :meth:`to_json` for machines,
-    :attr:`ok` and :attr:`findings` for code."""
-
-    simulated: bool
-    """The process runs on cyctx's simulated driver, not a GPU."""
-    driver_library: str | None
-    """Path of the loaded ``libcuda.so.1``."""
-    driver_version: int | None
-    """``cuDriverGetVersion``, e.g. 13000."""
-    driver_error: str | None
-    """Why the driver cannot be used (no library, no device, forked child), else None."""
-    runtime: RuntimeInfo | None
-    """The ``libcudart`` asked for its version and current device."""
-    other_runtimes: list[RuntimeInfo]
-    """Other CUDA runtimes found installed (a CUDA 11 one, say)."""
-    devices: list[DeviceInfo]
-    """Every device, with its primary context's state."""
-    thread_name: str
-    """The name of the thread the report is of."""
-    thread_native_id: int
-    """Its native thread id."""
-    context: ContextInfo | None
-    """The thread's current context (``handle`` 0: none)."""
-    guards: list[GuardInfo]
-    """The ContextGuards alive in this process, and whether their context was reset."""
-    findings: list[Finding]
-    """What is wrong (or worth knowing) and how to fix it, worst first."""
-    pid: int = ...
-    """The process's id."""
-    forked_from: int | None = None
-    """The parent's pid, in a child forked after CUDA was used."""
-    versions: dict[str, str | None] = ...
-    """Versions of Python, cyctx, cuda-bindings and the installed CUDA frameworks."""
-    loaded: list[LoadedLibrary] = ...
-    """The census: every CUDA library loaded in the process, the version it reports and the
-    installed distribution that ships it."""
-    @property
-    def cuda_usable(self) -> bool:
-        """A driver and a device are usable."""
-    @property
-    def ok(self) -> bool:
-        """No finding is an error and CUDA is usable."""
-    @property
-    def exit_status(self) -> int:
-        """``cyctx doctor``'s: 0 nothing wrong, 1 a problem was found, 3 no usable driver or GPU."""
-    def to_dict(self) -> dict[str, Any]:
-        """The report as plain JSON-able data (schema ``cyctx.diagnosis/2``)."""
-    def to_json(self, indent: int | None = 2) -> str:
-        """The report as JSON text."""
-    def render(self, colour: bool = False, width: int = 88, cli: bool = False) -> str:
-        """The human report, as ``str()`` gives it; ANSI colour when ``colour`` is true."""
-
 def diagnose(cudart: str | bool | None = None) -> Diagnosis:
     """Report the CUDA driver, runtime, devices and the calling thread's context, and every CUDA
-    library loaded in the process (the census), with findings.
-
-    Changes no state: it only queries, and loads nothing. ``cudart``: the ``libcudart`` to ask
-    (a path), None for one already loaded or cuda-pathfinder's, False for none."""
+    library loaded in the process, with findings (:func:`cyctx.doctor.diagnose`). Changes no
+    state; loads the doctor on the first call."""
 
 def device(device: DeviceLike) -> ContextGuard:
     """The process's shared guard of ``device`` (:meth:`ContextGuard.shared`):

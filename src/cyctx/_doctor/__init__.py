@@ -25,8 +25,8 @@ One module per job; each imports only those above it in this list:
 * ``findings``: :func:`diagnose`, and the words of each finding;
 * ``demo``: ``python -m cyctx doctor --demo``, the classic failure step by step.
 
-``cyctx`` imports this package on first use of ``cyctx.diagnose``, ``cyctx.Diagnosis`` or a
-record of a diagnosis (``cyctx.Finding``, ``cyctx.DeviceInfo``, ...);
+``cyctx.doctor`` (the public names) imports this package, and ``cyctx.diagnose`` on its first
+call;
 the command line (``cyctx/__main__.py``) uses the names below.
 """
 

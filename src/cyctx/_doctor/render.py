@@ -86,7 +86,7 @@ def flags_str(flags: int) -> str:
 
 
 def render(r: Diagnosis, colour: bool = False, width: int = 88, cli: bool = False) -> str:
-    """The human report of ``r`` (:meth:`Diagnosis.render <cyctx.Diagnosis.render>`)."""
+    """The human report of ``r`` (:meth:`Diagnosis.render <cyctx.doctor.Diagnosis.render>`)."""
     s = Style(colour)
     tag = f"  {SIM_TAG}" if r.simulated else ""
     out: list[str] = []
