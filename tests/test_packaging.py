@@ -107,6 +107,28 @@ def test_installed_files_are_sources_and_binaries_only():
     assert os.path.isfile(os.path.join(PKG, "_sim", "libcuda.so.1"))
 
 
+def test_every_top_level_package_under_src_is_built_and_in_the_sdist():
+    # The plugin and cyctx.testing share top-level packages beside cyctx: each must be in the
+    # wheel (setuptools' packages, its py.typed as package data) and in the sdist (MANIFEST.in).
+    import tomllib
+
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
+    src = os.path.join(root, "src")
+    tops = sorted(n for n in os.listdir(src) if os.path.isfile(os.path.join(src, n, "__init__.py")))
+    assert {"cyctx", "_cyctx_pytest", "_cyctx_libcuda"} <= set(tops), tops
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        tool = tomllib.load(f)["tool"]["setuptools"]
+    with open(os.path.join(root, "MANIFEST.in"), encoding="utf-8") as f:
+        manifest = f.read().splitlines()
+    for name in tops:
+        assert name in tool["packages"], name
+        assert "py.typed" in tool["package-data"].get(name, []), name
+        assert any(
+            line.startswith(f"recursive-include src/{name} ") and "*.py" in line.split()
+            for line in manifest
+        ), name
+
+
 def test_changelog_has_a_dated_section_for_this_version():
     # docs/versioning.md: every release has a dated section, "## X.Y.Z (YYYY-MM-DD)".
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "CHANGELOG.md")

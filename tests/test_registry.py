@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 from helpers.drivers import retains_unchanged
+from helpers.finalizers import freed_on_purpose
 from helpers.threads import in_thread
 
 import cyctx
@@ -26,11 +27,10 @@ def test_registry_keeps_every_live_guard_and_forgets_every_freed_one(sim):
             guards = [ContextGuard(i % 2) for i in range(3000)]
             rng.shuffle(guards)
             keep = guards[:1000]
-            with pytest.warns(ResourceWarning, match="released by garbage collection"):
+            with freed_on_purpose():
                 del guards[:1000]
                 while guards:  # freed in random order: removals inside probe runs
                     guards.pop(rng.randrange(len(guards)))
-                gc.collect()
 
             outer = ContextGuard(0)
             for g in keep:
@@ -51,10 +51,9 @@ def test_registry_keeps_every_live_guard_and_forgets_every_freed_one(sim):
             gc.collect()
             # Guards freed while entered (and the 1000 just freed) are gone from the registry:
             # the outer guard's exit drops all their entries.
-            with pytest.warns(ResourceWarning, match="released by garbage collection"):
+            with freed_on_purpose():
                 for _ in range(50):
                     ContextGuard(1).__enter__()
-                gc.collect()
             with pytest.warns(ResourceWarning, match="dropped 50"):
                 outer.__exit__(None, None, None)
             assert open_entries() == 0

@@ -146,3 +146,22 @@ def test_the_state_of_a_device_that_does_not_exist_is_an_error(sim):
         with pytest.raises(ValueError, match=f"no simulated device {bad}"):
             sim.primary_active(bad)
     assert sim.retain_count(n - 1) >= 0
+
+
+def test_the_plugin_and_cyctx_testing_share_one_libcuda_lookup():
+    # One implementation, importable without cyctx: the plugin gets it with cyctx unimported,
+    # and cyctx.testing's is the same function, which finds the driver the process chose.
+    out = child("""
+        import sys
+        import _cyctx_pytest
+        print("CYCTX", any(m.split(".")[0] == "cyctx" for m in sys.modules))
+        from cyctx import testing
+        print("SAME", testing.loaded_libcuda is _cyctx_pytest.loaded_libcuda)
+        print("NAMED", testing.loaded_libcuda.__module__)  # where users import it from
+        print("BEFORE", testing.loaded_libcuda())
+        sim = testing.use_simulated_driver(2)
+        import os
+        print("AFTER", os.path.realpath(_cyctx_pytest.loaded_libcuda()) == os.path.realpath(sim.path))
+    """)
+    assert "CYCTX False" in out and "SAME True" in out and "NAMED cyctx.testing" in out, out
+    assert "BEFORE None" in out and "AFTER True" in out, out

@@ -25,10 +25,11 @@ current, and it records just that.
 
 This package is a top-level one, beside cyctx rather than in it, so that pytest can load it (cyctx's
 ``pytest11`` entry point, named ``cyctx.pytest_plugin``) in every pytest process of an
-environment without importing cyctx or cuda-bindings: at load it imports pytest and the
-standard library only, and until an option asks for the check it does nothing else. The check
-itself needs neither (it reads the driver through ctypes), so it also works where cyctx cannot
-be imported.
+environment without importing cyctx or cuda-bindings: at load it imports pytest, the standard
+library and ``_cyctx_libcuda`` (the lookup of the mapped driver library it shares with
+``cyctx.testing``, a top-level package too) only, and until an option asks for the check it does
+nothing else. The check itself needs neither cyctx nor cuda-bindings (it reads the driver through
+ctypes), so it also works where cyctx cannot be imported.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+
+from _cyctx_libcuda import loaded_libcuda
 
 __all__ = ["ContextState", "ContextStateChanged", "Observer", "changes", "check_thread"]
 
@@ -210,20 +213,6 @@ class _Ledger:
 # --- reading the state ---------------------------------------------------------------------
 
 
-def _loaded_libcuda() -> str | None:
-    """Path of the ``libcuda.so.1`` mapped in this process, or None (as
-    ``cyctx.testing.loaded_libcuda``, which this module does not import: importing cyctx is
-    what it must not do)."""
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                if "libcuda.so" in line:
-                    return line.split(None, 5)[-1].strip()
-    except OSError:
-        pass
-    return None
-
-
 class _Reader:
     """The five query functions, resolved through the loaded library's cuGetProcAddress_v2 at
     fixed ABI versions (the same ones cyctx uses), so that the real and the simulated driver
@@ -303,7 +292,7 @@ class Observer:
         if self._reader is not None:  # a loaded driver stays loaded: no need to look again
             state = self._reader.read()
         else:
-            path = _loaded_libcuda()
+            path = loaded_libcuda()
             if path is None:
                 state = ContextState("not loaded")
             else:

@@ -21,6 +21,9 @@ from __future__ import annotations
 import ctypes
 import os
 
+# One lookup, shared with the pytest plugin, which must not import cyctx: it lives beside cyctx.
+from _cyctx_libcuda import loaded_libcuda
+
 __all__ = [
     "Sim",
     "loaded_libcuda",
@@ -29,6 +32,8 @@ __all__ = [
     "simulated",
     "real_driver_available",
 ]
+
+loaded_libcuda.__module__ = __name__  # named where users import it from (docs, reprs)
 
 _sim: Sim | None = None
 _MAX_DEVICES = 64  # SIM_MAX_DEVICES of simdriver.c: cyctxsim_configure takes 1..64
@@ -49,20 +54,6 @@ def sim_library_path() -> str:
 
 def _from_env() -> str:
     return " (from CYCTX_SIM_LIBRARY)" if os.environ.get("CYCTX_SIM_LIBRARY") else ""
-
-
-def loaded_libcuda() -> str | None:
-    """Path of the ``libcuda.so.1`` already mapped in this process (real or simulated), or
-    None. It reads ``/proc/self/maps`` and loads nothing, so it is safe before the choice of
-    driver is made."""
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                if "libcuda.so" in line:
-                    return line.split(None, 5)[-1].strip()
-    except OSError:
-        pass
-    return None
 
 
 # The simulated driver's control API (src/cyctx/_sim/simdriver.h): name, restype, argtypes.

@@ -74,19 +74,20 @@ def test_calls_the_quick_path_does_not_take_behave_as_the_plain_method(guard):
 def test_a_bound_method_keeps_its_guard_alive_and_no_longer():
     g = ContextGuard(0)
     dead = weakref.ref(g)
-    enter, leave = g.__enter__, g.__exit__
+    held = [g.__enter__, g.__exit__]
     del g
     gc.collect()
     assert dead() is not None  # the bound methods hold it
 
     def body():
+        enter, leave = held
         assert enter() is dead() and current() == dead().handle
         leave(None, None, None)
         return current()
 
     assert in_thread(body) == 0
     dead().close()
-    del enter, leave
+    held.clear()
     assert dead() is None  # freed by reference counting, without the collector
 
 

@@ -10,6 +10,7 @@ import weakref
 import pytest
 from helpers.children import run_child
 from helpers.drivers import current, driver, ok, retains_unchanged, second_device
+from helpers.finalizers import freed_on_purpose
 from helpers.threads import in_thread
 
 from cyctx import ContextGuard
@@ -76,9 +77,8 @@ def test_orphaned_entry_does_not_block_the_outer_guard(sim):
             outer.__enter__()
             inner = ContextGuard(0)
             inner.__enter__()
-            with pytest.warns(ResourceWarning, match="released by garbage collection"):
+            with freed_on_purpose():
                 del inner
-                gc.collect()
             # The outer guard's exit meets the dead guard's entry on top: it is dropped (it can
             # never be left), reported, and the outer exit restores what was current before it.
             with pytest.warns(ResourceWarning, match="freed while entered"):
@@ -100,9 +100,8 @@ def test_orphaned_entry_dropped_by_an_exit_on_the_fast_path_warns_too(sim):
         outer.__enter__()
         inner = ContextGuard(D1)
         inner.__enter__()
-        with pytest.warns(ResourceWarning, match="released by garbage collection"):
+        with freed_on_purpose():
             del inner
-            gc.collect()
         with pytest.warns(ResourceWarning, match="dropped 1 open entry"):
             outer.__exit__(None, None, None)
         restored = (open_entries(), current() == outer.handle, sim.stack_depth())
@@ -121,11 +120,10 @@ def test_many_guards_freed_while_entered_on_one_thread(sim):
         def body():
             outer = ContextGuard(D1)
             outer.__enter__()
-            with pytest.warns(ResourceWarning, match="released by garbage collection"):
+            with freed_on_purpose():
                 # Beyond the inline entries (_cpp/thread_entries.h): the spill path too.
                 for _ in range(100):
                     ContextGuard(0).__enter__()
-                gc.collect()
             assert open_entries() == 101
             with pytest.warns(ResourceWarning, match="dropped 100"):
                 outer.__exit__(None, None, None)
@@ -153,9 +151,8 @@ def test_weakref_callback_uses_guards_during_deallocation(sim):
 
             g = ContextGuard(0)
             r = weakref.ref(g, cb)
-            with pytest.warns(ResourceWarning, match="released by garbage collection"):
+            with freed_on_purpose():
                 del g
-                gc.collect()
             assert r() is None
             keep.close()
 

@@ -8,10 +8,9 @@ when the guard is collected without close().
 The simulator's faults have no side effect: a 709 injected into cuCtxGetId stands for the
 reset that another thread made between the retain and the id read."""
 
-import gc
-
 import pytest
 from helpers.drivers import driver, ok, reset_primary, retains_unchanged
+from helpers.finalizers import freed_on_purpose
 
 from cyctx import ContextDestroyedError, ContextGuard, ContextResetWarning, DriverError
 
@@ -93,9 +92,8 @@ def test_a_release_failing_in_the_loop_is_given_back_when_the_guard_is_collected
         finally:
             sim.clear_faults()
         assert sim.retain_count(0) == base[0] + 2
-        with pytest.warns(ResourceWarning, match="released by garbage collection"):
+        with freed_on_purpose():
             del g  # no close(): the deallocation releases both
-            gc.collect()
 
 
 def test_a_failed_construction_gives_back_the_retain_whose_release_failed_in_the_loop(sim):
@@ -151,9 +149,8 @@ def test_an_enter_reactivation_release_failure_is_given_back_when_the_guard_is_c
             finally:
                 sim.clear_faults()
         assert sim.retain_count(0) == base[0] + 2
-        with pytest.warns(ResourceWarning, match="released by garbage collection"):
+        with freed_on_purpose():
             del g
-            gc.collect()
 
 
 def test_a_failed_construction_whose_own_release_fails_says_its_retain_is_left(sim):

@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 from helpers.drivers import create_context, current, driver, ok, reset_primary, second_device
+from helpers.finalizers import freed_on_purpose
 from helpers.threads import in_thread
 
 import cyctx
@@ -187,17 +188,14 @@ def test_a_refused_restore_says_how_the_driver_answered_for_what_was_current(sim
 def test_an_exit_out_of_order_counts_the_dead_entries_it_dropped(guard, guard1, n, words):
     # Guards freed while entered above an open block of another guard: the out-of-order exit
     # of the outer guard drops them first, and says how many, in words that agree with it.
-    import gc
-
     def body():
         guard.__enter__()
         guard1.__enter__()
-        with pytest.warns(ResourceWarning, match="released by garbage collection"):
+        with freed_on_purpose():
             for _ in range(n):
                 gx = ContextGuard(0)
                 gx.__enter__()
                 del gx
-            gc.collect()
         with pytest.raises(cyctx.GuardError) as ei:
             guard.__exit__(None, None, None)
         assert words in str(ei.value) and "freed while entered" in str(ei.value), ei.value
@@ -234,15 +232,12 @@ def test_a_spliced_switch_still_pops_its_place_when_what_it_returns_to_died():
 def test_an_exit_without_an_enter_changes_nothing_not_even_dead_entries(guard, guard1):
     # A guard freed while entered leaves an entry that only an exit of a guard entered below it
     # drops. An exit of a guard that has no entry on this thread at all changes nothing.
-    import gc
-
     def body():
         guard.__enter__()
-        with pytest.warns(ResourceWarning, match="released by garbage collection"):
+        with freed_on_purpose():
             gx = ContextGuard(0)
             gx.__enter__()
             del gx
-            gc.collect()
         with pytest.raises(cyctx.GuardError, match="exit without a matching enter") as ei:
             guard1.__exit__(None, None, None)
         assert "freed while entered" not in str(ei.value), ei.value

@@ -1,8 +1,13 @@
 """Code that runs late: a generator left suspended inside a guard (closed or collected
-afterwards, maybe under another guard), and what finalizers report through
-sys.unraisablehook."""
+afterwards, maybe under another guard), what finalizers report through sys.unraisablehook,
+and guards let go without close() on purpose."""
 
+import contextlib
+import gc
 import sys
+from collections.abc import Iterator
+
+import pytest
 
 
 def suspended_in(guard):
@@ -27,3 +32,19 @@ def collect_unraisable(fn):
     finally:
         sys.unraisablehook = old
     return seen
+
+
+@contextlib.contextmanager
+def freed_on_purpose(collect: bool = True) -> Iterator[None]:
+    """A block that lets guards go without ``close()`` on purpose.
+
+    The release of each such guard warns ResourceWarning ("released by garbage collection"),
+    an error under the suite's ``-W error``: the block expects it, and fails unless at least one
+    came. With ``collect`` it runs ``gc.collect()`` last, for guards that only the collector
+    frees (held by a cycle, a frame or a generator); ``collect=False`` is for a test that pins
+    the release as the deallocation's own, at the last reference's end.
+    """
+    with pytest.warns(ResourceWarning, match="released by garbage collection"):
+        yield
+        if collect:
+            gc.collect()

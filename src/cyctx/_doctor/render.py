@@ -1,9 +1,10 @@
 """The doctor's words on screen: the human report, and the styling (colour, wrapping, the
 simulated label) that the demo shares.
 
-:func:`render` takes the records it prints, as a :class:`Report`: the attributes it reads, of
-the record types of :mod:`.model` (a :class:`~.report.Diagnosis` is one). It imports only
-:mod:`.model`; :mod:`.report` imports this module for ``Diagnosis.render()``.
+:func:`render` prints a :class:`~.report.Diagnosis`. At run time it imports only :mod:`.model`
+(:mod:`.report` imports this module for ``Diagnosis.render()``); the annotation names
+``Diagnosis`` itself, imported for type checkers only, so that what render reads is checked
+against the record's own fields rather than against a copy of them that could drift.
 """
 
 from __future__ import annotations
@@ -11,43 +12,16 @@ from __future__ import annotations
 import os
 import textwrap
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from cyctx._doctor.model import (
     EXIT_NO_CUDA,
     EXIT_PROBLEM,
-    ContextInfo,
-    DeviceInfo,
-    Finding,
-    GuardInfo,
-    LoadedLibrary,
-    RuntimeInfo,
     version_str,
 )
 
-
-class Report(Protocol):
-    """What :func:`render` prints: the records of one diagnosis."""
-
-    simulated: bool
-    driver_library: str | None
-    driver_version: int | None
-    driver_error: str | None
-    runtime: RuntimeInfo | None
-    other_runtimes: list[RuntimeInfo]
-    devices: list[DeviceInfo]
-    thread_name: str
-    thread_native_id: int
-    context: ContextInfo | None
-    guards: list[GuardInfo]
-    findings: list[Finding]
-    loaded: list[LoadedLibrary]
-    pid: int
-    forked_from: int | None
-    versions: dict[str, str | None]
-
-    @property
-    def exit_status(self) -> int: ...
+if TYPE_CHECKING:  # report imports this module: the name is for type checkers only
+    from cyctx._doctor.report import Diagnosis
 
 
 class Style:
@@ -111,7 +85,7 @@ def flags_str(flags: int) -> str:
     return f"0x{flags:x} ({'|'.join(names) if names else 'SCHED_AUTO'})"
 
 
-def render(r: Report, colour: bool = False, width: int = 88, cli: bool = False) -> str:
+def render(r: Diagnosis, colour: bool = False, width: int = 88, cli: bool = False) -> str:
     """The human report of ``r`` (:meth:`Diagnosis.render <cyctx.doctor.Diagnosis.render>`)."""
     s = Style(colour)
     tag = f"  {SIM_TAG}" if r.simulated else ""

@@ -1,0 +1,26 @@
+"""Which ``libcuda.so.1`` this process has mapped: the one answer that cyctx (``cyctx.testing``,
+the doctor) and its pytest plugin share.
+
+A top-level package of cyctx's distribution, beside cyctx rather than in it, so that the plugin
+(``_cyctx_pytest``, loaded in every pytest process) can use it without importing cyctx, whose
+``__init__`` checks cuda-bindings and may refuse it. It imports nothing but ``os``'s builtins
+and loads nothing.
+"""
+
+from __future__ import annotations
+
+__all__ = ["loaded_libcuda"]
+
+
+def loaded_libcuda() -> str | None:
+    """Path of the ``libcuda.so.1`` already mapped in this process (real or simulated), or
+    None. It reads ``/proc/self/maps`` and loads nothing, so it is safe before the choice of
+    driver is made."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if "libcuda.so" in line:
+                    return line.split(None, 5)[-1].strip()
+    except OSError:
+        pass
+    return None
