@@ -297,9 +297,11 @@ cdef class ContextGuard:
         return _exit_block(self, EXIT_NOGIL)
 
     def __enter__(self):
+        _called_on_a_guard(self, "__enter__")
         return _with_enter(self)
 
     def __exit__(self, exc_type, exc, tb):
+        _called_on_a_guard(self, "__exit__")
         return _with_exit(self, exc_type, exc, tb)
 
     def close(self):
@@ -314,6 +316,7 @@ cdef class ContextGuard:
             The release failed; the guard stays open (the retain is still held) so a later
             ``close()`` or garbage collection can release it.
         """
+        _called_on_a_guard(self, "close")
         if ctx_load(&self._ctx) == NULL:
             return
         if self._shared:
@@ -410,6 +413,7 @@ cdef class ContextGuard:
         return _decorated(self, func)
 
     def __reduce__(self):
+        _called_on_a_guard(self, "__reduce__")
         # A shared guard stands for "device k's shared guard", which every process has: it
         # travels as that (to a spawned worker, a Dask task). Any other guard holds this
         # process's retain, which means nothing elsewhere.
@@ -418,12 +422,23 @@ cdef class ContextGuard:
         raise TypeError(_cannot_travel(self, "pickle"))
 
     def __copy__(self):
+        _called_on_a_guard(self, "__copy__")
         if self._shared:
             return self  # one per device and process: a copy is the guard itself
         raise TypeError(_cannot_travel(self, "copy"))
 
     def __deepcopy__(self, memo):
+        _called_on_a_guard(self, "__deepcopy__")
         return self.__copy__()
+
+
+cdef inline int _called_on_a_guard(object obj, str method) except -1:
+    # A method called through the class (`ContextGuard.close(x)`, `map(ContextGuard.close,
+    # guards)`) gets whatever it is given as self, and a Cython method does not check it: any
+    # other object would be read as a guard's fields.
+    if not isinstance(obj, ContextGuard):
+        raise TypeError(f"ContextGuard.{method}() needs a ContextGuard, got {_inputs.shown(obj)}")
+    return 0
 
 
 # `with guard:` itself (what __enter__/__exit__ run). Module-level C functions so that the

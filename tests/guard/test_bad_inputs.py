@@ -13,11 +13,12 @@ import warnings
 
 import pytest
 from helpers.children import run_child
-from helpers.drivers import SIM_DEVICES, device_count, driver, ok, retains_unchanged
+from helpers.drivers import SIM_DEVICES, current, device_count, driver, ok, retains_unchanged
 from helpers.threads import in_thread
 
 import cyctx
 from cyctx import ContextGuard, DriverError, InvalidDeviceError
+from cyctx._guard import open_entries
 
 GUARANTEES = os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "guarantees.md"
@@ -169,6 +170,29 @@ def _bindings():
     return driver
 
 
+def _unbound_on_non_guards():
+    # Each method, called through the class with an object that is no guard, refuses it by
+    # name; nothing is read from it as if it were a guard. Only then the TypeError is raised.
+    calls = {
+        "__enter__": lambda x: ContextGuard.__enter__(x),
+        "__exit__": lambda x: ContextGuard.__exit__(x, None, None, None),
+        "close": ContextGuard.close,
+        "__reduce__": ContextGuard.__reduce__,
+        "__copy__": ContextGuard.__copy__,
+        "__deepcopy__": lambda x: ContextGuard.__deepcopy__(x, {}),
+        "the slot of __enter__": lambda x: ContextGuard.__dict__["__enter__"](x),
+        "the slot of __exit__": lambda x: ContextGuard.__dict__["__exit__"](x, None, None, None),
+    }
+    before = (current(), open_entries())
+    for name, call in calls.items():
+        for bad in (None, object(), 0, "guard"):
+            with pytest.raises(TypeError, match=r"needs a ContextGuard, got") as ei:
+                call(bad)
+            assert f"ContextGuard.{name.split()[-1]}()" in str(ei.value), (name, ei.value)
+    assert (current(), open_entries()) == before
+    raise TypeError("every method refused every non-guard")
+
+
 ROWS = [
     ("`ContextGuard(-1)`", lambda: ContextGuard(-1), "ValueError"),
     ("`ContextGuard(10**9)`", lambda: ContextGuard(10**9), "InvalidDeviceError"),
@@ -242,6 +266,12 @@ ROWS = [
     ),
     ("`ContextGuard.from_handle(-1)` or `from_handle(2**64)`", _handles_out_of_range, "ValueError"),
     ('`ContextGuard.from_handle(1.5)` or `from_handle("0x1234")`', _handles_not_ints, "TypeError"),
+    (
+        "a method called through the class on something else: `ContextGuard.close(None)`, "
+        "`ContextGuard.__exit__(obj, None, None, None)`, ...",
+        _unbound_on_non_guards,
+        "TypeError",
+    ),
 ]
 
 
