@@ -178,7 +178,7 @@ cdef extern from *:
     }
     __attribute__((noinline)) static int bench_tls_pop(unsigned long long token, cyctx_Switch *out) {
         std::size_t dropped = 0;
-        return cyctx::tls_pop_own(token, nullptr, out, &dropped);
+        return cyctx::tls_pop_own(token, out, &dropped);
     }
     """
     int bench_tls_push(unsigned long long token) noexcept nogil

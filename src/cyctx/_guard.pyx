@@ -42,7 +42,7 @@ cdef extern from "cyctx/switch.h" nogil:
 
 cdef extern from "_cpp/thread_entries.h" namespace "cyctx" nogil:
     int tls_push(unsigned long long token, const void* block, const Switch* sw) noexcept
-    int tls_pop_own(unsigned long long token, const void* block, Switch* out, size_t* dropped) noexcept
+    int tls_pop_own(unsigned long long token, Switch* out, size_t* dropped) noexcept
     size_t tls_depth() noexcept
     size_t tls_count(unsigned long long token) noexcept
     size_t tls_drop_dead_top(unsigned long long keep) noexcept
@@ -551,7 +551,7 @@ cdef inline int _exit_block(ContextGuard self, int how) except -1 nogil:
     cdef const void* block = NULL
     cdef int r
     if how == EXIT_NOGIL:
-        r = tls_pop_own(self._token, NULL, &s, &dropped)
+        r = tls_pop_own(self._token, &s, &dropped)
     else:
         r = tls_pop_python(self._token, &s, &dropped, &block)
     if r != 0:

@@ -96,12 +96,13 @@ inline const void *block_key() noexcept {
     return item != &ts->exc_state ? block_tag(item) : static_cast<const void *>(f);
 }
 
-// A Python exit's tls_pop_own: its block's key into *key, then the entry taken as tls_pop_own
-// does. When the innermost entry is this guard's and was made by the code running now (this
-// frame, or this generator), it is the exit's own and no frame is looked at: a block's exit
-// mostly runs where its enter ran. (Were the running frame one that forwards, at the address
-// of a returned frame that made the entry, block_key() would lead to the same entry, since
-// tls_pop_own takes an ended block's entry.) Otherwise the key is block_key()'s.
+// A Python exit's pop (the nogil exit's is thread_entries.h's tls_pop_own): its block's key
+// into *key, then the entry taken as tls_pop_own_slow does. When the innermost entry is this
+// guard's and was made by the code running now (this frame, or this generator), it is the
+// exit's own and no frame is looked at: a block's exit mostly runs where its enter ran. (Were
+// the running frame one that forwards, at the address of a returned frame that made the entry,
+// block_key() would lead to the same entry, since tls_pop_own_slow takes an ended block's
+// entry.) Otherwise the key is block_key()'s.
 inline int tls_pop_python(unsigned long long token, cyctx_Switch *out, std::size_t *dropped,
                           const void **key) noexcept {
     Stack &s = *my_stack();

@@ -156,8 +156,9 @@ inline std::size_t tls_drop_dead_top(unsigned long long keep) noexcept {
     return n;
 }
 
-// Slow path of tls_pop_own (out of line, so that the fast path stays small enough for the
-// compiler to inline into exit): the innermost entry is not plainly this exit's own.
+// Slow path of tls_pop_own and of blocks.h's tls_pop_python (out of line, so that the fast
+// paths stay small enough for the compiler to inline into exit): the innermost entry is not
+// plainly this exit's own.
 __attribute__((noinline)) inline int tls_pop_own_slow(unsigned long long token, const void *block,
                                                        cyctx_Switch *out, std::size_t *dropped) noexcept {
     if (tls_pop_matching(token, block, out) == 0) return 0;
@@ -166,24 +167,23 @@ __attribute__((noinline)) inline int tls_pop_own_slow(unsigned long long token, 
     return *dropped && tls_pop_matching(token, block, out) == 0 ? 0 : -1;
 }
 
-// Take this exit's own entry off the top, its switch into *out (0), else change nothing but the drop of
+// The nogil exit()'s pop (a Python exit's is blocks.h's tls_pop_python): take this guard's
+// innermost entry off the top, its switch into *out (0), else change nothing but the drop of
 // dead entries (-1). Entries of guards freed while entered can never be left: when they are
 // what lies above this guard's entry, they are dropped (their number in *dropped, for the
 // caller to report) and the entry is looked for again. The common case, the innermost entry is
-// this guard's and this block's (or the nogil exit's, which has no block), is a few
-// instructions here.
-inline int tls_pop_own(unsigned long long token, const void *block, cyctx_Switch *out,
-                       std::size_t *dropped) noexcept {
+// this guard's, is a few instructions here.
+inline int tls_pop_own(unsigned long long token, cyctx_Switch *out, std::size_t *dropped) noexcept {
     Stack &s = *my_stack();
     if (s.depth) {
         Entry *e = slot(s, s.depth - 1);
-        if (e->token == token && (!block || e->block == block)) {
+        if (e->token == token) {
             *out = e->sw;
             s.depth--;
             return 0;
         }
     }
-    return tls_pop_own_slow(token, block, out, dropped);
+    return tls_pop_own_slow(token, nullptr, out, dropped);
 }
 
 // A Python block left out of order (a guard entered after it is still open: interleaved
