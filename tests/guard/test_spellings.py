@@ -512,7 +512,7 @@ def test_no_warning_for_shared_guards_or_at_interpreter_shutdown():
                 self.g = None
         holder = Holder()
         print("END")
-    """)
+    """, env={"PYTHONWARNINGS": "always::ResourceWarning"})  # shown, were one warned
     assert out.stdout.strip().endswith("END")
     assert "ResourceWarning" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr
     # A thread's own guard (its threading.local) is freed as the thread exits: no Python code
