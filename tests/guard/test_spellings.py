@@ -496,8 +496,11 @@ def test_pytest_run_sees_a_test_that_leaks_a_guard(tmp_path, filt):
 
 def test_no_warning_for_shared_guards_or_at_interpreter_shutdown():
     # A guard still referenced when the interpreter exits (a module global, a cycle) is freed
-    # during finalization: no Python call, so no warning, whatever the filters.
-    out = run_child("""
+    # during finalization: no Python call, so no warning, whatever the filters (the child
+    # shows every ResourceWarning, were one warned).
+    shown = {"PYTHONWARNINGS": "always::ResourceWarning"}
+    out = run_child(
+        """
         import cyctx, threading
         kept = cyctx.ContextGuard(0)
         cycle = [cyctx.ContextGuard(D1)]
@@ -512,7 +515,9 @@ def test_no_warning_for_shared_guards_or_at_interpreter_shutdown():
                 self.g = None
         holder = Holder()
         print("END")
-    """, env={"PYTHONWARNINGS": "always::ResourceWarning"})  # shown, were one warned
+    """,
+        env=shown,
+    )
     assert out.stdout.strip().endswith("END")
     assert "ResourceWarning" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr
     # A thread's own guard (its threading.local) is freed as the thread exits: no Python code
