@@ -162,3 +162,10 @@ def test_exit_from_a_bound_method_is_the_guards_exit(guard):
         return current(), open_entries()
 
     assert in_thread(body) == (0, 0)
+
+
+def test_an_exact_guard_binds_cyctxs_quick_methods(guard):
+    # What makes `with guard:` cheap: not a new garbage-collected method object per lookup,
+    # but cyctx's own (scripts/quality/fastpath_instructions.py counts the difference).
+    for m in (guard.__enter__, guard.__exit__):
+        assert type(m) is not types.MethodType and not gc.is_tracked(m)
