@@ -169,3 +169,32 @@ def test_an_exact_guard_binds_cyctxs_quick_methods(guard):
     # but cyctx's own (scripts/quality/fastpath_instructions.py counts the difference).
     for m in (guard.__enter__, guard.__exit__):
         assert type(m) is not types.MethodType and not gc.is_tracked(m)
+
+
+def test_a_bound_method_equals_and_hashes_as_the_plain_method(guard):
+    for name in ("__enter__", "__exit__"):
+        m, plain = getattr(guard, name), getattr(ContextGuard, name).__get__(guard)
+        assert type(plain) is types.MethodType
+        assert m == plain and plain == m and not (m != plain) and hash(m) == hash(plain)
+        assert hash(m) == m.__hash__() and len({m, plain}) == 1
+        assert copy.copy(plain) == plain  # rebuilt through getattr(guard, name)
+    other = ContextGuard.__enter__.__get__(ContextGuard(1))
+    assert guard.__enter__ != other
+    other.__self__.close()
+
+
+def test_a_bound_method_takes_weak_references(guard):
+    # As a plain method does: weakref.ref, WeakSet, finalize, and WeakMethod (which rebuilds
+    # the method from its function and self when called).
+    m = guard.__exit__
+    r = weakref.ref(m)
+    ws = weakref.WeakSet([m])
+    fired = []
+    weakref.finalize(m, fired.append, "freed")
+    wm = weakref.WeakMethod(guard.__exit__)
+    assert r() is m and m in ws and wm() == m
+    del m
+    assert r() is None and len(ws) == 0 and fired == ["freed"]
+    assert wm() == guard.__exit__  # the guard lives: the method is made again
+    with pytest.raises(TypeError):
+        type(guard.__enter__)(ContextGuard.__enter__, guard, extra=1)

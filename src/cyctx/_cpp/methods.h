@@ -13,7 +13,7 @@
 // __dict__; the class itself, `ContextGuard.__enter__`) the Slot gives what the method it
 // replaces gives, so subclasses, contextlib's `cls.__enter__` and introspection see a plain
 // method. A Bound answers attribute lookups (__name__, __doc__, __self__, __func__, ...),
-// repr, ==, hash and pickling as the method object it stands for does.
+// repr, ==, hash, weak references and pickling as the method object it stands for does.
 //
 // Free-threaded builds do not install the Slots (the free list relies on the GIL).
 #pragma once
@@ -37,6 +37,7 @@ struct Bound {
     vectorcallfunc vectorcall;
     PyObject *self;          // the guard (a strong reference)
     Slot *slot;              // borrowed: a Slot lives in the class's dict for the process's life
+    PyObject *weakreflist;   // weak references to it (weakref.ref, WeakSet, finalize)
     Bound *next_free;
 };
 
@@ -72,6 +73,7 @@ static int g_nfree = 0;
 
 inline void bound_dealloc(PyObject *o) noexcept {
     Bound *b = reinterpret_cast<Bound *>(o);
+    if (b->weakreflist) PyObject_ClearWeakRefs(o);
     PyObject *self = b->self;
     b->self = nullptr;
     if (g_nfree < kFreeMax) {
@@ -102,22 +104,46 @@ inline PyObject *bound_repr(PyObject *o) noexcept {
 
 static PyTypeObject BoundType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
-// As a method object: equal when bound to the same guard for the same method.
+// As a method object: equal to another bound to the same guard for the same function,
+// whether it is one of these or a plain method (types.MethodType(ContextGuard.__enter__, g));
+// the hash is a plain method's (its self's address, its function's hash).
 inline PyObject *bound_richcompare(PyObject *a, PyObject *b, int op) noexcept {
-    if ((op != Py_EQ && op != Py_NE) || Py_TYPE(b) != &BoundType) Py_RETURN_NOTIMPLEMENTED;
-    Bound *x = reinterpret_cast<Bound *>(a), *y = reinterpret_cast<Bound *>(b);
-    bool eq = x->self == y->self && x->slot == y->slot;
+    if (op != Py_EQ && op != Py_NE) Py_RETURN_NOTIMPLEMENTED;
+    Bound *x = reinterpret_cast<Bound *>(a);
+    bool eq;
+    if (Py_TYPE(b) == &BoundType) {
+        Bound *y = reinterpret_cast<Bound *>(b);
+        eq = x->self == y->self && x->slot == y->slot;
+    } else if (PyMethod_Check(b)) {
+        eq = PyMethod_GET_SELF(b) == x->self && PyMethod_GET_FUNCTION(b) == x->slot->method;
+    } else {
+        Py_RETURN_NOTIMPLEMENTED;
+    }
     return PyBool_FromLong(op == Py_EQ ? eq : !eq);
 }
 
 inline Py_hash_t bound_hash(PyObject *o) noexcept {
     Bound *b = reinterpret_cast<Bound *>(o);
 #if PY_VERSION_HEX >= 0x030D0000
-    Py_hash_t h = Py_HashPointer(b->self) ^ Py_HashPointer(b->slot);
+    Py_hash_t x = Py_HashPointer(b->self);
 #else
-    Py_hash_t h = _Py_HashPointer(b->self) ^ _Py_HashPointer(b->slot);
+    Py_hash_t x = _Py_HashPointer(b->self);
 #endif
-    return h == -1 ? -2 : h;
+    Py_hash_t y = PyObject_Hash(b->slot->method);
+    if (y == -1) return -1;
+    x ^= y;
+    return x == -1 ? -2 : x;
+}
+
+// type(m)(func, self), as weakref.WeakMethod rebuilds the method it holds: a plain method.
+inline PyObject *bound_new(PyTypeObject *, PyObject *args, PyObject *kw) noexcept {
+    if (kw && PyDict_GET_SIZE(kw)) {
+        PyErr_SetString(PyExc_TypeError, "bound_method() takes no keyword arguments");
+        return nullptr;
+    }
+    PyObject *func, *self;
+    if (!PyArg_UnpackTuple(args, "bound_method", 2, 2, &func, &self)) return nullptr;
+    return PyMethod_New(func, self);
 }
 
 inline PyObject *slot_get(PyObject *descr, PyObject *obj, PyObject *type) noexcept {
@@ -136,6 +162,7 @@ inline PyObject *slot_get(PyObject *descr, PyObject *obj, PyObject *type) noexce
     b->vectorcall = bound_call;
     b->self = Py_NewRef(obj);
     b->slot = s;
+    b->weakreflist = nullptr;
     return reinterpret_cast<PyObject *>(b);
 }
 
@@ -167,6 +194,8 @@ inline int slot_types_ready() noexcept {
     BoundType.tp_repr = bound_repr;
     BoundType.tp_richcompare = bound_richcompare;
     BoundType.tp_hash = bound_hash;
+    BoundType.tp_weaklistoffset = offsetof(Bound, weakreflist);
+    BoundType.tp_new = bound_new;
     SlotType.tp_name = "cyctx._guard.method_slot";
     SlotType.tp_basicsize = sizeof(Slot);
     SlotType.tp_flags = Py_TPFLAGS_DEFAULT;
