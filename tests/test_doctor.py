@@ -15,7 +15,7 @@ import threading
 import warnings
 
 import pytest
-from helpers.children import run_child
+from helpers.children import TESTS_DIR, run_child, run_python
 from helpers.drivers import KIND, current, device_count, primary_state
 
 import cyctx
@@ -290,15 +290,8 @@ def test_import_cyctx_does_not_import_the_doctor():
     print(json.dumps([before, doctor(), isinstance(r, cyctx.doctor.Diagnosis),
                       r.to_dict()["schema"], "diagnose" in dir(cyctx)]))
     """
-    p = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=os.path.dirname(os.path.abspath(__file__)),
-    )
-    assert p.returncode == 0, p.stderr
-    before, after, is_diagnosis, schema, listed = json.loads(p.stdout.strip().splitlines()[-1])
+    p = run_python(code, cwd=TESTS_DIR)
+    before, after, is_diagnosis, schema, listed = last_json(p)
     assert before == [[], False, False], f"`import cyctx` imported the doctor: {before}"
     assert "cyctx._doctor" in after and is_diagnosis and schema == "cyctx.diagnosis/2" and listed
 
@@ -344,15 +337,8 @@ def test_the_records_of_a_diagnosis_are_public(name):
                       {name}.__module__, all(isinstance(x, {name}) for x in held if x),
                       cyctx.doctor.diagnose is cyctx._doctor.diagnose]))
     """
-    p = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=os.path.dirname(os.path.abspath(__file__)),
-    )
-    assert p.returncode == 0, p.stderr
-    assert json.loads(p.stdout.strip().splitlines()[-1]) == [
+    p = run_python(code, cwd=TESTS_DIR)
+    assert last_json(p) == [
         [],
         True,
         True,
@@ -957,16 +943,8 @@ def test_no_device_on_the_simulator():
     r = diagnose(cudart=False)
     print(json.dumps([r.to_dict(), str(r)]))
     """
-    import textwrap
-
-    p = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, CYCTX_SIM_DEVICES="0", CUDA_VISIBLE_DEVICES=""),
-        timeout=120,
-    )
-    d, text = json.loads(p.stdout.strip().splitlines()[-1])
+    p = run_python(code, env=dict(os.environ, CYCTX_SIM_DEVICES="0", CUDA_VISIBLE_DEVICES=""))
+    d, text = last_json(p)
     assert d["simulated"] is True and d["exit_status"] == 3
     (f,) = d["findings"]
     assert f["code"] == "no_device" and "CUDA_VISIBLE_DEVICES is ''" in f["explanation"]
