@@ -178,7 +178,7 @@ def test_a_bound_method_equals_and_hashes_as_the_plain_method(guard):
         assert m == plain and plain == m and not (m != plain) and hash(m) == hash(plain)
         assert hash(m) == m.__hash__() and len({m, plain}) == 1
         assert copy.copy(plain) == plain  # rebuilt through getattr(guard, name)
-    other = ContextGuard.__enter__.__get__(ContextGuard(1))
+    other = ContextGuard.__enter__.__get__(ContextGuard(0))  # another guard of the same device
     assert guard.__enter__ != other
     other.__self__.close()
 
