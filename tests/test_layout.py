@@ -2,7 +2,7 @@
 
 * one extension module, ``cyctx._guard``, owns the native state: setup.py builds no other
   (besides the simulated driver's C library);
-* only it includes the private headers (``src/cyctx/_cpp/*.h``): a second module compiling them
+* only it includes the private headers (``src/cyctx/_cpp/*.h``, ``src/cyctx/_protocol/*.h``): a second module compiling them
   would hold a second copy of their state (the per-thread entries, the live-guard registry, the
   driver table, the fork flags) that the first one never sees;
 * there are no import circles among cyctx's modules, lazy imports included (an import under
@@ -106,15 +106,21 @@ def _cimports(text: str) -> set[str]:
     return {(a or b) for a, b in _CIMPORT.findall(text)}
 
 
+# The folders of private headers: the driver layer's and the Python-protocol layer's.
+PRIVATE = ("_cpp/", "_protocol/")
+
+
 def private_header_users(pkg: str = PKG) -> dict[str, set[str]]:
-    """{file: the _cpp/ headers it names}, for every file outside _cpp/ that names one."""
+    """{file: the private headers it names}, for every file outside their folders that names one."""
     out = {}
     for path in source_files(pkg):
-        if path.startswith("_cpp/") or not path.endswith((".pyx", ".pxd", ".pxi", ".h", ".c")):
+        if path.startswith(PRIVATE) and path.endswith(".h"):
+            continue
+        if not path.endswith((".pyx", ".pxd", ".pxi", ".h", ".c")):
             continue
         text = _read(os.path.join(pkg, path))
         names = set(_EXTERN.findall(text)) | set(_C_INCLUDE.findall(text))
-        private = {n for n in names if n.startswith("_cpp/")}
+        private = {n for n in names if n.startswith(PRIVATE)}
         if private:
             out[path] = private
     return out

@@ -126,7 +126,7 @@ for whl in "$OUT"/*.whl; do
 done
 listing=$(tar -tzf "$OUT"/cyctx-*.tar.gz)
 if grep -E '\.cpp$|_build_info\.py$|\.so' <<<"$listing"; then echo "FAIL: the sdist holds generated files"; status=1; fi
-for f in src/cyctx/_guard.pyx src/cyctx/_driver_and_errors.pxi src/cyctx/_switch.pxi src/cyctx/_errors.py src/cyctx/_inputs.py src/cyctx/_cpp/driver.h src/cyctx/_sim/simdriver.c \
+for f in src/cyctx/_guard.pyx src/cyctx/_native/switch.pxi src/cyctx/_protocol/blocks.h src/cyctx/_errors.py src/cyctx/_inputs.py src/cyctx/_cpp/driver.h src/cyctx/_sim/simdriver.c \
          tests/conftest.py tests/helpers/drivers.py tests/sim/test_simdriver.py \
          examples/downstream/pyproject.toml docs/guarantees.md LICENSE CHANGELOG.md; do
     grep -q "/$f$" <<<"$listing" || { echo "FAIL: the sdist lacks $f"; status=1; }

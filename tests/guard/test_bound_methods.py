@@ -1,5 +1,5 @@
 """A guard's bound __enter__ and __exit__: `with guard:` binds them through cyctx's own quick
-method objects (src/cyctx/_cpp/methods.h), which must behave as the plain bound methods they
+method objects (src/cyctx/_protocol/methods.h), which must behave as the plain bound methods they
 stand for, keep the guard alive exactly as long as they live, and never be given to an object
 that could put them in a reference cycle (a subclass instance, which has a __dict__)."""
 

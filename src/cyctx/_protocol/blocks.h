@@ -17,7 +17,7 @@
 #pragma once
 #include <Python.h>
 #include <cstdint>
-#include "thread_entries.h"
+#include "_cpp/thread_entries.h"
 
 namespace cyctx {
 

@@ -1,0 +1,108 @@
+# Part of the _guard module (included by _guard.pyx): a guard's enter and exit of one block
+# (the per-thread entries of _cpp/thread_entries.h, the fast path, misuse).
+
+cdef inline int _enter_block(ContextGuard self, const void* block) except -1 nogil:
+    # enter() for a block: the nogil enter() is block NULL, Python's `with` its frame. The fast
+    # path (the context is already current) is written out here rather than through switch_to:
+    # two cheap thread-local driver calls and one thread-local entry, nothing else
+    # (docs/design.md, "Costs").
+    cdef cydriver.CUcontext cur = NULL
+    cdef unsigned long long ctx_id = 0
+    cdef cydriver.CUresult err
+    cdef Switch s
+    cdef const DriverApi* d = driver_api()  # loaded: this guard's construction did it
+    cdef cydriver.CUcontext ctx = ctx_load(&self._ctx)  # an acquire load: free on x86
+    if forked_after_cuda():
+        return _raise_fork()
+    if ctx == NULL:
+        return _raise_closed(self)
+    # A reset keeps the handle and changes the id (docs/evidence.md, "Reset keeps the handle and
+    # changes the id"), so the pointer alone proves nothing: one cuCtxGetId, ~9-11 ns, on
+    # every enter.
+    err = d.CtxGetId(ctx, &ctx_id)
+    if err != cydriver.CUresult.CUDA_SUCCESS or ctx_id != u64_load(&self._ctx_id):
+        _after_reset(self, err, ctx_id)
+        ctx = ctx_load(&self._ctx)
+        ctx_id = u64_load(&self._ctx_id)
+    err = d.CtxGetCurrent(&cur)
+    if err != cydriver.CUresult.CUDA_SUCCESS:
+        return raise_driver_error(err, "cuCtxGetCurrent")
+    if cur == ctx:
+        s.prev = ctx
+        s.prev_id = ctx_id
+        s.switched = False
+        if tls_push(self._token, block, &s) != 0:
+            return _raise_no_memory()
+        return 0
+    _switch_from(&s, ctx, cur, d)
+    if tls_push(self._token, block, &s) != 0:
+        switch_back(&s)
+        return _raise_no_memory()
+    return 0
+
+
+# Who leaves a block (_exit_block's `how`); it matters only when the block's entry is not the
+# innermost (_exit_misuse).
+cdef enum:
+    EXIT_NOGIL = 0       # the nogil exit(): its caller can call it again
+    EXIT_PYTHON = 1      # Python's __exit__: called once per block
+    EXIT_GENERATOR = 2   # Python's __exit__ for a GeneratorExit: a generator or coroutine closed
+
+
+cdef inline int _exit_block(ContextGuard self, int how) except -1 nogil:
+    # exit() for a block (see _enter_block): the nogil exit() has no block, a Python exit
+    # finds its own (_protocol/blocks.h, with the GIL). The entry ends here even if the restore below
+    # fails: a failed restore leaves the driver's stack as it was, and keeping the entry would
+    # make every later exit on this thread look out of order.
+    cdef Switch s
+    cdef size_t dropped = 0
+    cdef const void* block = NULL
+    cdef int r
+    if how == EXIT_NOGIL:
+        r = tls_pop_own(self._token, &s, &dropped)
+    else:
+        r = tls_pop_python(self._token, &s, &dropped, &block)
+    if r != 0:
+        return _exit_misuse(self, block, how, dropped)
+    if forked_after_cuda():
+        return 0  # a block left in a forked child: the driver is gone, nothing to restore
+    # The fast path (nothing switched): one cuCtxGetCurrent, and a switch back only if the
+    # block left another context current (cudaSetDevice inside the block).
+    _restore(driver_api(), &s)  # loaded: the matching enter ran
+    if dropped:
+        return _warn_dropped(self, dropped)  # after the restore: the exit itself is done
+    return 0
+
+
+cdef int _raise_destroyed(ContextGuard g) except -1 with gil:
+    raise _errors.destroyed_by_owner(repr(g))
+
+
+cdef int _raise_closed(ContextGuard g) except -1 with gil:
+    raise _errors.closed(repr(g))
+
+
+cdef int _raise_no_memory() except -1 with gil:
+    raise MemoryError("cyctx: no memory to record a guard entry")
+
+
+cdef int _exit_misuse(ContextGuard g, const void* block, int how, size_t dropped) except -1 with gil:
+    # The exit's entry is not the innermost on this thread (after the drop of dead entries above
+    # it), or the guard has none here. The nogil exit() is refused and changes nothing: its
+    # caller can leave the inner blocks and call it again. Python never calls a block's __exit__
+    # again, so an entry kept there would stay for ever: close() refused on this thread, and the
+    # inner block, when left, making this block's context current again. So a Python exit
+    # splices its entry out from under the open block, which then restores what was current
+    # before this one; the current context is not touched. Either way: GuardError.
+    cdef unsigned long long top = tls_top_token()  # a splice never removes the innermost
+    cdef bint removed = how != EXIT_NOGIL and tls_splice(g._token, block) == 0
+    raise _errors.exit_misuse(repr(g), removed or tls_count(g._token) != 0, top == g._token, top,
+                              dropped, removed, how == EXIT_GENERATOR)
+
+
+cdef int _warn_dropped(ContextGuard g, size_t dropped) except -1 with gil:
+    # Not an error: the exit itself completed. A guard freed while entered is a leak in the
+    # caller's code, so it is reported as one (ResourceWarning is shown under -W default,
+    # pytest and python -X dev).
+    warnings.warn(_errors.dropped_text(repr(g), dropped), ResourceWarning, stacklevel=2)
+    return 0
