@@ -341,7 +341,9 @@ class Trace:
         if not self.active:
             return self
         self._native.stop()
-        raw, dropped = self._native.drain()
+        self.collect()
+        dropped = self._native.drain()[1]
+        raw = self._raw
         self._native.release()
         self._threads = {t.native_id: t.name for t in threading.enumerate() if t.native_id}
         with _lock:
@@ -357,6 +359,12 @@ class Trace:
                 f" pass capacity=)\n"
             )
         return self
+
+    def collect(self) -> None:
+        """Move what the buffer holds now into this trace, while it runs (a long trace drains
+        itself this way, so that its buffer need only hold what happens in between)."""
+        if self.active:
+            self._raw.extend(self._native.drain()[0])
 
     def __enter__(self) -> Trace:
         return self.start()

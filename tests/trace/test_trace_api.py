@@ -1,0 +1,267 @@
+"""cyctx.trace() on the simulated driver: what each event says (call, thread, contexts before
+and after, the line and the library), the questions it answers, its report and JSON, and how
+it refuses when it cannot subscribe."""
+
+import ctypes
+import inspect
+import json
+import sys
+import threading
+
+import pytest
+
+import cyctx
+from helpers import drivers
+
+HERE = __file__
+
+
+def line_of(marker):
+    """The line of this file that carries `# <marker>`: where an event must point."""
+    src = inspect.getsource(sys.modules[__name__]).splitlines()
+    hits = [i + 1 for i, text in enumerate(src) if text.rstrip().endswith(f"# {marker}")]
+    assert len(hits) == 1, marker
+    return hits[0]
+
+
+@pytest.fixture
+def d(sim):
+    return drivers.driver()
+
+
+def api(t, call):
+    return [e for e in t.events if e.call == call]
+
+
+def test_a_set_current_names_the_line_the_thread_and_both_contexts(d):
+    p = drivers.ok(d.cuDevicePrimaryCtxRetain(0))
+    pid = drivers.ok(d.cuCtxGetId(p))
+    try:
+        with cyctx.trace() as t:
+            drivers.ok(d.cuCtxSetCurrent(p))  # set-here
+            drivers.ok(d.cuCtxSetCurrent(None))  # unset-here
+        assert t.reason is None and t.dropped == 0
+        on, off = api(t, "cuCtxSetCurrent")
+        assert on.where.file == HERE and on.where.line == line_of("set-here")
+        assert off.where.line == line_of("unset-here")
+        assert on.thread == threading.get_native_id() and on.thread_name == "MainThread"
+        assert on.before.handle == 0 and on.after == cyctx._trace.ContextRef(int(p), pid, 0)
+        assert off.before == on.after and off.after.handle == 0
+        assert on.changed and off.changed
+        assert on.library == "cuda-bindings" and not on.cyctx_guard
+        assert on.domain == "driver" and on.result == 0
+        assert not on.held_gil  # cuda.bindings releases the GIL: the line is still there
+    finally:
+        drivers.ok(d.cuDevicePrimaryCtxRelease(0))
+
+
+def test_a_guard_appears_as_cyctx_with_its_block(d):
+    g = cyctx.ContextGuard(1)
+    with cyctx.trace() as t:
+        with g:  # guard-block
+            pass
+    ev = t.changes()
+    assert len(ev) == 2
+    for e in ev:
+        assert e.cyctx_guard and e.library == "cyctx"
+        assert e.where.file == HERE and e.where.line == line_of("guard-block")
+        assert e.held_gil
+    assert ev[0].after.device == 1 and ev[1].after.handle == 0
+    g.close()
+
+
+def test_retain_create_destroy_reset_and_their_resource_events(d):
+    with cyctx.trace() as t:
+        p = drivers.ok(d.cuDevicePrimaryCtxRetain(1))  # retain-here
+        c = drivers.create_context(0)
+        drivers.ok(d.cuCtxDestroy(c))
+        drivers.ok(d.cuDevicePrimaryCtxReset(1))  # reset-here
+        drivers.ok(d.cuDevicePrimaryCtxRelease(1))
+    calls = [e.call for e in t.events]
+    assert calls == [
+        "context created",
+        "cuDevicePrimaryCtxRetain",
+        "context created",
+        "cuCtxCreate_v4",
+        "context destroy starting",
+        "cuCtxDestroy_v2",
+        "context destroy starting",
+        "cuDevicePrimaryCtxReset_v2",
+        "cuDevicePrimaryCtxRelease_v2",
+    ]
+    retain = api(t, "cuDevicePrimaryCtxRetain")[0]
+    assert retain.device == 1 and retain.target.handle == int(p)
+    assert retain.where.line == line_of("retain-here")
+    create = api(t, "cuCtxCreate_v4")[0]
+    assert create.after.handle == int(c) and create.changed and create.device == 0
+    destroy = api(t, "cuCtxDestroy_v2")[0]
+    assert destroy.target.handle == int(c) and destroy.target.id == create.after.id
+    (gone_c,) = t.who_destroyed(int(c))
+    assert gone_c.via == "cuCtxDestroy_v2" and gone_c.target.id == create.after.id
+    (gone_p,) = t.who_destroyed(int(p))
+    assert gone_p.via == "cuDevicePrimaryCtxReset_v2" and gone_p.where.line == line_of("reset-here")
+    assert gone_p.target.id == retain.target.id and gone_p.target.device == 1
+    # By ContextRef: the id must match too.
+    assert t.who_destroyed(gone_p.target) == [gone_p]
+    assert t.who_destroyed(cyctx._trace.ContextRef(int(p), 10**9, None)) == []
+
+
+def test_who_made_current_per_thread(d):
+    p0 = drivers.ok(d.cuDevicePrimaryCtxRetain(0))
+    p1 = drivers.ok(d.cuDevicePrimaryCtxRetain(1))
+    tids = {}
+
+    def worker():
+        tids["w"] = threading.get_native_id()
+        drivers.ok(d.cuCtxSetCurrent(p1))  # worker-set
+        drivers.ok(d.cuCtxSetCurrent(None))
+        drivers.ok(d.cuCtxPushCurrent(p1))  # worker-push
+        # left current on the worker (its thread ends with it)
+
+    try:
+        with cyctx.trace() as t:
+            drivers.ok(d.cuCtxPushCurrent(p0))  # main-push
+            th = threading.Thread(target=worker, name="w")
+            th.start()
+            th.join()
+            drivers.ok(d.cuCtxPopCurrent())  # main-pop
+        main = t.who_made_current()
+        assert main.call == "cuCtxPopCurrent_v2" and main.where.line == line_of("main-pop")
+        w = t.who_made_current(tids["w"])
+        assert w.call == "cuCtxPushCurrent_v2" and w.where.line == line_of("worker-push")
+        assert w.after.handle == int(p1) and w.after.device == 1
+        assert [e.where.line for e in t.changes(tids["w"])] == [
+            line_of("worker-set"), line_of("worker-set") + 1, line_of("worker-push")
+        ]
+        assert t.who_made_current(thread=123456789) is None
+    finally:
+        drivers.ok(d.cuDevicePrimaryCtxRelease(0))
+        drivers.ok(d.cuDevicePrimaryCtxRelease(1))
+
+
+def test_libraries_touching_a_device(d):
+    g = cyctx.ContextGuard(1)
+    with cyctx.trace() as t:
+        with g:
+            pass
+        p = drivers.ok(d.cuDevicePrimaryCtxRetain(0))
+        drivers.ok(d.cuDevicePrimaryCtxRelease(0))
+    g.close()
+    assert t.libraries_touching(1) == {"cyctx guard": 2}
+    # created, the retain, destroy starting, the release
+    assert t.libraries_touching(0) == {"cuda-bindings": 4}
+    assert t.libraries_touching(5) == {}
+    for bad in (-1, "0", True, 1.0):
+        with pytest.raises(ValueError, match="device must be an ordinal"):
+            t.libraries_touching(bad)
+    assert p
+
+
+def test_python_frames_off_and_native_frames_off(d):
+    with cyctx.trace(python_frames=0, native_frames=0) as t:
+        drivers.ok(d.cuCtxSetCurrent(None))
+    (e,) = t.events
+    assert e.python == [] and e.python_state == "Python frames off" and e.where is None
+    assert e.native == [] and e.library == "?"
+
+
+def test_a_full_buffer_counts_what_it_lost(d, capfd):
+    p = drivers.ok(d.cuDevicePrimaryCtxRetain(0))
+    try:
+        with cyctx.trace(capacity=3) as t:
+            for _ in range(5):
+                drivers.ok(d.cuCtxSetCurrent(p))
+        assert len(t.events) == 3 and t.dropped == 2
+        assert "2 events were lost" in capfd.readouterr().err
+        assert "2 LOST" in t.report()
+    finally:
+        drivers.ok(d.cuCtxSetCurrent(None))
+        drivers.ok(d.cuDevicePrimaryCtxRelease(0))
+
+
+def test_collect_keeps_a_long_trace_within_a_small_buffer(d):
+    with cyctx.trace(capacity=2) as t:
+        for _ in range(6):
+            drivers.ok(d.cuCtxSetCurrent(None))
+            t.collect()
+    assert len(t.events) == 6 and t.dropped == 0
+
+
+def test_a_second_trace_says_so_and_changes_nothing(d, capfd):
+    with cyctx.trace() as t:
+        with cyctx.trace() as t2:
+            drivers.ok(d.cuCtxSetCurrent(None))
+        assert t.active and not t2.active
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1
+    assert err == "cyctx trace: not tracing: a cyctx trace is already running in this process\n"
+    assert t2.reason and t2.events == [] and len(t.events) == 1
+    assert t2.report() == f"cyctx trace: not tracing: {t2.reason}"
+
+
+def test_another_subscriber_is_left_undisturbed(d, sim, capfd):
+    lib = sim._lib
+    seen = []
+    cb = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p)(
+        lambda u, dom, cbid, data: seen.append(cbid)
+    )
+    h = ctypes.c_void_p()
+    lib.cyctxsim_cuptiSubscribe.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_void_p]
+    lib.cyctxsim_cuptiEnableCallback.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32]
+    lib.cyctxsim_cuptiUnsubscribe.argtypes = [ctypes.c_void_p]
+    assert lib.cyctxsim_cuptiSubscribe(ctypes.byref(h), ctypes.cast(cb, ctypes.c_void_p), None) == 0
+    try:
+        assert lib.cyctxsim_cuptiEnableCallback(1, h, 1, 303) == 0
+        with cyctx.trace() as t:
+            drivers.ok(d.cuCtxSetCurrent(None))
+        assert not t.active and "another CUPTI subscriber" in t.reason
+        assert capfd.readouterr().err.startswith("cyctx trace: not tracing: another CUPTI subscriber")
+        drivers.ok(d.cuCtxSetCurrent(None))
+        assert seen == [303, 303, 303, 303]  # both calls, entry and exit: still its
+    finally:
+        assert lib.cyctxsim_cuptiUnsubscribe(h) == 0
+
+
+def test_bad_arguments_are_typed_errors():
+    for kw in ({"python_frames": -1}, {"python_frames": 99}, {"native_frames": 99}, {"capacity": 0}):
+        with pytest.raises(ValueError):
+            cyctx.trace(**kw)
+
+
+def test_asking_while_running_and_restarting_are_errors(d):
+    t = cyctx.trace()
+    with t:
+        with pytest.raises(cyctx._trace.TraceError, match="still running"):
+            t.changes()
+    with pytest.raises(cyctx._trace.TraceError, match="runs once"):
+        t.start()
+    with pytest.raises(TypeError, match="who_destroyed"):
+        t.who_destroyed("0x1")
+
+
+def test_json_has_the_schema_and_every_event(d):
+    with cyctx.trace() as t:
+        drivers.ok(d.cuCtxSetCurrent(None))  # json-line
+    data = json.loads(json.dumps(t.to_json()))
+    assert data["schema"] == "cyctx.trace/1" and data["driver"] == "simulated"
+    assert data["active"] is True and data["dropped"] == 0
+    (e,) = data["events"]
+    assert set(e) == {
+        "seq", "time_s", "duration_s", "thread", "thread_name", "domain", "call", "via", "result",
+        "before", "after", "target", "device", "changed", "held_gil", "python", "python_state",
+        "native", "library", "where", "cyctx_guard",
+    }
+    assert e["call"] == "cuCtxSetCurrent" and e["where"]["line"] == line_of("json-line")
+    assert e["where"]["file"] == HERE and e["changed"] is False
+
+
+def test_report_names_each_event_and_the_answers(d):
+    g = cyctx.ContextGuard(1)
+    with cyctx.trace() as t:
+        with g:  # report-block
+            pass
+    g.close()
+    text = t.report()
+    assert text.startswith("cyctx trace: 2 events on 1 threads, through the simulated driver")
+    assert f"by cyctx guard at {HERE}:{line_of('report-block')}" in text
+    assert "libraries per device:\n  device 1: cyctx guard (2)" in text
