@@ -73,7 +73,7 @@ def test_a_guard_appears_as_cyctx_with_its_block(d):
 def test_retain_create_destroy_reset_and_their_resource_events(d):
     with cyctx.trace() as t:
         p = drivers.ok(d.cuDevicePrimaryCtxRetain(1))  # retain-here
-        c = drivers.create_context(0)
+        c = drivers.create_context(1, flags=4)
         drivers.ok(d.cuCtxDestroy(c))
         drivers.ok(d.cuDevicePrimaryCtxReset(1))  # reset-here
         drivers.ok(d.cuDevicePrimaryCtxRelease(1))
@@ -93,7 +93,7 @@ def test_retain_create_destroy_reset_and_their_resource_events(d):
     assert retain.device == 1 and retain.target.handle == int(p)
     assert retain.where.line == line_of("retain-here")
     create = api(t, "cuCtxCreate_v4")[0]
-    assert create.after.handle == int(c) and create.changed and create.device == 0
+    assert create.after.handle == int(c) and create.changed and create.device == 1
     destroy = api(t, "cuCtxDestroy_v2")[0]
     assert destroy.target.handle == int(c) and destroy.target.id == create.after.id
     (gone_c,) = t.who_destroyed(int(c))
@@ -265,3 +265,19 @@ def test_report_names_each_event_and_the_answers(d):
     assert text.startswith("cyctx trace: 2 events on 1 threads, through the simulated driver")
     assert f"by cyctx guard at {HERE}:{line_of('report-block')}" in text
     assert "libraries per device:\n  device 1: cyctx guard (2)" in text
+
+
+def test_a_reset_of_the_current_primary_is_a_change(d):
+    p = drivers.ok(d.cuDevicePrimaryCtxRetain(0))
+    drivers.ok(d.cuCtxSetCurrent(p))
+    try:
+        with cyctx.trace() as t:
+            drivers.ok(d.cuDevicePrimaryCtxReset(0))  # reset-current
+        (reset,) = api(t, "cuDevicePrimaryCtxReset_v2")
+        # Same handle, current before and after; its id is gone (destroyed): a change.
+        assert reset.before.handle == reset.after.handle == int(p)
+        assert reset.before.id is not None and reset.after.id is None
+        assert reset.changed and t.who_made_current() is reset
+    finally:
+        drivers.ok(d.cuCtxSetCurrent(None))
+        drivers.ok(d.cuDevicePrimaryCtxRelease(0))
