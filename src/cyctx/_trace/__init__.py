@@ -270,7 +270,7 @@ class Trace:
         self,
         *,
         python_frames: int = 4,
-        native_frames: int = 16,
+        native_frames: int = 12,
         capacity: int = 16384,
         quiet: bool = False,
     ) -> None:
@@ -601,7 +601,7 @@ atexit.register(_stop_at_exit)
 
 
 def trace(
-    *, python_frames: int = 4, native_frames: int = 16, capacity: int = 16384, quiet: bool = False
+    *, python_frames: int = 4, native_frames: int = 12, capacity: int = 16384, quiet: bool = False
 ) -> Trace:
     """Record every context change of the process while the returned :class:`Trace` is on
     (``with cyctx.trace() as t:``). See docs/tracing.md."""
