@@ -5,6 +5,7 @@ it refuses when it cannot subscribe."""
 import ctypes
 import inspect
 import json
+import os
 import sys
 import threading
 
@@ -281,3 +282,24 @@ def test_a_reset_of_the_current_primary_is_a_change(d):
     finally:
         drivers.ok(d.cuCtxSetCurrent(None))
         drivers.ok(d.cuDevicePrimaryCtxRelease(0))
+
+
+def test_the_library_named_is_the_one_the_caller_entered(d, sim):
+    """A call through two libraries (ctypes' module, then libffi, then the driver) is named
+    after the one Python entered, as cuda.core's calls through cuda-bindings are cuda.core's."""
+    import _ctypes
+
+    lib = sim._lib
+    fn = ctypes.c_void_p()
+    lib.cuGetProcAddress_v2.argtypes = [
+        ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p,
+    ]
+    assert lib.cuGetProcAddress_v2(b"cuCtxSetCurrent", ctypes.byref(fn), 4000, 0, None) == 0
+    set_current = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(fn.value)
+    with cyctx.trace() as t:
+        assert set_current(None) == 0  # ctypes-call
+    (e,) = t.events
+    owners = [n.owner for n in e.native]
+    assert owners[0].startswith("libffi") and os.path.basename(_ctypes.__file__) in owners
+    assert e.library == os.path.basename(_ctypes.__file__)
+    assert e.where.line == line_of("ctypes-call") and not e.cyctx_guard

@@ -226,6 +226,14 @@ def _is_driver_side(path: str | None, skip: tuple[str, ...]) -> bool:
     )
 
 
+def _is_interpreter(path: str | None) -> bool:
+    """A frame of CPython itself: the caller's native stack ends below it."""
+    if not path:
+        return False
+    base = os.path.basename(path)
+    return base.startswith("libpython") or os.path.realpath(path) == os.path.realpath(sys.executable)
+
+
 def _is_library_file(file: str, dirs: list[tuple[str, str]]) -> bool:
     real = os.path.realpath(file) if file and not file.startswith("<") else file
     if any(real.startswith(d) for d, _ in dirs):
@@ -391,17 +399,27 @@ class Trace:
                 owner = _owner_of(lib, dirs) or (os.path.basename(lib) if lib else "?")
                 native.append(NativeFrame(lib, sym, owner))
             python = [Frame(f, line, fn) for f, line, fn in r["python"]]
-            lib_py = next((_owner_of(f.file, dirs) for f in python[:1]), None)
-            first_native = next(
-                (n.owner for n in native if n.owner not in ("the CUDA runtime",)), None
-            )
-            cyctx_guard = bool(native) and native[0].owner == "cyctx"
+            # Who made the call: the library the caller entered, not the one it went through
+            # (cuda.core calls the driver through cuda-bindings, torch through the runtime).
+            # Natively: the outermost library frame below the interpreter; in Python: the
+            # outermost library frame below the user's code.
+            entry_native = None
+            for n in native:
+                if _is_interpreter(n.library):
+                    break
+                if n.owner != "the CUDA runtime":
+                    entry_native = n.owner
+            entry_py = None
+            for f in python:
+                owner = _owner_of(f.file, dirs) if _is_library_file(f.file, dirs) else None
+                if owner is None and not _is_library_file(f.file, dirs):
+                    break
+                entry_py = owner or entry_py
+            cyctx_guard = entry_native == "cyctx" and (entry_py in (None, "cyctx"))
             if cyctx_guard:
                 library = "cyctx"
-            elif lib_py and lib_py != "cyctx":
-                library = lib_py
             else:
-                library = first_native or lib_py or "?"
+                library = (entry_py if entry_py not in (None, "cyctx") else None) or entry_native or "?"
             where = next((f for f in python if not _is_library_file(f.file, dirs)), None)
             dom = _DOMAINS.get(r["domain"], str(r["domain"]))
 
