@@ -438,6 +438,8 @@ def try_mutant(build, m, env, timeout):
                     "cyctx",
                     "_sim/libcuda.so.1"
                     if target[0] == "sim"
+                    else "_trace/" + os.path.basename(build.tracer["out"])
+                    if target[0] == "tracer"
                     else os.path.basename(build.exts[target[1]]["out"]),
                 )
             )
@@ -615,7 +617,7 @@ def main(argv=None):
             env = test_env(build, args.driver)
             # The recorded commands rebuild every target once, unmutated, and the suite must
             # pass on that build: the replay is checked before any mutant relies on it.
-            for target in [("ext", e) for e in sorted(build.exts)] + [("sim",)]:
+            for target in [("ext", e) for e in sorted(build.exts)] + [("sim",), ("tracer",)]:
                 err = build.rebuild(target)
                 if err:
                     raise SystemExit(f"replaying the build of {target} failed:\n{err}")

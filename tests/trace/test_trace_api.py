@@ -303,3 +303,16 @@ def test_the_library_named_is_the_one_the_caller_entered(d, sim):
     assert owners[0].startswith("libffi") and os.path.basename(_ctypes.__file__) in owners
     assert e.library == os.path.basename(_ctypes.__file__)
     assert e.where.line == line_of("ctypes-call") and not e.cyctx_guard
+
+
+def test_a_reactivated_primary_is_created_with_its_new_id(d):
+    with cyctx.trace() as t:
+        drivers.ok(d.cuDevicePrimaryCtxRetain(0))
+        drivers.ok(d.cuDevicePrimaryCtxRelease(0))  # the last reference: destroyed
+        drivers.ok(d.cuDevicePrimaryCtxRetain(0))  # a new activation, a new id
+        drivers.ok(d.cuDevicePrimaryCtxRelease(0))
+    created = [e.target for e in t.events if e.call == "context created"]
+    gone = [e.target for e in t.events if e.call == "context destroy starting"]
+    retains = [e.target for e in api(t, "cuDevicePrimaryCtxRetain")]
+    assert created == retains and created[0].id != created[1].id
+    assert gone == created and all(r.device == 0 for r in created)

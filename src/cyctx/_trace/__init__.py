@@ -389,6 +389,7 @@ class Trace:
         for a, res in zip(todo, self._native.resolve(todo)):
             cache[a] = (res[0], res[1])
         last_id: dict[int, int] = {}
+        last_dev: dict[int, int] = {}
         events = []
         for r in raw:
             native: list[NativeFrame] = []
@@ -426,18 +427,25 @@ class Trace:
             def ref(h: int, cid: int, dev: int) -> ContextRef:
                 if h and cid:
                     last_id[h] = cid
+                if h and dev >= 0:
+                    last_dev[h] = dev
                 return ContextRef(h, cid or None, None if dev < 0 else dev)
 
             if dom == "resource":
                 h = r["arg_ctx"]
                 before = after = None
-                # Not asked in the callback (the driver holds its locks there): the id this
-                # handle was last seen with, None if never.
-                target = ContextRef(h, last_id.get(h), None)
+                # Not asked in the callback (the driver holds its locks there). A destroyed
+                # context: the id and device its handle was last seen with (None if never); a
+                # created one is new: the enclosing call's exit tells (below).
+                if r["cbid"] == 2:
+                    target = ContextRef(h, last_id.get(h), last_dev.get(h))
+                else:
+                    target = ContextRef(h, None, None)
             else:
                 before = ref(r["before"], r["before_id"], r["before_dev"])
                 after = ref(r["after"], r["after_id"], r["after_dev"])
-                target = ref(r["arg_ctx"], r["arg_ctx_id"], -1) if r["arg_ctx"] else None
+                # The device argument is the target's device (a retain's, a create's).
+                target = ref(r["arg_ctx"], r["arg_ctx_id"], r["arg_dev"]) if r["arg_ctx"] else None
             events.append(
                 ContextEvent(
                     seq=r["seq"],
@@ -476,7 +484,8 @@ class Trace:
                     cid = e.target.id
                     if cid is None and t is not None and t.handle == e.target.handle:
                         cid = t.id
-                    e.target = ContextRef(e.target.handle, cid, later.device)
+                    dev = later.device if later.device is not None else e.target.device
+                    e.target = ContextRef(e.target.handle, cid, dev)
                     break
         return events
 
