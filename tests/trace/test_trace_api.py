@@ -263,7 +263,7 @@ def test_report_names_each_event_and_the_answers(d):
             pass
     g.close()
     text = t.report()
-    assert text.startswith("cyctx trace: 2 events on 1 threads, through the simulated driver")
+    assert text.startswith("cyctx trace: 2 events on 1 thread, through the simulated driver")
     assert f"by cyctx guard at {HERE}:{line_of('report-block')}" in text
     assert "libraries per device:\n  device 1: cyctx guard (2)" in text
 

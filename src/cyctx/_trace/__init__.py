@@ -561,7 +561,8 @@ class Trace:
         driver = "the simulated driver" if self.simulated else f"{self.cupti} ({self.cupti_found_via})"
         threads = sorted({e.thread for e in self.events})
         lines = [
-            f"cyctx trace: {len(self.events)} events on {len(threads)} threads, through {driver}"
+            f"cyctx trace: {len(self.events)} events on {len(threads)} "
+            f"thread{'' if len(threads) == 1 else 's'}, through {driver}"
             + (f"; {self.dropped} LOST (buffer full)" if self.dropped else "")
         ]
         for e in self.events:
