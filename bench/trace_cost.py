@@ -65,12 +65,14 @@ def main() -> int:
             print(f"cannot trace: {t.reason}", file=sys.stderr)
             return 1
     g = cyctx.ContextGuard(0)
+
     def guard_loop() -> float:
         t0 = time.perf_counter_ns()
         for _ in range(n // 10):
             with g:
                 pass
         return (time.perf_counter_ns() - t0) / (n // 10)
+
     rows["Python with guard (switching), untraced"] = min(guard_loop() for _ in range(3))
     with cyctx.trace(capacity=1 << 16, quiet=True) as t:
         vals = []

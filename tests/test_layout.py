@@ -83,7 +83,9 @@ def test_setup_builds_one_extension_module():
     # Besides the guard, the tracer's module (plain C, its own state: the CUPTI subscription
     # and its buffer; it includes none of _cpp/, checked below like every other file).
     extensions, c_sources = setup_builds()
-    assert sorted(extensions) == ["cyctx._guard", "cyctx._trace._native"], f"setup.py builds {extensions}"
+    assert sorted(extensions) == ["cyctx._guard", "cyctx._trace._native"], (
+        f"setup.py builds {extensions}"
+    )
     assert c_sources == ["src/cyctx/_sim/simdriver.c"], f"setup.py compiles {c_sources}"
 
 

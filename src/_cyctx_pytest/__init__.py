@@ -607,7 +607,9 @@ class _Tracer:
         try:
             return (yield)
         finally:
-            self.windows.append((item.nodeid, threading.get_native_id(), start, time.monotonic_ns()))
+            self.windows.append(
+                (item.nodeid, threading.get_native_id(), start, time.monotonic_ns())
+            )
             if self.trace is not None:
                 self.trace.collect()  # the buffer need only hold one test's events
 
@@ -620,7 +622,10 @@ class _Tracer:
         for nodeid, thread, start, end in self.windows:
             inside = [e for e in t.events if start <= t._t0 + e.time_s * 1e9 <= end]
             mine = [e for e in inside if e.thread == thread and e.changed]
-            if mine and (mine[0].before.handle, mine[0].before.id) != (mine[-1].after.handle, mine[-1].after.id):
+            if mine and (mine[0].before.handle, mine[0].before.id) != (
+                mine[-1].after.handle,
+                mine[-1].after.id,
+            ):
                 last = mine[-1]
                 out.append(
                     f"{nodeid} left {last.after} current (it found {mine[0].before}): made "

@@ -84,7 +84,9 @@ def _parser(prog: str = "python -m cyctx") -> argparse.ArgumentParser:
             "status: the script's; 3 when the simulated driver cannot be used."
         ),
     )
-    tr.add_argument("--json", metavar="FILE", help="also write the trace as JSON (schema cyctx.trace/1)")
+    tr.add_argument(
+        "--json", metavar="FILE", help="also write the trace as JSON (schema cyctx.trace/1)"
+    )
     tr.add_argument(
         "--simulate", action="store_true", help="run the script on cyctx's simulated driver"
     )

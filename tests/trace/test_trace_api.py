@@ -10,9 +10,9 @@ import sys
 import threading
 
 import pytest
+from helpers import drivers
 
 import cyctx
-from helpers import drivers
 
 HERE = __file__
 
@@ -132,7 +132,9 @@ def test_who_made_current_per_thread(d):
         assert w.call == "cuCtxPushCurrent_v2" and w.where.line == line_of("worker-push")
         assert w.after.handle == int(p1) and w.after.device == 1
         assert [e.where.line for e in t.changes(tids["w"])] == [
-            line_of("worker-set"), line_of("worker-set") + 1, line_of("worker-push")
+            line_of("worker-set"),
+            line_of("worker-set") + 1,
+            line_of("worker-push"),
         ]
         assert t.who_made_current(thread=123456789) is None
     finally:
@@ -207,8 +209,17 @@ def test_another_subscriber_is_left_undisturbed(d, sim, capfd):
         lambda u, dom, cbid, data: seen.append(cbid)
     )
     h = ctypes.c_void_p()
-    lib.cyctxsim_cuptiSubscribe.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_void_p]
-    lib.cyctxsim_cuptiEnableCallback.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32]
+    lib.cyctxsim_cuptiSubscribe.argtypes = [
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+    ]
+    lib.cyctxsim_cuptiEnableCallback.argtypes = [
+        ctypes.c_uint32,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_uint32,
+    ]
     lib.cyctxsim_cuptiUnsubscribe.argtypes = [ctypes.c_void_p]
     assert lib.cyctxsim_cuptiSubscribe(ctypes.byref(h), ctypes.cast(cb, ctypes.c_void_p), None) == 0
     try:
@@ -216,7 +227,9 @@ def test_another_subscriber_is_left_undisturbed(d, sim, capfd):
         with cyctx.trace() as t:
             drivers.ok(d.cuCtxSetCurrent(None))
         assert not t.active and "another CUPTI subscriber" in t.reason
-        assert capfd.readouterr().err.startswith("cyctx trace: not tracing: another CUPTI subscriber")
+        assert capfd.readouterr().err.startswith(
+            "cyctx trace: not tracing: another CUPTI subscriber"
+        )
         drivers.ok(d.cuCtxSetCurrent(None))
         assert seen == [303, 303, 303, 303]  # both calls, entry and exit: still its
     finally:
@@ -224,7 +237,12 @@ def test_another_subscriber_is_left_undisturbed(d, sim, capfd):
 
 
 def test_bad_arguments_are_typed_errors():
-    for kw in ({"python_frames": -1}, {"python_frames": 99}, {"native_frames": 99}, {"capacity": 0}):
+    for kw in (
+        {"python_frames": -1},
+        {"python_frames": 99},
+        {"native_frames": 99},
+        {"capacity": 0},
+    ):
         with pytest.raises(ValueError):
             cyctx.trace(**kw)
 
@@ -248,9 +266,27 @@ def test_json_has_the_schema_and_every_event(d):
     assert data["active"] is True and data["dropped"] == 0
     (e,) = data["events"]
     assert set(e) == {
-        "seq", "time_s", "duration_s", "thread", "thread_name", "domain", "call", "via", "result",
-        "before", "after", "target", "device", "changed", "held_gil", "python", "python_state",
-        "native", "library", "where", "cyctx_guard",
+        "seq",
+        "time_s",
+        "duration_s",
+        "thread",
+        "thread_name",
+        "domain",
+        "call",
+        "via",
+        "result",
+        "before",
+        "after",
+        "target",
+        "device",
+        "changed",
+        "held_gil",
+        "python",
+        "python_state",
+        "native",
+        "library",
+        "where",
+        "cyctx_guard",
     }
     assert e["call"] == "cuCtxSetCurrent" and e["where"]["line"] == line_of("json-line")
     assert e["where"]["file"] == HERE and e["changed"] is False
@@ -292,7 +328,11 @@ def test_the_library_named_is_the_one_the_caller_entered(d, sim):
     lib = sim._lib
     fn = ctypes.c_void_p()
     lib.cuGetProcAddress_v2.argtypes = [
-        ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p,
+        ctypes.c_char_p,
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.c_int,
+        ctypes.c_uint64,
+        ctypes.c_void_p,
     ]
     assert lib.cuGetProcAddress_v2(b"cuCtxSetCurrent", ctypes.byref(fn), 4000, 0, None) == 0
     set_current = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(fn.value)

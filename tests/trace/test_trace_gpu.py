@@ -10,8 +10,6 @@ import textwrap
 
 import pytest
 
-from helpers import drivers
-
 pytestmark = pytest.mark.gpu
 
 DIFF_SCRIPT = """
@@ -46,7 +44,9 @@ def _trace(tmp_path, script, simulate, name):
     cmd = [sys.executable, "-m", "cyctx", "trace", "--quiet", "--json", str(out)]
     proc = subprocess.run(
         cmd + (["--simulate"] if simulate else []) + [str(path)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert out.exists(), proc.stderr  # no file: the trace could not subscribe (stderr says why)
@@ -69,9 +69,23 @@ def _normalised(data):
         refs = []
         for key in ("before", "after", "target"):
             r = e[key]
-            refs.append(None if r is None else (label("ctx", r["handle"]), label("id", r["id"]), r["device"]))
-        out.append((e["domain"], e["call"], e["via"], e["result"], e["device"], e["changed"], *refs,
-                    e["where"]["line"] if e["where"] else None))
+            refs.append(
+                None
+                if r is None
+                else (label("ctx", r["handle"]), label("id", r["id"]), r["device"])
+            )
+        out.append(
+            (
+                e["domain"],
+                e["call"],
+                e["via"],
+                e["result"],
+                e["device"],
+                e["changed"],
+                *refs,
+                e["where"]["line"] if e["where"] else None,
+            )
+        )
     return out
 
 
@@ -122,7 +136,9 @@ def test_a_mixed_process_names_each_change_with_its_line_and_library(tmp_path):
         if "# L " in text:
             expected[i] = text.rsplit("# L ", 1)[1].strip()
     # The script's two threads; threads of the libraries themselves are not the script's lines.
-    changes = [e for e in data["events"] if e["changed"] and e["thread_name"] in ("MainThread", "worker")]
+    changes = [
+        e for e in data["events"] if e["changed"] and e["thread_name"] in ("MainThread", "worker")
+    ]
     assert changes, "no context change traced"
     assert {e["thread_name"] for e in changes} == {"MainThread", "worker"}
     named = {}
@@ -130,7 +146,12 @@ def test_a_mixed_process_names_each_change_with_its_line_and_library(tmp_path):
         where = e["where"]
         assert where is not None and where["file"] == str(path), e
         assert where["line"] in expected, (where, e["call"], e["library"])
-        assert e["library"] == expected[where["line"]], (where["line"], e["call"], e["library"], e["native"])
+        assert e["library"] == expected[where["line"]], (
+            where["line"],
+            e["call"],
+            e["library"],
+            e["native"],
+        )
         assert e["cyctx_guard"] == (expected[where["line"]] == "cyctx")
         named.setdefault(e["library"], set()).add(where["line"])
     # Every library of the script made at least one change that the trace saw.

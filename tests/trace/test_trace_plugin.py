@@ -49,7 +49,10 @@ def test_trace_names_the_test_the_call_and_the_line(pytester):
     assert len(lines) == 4, out
     # The guard's release was the last reference to device 1's primary context: destroyed.
     assert lines[0].startswith("test_inner.py::test_clean destroyed ")
-    assert "(device 1, id 1)" in lines[0] and "inside cuDevicePrimaryCtxRelease_v2 by cyctx guard" in lines[0]
+    assert (
+        "(device 1, id 1)" in lines[0]
+        and "inside cuDevicePrimaryCtxRelease_v2 by cyctx guard" in lines[0]
+    )
     assert lines[1].startswith("test_inner.py::test_leaks left ")
     assert "(device 1, id 2)" in lines[1] and "(it found none)" in lines[1]
     assert lines[1].endswith(

@@ -7,7 +7,6 @@ import sys
 import textwrap
 
 import pytest
-
 from helpers import children, drivers
 
 SIM_PROLOGUE = "from cyctx.testing import use_simulated_driver; sim = use_simulated_driver(2)\n"
@@ -126,8 +125,22 @@ def test_command_line_trace_runs_the_script_and_reports(tmp_path):
     )
     out = tmp_path / "t.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "cyctx", "trace", "--simulate", "--json", str(out), str(script), "a", "-x"],
-        capture_output=True, text=True, timeout=120, cwd=str(tmp_path),
+        [
+            sys.executable,
+            "-m",
+            "cyctx",
+            "trace",
+            "--simulate",
+            "--json",
+            str(out),
+            str(script),
+            "a",
+            "-x",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(tmp_path),
     )
     assert proc.returncode == 3, proc.stderr
     assert proc.stdout == "args ['a', '-x']\n"
@@ -135,12 +148,17 @@ def test_command_line_trace_runs_the_script_and_reports(tmp_path):
     assert f"by cyctx guard at {script}:6 (<module>)" in proc.stderr
     data = json.loads(out.read_text())
     assert data["schema"] == "cyctx.trace/1"
-    assert [e["call"] for e in data["events"] if e["changed"]] == ["cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2"]
+    assert [e["call"] for e in data["events"] if e["changed"]] == [
+        "cuCtxPushCurrent_v2",
+        "cuCtxPopCurrent_v2",
+    ]
 
 
 def test_command_line_trace_of_a_missing_script(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "cyctx", "trace", str(tmp_path / "nope.py")],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2 and "no such file" in proc.stderr

@@ -5,7 +5,6 @@ data with CUPTI's layouts, resource events, nothing for calls not enabled."""
 import ctypes
 
 import pytest
-
 from helpers import drivers
 
 SUCCESS, INVALID_PARAMETER, MULTIPLE_SUBSCRIBERS = 0, 1, 39
@@ -38,7 +37,11 @@ class CallbackData(ctypes.Structure):  # CUpti_CallbackData
 
 
 class ResourceData(ctypes.Structure):  # CUpti_ResourceData
-    _fields_ = [("context", ctypes.c_void_p), ("stream", ctypes.c_void_p), ("descriptor", ctypes.c_void_p)]
+    _fields_ = [
+        ("context", ctypes.c_void_p),
+        ("stream", ctypes.c_void_p),
+        ("descriptor", ctypes.c_void_p),
+    ]
 
 
 CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p)
@@ -47,11 +50,23 @@ CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32
 @pytest.fixture
 def lib(sim):
     lib = sim._lib
-    lib.cyctxsim_cuptiSubscribe.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_void_p]
+    lib.cyctxsim_cuptiSubscribe.argtypes = [
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+    ]
     lib.cyctxsim_cuptiUnsubscribe.argtypes = [ctypes.c_void_p]
-    lib.cyctxsim_cuptiEnableCallback.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32]
+    lib.cyctxsim_cuptiEnableCallback.argtypes = [
+        ctypes.c_uint32,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_uint32,
+    ]
     lib.cyctxsim_cuptiGetCallbackState.argtypes = [
-        ctypes.POINTER(ctypes.c_uint32), ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32,
+        ctypes.POINTER(ctypes.c_uint32),
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_uint32,
     ]
     lib.cyctxsim_cuptiGetResultString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
     return lib
@@ -70,14 +85,30 @@ class Recorder:
             self.seen.append(("resource", cbid, r.context or 0))
         else:
             d = CallbackData.from_address(data)
-            ret = ctypes.c_int.from_address(d.functionReturnValue).value if d.callbackSite == 1 else None
+            ret = (
+                ctypes.c_int.from_address(d.functionReturnValue).value
+                if d.callbackSite == 1
+                else None
+            )
             first = ctypes.c_void_p.from_address(d.functionParams).value or 0
             self.seen.append(
-                ("exit" if d.callbackSite else "enter", cbid, d.functionName.decode(), d.context or 0, ret, first)
+                (
+                    "exit" if d.callbackSite else "enter",
+                    cbid,
+                    d.functionName.decode(),
+                    d.context or 0,
+                    ret,
+                    first,
+                )
             )
 
     def __enter__(self):
-        assert self.lib.cyctxsim_cuptiSubscribe(ctypes.byref(self.handle), ctypes.cast(self.cb, ctypes.c_void_p), None) == 0
+        assert (
+            self.lib.cyctxsim_cuptiSubscribe(
+                ctypes.byref(self.handle), ctypes.cast(self.cb, ctypes.c_void_p), None
+            )
+            == 0
+        )
         return self
 
     def enable(self, domain, cbid, on=1):
@@ -140,7 +171,10 @@ def test_calls_not_enabled_give_nothing_and_disable_works(lib):
             drivers.ok(drivers.driver().cuCtxPopCurrent())
             assert rec.seen == []
             state = ctypes.c_uint32(7)
-            assert lib.cyctxsim_cuptiGetCallbackState(ctypes.byref(state), rec.handle, DRIVER, 303) == 0
+            assert (
+                lib.cyctxsim_cuptiGetCallbackState(ctypes.byref(state), rec.handle, DRIVER, 303)
+                == 0
+            )
             assert state.value == 1
             rec.enable(DRIVER, CB["cuCtxSetCurrent"], on=0)
             drivers.ok(drivers.driver().cuCtxSetCurrent(None))
@@ -187,7 +221,10 @@ def test_bad_enable_is_refused(lib, domain, cbid):
 
 def test_a_foreign_handle_is_refused(lib):
     with Recorder(lib):
-        assert lib.cyctxsim_cuptiEnableCallback(1, ctypes.c_void_p(8), DRIVER, 303) == INVALID_PARAMETER
+        assert (
+            lib.cyctxsim_cuptiEnableCallback(1, ctypes.c_void_p(8), DRIVER, 303)
+            == INVALID_PARAMETER
+        )
         assert lib.cyctxsim_cuptiUnsubscribe(ctypes.c_void_p(8)) == INVALID_PARAMETER
     h = ctypes.c_void_p()
     assert lib.cyctxsim_cuptiSubscribe(ctypes.byref(h), None, None) == INVALID_PARAMETER

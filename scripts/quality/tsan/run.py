@@ -20,6 +20,9 @@
 Prints one summary line per workload and fails (exit 1) when a workload did not run or a
 check failed. ThreadSanitizer's reports go where TSAN_OPTIONS's log_path says; tsan.sh counts
 them. --seed-race runs only the deliberate race of tsan_harness.racy, which must be reported.
+--trace runs it all under cyctx.trace() (the tracer's callback on every context call of the 16
+threads, resource events under the simulator's lock), with the main thread collecting the
+events while they are written, and checks that events were recorded and none was lost.
 """
 
 import argparse
@@ -70,6 +73,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--seed-race", action="store_true")
+    p.add_argument("--trace", action="store_true")
     args = p.parse_args()
     if args.seed_race:
         seed_race()
@@ -216,10 +220,25 @@ def main():
             res.problem(f"{getattr(work, '__name__', 'a thread')}: {type(exc).__name__}: {exc}")
 
     threads = [threading.Thread(target=thread, args=(w,)) for w in plan]
+    tr = (
+        cyctx.trace(capacity=1 << 16, python_frames=2, native_frames=8).start()
+        if args.trace
+        else None
+    )
     for t in threads:
         t.start()
+    while tr is not None and any(t.is_alive() for t in threads):
+        tr.collect()  # the consumer of the buffer, against its 16 writers
+        threading.Event().wait(0.01)
     for t in threads:
         t.join()
+    if tr is not None:
+        tr.stop()
+        print(f"traced events: {len(tr.events)}, lost: {tr.dropped}")
+        if tr.reason or not tr.events:
+            res.problem(f"the trace recorded nothing ({tr.reason})")
+        if tr.dropped:
+            res.problem(f"the trace lost {tr.dropped} events")
 
     h_most = h.most_inside()
     for key in sorted(res.counts):

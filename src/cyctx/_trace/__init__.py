@@ -145,13 +145,21 @@ class ContextEvent:
             "device": self.device,
             "changed": self.changed,
             "held_gil": self.held_gil,
-            "python": [{"file": f.file, "line": f.line, "function": f.function} for f in self.python],
+            "python": [
+                {"file": f.file, "line": f.line, "function": f.function} for f in self.python
+            ],
             "python_state": self.python_state,
-            "native": [{"library": n.library, "symbol": n.symbol, "owner": n.owner} for n in self.native],
+            "native": [
+                {"library": n.library, "symbol": n.symbol, "owner": n.owner} for n in self.native
+            ],
             "library": self.library,
             "where": None
             if self.where is None
-            else {"file": self.where.file, "line": self.where.line, "function": self.where.function},
+            else {
+                "file": self.where.file,
+                "line": self.where.line,
+                "function": self.where.function,
+            },
             "cyctx_guard": self.cyctx_guard,
         }
 
@@ -231,15 +239,19 @@ def _is_interpreter(path: str | None) -> bool:
     if not path:
         return False
     base = os.path.basename(path)
-    return base.startswith("libpython") or os.path.realpath(path) == os.path.realpath(sys.executable)
+    return base.startswith("libpython") or os.path.realpath(path) == os.path.realpath(
+        sys.executable
+    )
 
 
 def _is_library_file(file: str, dirs: list[tuple[str, str]]) -> bool:
     real = os.path.realpath(file) if file and not file.startswith("<") else file
     if any(real.startswith(d) for d, _ in dirs):
         return True
-    return "/site-packages/" in file or "/dist-packages/" in file or file.startswith(
-        (sys.prefix + "/lib/python", sys.base_prefix + "/lib/python", "<frozen")
+    return (
+        "/site-packages/" in file
+        or "/dist-packages/" in file
+        or file.startswith((sys.prefix + "/lib/python", sys.base_prefix + "/lib/python", "<frozen"))
     )
 
 
@@ -287,7 +299,9 @@ class Trace:
         if not 0 <= python_frames <= _native.MAX_PY:
             raise ValueError(f"python_frames must be 0..{_native.MAX_PY}, not {python_frames!r}")
         if not 0 <= native_frames <= _native.MAX_NATIVE:
-            raise ValueError(f"native_frames must be 0..{_native.MAX_NATIVE}, not {native_frames!r}")
+            raise ValueError(
+                f"native_frames must be 0..{_native.MAX_NATIVE}, not {native_frames!r}"
+            )
         if not 1 <= capacity <= 1 << 24:
             raise ValueError(f"capacity must be 1..{1 << 24} events, not {capacity!r}")
         self._native = _native
@@ -386,7 +400,7 @@ class Trace:
         skip = (os.path.realpath(self._native.__file__),)
         cache: dict[int, tuple[str | None, str | None]] = {}
         todo = sorted({a for r in raw for a in r["native"] if a not in cache})
-        for a, res in zip(todo, self._native.resolve(todo)):
+        for a, res in zip(todo, self._native.resolve(todo), strict=True):
             cache[a] = (res[0], res[1])
         last_id: dict[int, int] = {}
         last_dev: dict[int, int] = {}
@@ -420,7 +434,9 @@ class Trace:
             if cyctx_guard:
                 library = "cyctx"
             else:
-                library = (entry_py if entry_py not in (None, "cyctx") else None) or entry_native or "?"
+                library = (
+                    (entry_py if entry_py not in (None, "cyctx") else None) or entry_native or "?"
+                )
             where = next((f for f in python if not _is_library_file(f.file, dirs)), None)
             dom = _DOMAINS.get(r["domain"], str(r["domain"]))
 
@@ -558,7 +574,9 @@ class Trace:
         if self.reason:
             return f"cyctx trace: not tracing: {self.reason}"
         self._need_finished()
-        driver = "the simulated driver" if self.simulated else f"{self.cupti} ({self.cupti_found_via})"
+        driver = (
+            "the simulated driver" if self.simulated else f"{self.cupti} ({self.cupti_found_via})"
+        )
         threads = sorted({e.thread for e in self.events})
         lines = [
             f"cyctx trace: {len(self.events)} events on {len(threads)} "
@@ -581,7 +599,9 @@ class Trace:
             who = "cyctx guard" if e.cyctx_guard else e.library
             at = f" at {e.where}" if e.where else ""
             via = f" [in {e.via}]" if e.via else ""
-            lines.append(f"  {e.time_s * 1e3:10.3f} ms  {e.thread} {name:<12} {what}{via}  by {who}{at}")
+            lines.append(
+                f"  {e.time_s * 1e3:10.3f} ms  {e.thread} {name:<12} {what}{via}  by {who}{at}"
+            )
         lines.append("who made each thread's context current (its last change):")
         for t in threads:
             last = self.changes(t)
@@ -593,7 +613,11 @@ class Trace:
             for e in gone:
                 lines.append(f"  {e.target}: {e.describe()}")
         devices = sorted(
-            {d for e in self.events for d in [e.device] + [r.device for r in (e.before, e.after, e.target) if r]}
+            {
+                d
+                for e in self.events
+                for d in [e.device] + [r.device for r in (e.before, e.after, e.target) if r]
+            }
             - {None}
         )
         if devices:
@@ -610,7 +634,9 @@ class Trace:
             "schema": SCHEMA,
             "active": self.reason is None,
             "reason": self.reason,
-            "driver": None if self.simulated is None else ("simulated" if self.simulated else "real"),
+            "driver": None
+            if self.simulated is None
+            else ("simulated" if self.simulated else "real"),
             "cupti": self.cupti,
             "cupti_found_via": self.cupti_found_via,
             "dropped": self.dropped,
@@ -638,4 +664,13 @@ def trace(
     )
 
 
-__all__ = ["SCHEMA", "ContextEvent", "ContextRef", "Frame", "NativeFrame", "Trace", "TraceError", "trace"]
+__all__ = [
+    "SCHEMA",
+    "ContextEvent",
+    "ContextRef",
+    "Frame",
+    "NativeFrame",
+    "Trace",
+    "TraceError",
+    "trace",
+]

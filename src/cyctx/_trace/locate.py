@@ -34,7 +34,10 @@ def candidates() -> list[tuple[str, str]]:
     if env:
         out.append((env, "$CYCTX_CUPTI"))
     for entry in sys.path:
-        for sub, name in (("nvidia/cu13/lib", "libcupti.so.13"), ("nvidia/cuda_cupti/lib", "libcupti.so.12")):
+        for sub, name in (
+            ("nvidia/cu13/lib", "libcupti.so.13"),
+            ("nvidia/cuda_cupti/lib", "libcupti.so.12"),
+        ):
             p = os.path.join(entry or ".", sub, name)
             if os.path.exists(p):
                 out.append((os.path.abspath(p), "the nvidia-cuda-cupti wheel"))
