@@ -3,6 +3,7 @@ and after, the line and the library), the questions it answers, its report and J
 it refuses when it cannot subscribe."""
 
 import ctypes
+import ctypes.util
 import inspect
 import json
 import os
@@ -356,3 +357,50 @@ def test_a_reactivated_primary_is_created_with_its_new_id(d):
     retains = [e.target for e in api(t, "cuDevicePrimaryCtxRetain")]
     assert created == retains and created[0].id != created[1].id
     assert gone == created and all(r.device == 0 for r in created)
+
+
+def test_libcupti_is_found_in_the_order_documented(tmp_path, monkeypatch):
+    from cyctx._trace import locate
+
+    wheel13 = tmp_path / "a" / "nvidia" / "cu13" / "lib"
+    wheel12 = tmp_path / "b" / "nvidia" / "cuda_cupti" / "lib"
+    for d, name in ((wheel13, "libcupti.so.13"), (wheel12, "libcupti.so.12")):
+        d.mkdir(parents=True)
+        (d / name).write_bytes(b"")
+    env = tmp_path / "env" / "libcupti.so.13"
+    monkeypatch.setattr(locate, "mapped_paths", lambda: [])
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "a"), str(tmp_path / "b")])
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setenv("CYCTX_CUPTI", str(env))
+    found = [p for p, _ in locate.candidates() if not p.startswith("/usr/local/cuda")]
+    assert found == [str(env), str(wheel13 / "libcupti.so.13"), str(wheel12 / "libcupti.so.12")]
+    # A CUPTI newer than the driver is passed over; the one loaded already always wins.
+    monkeypatch.delenv("CYCTX_CUPTI")
+    assert locate.find_cupti(12)[0] == str(wheel12 / "libcupti.so.12")
+    assert locate.find_cupti(13)[0] == str(wheel13 / "libcupti.so.13")
+    monkeypatch.setattr(locate, "mapped_paths", lambda: ["/x/libcupti.so.13.0.85"])
+    assert locate.find_cupti(12) == ("/x/libcupti.so.13.0.85", "already loaded in this process")
+    monkeypatch.setattr(locate, "mapped_paths", lambda: [])
+    monkeypatch.setattr(sys, "path", [])
+    monkeypatch.setattr(locate.os.path, "isdir", lambda p: False)
+    path, why = locate.find_cupti(13)
+    assert path is None and why.startswith(
+        "no libcupti found (install it with `pip install cyctx[trace]`"
+    )
+
+
+def test_a_library_that_is_not_cupti_is_refused_and_nothing_changes(tmp_path):
+    from cyctx._trace import _native
+
+    missing = _native.start(str(tmp_path / "libcupti.so.13"), False, 4, 12, 8)
+    assert missing.startswith("libcupti could not be loaded: ")
+    libc = ctypes.util.find_library("c")
+    assert (
+        _native.start(libc, False, 4, 12, 8)
+        == "the CUPTI library has no callback API (cuptiSubscribe)"
+    )
+    assert not _native.active()
+    with cyctx.trace() as t:  # and a trace still starts after them
+        pass
+    assert t.reason is None or drivers.SIM is None

@@ -34,13 +34,15 @@ def candidates() -> list[tuple[str, str]]:
     if env:
         out.append((env, "$CYCTX_CUPTI"))
     for entry in sys.path:
-        for sub, name in (
-            ("nvidia/cu13/lib", "libcupti.so.13"),
-            ("nvidia/cuda_cupti/lib", "libcupti.so.12"),
-        ):
-            p = os.path.join(entry or ".", sub, name)
-            if os.path.exists(p):
-                out.append((os.path.abspath(p), "the nvidia-cuda-cupti wheel"))
+        # 13.x wheels: nvidia/cu13/lib; 12.x (and some 13.0 builds): nvidia/cuda_cupti/lib.
+        for sub in ("nvidia/cu13/lib", "nvidia/cuda_cupti/lib", "nvidia/cu12/lib"):
+            d = os.path.join(entry or ".", sub)
+            if os.path.isdir(d):
+                for f in sorted(os.listdir(d), reverse=True):
+                    if re.fullmatch(r"libcupti\.so\.\d+", f):
+                        out.append(
+                            (os.path.abspath(os.path.join(d, f)), "the nvidia-cuda-cupti wheel")
+                        )
     for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
         if home:
             d = os.path.join(home, "extras", "CUPTI", "lib64")
