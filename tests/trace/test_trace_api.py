@@ -404,3 +404,46 @@ def test_a_library_that_is_not_cupti_is_refused_and_nothing_changes(tmp_path):
     with cyctx.trace() as t:  # and a trace still starts after them
         pass
     assert t.reason is None or drivers.SIM is None
+
+
+def test_a_call_in_flight_when_the_trace_starts_is_left_out(d, sim):
+    """Its exit comes without its entry: not an event, and that thread's later calls are
+    recorded as any other's (nothing of the lone exit is left on the thread)."""
+    p = drivers.ok(d.cuDevicePrimaryCtxRetain(0))
+    lines = {}
+
+    def worker():
+        drivers.ok(d.cuCtxSetCurrent(p))  # held by the stall, in flight when the trace starts
+        drivers.ok(d.cuCtxPushCurrent(p))  # after-1
+        drivers.ok(d.cuCtxPopCurrent())
+        drivers.ok(d.cuCtxSetCurrent(None))  # after-3
+        lines["tid"] = threading.get_native_id()
+
+    sim.stall("cuCtxSetCurrent")
+    th = threading.Thread(target=worker)
+    try:
+        th.start()
+        for _ in range(2000):
+            if sim.stalled():
+                break
+            threading.Event().wait(0.005)
+        assert sim.stalled()
+        with cyctx.trace() as t:
+            sim.unstall()
+            th.join()
+        mine = [e for e in t.events if e.thread == lines["tid"]]
+        assert [e.call for e in mine] == [
+            "cuCtxPushCurrent_v2",
+            "cuCtxPopCurrent_v2",
+            "cuCtxSetCurrent",
+        ]
+        assert [e.where.line for e in mine] == [
+            line_of("after-1"),
+            line_of("after-1") + 1,
+            line_of("after-3"),
+        ]
+        assert all(e.via is None for e in mine)
+    finally:
+        sim.unstall()
+        th.join()
+        drivers.ok(d.cuDevicePrimaryCtxRelease(0))

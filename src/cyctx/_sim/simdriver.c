@@ -744,13 +744,17 @@ static void cb_resource(uint32_t cbid, SimCtx *c) {
 
 typedef struct { SimCallbackData d; uint64_t corr; } SimApiCall;
 
-static void cb_api_enter(SimApiCall *a, uint32_t cbid, const char *name, const void *params,
-                         CUresult *ret) {
+static void cb_api_data(SimApiCall *a, const char *name, const void *params, CUresult *ret) {
     SimCtx *cur = stack_top();
     a->corr = 0;
     a->d = (SimCallbackData){0, name, params, ret, name, (CUcontext)cur,
                              cur ? (uint32_t)atomic_load(&cur->id) : 0u, &a->corr,
                              atomic_fetch_add(&g_sub_correlation, 1) + 1};
+}
+
+static void cb_api_enter(SimApiCall *a, uint32_t cbid, const char *name, const void *params,
+                         CUresult *ret) {
+    cb_api_data(a, name, params, ret);
     cb_fire(SIM_CB_DOMAIN_DRIVER_API, cbid, &a->d);
 }
 
@@ -762,14 +766,22 @@ static void cb_api_exit(SimApiCall *a, uint32_t cbid) {
     cb_fire(SIM_CB_DOMAIN_DRIVER_API, cbid, &a->d);
 }
 
-/* One traced driver function: `impl` does the work; the wrapper reports entry and exit. */
+/* One traced driver function: `impl` does the work; the wrapper reports entry and exit,
+ * each if enabled when it happens: a call that was running when its callback was enabled
+ * reports its exit only, as a subscriber that starts while other threads are inside the
+ * driver sees. */
 #define SIM_TRACED(cbid, name, impl, params, ...)                                    \
     do {                                                                             \
-        if (!cb_wanted(SIM_CB_DOMAIN_DRIVER_API, (cbid))) return impl(__VA_ARGS__);  \
         CUresult r_ = CUDA_SUCCESS;                                                  \
         SimApiCall a_;                                                               \
-        cb_api_enter(&a_, (cbid), (name), (params), &r_);                            \
-        r_ = impl(__VA_ARGS__);                                                      \
+        if (!cb_wanted(SIM_CB_DOMAIN_DRIVER_API, (cbid))) {                          \
+            r_ = impl(__VA_ARGS__);                                                  \
+            if (!cb_wanted(SIM_CB_DOMAIN_DRIVER_API, (cbid))) return r_;             \
+            cb_api_data(&a_, (name), (params), &r_);                                 \
+        } else {                                                                     \
+            cb_api_enter(&a_, (cbid), (name), (params), &r_);                        \
+            r_ = impl(__VA_ARGS__);                                                  \
+        }                                                                            \
         cb_api_exit(&a_, (cbid));                                                    \
         return r_;                                                                   \
     } while (0)
