@@ -303,6 +303,19 @@ class BuildExtWithSim(build_ext):
         )
 
 
+# The tracer's native half (docs/tracing.md): plain C, its own small module, because its state
+# (the CUPTI subscription and the event buffer) is the tracer's alone and `import cyctx` must
+# not load it. It includes none of _cpp/ and needs the interpreter's frame layout
+# (internal/pycore_frame.h), which only a C file built as the core is may read.
+TRACER = Extension(
+    "cyctx._trace._native",
+    ["src/cyctx/_trace/tracer.c"],
+    extra_compile_args=["-std=gnu11", "-O2", "-fvisibility=hidden"],
+    extra_link_args=LINK_ARGS,
+    libraries=["dl"],  # dlopen of libcupti, dladdr
+)
+
+
 setup(
     ext_modules=cythonize(
         [_ext("_guard")],
@@ -311,6 +324,7 @@ setup(
         # Always regenerate: the C++ depends on the installed cydriver.pxd, and a .cpp left
         # from a build against other bindings would otherwise be reused.
         force=True,
-    ),
+    )
+    + [TRACER],
     cmdclass={"build_ext": BuildExtWithSim},
 )

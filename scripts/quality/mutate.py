@@ -23,7 +23,8 @@ whose compiler and linker commands are recorded. A mutated .pyx/.pxd/.h is re-Cy
 recompiled only for the extension modules that include it (found by following cimports,
 `cdef extern from` and #include as the compilers resolve them: beside the including file,
 then on the recorded -I path, so the headers of _cpp/ and include/cyctx/ count); a mutated
-simdriver.c is recompiled into the simulator library alone; a Python file needs no build.
+simdriver.c is recompiled into the simulator library alone, a mutated _trace/tracer.c into the
+tracer's module alone; a Python file needs no build.
 The built package lives in its own folder on PYTHONPATH (outside the scratch tree's src/, as
 the consumer tests require), and every file a mutant touched there is put back from a
 pristine copy before the next one. A run that hangs past the limit, or dies of a signal, is
@@ -53,6 +54,7 @@ import tomllib
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PKG_REL = os.path.join("src", "cyctx")
 SIM_REL = os.path.join(PKG_REL, "_sim", "simdriver.c")
+TRACER_REL = os.path.join(PKG_REL, "_trace", "tracer.c")  # the C extension cyctx._trace._native
 FIELDS = {"id", "file", "find", "replace", "why", "tests", "equivalent"}
 
 
@@ -210,6 +212,16 @@ class Build:
             "link": link[-1],
             "out": link[-1][link[-1].index("-o") + 1],
         }
+        comp = [c for c in cmds if "-c" in c and any(a.endswith(TRACER_REL) for a in c)]
+        obj = comp[-1][comp[-1].index("-o") + 1] if comp else None
+        link = [c for c in cmds if obj and obj in c and "-shared" in c]
+        if not comp or not link:
+            raise SystemExit("could not find the tracer's build commands in setup.py's output")
+        self.tracer = {
+            "compile": comp[-1],
+            "link": link[-1],
+            "out": link[-1][link[-1].index("-o") + 1],
+        }
 
     # -- what a file compiles into
 
@@ -273,6 +285,8 @@ class Build:
         """('ext', name) / ('sim',) targets that a change of `rel` must rebuild."""
         if os.path.dirname(rel) == os.path.dirname(SIM_REL):
             return [("sim",)] if rel.endswith((".c", ".h")) else []
+        if rel == TRACER_REL:
+            return [("tracer",)]
         return [("ext", e) for e in sorted(self.exts) if rel in self._deps(e)]
 
     def rebuild(self, target):
@@ -283,6 +297,9 @@ class Build:
                 self.sim["out"],
                 "_sim/libcuda.so.1",
             )
+        elif target[0] == "tracer":
+            steps, out = [self.tracer["compile"], self.tracer["link"]], self.tracer["out"]
+            dest = "_trace/" + os.path.basename(out)
         else:
             name = target[1]
             e = self.exts[name]
@@ -421,6 +438,8 @@ def try_mutant(build, m, env, timeout):
                     "cyctx",
                     "_sim/libcuda.so.1"
                     if target[0] == "sim"
+                    else "_trace/" + os.path.basename(build.tracer["out"])
+                    if target[0] == "tracer"
                     else os.path.basename(build.exts[target[1]]["out"]),
                 )
             )
@@ -598,7 +617,7 @@ def main(argv=None):
             env = test_env(build, args.driver)
             # The recorded commands rebuild every target once, unmutated, and the suite must
             # pass on that build: the replay is checked before any mutant relies on it.
-            for target in [("ext", e) for e in sorted(build.exts)] + [("sim",)]:
+            for target in [("ext", e) for e in sorted(build.exts)] + [("sim",), ("tracer",)]:
                 err = build.rebuild(target)
                 if err:
                     raise SystemExit(f"replaying the build of {target} failed:\n{err}")

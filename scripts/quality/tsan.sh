@@ -8,7 +8,9 @@
 # gcc's libtsan, preloaded since CPython itself is not instrumented:
 #   1. the self-test: a deliberate data race (tsan_harness.racy) must be reported;
 #   2. the check: 16 threads over the nogil surface for $CYCTX_TSAN_SECONDS (default 20) must
-#      give no report at all, and every workload must have run (run.py says what they are).
+#      give no report at all, and every workload must have run (run.py says what they are);
+#   3. the same under cyctx.trace(): the tracer's callback and its lock-free buffer, written by
+#      the 16 threads and read by the main thread while they run, must give no report either.
 # --seed-cyctx-race: the self-test inside cyctx instead. The copy's guard fields read and
 # written across threads without the GIL (shared_fields.h's u64_load/u64_store: the context id
 # that enter() reads and a reset re-activation writes) become plain accesses, and the check must
@@ -67,6 +69,7 @@ echo "tsan.sh: building cyctx and the simulated driver with -fsanitize=thread"
     { cat "$WORK/build.log"; exit 1; }
 (cd "$WORK/harness" && CC=gcc CXX=g++ "$PY" build_harness.py ../tree/src >>"$WORK/build.log" 2>&1) || { cat "$WORK/build.log"; exit 1; }
 for so in "$WORK"/tree/src/cyctx/_guard*.so "$WORK"/tree/src/cyctx/_sim/libcuda.so.1 \
+    "$WORK"/tree/src/cyctx/_trace/_native*.so \
     "$WORK"/harness/tsan_harness*.so; do
     # grep -c reads all of nm's output (grep -q could stop early and fail the pipe: pipefail).
     nm -D --undefined-only "$so" | grep -c __tsan_func_entry >/dev/null ||
@@ -114,7 +117,15 @@ if [ "$REPORTS" -ne 0 ]; then
     echo "tsan.sh: $REPORTS ThreadSanitizer report(s)" >&2
     exit 1
 fi
+
+echo "tsan.sh: the same under cyctx.trace() (the tracer's callback and its buffer) for ${RUN_SECONDS} s"
+run traced --seconds "$RUN_SECONDS" --trace
+if [ "$REPORTS" -ne 0 ]; then
+    cat "$WORK"/traced.*
+    echo "tsan.sh: $REPORTS ThreadSanitizer report(s) under the trace" >&2
+    exit 1
+fi
 t2=$(date +%s)
 # What the suppressions dropped (reasons in suppressions.txt), summed over the processes.
-SUPPRESSED=$(cat "$WORK"/check.* | awk '/^ThreadSanitizer: Matched/ {m=1; next} m && /^ *[0-9]+ / {n[$2]+=$1; next} {m=0} END {for (k in n) printf "%s%d %s", sep, n[k], k; sep=", "}')
+SUPPRESSED=$(cat "$WORK"/check.* "$WORK"/traced.* | awk '/^ThreadSanitizer: Matched/ {m=1; next} m && /^ *[0-9]+ / {n[$2]+=$1; next} {m=0} END {for (k in n) printf "%s%d %s", sep, n[k], k; sep=", "}')
 echo "tsan.sh: 0 ThreadSanitizer reports; suppressed: ${SUPPRESSED:-none} (build $((t1 - t0)) s, runs $((t2 - t1)) s)"

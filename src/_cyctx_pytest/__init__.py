@@ -38,6 +38,7 @@ import json
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -584,11 +585,80 @@ class _Checker:
                 tr.write_line(f"  {_title(f)}: " + "; ".join(line for _, line in f["changes"]))
 
 
+class _Tracer:
+    """``--cyctx-trace``: one cyctx trace over the session (docs/tracing.md, "In pytest"), cut
+    into each test's stretch; at the end, for each test that left its thread's current context
+    changed, the call that made it current and where, and every context a test destroyed or
+    reset. cyctx is imported only here, when the option asks for it."""
+
+    def __init__(self) -> None:
+        self.trace: Any = None
+        self.windows: list[tuple[str, int, int, int]] = []  # nodeid, thread, start, end (ns)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        import cyctx  # (a conftest has chosen the driver by now: pytest_configure)
+
+        self.trace = cyctx.trace().start()
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: Any) -> Iterator[Any]:
+        start = time.monotonic_ns()
+        try:
+            return (yield)
+        finally:
+            self.windows.append(
+                (item.nodeid, threading.get_native_id(), start, time.monotonic_ns())
+            )
+            if self.trace is not None:
+                self.trace.collect()  # the buffer need only hold one test's events
+
+    def findings(self) -> list[str]:
+        t = self.trace
+        if t is None or t.reason is not None:
+            return []
+        t.stop()
+        out = []
+        for nodeid, thread, start, end in self.windows:
+            inside = [e for e in t.events if start <= t._t0 + e.time_s * 1e9 <= end]
+            mine = [e for e in inside if e.thread == thread and e.changed]
+            if mine and (mine[0].before.handle, mine[0].before.id) != (
+                mine[-1].after.handle,
+                mine[-1].after.id,
+            ):
+                last = mine[-1]
+                out.append(
+                    f"{nodeid} left {last.after} current (it found {mine[0].before}): made "
+                    f"current by {last.describe()}"
+                )
+            for e in inside:
+                if e.call == "context destroy starting":
+                    out.append(f"{nodeid} destroyed {e.target}: {e.describe()}")
+        return out
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        tr = terminalreporter
+        t = self.trace
+        if t is None:
+            return
+        if t.reason is not None:
+            tr.write_sep("=", f"cyctx trace: not tracing: {t.reason}", yellow=True)
+            return
+        found = self.findings()
+        tr.write_sep(
+            "=",
+            f"cyctx trace: {len(t.events)} context events in {len(self.windows)} tests"
+            + (f", {t.dropped} lost" if t.dropped else ""),
+        )
+        for line in found:
+            tr.write_line(line)
+
+
 # The hooks' parameters are pytest's Parser and Config, typed Any: pytest's own types are
 # partially unknown to a type checker, which would count against cyctx's type completeness.
 def pytest_addoption(parser: Any) -> None:
-    """The options ``--cyctx-check-contexts`` and ``--cyctx-contexts-fail``, and their ini
-    settings ``cyctx_check_contexts`` and ``cyctx_contexts_fail``."""
+    """The options ``--cyctx-check-contexts``, ``--cyctx-contexts-fail`` and ``--cyctx-trace``,
+    and the ini settings ``cyctx_check_contexts`` and ``cyctx_contexts_fail``."""
     group = parser.getgroup("cyctx", "CUDA context checks (cyctx)")
     group.addoption(
         "--cyctx-check-contexts",
@@ -605,6 +675,14 @@ def pytest_addoption(parser: Any) -> None:
         help="check as --cyctx-check-contexts does, and make each change an error at the "
         "teardown of the test during which it was found (notes of retains kept are not). "
         "ini: cyctx_contexts_fail",
+    )
+    group.addoption(
+        "--cyctx-trace",
+        action="store_true",
+        default=None,
+        help="trace every CUDA context change of the session (cyctx.trace(), which needs "
+        "libcupti on a GPU: pip install cyctx[trace]) and name, for each test that left its "
+        "thread's context changed or destroyed one, the call that did it and its line",
     )
     parser.addini(
         "cyctx_check_contexts",
@@ -631,3 +709,5 @@ def pytest_configure(config: Any) -> None:
     on = fail or config.getoption("--cyctx-check-contexts") or config.getini("cyctx_check_contexts")
     if on:
         config.pluginmanager.register(_Checker(fail=bool(fail)), "cyctx-context-checker")
+    if config.getoption("--cyctx-trace"):
+        config.pluginmanager.register(_Tracer(), "cyctx-tracer")

@@ -86,6 +86,7 @@ __all__ = [
     "diagnose",
     "get_include",
     "get_include_dirs",
+    "trace",
 ]
 
 
@@ -98,6 +99,23 @@ def diagnose(cudart=None):
     from cyctx.doctor import diagnose as _diagnose
 
     return _diagnose(cudart)
+
+
+def trace(*, python_frames=4, native_frames=12, capacity=16384, quiet=False):
+    """Record every context change in the process while the returned trace is on:
+    ``with cyctx.trace() as t: ...``, then ``t.report()``, ``t.who_made_current()``,
+    ``t.who_destroyed(handle)``, ``t.libraries_touching(device)``, ``t.to_json()``
+    (:class:`cyctx._trace.Trace`; docs/tracing.md). Each event names the call, the thread, the
+    context before and after, and where it came from: the Python line, the library. Nothing of
+    the tracer or of CUPTI is loaded before this is called. A trace that cannot subscribe
+    (another profiler holds CUPTI, no libcupti, an older driver) says so in one line on stderr
+    and changes nothing.
+    """
+    from cyctx._trace import trace as _trace
+
+    return _trace(
+        python_frames=python_frames, native_frames=native_frames, capacity=capacity, quiet=quiet
+    )
 
 
 def get_include() -> str:

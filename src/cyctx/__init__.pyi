@@ -11,6 +11,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Literal, Protocol, SupportsIndex, TypeVar
 
+from cyctx._trace import Trace
 from cyctx.doctor import Diagnosis
 
 # What ContextGuard accepts (docs/guarantees.md, "What a guard can be made from"): an ordinal
@@ -210,6 +211,12 @@ class ContextGuard:
     @property
     def resets(self) -> int:
         """How many resets of the primary context enter detected and re-activated."""
+
+def trace(
+    *, python_frames: int = 4, native_frames: int = 12, capacity: int = 16384, quiet: bool = False
+) -> Trace:
+    """Record every context change in the process while the returned trace is on
+    (docs/tracing.md); loads nothing before it is called."""
 
 def diagnose(cudart: str | bool | None = None) -> Diagnosis:
     """Report the CUDA driver, runtime, devices and the calling thread's context, and every CUDA

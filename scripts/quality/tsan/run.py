@@ -20,6 +20,11 @@
 Prints one summary line per workload and fails (exit 1) when a workload did not run or a
 check failed. ThreadSanitizer's reports go where TSAN_OPTIONS's log_path says; tsan.sh counts
 them. --seed-race runs only the deliberate race of tsan_harness.racy, which must be reported.
+--trace runs it all under cyctx.trace() (the tracer's callback on every context call of the 16
+threads, resource events under the simulator's lock), with the main thread collecting the
+events while they are written (a small buffer, so that claims also meet a full one and
+drop), and checks that events were recorded; the workloads' counts are the untraced run's to
+check (under TSan the tracer slows them, unevenly).
 """
 
 import argparse
@@ -70,6 +75,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--seed-race", action="store_true")
+    p.add_argument("--trace", action="store_true")
     args = p.parse_args()
     if args.seed_race:
         seed_race()
@@ -216,10 +222,28 @@ def main():
             res.problem(f"{getattr(work, '__name__', 'a thread')}: {type(exc).__name__}: {exc}")
 
     threads = [threading.Thread(target=thread, args=(w,)) for w in plan]
+    tr = None
+    if args.trace:
+        tr = cyctx.trace(capacity=1 << 12, python_frames=2, native_frames=4, quiet=True).start()
     for t in threads:
         t.start()
+    collected = 0
+    while tr is not None and any(t.is_alive() for t in threads):
+        tr.collect()  # the consumer of the buffer, against its 16 writers
+        collected += len(tr._raw)
+        tr._raw.clear()  # counted, not kept
+        threading.Event().wait(0.01)
     for t in threads:
         t.join()
+    if tr is not None:
+        tr.stop()
+        collected += len(tr.events)
+        print(f"traced events: {collected}, dropped (buffer full): {tr.dropped}")
+        if tr.reason or not collected:
+            res.problem(f"the trace recorded nothing ({tr.reason})")
+        for text in res.problems:
+            print("PROBLEM:", text)
+        return 1 if res.problems else 0
 
     h_most = h.most_inside()
     for key in sorted(res.counts):

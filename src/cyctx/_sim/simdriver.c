@@ -53,6 +53,7 @@
  */
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -647,6 +648,145 @@ static CUresult sim_device_get_by_pci_bus_id(CUdevice *dev, const char *pciBusId
 }
 
 /* ------------------------------------------------------------------------------
+ * The CUPTI-like subscriber surface (simdriver.h, "Callbacks"): what a CUPTI callback
+ * subscriber sees on the real driver, for the context calls the simulator implements, so
+ * that cyctx's tracer runs on it unchanged. The ABI is CUPTI's (cupti_callbacks.h of CUDA
+ * 13): the same callback signature, CUpti_CallbackData and CUpti_ResourceData layouts,
+ * domains, callback ids (cupti_driver_cbid.h), result codes (cupti_result.h) and parameter
+ * structs (generated_cuda_meta.h: the function's arguments in order). As the H200 showed
+ * (docs/evidence.md, "CUPTI callbacks"): one subscriber per process, a second gets
+ * CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED; the callback runs on the calling thread
+ * at entry and exit of each enabled call, failed calls included; "context created" fires
+ * inside the call that activates or creates a context and "context destroy starting"
+ * inside the one that destroys it, while the context is still valid. Here they fire with
+ * g_lock held, as the real driver holds its own locks there: a callback that waits for
+ * something a thread inside the driver holds (the GIL) deadlocks here too.
+ * Modelled, not seen: the destroy event of a primary context released to zero (the doc
+ * says the last release destroys it); the entry/exit `context` is the one current at that
+ * callback, as CUPTI's documentation describes it. Calls not enabled cost one relaxed load.
+ * ------------------------------------------------------------------------------ */
+#define SIM_CUPTI_SUCCESS 0
+#define SIM_CUPTI_ERROR_INVALID_PARAMETER 1
+#define SIM_CUPTI_ERROR_INVALID_OPERATION 7
+#define SIM_CUPTI_ERROR_MULTIPLE_SUBSCRIBERS 39
+#define SIM_CB_DOMAIN_DRIVER_API 1
+#define SIM_CB_DOMAIN_RUNTIME_API 2
+#define SIM_CB_DOMAIN_RESOURCE 3
+#define SIM_CB_DOMAIN_SIZE 7           /* CUPTI_CB_DOMAIN_SIZE of CUDA 13 (INVALID .. STATE) */
+#define SIM_CB_IDS 1024                /* callback ids per domain the bitmaps hold */
+#define SIM_CBID_CONTEXT_CREATED 1
+#define SIM_CBID_CONTEXT_DESTROY_STARTING 2
+/* CUPTI_DRIVER_TRACE_CBID_* of cupti_driver_cbid.h */
+#define CB_cuCtxCreate_v2 235
+#define CB_cuCtxSetCurrent 303
+#define CB_cuCtxDestroy_v2 322
+#define CB_cuCtxPushCurrent_v2 323
+#define CB_cuCtxPopCurrent_v2 324
+#define CB_cuDevicePrimaryCtxRetain 386
+#define CB_cuDevicePrimaryCtxRelease 387
+#define CB_cuDevicePrimaryCtxReset 389
+#define CB_cuDevicePrimaryCtxRelease_v2 544
+#define CB_cuDevicePrimaryCtxReset_v2 545
+#define CB_cuCtxCreate_v3 645
+#define CB_cuCtxCreate_v4 757
+
+typedef void (*SimCuptiCallback)(void *userdata, int domain, uint32_t cbid, const void *data);
+typedef struct {                       /* CUpti_CallbackData */
+    int callbackSite;                  /* CUPTI_API_ENTER 0, CUPTI_API_EXIT 1 */
+    const char *functionName;
+    const void *functionParams;
+    void *functionReturnValue;
+    const char *symbolName;
+    CUcontext context;
+    uint32_t contextUid;
+    uint64_t *correlationData;
+    uint32_t correlationId;
+} SimCallbackData;
+typedef struct {                       /* CUpti_ResourceData */
+    CUcontext context;
+    union { CUstream stream; } resourceHandle;
+    void *resourceDescriptor;
+} SimResourceData;
+
+static pthread_mutex_t g_sub_lock = PTHREAD_MUTEX_INITIALIZER;
+static SimCuptiCallback _Atomic g_sub_cb;      /* NULL: nobody subscribed */
+static void *g_sub_userdata;
+static int g_sub_taken;                        /* the one subscriber exists */
+static char g_sub_handle;                      /* its address is the handle */
+static _Atomic int g_sub_any;                  /* some callback enabled: the fast check */
+static _Atomic uint64_t g_sub_enabled[SIM_CB_DOMAIN_SIZE][SIM_CB_IDS / 64];
+static _Atomic int g_sub_inflight;             /* callbacks running now (unsubscribe waits) */
+static _Atomic uint32_t g_sub_correlation;
+static _Thread_local int t_in_callback;
+
+static int cb_wanted(int domain, uint32_t cbid) {
+    if (!atomic_load_explicit(&g_sub_any, memory_order_relaxed)) return 0;
+    return (atomic_load_explicit(&g_sub_enabled[domain][cbid / 64], memory_order_acquire) >> (cbid % 64)) & 1;
+}
+
+static void cb_fire(int domain, uint32_t cbid, const void *data) {
+    atomic_fetch_add(&g_sub_inflight, 1);
+    SimCuptiCallback cb = atomic_load(&g_sub_cb);
+    if (cb && cb_wanted(domain, cbid)) {
+        t_in_callback++;
+        cb(g_sub_userdata, domain, cbid, data);
+        t_in_callback--;
+    }
+    atomic_fetch_sub(&g_sub_inflight, 1);
+}
+
+/* Under g_lock (see above): the resource events. */
+static void cb_resource(uint32_t cbid, SimCtx *c) {
+    if (!cb_wanted(SIM_CB_DOMAIN_RESOURCE, cbid)) return;
+    SimResourceData d = {(CUcontext)c, {NULL}, NULL};
+    cb_fire(SIM_CB_DOMAIN_RESOURCE, cbid, &d);
+}
+
+typedef struct { SimCallbackData d; uint64_t corr; } SimApiCall;
+
+static void cb_api_data(SimApiCall *a, const char *name, const void *params, CUresult *ret) {
+    SimCtx *cur = stack_top();
+    a->corr = 0;
+    a->d = (SimCallbackData){0, name, params, ret, name, (CUcontext)cur,
+                             cur ? (uint32_t)atomic_load(&cur->id) : 0u, &a->corr,
+                             atomic_fetch_add(&g_sub_correlation, 1) + 1};
+}
+
+static void cb_api_enter(SimApiCall *a, uint32_t cbid, const char *name, const void *params,
+                         CUresult *ret) {
+    cb_api_data(a, name, params, ret);
+    cb_fire(SIM_CB_DOMAIN_DRIVER_API, cbid, &a->d);
+}
+
+static void cb_api_exit(SimApiCall *a, uint32_t cbid) {
+    SimCtx *cur = stack_top();
+    a->d.callbackSite = 1;
+    a->d.context = (CUcontext)cur;
+    a->d.contextUid = cur ? (uint32_t)atomic_load(&cur->id) : 0u;
+    cb_fire(SIM_CB_DOMAIN_DRIVER_API, cbid, &a->d);
+}
+
+/* One traced driver function: `impl` does the work; the wrapper reports entry and exit,
+ * each if enabled when it happens: a call that was running when its callback was enabled
+ * reports its exit only, as a subscriber that starts while other threads are inside the
+ * driver sees. */
+#define SIM_TRACED(cbid, name, impl, params, ...)                                    \
+    do {                                                                             \
+        CUresult r_ = CUDA_SUCCESS;                                                  \
+        SimApiCall a_;                                                               \
+        if (!cb_wanted(SIM_CB_DOMAIN_DRIVER_API, (cbid))) {                          \
+            r_ = impl(__VA_ARGS__);                                                  \
+            if (!cb_wanted(SIM_CB_DOMAIN_DRIVER_API, (cbid))) return r_;             \
+            cb_api_data(&a_, (name), (params), &r_);                                 \
+        } else {                                                                     \
+            cb_api_enter(&a_, (cbid), (name), (params), &r_);                        \
+            r_ = impl(__VA_ARGS__);                                                  \
+        }                                                                            \
+        cb_api_exit(&a_, (cbid));                                                    \
+        return r_;                                                                   \
+    } while (0)
+
+/* ------------------------------------------------------------------------------
  * Primary contexts
  * ------------------------------------------------------------------------------ */
 
@@ -656,10 +796,11 @@ static void primary_activate(SimCtx *c) {
     atomic_store(&c->id, g_next_id++);
     atomic_store(&c->flags, atomic_load(&c->pflags));
     atomic_store_explicit(&c->live, 1, memory_order_release);
+    cb_resource(SIM_CBID_CONTEXT_CREATED, c);
 }
 
 /* doc: retaining activates it; unlike cuCtxCreate it is not pushed. */
-static CUresult sim_primary_retain(CUcontext *pctx, CUdevice dev) {
+static CUresult impl_primary_retain(CUcontext *pctx, CUdevice dev) {
     ENTER(F_cuDevicePrimaryCtxRetain);
     if (!dev_ok(dev)) return CUDA_ERROR_INVALID_DEVICE;   /* before pctx (H200) */
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
@@ -687,6 +828,7 @@ static CUresult primary_release(CUdevice dev, CUresult unbalanced) {
     if (g_refcount[dev] == 0) {
         r = unbalanced;
     } else if (--g_refcount[dev] == 0 && is_live(&g_prim[dev])) {
+        cb_resource(SIM_CBID_CONTEXT_DESTROY_STARTING, &g_prim[dev]);
         atomic_store_explicit(&g_prim[dev].live, 0, memory_order_release);
         atomic_store(&g_prim[dev].pflags, 0u);   /* differential record: flags back to 0 */
         atomic_store(&g_prim[dev].flags, 0u);
@@ -695,12 +837,12 @@ static CUresult primary_release(CUdevice dev, CUresult unbalanced) {
     return r;
 }
 
-static CUresult sim_primary_release_v1(CUdevice dev) {
+static CUresult impl_primary_release_v1(CUdevice dev) {
     ENTER(F_cuDevicePrimaryCtxRelease);
     return primary_release(dev, CUDA_SUCCESS);
 }
 
-static CUresult sim_primary_release_v2(CUdevice dev) {
+static CUresult impl_primary_release_v2(CUdevice dev) {
     ENTER(F_cuDevicePrimaryCtxRelease);
     return primary_release(dev, CUDA_ERROR_INVALID_CONTEXT);
 }
@@ -750,10 +892,11 @@ static CUresult sim_primary_get_state(CUdevice dev, unsigned int *flags, int *ac
  * driver's retain survived, re-retain then needed two releases). The handle stays; the next retain activates it
  * with a new id. The flags go back to 0 (seen on the H200: SetFlags(4), retain, reset
  * -> GetState flags 0). */
-static CUresult sim_primary_reset(CUdevice dev) {
+static CUresult impl_primary_reset(CUdevice dev) {
     ENTER(F_cuDevicePrimaryCtxReset);
     if (!dev_ok(dev)) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_lock);
+    if (is_live(&g_prim[dev])) cb_resource(SIM_CBID_CONTEXT_DESTROY_STARTING, &g_prim[dev]);
     atomic_store_explicit(&g_prim[dev].live, 0, memory_order_release);
     atomic_store(&g_prim[dev].pflags, 0u);
     atomic_store(&g_prim[dev].flags, 0u);
@@ -806,6 +949,7 @@ static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev) {
     atomic_store(&c->live, 1);
     atomic_store_explicit(&c->kind, KIND_CREATED, memory_order_release);
     atomic_fetch_add(&g_live_created, 1);
+    cb_resource(SIM_CBID_CONTEXT_CREATED, c);
     pthread_mutex_unlock(&g_lock);
     CUresult r = stack_push(c);
     if (r != CUDA_SUCCESS) {
@@ -817,22 +961,22 @@ static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev) {
     return CUDA_SUCCESS;
 }
 
-static CUresult sim_ctx_create_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+static CUresult impl_ctx_create_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
     ENTER(F_cuCtxCreate);
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     return ctx_create(pctx, flags, dev);
 }
 
-static CUresult sim_ctx_create_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray,
-                                  int numParams, unsigned int flags, CUdevice dev) {
+static CUresult impl_ctx_create_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray,
+                                   int numParams, unsigned int flags, CUdevice dev) {
     ENTER(F_cuCtxCreate);
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     CUresult r = check_affinity(paramsArray, numParams);
     return r != CUDA_SUCCESS ? r : ctx_create(pctx, flags, dev);
 }
 
-static CUresult sim_ctx_create_v4(CUcontext *pctx, SimCtxCreateParams *params,
-                                  unsigned int flags, CUdevice dev) {
+static CUresult impl_ctx_create_v4(CUcontext *pctx, SimCtxCreateParams *params,
+                                   unsigned int flags, CUdevice dev) {
     ENTER(F_cuCtxCreate);
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     if (params) {
@@ -856,12 +1000,13 @@ static CUresult sim_ctx_create_v4(CUcontext *pctx, SimCtxCreateParams *params,
  * H200: NULL -> INVALID_VALUE, a primary context -> 201 (and it stays active); a second
  * destroy -> 709 if a thread had it on its stack at the first (the driver keeps a
  * destroyed record for those threads), else 201 (nothing left of it). */
-static CUresult sim_ctx_destroy(CUcontext ctx) {
+static CUresult impl_ctx_destroy(CUcontext ctx) {
     ENTER(F_cuCtxDestroy);
     if (!ctx) return CUDA_ERROR_INVALID_VALUE;
     SimCtx *c = sim_lookup(ctx);
     if (!c || is_primary(c)) return CUDA_ERROR_INVALID_CONTEXT;
     pthread_mutex_lock(&g_lock);
+    if (is_live(c)) cb_resource(SIM_CBID_CONTEXT_DESTROY_STARTING, c);
     int was_live = atomic_exchange(&c->live, 0);
     if (was_live) {
         atomic_fetch_sub(&g_live_created, 1);
@@ -880,7 +1025,7 @@ static CUresult sim_ctx_destroy(CUcontext ctx) {
 
 /* A dead context can be pushed ("A dead context can be pushed and popped"; the H200 also
  * pushed a destroyed created one). NULL -> INVALID_VALUE (H200). */
-static CUresult sim_ctx_push_current(CUcontext ctx) {
+static CUresult impl_ctx_push_current(CUcontext ctx) {
     ENTER(F_cuCtxPushCurrent);
     if (!ctx) return CUDA_ERROR_INVALID_VALUE;
     SimCtx *c = sim_lookup(ctx);
@@ -889,7 +1034,7 @@ static CUresult sim_ctx_push_current(CUcontext ctx) {
 
 /* Empty stack -> 201 (doc); a dead context is popped like any other ("A dead
  * context can be pushed and popped"). pctx may be NULL. */
-static CUresult sim_ctx_pop_current(CUcontext *pctx) {
+static CUresult impl_ctx_pop_current(CUcontext *pctx) {
     ENTER(F_cuCtxPopCurrent);
     if (t_stack.n == 0) return CUDA_ERROR_INVALID_CONTEXT;
     SimCtx *c = stack_pop();
@@ -899,7 +1044,7 @@ static CUresult sim_ctx_pop_current(CUcontext *pctx) {
 
 /* doc: replaces the top of the stack; NULL pops the top (a no-op on an empty stack);
  * on an empty stack a context is pushed. */
-static CUresult sim_ctx_set_current(CUcontext ctx) {
+static CUresult impl_ctx_set_current(CUcontext ctx) {
     ENTER(F_cuCtxSetCurrent);
     if (!ctx) {
         if (t_stack.n) stack_pop();
@@ -1022,6 +1167,63 @@ static CUresult sim_ctx_get_stream_priority_range(int *leastPriority, int *great
 }
 
 /* ------------------------------------------------------------------------------
+ * The traced context calls: each reports its entry and exit to a subscriber that enabled
+ * its callback id, with the parameter struct of generated_cuda_meta.h.
+ * ------------------------------------------------------------------------------ */
+static CUresult sim_primary_retain(CUcontext *pctx, CUdevice dev) {
+    struct { CUcontext *pctx; CUdevice dev; } p = {pctx, dev};
+    SIM_TRACED(CB_cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", impl_primary_retain, &p, pctx, dev);
+}
+static CUresult sim_primary_release_v1(CUdevice dev) {
+    struct { CUdevice dev; } p = {dev};
+    SIM_TRACED(CB_cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", impl_primary_release_v1, &p, dev);
+}
+static CUresult sim_primary_release_v2(CUdevice dev) {
+    struct { CUdevice dev; } p = {dev};
+    SIM_TRACED(CB_cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease_v2", impl_primary_release_v2, &p, dev);
+}
+static CUresult sim_primary_reset_v1(CUdevice dev) {
+    struct { CUdevice dev; } p = {dev};
+    SIM_TRACED(CB_cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", impl_primary_reset, &p, dev);
+}
+static CUresult sim_primary_reset_v2(CUdevice dev) {
+    struct { CUdevice dev; } p = {dev};
+    SIM_TRACED(CB_cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset_v2", impl_primary_reset, &p, dev);
+}
+static CUresult sim_ctx_create_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+    struct { CUcontext *pctx; unsigned int flags; CUdevice dev; } p = {pctx, flags, dev};
+    SIM_TRACED(CB_cuCtxCreate_v2, "cuCtxCreate_v2", impl_ctx_create_v2, &p, pctx, flags, dev);
+}
+static CUresult sim_ctx_create_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray,
+                                  int numParams, unsigned int flags, CUdevice dev) {
+    struct { CUcontext *pctx; CUexecAffinityParam *paramsArray; int numParams; unsigned int flags; CUdevice dev; } p =
+        {pctx, paramsArray, numParams, flags, dev};
+    SIM_TRACED(CB_cuCtxCreate_v3, "cuCtxCreate_v3", impl_ctx_create_v3, &p, pctx, paramsArray, numParams, flags, dev);
+}
+static CUresult sim_ctx_create_v4(CUcontext *pctx, SimCtxCreateParams *params,
+                                  unsigned int flags, CUdevice dev) {
+    struct { CUcontext *pctx; SimCtxCreateParams *ctxCreateParams; unsigned int flags; CUdevice dev; } p =
+        {pctx, params, flags, dev};
+    SIM_TRACED(CB_cuCtxCreate_v4, "cuCtxCreate_v4", impl_ctx_create_v4, &p, pctx, params, flags, dev);
+}
+static CUresult sim_ctx_destroy(CUcontext ctx) {
+    struct { CUcontext ctx; } p = {ctx};
+    SIM_TRACED(CB_cuCtxDestroy_v2, "cuCtxDestroy_v2", impl_ctx_destroy, &p, ctx);
+}
+static CUresult sim_ctx_push_current(CUcontext ctx) {
+    struct { CUcontext ctx; } p = {ctx};
+    SIM_TRACED(CB_cuCtxPushCurrent_v2, "cuCtxPushCurrent_v2", impl_ctx_push_current, &p, ctx);
+}
+static CUresult sim_ctx_pop_current(CUcontext *pctx) {
+    struct { CUcontext *pctx; } p = {pctx};
+    SIM_TRACED(CB_cuCtxPopCurrent_v2, "cuCtxPopCurrent_v2", impl_ctx_pop_current, &p, pctx);
+}
+static CUresult sim_ctx_set_current(CUcontext ctx) {
+    struct { CUcontext ctx; } p = {ctx};
+    SIM_TRACED(CB_cuCtxSetCurrent, "cuCtxSetCurrent", impl_ctx_set_current, &p, ctx);
+}
+
+/* ------------------------------------------------------------------------------
  * cuGetProcAddress
  * ------------------------------------------------------------------------------ */
 static CUresult proc_lookup(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
@@ -1080,8 +1282,8 @@ static const SimProc g_procs[] = {
     {F_cuDevicePrimaryCtxSetFlags, 7000, (void *)sim_primary_set_flags_v1},
     {F_cuDevicePrimaryCtxSetFlags, 11000, (void *)sim_primary_set_flags_v2},
     {F_cuDevicePrimaryCtxGetState, 7000, (void *)sim_primary_get_state},
-    {F_cuDevicePrimaryCtxReset, 7000, (void *)sim_primary_reset},
-    {F_cuDevicePrimaryCtxReset, 11000, (void *)sim_primary_reset},
+    {F_cuDevicePrimaryCtxReset, 7000, (void *)sim_primary_reset_v1},
+    {F_cuDevicePrimaryCtxReset, 11000, (void *)sim_primary_reset_v2},
     {F_cuCtxCreate, 2000, (void *)sim_ctx_create_v2},   /* v1: same C signature */
     {F_cuCtxCreate, 3020, (void *)sim_ctx_create_v2},
     {F_cuCtxCreate, 11040, (void *)sim_ctx_create_v3},
@@ -1135,6 +1337,7 @@ static CUresult proc_lookup(const char *symbol, void **pfn, int cudaVersion, cuu
  * Fork and load
  * ------------------------------------------------------------------------------ */
 static void atfork_prepare(void) {
+    pthread_mutex_lock(&g_sub_lock);
     pthread_mutex_lock(&g_stall_lock);
     pthread_mutex_lock(&g_fault_lock);
     pthread_mutex_lock(&g_lock);
@@ -1144,6 +1347,7 @@ static void atfork_parent(void) {
     pthread_mutex_unlock(&g_lock);
     pthread_mutex_unlock(&g_fault_lock);
     pthread_mutex_unlock(&g_stall_lock);
+    pthread_mutex_unlock(&g_sub_lock);
 }
 
 /* In a child forked after cuInit, every call (cuInit included) returns
@@ -1155,6 +1359,7 @@ static void atfork_child(void) {
     pthread_mutex_unlock(&g_lock);
     pthread_mutex_unlock(&g_fault_lock);
     pthread_mutex_unlock(&g_stall_lock);
+    pthread_mutex_unlock(&g_sub_lock);
 }
 
 __attribute__((constructor)) static void sim_load(void) {
@@ -1273,6 +1478,7 @@ void cyctxsim_unstall(void) {
     g_stall_gen++;
     pthread_cond_broadcast(&g_stall_cv);
     pthread_mutex_unlock(&g_stall_lock);
+    pthread_mutex_unlock(&g_sub_lock);
 }
 
 long long cyctxsim_call_count(const char *name) {
@@ -1283,4 +1489,87 @@ long long cyctxsim_call_count(const char *name) {
     }
     int fn = fn_index(name);
     return fn < 0 ? -1 : atomic_load(&g_calls[fn]);
+}
+
+/* ------------------------------------------------------------------------------
+ * The subscriber API (simdriver.h, "Callbacks"): cuptiSubscribe and its kin, with their
+ * signatures and result codes, under the prefix cyctxsim_.
+ * ------------------------------------------------------------------------------ */
+int cyctxsim_cuptiSubscribe(void **subscriber, void *callback, void *userdata) {
+    if (!subscriber || !callback) return SIM_CUPTI_ERROR_INVALID_PARAMETER;
+    int r = SIM_CUPTI_SUCCESS;
+    pthread_mutex_lock(&g_sub_lock);
+    if (g_sub_taken) {
+        r = SIM_CUPTI_ERROR_MULTIPLE_SUBSCRIBERS;
+    } else {
+        g_sub_taken = 1;
+        g_sub_userdata = userdata;
+        atomic_store(&g_sub_cb, (SimCuptiCallback)callback);
+        *subscriber = &g_sub_handle;
+    }
+    pthread_mutex_unlock(&g_sub_lock);
+    return r;
+}
+
+/* Disables every callback and returns once none is running on another thread. */
+int cyctxsim_cuptiUnsubscribe(void *subscriber) {
+    if (subscriber != &g_sub_handle) return SIM_CUPTI_ERROR_INVALID_PARAMETER;
+    if (t_in_callback) return SIM_CUPTI_ERROR_INVALID_OPERATION;
+    pthread_mutex_lock(&g_sub_lock);
+    if (!g_sub_taken) {
+        pthread_mutex_unlock(&g_sub_lock);
+        return SIM_CUPTI_ERROR_INVALID_PARAMETER;
+    }
+    atomic_store(&g_sub_any, 0);
+    atomic_store(&g_sub_cb, NULL);
+    for (int d = 0; d < SIM_CB_DOMAIN_SIZE; d++)
+        for (int i = 0; i < SIM_CB_IDS / 64; i++) atomic_store(&g_sub_enabled[d][i], 0);
+    while (atomic_load(&g_sub_inflight) > 0) sched_yield();
+    g_sub_taken = 0;
+    g_sub_userdata = NULL;
+    pthread_mutex_unlock(&g_sub_lock);
+    return SIM_CUPTI_SUCCESS;
+}
+
+static int sub_check(void *subscriber, int domain) {
+    return subscriber == &g_sub_handle && g_sub_taken && domain > 0 && domain < SIM_CB_DOMAIN_SIZE;
+}
+
+int cyctxsim_cuptiEnableCallback(uint32_t enable, void *subscriber, int domain, uint32_t cbid) {
+    int r = SIM_CUPTI_SUCCESS;
+    pthread_mutex_lock(&g_sub_lock);
+    if (!sub_check(subscriber, domain) || cbid >= SIM_CB_IDS || cbid == 0) {
+        r = SIM_CUPTI_ERROR_INVALID_PARAMETER;
+    } else {
+        uint64_t bit = (uint64_t)1 << (cbid % 64);
+        if (enable) atomic_fetch_or(&g_sub_enabled[domain][cbid / 64], bit);
+        else atomic_fetch_and(&g_sub_enabled[domain][cbid / 64], ~bit);
+        int any = 0;
+        for (int d = 0; d < SIM_CB_DOMAIN_SIZE && !any; d++)
+            for (int i = 0; i < SIM_CB_IDS / 64 && !any; i++) any = atomic_load(&g_sub_enabled[d][i]) != 0;
+        atomic_store(&g_sub_any, any);
+    }
+    pthread_mutex_unlock(&g_sub_lock);
+    return r;
+}
+
+int cyctxsim_cuptiGetCallbackState(uint32_t *enable, void *subscriber, int domain, uint32_t cbid) {
+    if (!enable) return SIM_CUPTI_ERROR_INVALID_PARAMETER;
+    pthread_mutex_lock(&g_sub_lock);
+    int ok = sub_check(subscriber, domain) && cbid < SIM_CB_IDS && cbid != 0;
+    if (ok) *enable = (uint32_t)((atomic_load(&g_sub_enabled[domain][cbid / 64]) >> (cbid % 64)) & 1);
+    pthread_mutex_unlock(&g_sub_lock);
+    return ok ? SIM_CUPTI_SUCCESS : SIM_CUPTI_ERROR_INVALID_PARAMETER;
+}
+
+int cyctxsim_cuptiGetResultString(int result, const char **str) {
+    if (!str) return SIM_CUPTI_ERROR_INVALID_PARAMETER;
+    switch (result) {
+    case SIM_CUPTI_SUCCESS: *str = "CUPTI_SUCCESS"; break;
+    case SIM_CUPTI_ERROR_INVALID_PARAMETER: *str = "CUPTI_ERROR_INVALID_PARAMETER"; break;
+    case SIM_CUPTI_ERROR_INVALID_OPERATION: *str = "CUPTI_ERROR_INVALID_OPERATION"; break;
+    case SIM_CUPTI_ERROR_MULTIPLE_SUBSCRIBERS: *str = "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED"; break;
+    default: *str = "CUPTI_ERROR_UNKNOWN"; return SIM_CUPTI_ERROR_INVALID_PARAMETER;
+    }
+    return SIM_CUPTI_SUCCESS;
 }

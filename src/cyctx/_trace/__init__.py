@@ -1,0 +1,676 @@
+"""cyctx.trace(): who changed my context? (docs/tracing.md)
+
+A CUPTI callback subscriber (``_native``, built from tracer.c) records every context change of
+the process while a trace is on: the call, the thread, the time, the context before and after
+(handle, id, device), and where it came from (the Python frames of the calling thread and the
+native libraries on its stack). This module starts and stops it, turns the raw records into
+:class:`ContextEvent` objects, and answers the questions: who made the current context of a
+thread current, who reset or destroyed a context, which libraries touch a device. Loaded only
+when a trace starts; ``import cyctx`` loads none of it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+SCHEMA = "cyctx.trace/1"
+
+_DOMAINS = {1: "driver", 2: "runtime", 3: "resource"}
+# The calls that can change which context is current (the others retain, release, reset).
+_CHANGES_CURRENT = {
+    "cuCtxSetCurrent",
+    "cuCtxPushCurrent",
+    "cuCtxPushCurrent_v2",
+    "cuCtxPopCurrent",
+    "cuCtxPopCurrent_v2",
+    "cuCtxCreate",
+    "cuCtxCreate_v2",
+    "cuCtxCreate_v3",
+    "cuCtxCreate_v4",
+    "cuCtxDestroy",
+    "cuCtxDestroy_v2",
+    "cudaSetDevice",
+    "cudaDeviceReset",
+    "cudaThreadExit",
+}
+_PY_STATES = {
+    0: "read",
+    1: "not a Python thread",
+    2: "this Python's frame layout is not known to cyctx",
+    3: "the interpreter was finalizing",
+    4: "Python frames off",
+}
+
+
+@dataclass(frozen=True)
+class ContextRef:
+    """A context as an event saw it: its handle, its id (``cuCtxGetId``; None where the
+    driver gave none: a destroyed context, or not asked) and its device (None: not asked)."""
+
+    handle: int
+    id: int | None
+    device: int | None
+
+    def __str__(self) -> str:
+        if not self.handle:
+            return "none"
+        dev = "?" if self.device is None else self.device
+        cid = "?" if self.id is None else self.id
+        return f"{self.handle:#x} (device {dev}, id {cid})"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"handle": self.handle, "id": self.id, "device": self.device}
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} ({self.function})"
+
+
+@dataclass(frozen=True)
+class NativeFrame:
+    library: str | None  # path of the shared object
+    symbol: str | None
+    owner: str  # the library it belongs to, in words: "cyctx", "torch", "cupy", ...
+
+
+@dataclass
+class ContextEvent:
+    """One traced call (or resource event) and where it came from."""
+
+    seq: int
+    time_s: float  # since the trace started
+    duration_s: float
+    thread: int  # the OS thread id
+    thread_name: str | None
+    domain: str  # "driver", "runtime", "resource"
+    call: str  # "cuCtxSetCurrent", ..., or "context created" / "context destroy starting"
+    via: str | None  # the traced call this one ran inside (e.g. cudaSetDevice)
+    result: int
+    before: ContextRef | None  # current at the call (API events)
+    after: ContextRef | None  # current at its return (API events)
+    target: ContextRef | None  # the context argument or result (created, destroyed, pushed)
+    device: int | None  # the device argument
+    held_gil: bool
+    python: list[Frame]
+    python_state: str
+    native: list[NativeFrame]
+    library: str  # who made the call: "cyctx", "torch", "cupy", "cuda.core", "cuda-bindings", ...
+    where: Frame | None  # the innermost Python frame outside the libraries (the user's line)
+    cyctx_guard: bool  # made by a cyctx guard (its block is `where`)
+
+    @property
+    def changed(self) -> bool:
+        """Whether the calling thread's current context differs after the call."""
+        if self.before is None or self.after is None:
+            return False
+        return (self.before.handle, self.before.id) != (self.after.handle, self.after.id)
+
+    def describe(self) -> str:
+        who = "cyctx guard" if self.cyctx_guard else self.library
+        at = f" at {self.where}" if self.where else ""
+        if not self.python and self.python_state != "read":
+            at += f" (no Python frames: {self.python_state})"
+        via = f" inside {self.via}" if self.via else ""
+        return f"{self.call}{via} by {who}{at}"
+
+    def as_json(self) -> dict[str, Any]:
+        ref = lambda r: None if r is None else r.as_json()  # noqa: E731
+        return {
+            "seq": self.seq,
+            "time_s": self.time_s,
+            "duration_s": self.duration_s,
+            "thread": self.thread,
+            "thread_name": self.thread_name,
+            "domain": self.domain,
+            "call": self.call,
+            "via": self.via,
+            "result": self.result,
+            "before": ref(self.before),
+            "after": ref(self.after),
+            "target": ref(self.target),
+            "device": self.device,
+            "changed": self.changed,
+            "held_gil": self.held_gil,
+            "python": [
+                {"file": f.file, "line": f.line, "function": f.function} for f in self.python
+            ],
+            "python_state": self.python_state,
+            "native": [
+                {"library": n.library, "symbol": n.symbol, "owner": n.owner} for n in self.native
+            ],
+            "library": self.library,
+            "where": None
+            if self.where is None
+            else {
+                "file": self.where.file,
+                "line": self.where.line,
+                "function": self.where.function,
+            },
+            "cyctx_guard": self.cyctx_guard,
+        }
+
+
+class TraceError(RuntimeError):
+    """Bad use of a trace (started twice, asked before it ended)."""
+
+
+# --- who made a call: libraries by where their files are -----------------------------------------
+
+_PKG_OWNERS = (
+    ("cyctx", "cyctx"),
+    ("torch", "torch"),
+    ("cupy", "cupy"),
+    ("cupy_backends", "cupy"),
+    ("cuda.core", "cuda.core"),
+    ("cuda.bindings", "cuda-bindings"),
+    ("numba.cuda", "numba"),
+    ("numba_cuda", "numba"),
+    ("warp", "warp"),
+    ("jax", "jax"),
+    ("jaxlib", "jax"),
+)
+
+
+def _package_dirs() -> list[tuple[str, str]]:
+    """(directory, owner) of the libraries already imported (nothing is imported here)."""
+    out = []
+    for mod, owner in _PKG_OWNERS:
+        m = sys.modules.get(mod)
+        f = getattr(m, "__file__", None) if m else None
+        paths = list(getattr(m, "__path__", []) or []) if m else []
+        if f:
+            paths.append(os.path.dirname(f))
+        for p in paths:
+            out.append((os.path.realpath(p) + os.sep, owner))
+    # Longest first: cuda/core before cuda.
+    return sorted(set(out), key=lambda t: -len(t[0]))
+
+
+def _owner_of(path: str | None, dirs: list[tuple[str, str]]) -> str | None:
+    if not path:
+        return None
+    real = os.path.realpath(path)
+    for d, owner in dirs:
+        if real.startswith(d):
+            return owner
+    base = os.path.basename(real)
+    for marker, owner in (
+        ("/site-packages/torch/", "torch"),
+        ("/site-packages/cupy", "cupy"),
+        ("/site-packages/cuda/core/", "cuda.core"),
+        ("/site-packages/cuda/bindings/", "cuda-bindings"),
+    ):
+        if marker in real:
+            return owner
+    if base.startswith("libcudart"):
+        return "the CUDA runtime"
+    return None
+
+
+def _is_driver_side(path: str | None, skip: tuple[str, ...]) -> bool:
+    """A frame of the tracer, of libcupti or of the driver: not a caller."""
+    if not path:
+        return True
+    base = os.path.basename(path)
+    real = os.path.realpath(path)
+    return (
+        real in skip
+        or base.startswith(("libcupti", "libcuda.so"))
+        or (base.startswith("libc.so") or base.startswith("libc-"))
+    )
+
+
+def _is_interpreter(path: str | None) -> bool:
+    """A frame of CPython itself: the caller's native stack ends below it."""
+    if not path:
+        return False
+    base = os.path.basename(path)
+    return base.startswith("libpython") or os.path.realpath(path) == os.path.realpath(
+        sys.executable
+    )
+
+
+def _is_library_file(file: str, dirs: list[tuple[str, str]]) -> bool:
+    real = os.path.realpath(file) if file and not file.startswith("<") else file
+    if any(real.startswith(d) for d, _ in dirs):
+        return True
+    return (
+        "/site-packages/" in file
+        or "/dist-packages/" in file
+        or file.startswith((sys.prefix + "/lib/python", sys.base_prefix + "/lib/python", "<frozen"))
+    )
+
+
+# --- the trace -------------------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_running: Trace | None = None
+
+
+def _driver() -> tuple[bool, int | None]:
+    """(simulated, CUDA major of the driver) of the libcuda.so.1 in the process; loads the real
+    one if none is loaded yet (libcupti would load it anyway)."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False, None
+    simulated = hasattr(lib, "cyctxsim_is_simulated")
+    v = ctypes.c_int(0)
+    try:
+        ok = lib.cuDriverGetVersion(ctypes.byref(v)) == 0
+    except AttributeError:
+        ok = False
+    return simulated, (v.value // 1000 if ok else None)
+
+
+class Trace:
+    """What ``cyctx.trace()`` returns: a context manager that records every context change of
+    the process between its start and its stop, and answers questions about them afterwards.
+
+    A trace that cannot subscribe (another CUPTI subscriber such as a profiler, no libcupti, a
+    driver older than CUDA 12) says so in one line on stderr, records nothing and changes
+    nothing: ``active`` is False and ``reason`` says why.
+    """
+
+    def __init__(
+        self,
+        *,
+        python_frames: int = 4,
+        native_frames: int = 12,
+        capacity: int = 16384,
+        quiet: bool = False,
+    ) -> None:
+        from cyctx._trace import _native
+
+        if not 0 <= python_frames <= _native.MAX_PY:
+            raise ValueError(f"python_frames must be 0..{_native.MAX_PY}, not {python_frames!r}")
+        if not 0 <= native_frames <= _native.MAX_NATIVE:
+            raise ValueError(
+                f"native_frames must be 0..{_native.MAX_NATIVE}, not {native_frames!r}"
+            )
+        if not 1 <= capacity <= 1 << 24:
+            raise ValueError(f"capacity must be 1..{1 << 24} events, not {capacity!r}")
+        self._native = _native
+        self.python_frames = python_frames
+        self.native_frames = native_frames
+        self.capacity = capacity
+        self.quiet = quiet
+        self.active = False
+        self.finished = False
+        self.reason: str | None = None
+        self.simulated: bool | None = None
+        self.cupti: str | None = None
+        self.cupti_found_via: str | None = None
+        self.events: list[ContextEvent] = []
+        self.dropped = 0
+        self._t0 = 0
+        self._raw: list[dict[str, Any]] = []
+        self._threads: dict[int, str] = {}
+
+    # -- start / stop --
+    def start(self) -> Trace:
+        global _running
+        if self.active or self.finished:
+            raise TraceError("a trace runs once: make a new one with cyctx.trace()")
+        with _lock:
+            if _running is not None:
+                return self._refuse("a cyctx trace is already running in this process")
+            simulated, major = _driver()
+            self.simulated = simulated
+            path = None
+            if not simulated:
+                if major is None:
+                    return self._refuse("no CUDA driver (libcuda.so.1) could be loaded")
+                from cyctx._trace.locate import find_cupti
+
+                path, how = find_cupti(major)
+                if path is None:
+                    return self._refuse(how)
+                self.cupti, self.cupti_found_via = path, how
+            self._t0 = time.monotonic_ns()
+            why = self._native.start(
+                path, simulated, self.python_frames, self.native_frames, self.capacity
+            )
+            if why is not None:
+                return self._refuse(why)
+            self.active = True
+            _running = self
+        return self
+
+    def _refuse(self, why: str) -> Trace:
+        self.reason = why
+        self.finished = True
+        if not self.quiet:
+            sys.stderr.write(f"cyctx trace: not tracing: {why}\n")
+        return self
+
+    def stop(self) -> Trace:
+        global _running
+        if not self.active:
+            return self
+        self._native.stop()
+        self.collect()
+        dropped = self._native.drain()[1]
+        raw = self._raw
+        self._native.release()
+        self._threads = {t.native_id: t.name for t in threading.enumerate() if t.native_id}
+        with _lock:
+            _running = None
+        self.active = False
+        self.finished = True
+        self.dropped = dropped
+        self._raw = raw
+        self.events = self._build(raw)
+        if dropped and not self.quiet:
+            sys.stderr.write(
+                f"cyctx trace: {dropped} events were lost (the buffer of {self.capacity} was full;"
+                f" pass capacity=)\n"
+            )
+        return self
+
+    def collect(self) -> None:
+        """Move what the buffer holds now into this trace, while it runs (a long trace drains
+        itself this way, so that its buffer need only hold what happens in between)."""
+        if self.active:
+            self._raw.extend(self._native.drain()[0])
+
+    def __enter__(self) -> Trace:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- building events --
+    def _build(self, raw: list[dict[str, Any]]) -> list[ContextEvent]:
+        dirs = _package_dirs()
+        skip = (os.path.realpath(self._native.__file__),)
+        cache: dict[int, tuple[str | None, str | None]] = {}
+        todo = sorted({a for r in raw for a in r["native"] if a not in cache})
+        for a, res in zip(todo, self._native.resolve(todo), strict=True):
+            cache[a] = (res[0], res[1])
+        last_id: dict[int, int] = {}
+        last_dev: dict[int, int] = {}
+        events = []
+        for r in raw:
+            native: list[NativeFrame] = []
+            for a in r["native"]:
+                lib, sym = cache.get(a, (None, None))
+                if _is_driver_side(lib, skip) and not native:
+                    continue  # the tracer, libcupti, the driver: below the caller
+                owner = _owner_of(lib, dirs) or (os.path.basename(lib) if lib else "?")
+                native.append(NativeFrame(lib, sym, owner))
+            python = [Frame(f, line, fn) for f, line, fn in r["python"]]
+            # Who made the call: the library the caller entered, not the one it went through
+            # (cuda.core calls the driver through cuda-bindings, torch through the runtime).
+            # Natively: the outermost library frame below the interpreter; in Python: the
+            # outermost library frame below the user's code.
+            entry_native = None
+            for n in native:
+                if _is_interpreter(n.library):
+                    break
+                if n.owner != "the CUDA runtime":
+                    entry_native = n.owner
+            entry_py = None
+            for f in python:
+                owner = _owner_of(f.file, dirs) if _is_library_file(f.file, dirs) else None
+                if owner is None and not _is_library_file(f.file, dirs):
+                    break
+                entry_py = owner or entry_py
+            cyctx_guard = entry_native == "cyctx" and (entry_py in (None, "cyctx"))
+            if cyctx_guard:
+                library = "cyctx"
+            else:
+                library = (
+                    (entry_py if entry_py not in (None, "cyctx") else None) or entry_native or "?"
+                )
+            where = next((f for f in python if not _is_library_file(f.file, dirs)), None)
+            dom = _DOMAINS.get(r["domain"], str(r["domain"]))
+
+            def ref(h: int, cid: int, dev: int) -> ContextRef:
+                if h and cid:
+                    last_id[h] = cid
+                if h and dev >= 0:
+                    last_dev[h] = dev
+                return ContextRef(h, cid or None, None if dev < 0 else dev)
+
+            if dom == "resource":
+                h = r["arg_ctx"]
+                before = after = None
+                # Not asked in the callback (the driver holds its locks there). A destroyed
+                # context: the id and device its handle was last seen with (None if never); a
+                # created one is new: the enclosing call's exit tells (below).
+                if r["cbid"] == 2:
+                    target = ContextRef(h, last_id.get(h), last_dev.get(h))
+                else:
+                    target = ContextRef(h, None, None)
+            else:
+                before = ref(r["before"], r["before_id"], r["before_dev"])
+                after = ref(r["after"], r["after_id"], r["after_dev"])
+                # The device argument is the target's device (a retain's, a create's).
+                target = ref(r["arg_ctx"], r["arg_ctx_id"], r["arg_dev"]) if r["arg_ctx"] else None
+            events.append(
+                ContextEvent(
+                    seq=r["seq"],
+                    time_s=(r["t_ns"] - self._t0) * 1e-9,
+                    duration_s=(r["t_ns"] - r["t_enter_ns"]) * 1e-9,
+                    thread=r["tid"],
+                    thread_name=self._threads.get(r["tid"]),
+                    domain=dom,
+                    call=r["func"],
+                    via=r["via"] or None,
+                    result=r["result"],
+                    before=before,
+                    after=after,
+                    target=target,
+                    device=None if r["arg_dev"] < 0 else r["arg_dev"],
+                    held_gil=bool(r["gil"]),
+                    python=python,
+                    python_state=_PY_STATES.get(r["py_state"], "?"),
+                    native=native,
+                    library=library,
+                    where=where,
+                    cyctx_guard=cyctx_guard,
+                )
+            )
+        # The buffer is in claim order; a call's event is written at its exit, so order by time.
+        events.sort(key=lambda e: (e.time_s, e.seq))
+        # A resource event happens inside a call (via); that call's exit, later on the same
+        # thread, names the context's id and device (a retain's, a create's result; a
+        # destroy's argument).
+        for i, e in enumerate(events):
+            if e.domain != "resource" or e.target is None or not e.via:
+                continue
+            for later in events[i + 1 :]:
+                if later.thread == e.thread and later.call == e.via and later.domain != "resource":
+                    t = later.target
+                    cid = e.target.id
+                    if cid is None and t is not None and t.handle == e.target.handle:
+                        cid = t.id
+                    dev = later.device if later.device is not None else e.target.device
+                    e.target = ContextRef(e.target.handle, cid, dev)
+                    break
+        return events
+
+    # -- questions --
+    def _need_finished(self) -> None:
+        if self.active:
+            raise TraceError("the trace is still running: ask after its `with` block ends")
+
+    def changes(self, thread: int | None = None) -> list[ContextEvent]:
+        """The calls that changed their thread's current context, in order (optionally one
+        thread's, by OS thread id as ``threading.get_native_id()`` gives it)."""
+        self._need_finished()
+        return [e for e in self.events if e.changed and (thread is None or e.thread == thread)]
+
+    def who_made_current(self, thread: int | None = None) -> ContextEvent | None:
+        """The last call that changed the current context of ``thread`` (default: the calling
+        thread): the one that made its current context current, as far as this trace saw.
+        None when no call in the trace changed it (it was current before the trace started).
+        A driver call made inside a runtime call (cudaSetDevice) names it in ``via``."""
+        tid = threading.get_native_id() if thread is None else thread
+        found = self.changes(tid)
+        return found[-1] if found else None
+
+    def who_destroyed(self, context: int | ContextRef) -> list[ContextEvent]:
+        """Every destruction of ``context`` (a handle, or a :class:`ContextRef`, which also
+        matches its id) in the trace: the driver's "context destroy starting" event, which names
+        the call it ran inside (``via``: cuCtxDestroy, cuDevicePrimaryCtxReset,
+        cuDevicePrimaryCtxRelease, cudaDeviceReset) and where that call came from. A primary
+        context keeps its handle across a reset: with a plain handle every one is listed."""
+        self._need_finished()
+        if isinstance(context, ContextRef):
+            handle, cid = context.handle, context.id
+        elif isinstance(context, int) and not isinstance(context, bool):
+            handle, cid = context, None
+        else:
+            h = getattr(context, "handle", None)
+            if not isinstance(h, int):
+                raise TypeError(
+                    f"who_destroyed() takes a context handle (int) or a ContextRef, not {type(context).__name__}"
+                )
+            handle, cid = h, None
+        return [
+            e
+            for e in self.events
+            if e.call == "context destroy starting"
+            and e.target is not None
+            and e.target.handle == handle
+            and (cid is None or e.target.id == cid)
+        ]
+
+    def libraries_touching(self, device: int) -> dict[str, int]:
+        """How many traced calls each library made on ``device`` (as argument, or as the device
+        of the context current before or after the call)."""
+        self._need_finished()
+        if not isinstance(device, int) or isinstance(device, bool) or device < 0:
+            raise ValueError(f"device must be an ordinal (int >= 0), not {device!r}")
+        count: Counter[str] = Counter()
+        for e in self.events:
+            devs = {e.device}
+            for r in (e.before, e.after, e.target):
+                if r is not None:
+                    devs.add(r.device)
+            if device in devs:
+                count["cyctx guard" if e.cyctx_guard else e.library] += 1
+        return dict(count.most_common())
+
+    # -- output --
+    def report(self) -> str:
+        """The trace in words: each event, then the answers per thread."""
+        if self.reason:
+            return f"cyctx trace: not tracing: {self.reason}"
+        self._need_finished()
+        driver = (
+            "the simulated driver" if self.simulated else f"{self.cupti} ({self.cupti_found_via})"
+        )
+        threads = sorted({e.thread for e in self.events})
+        lines = [
+            f"cyctx trace: {len(self.events)} events on {len(threads)} "
+            f"thread{'' if len(threads) == 1 else 's'}, through {driver}"
+            + (f"; {self.dropped} LOST (buffer full)" if self.dropped else "")
+        ]
+        for e in self.events:
+            name = e.thread_name or "?"
+            if e.domain == "resource":
+                what = f"{e.call} {e.target}"
+            else:
+                what = f"{e.call}"
+                if e.device is not None:
+                    what += f"({e.device})"
+                elif e.target is not None:
+                    what += f"({e.target.handle:#x})"
+                what += f" -> {e.result}" if e.result else ""
+                if e.changed:
+                    what += f"  current {e.before} => {e.after}"
+            who = "cyctx guard" if e.cyctx_guard else e.library
+            at = f" at {e.where}" if e.where else ""
+            via = f" [in {e.via}]" if e.via else ""
+            lines.append(
+                f"  {e.time_s * 1e3:10.3f} ms  {e.thread} {name:<12} {what}{via}  by {who}{at}"
+            )
+        lines.append("who made each thread's context current (its last change):")
+        for t in threads:
+            last = self.changes(t)
+            if last:
+                lines.append(f"  thread {t}: {last[-1].after} by {last[-1].describe()}")
+        gone = [e for e in self.events if e.call == "context destroy starting"]
+        if gone:
+            lines.append("contexts destroyed or reset:")
+            for e in gone:
+                lines.append(f"  {e.target}: {e.describe()}")
+        devices = sorted(
+            {
+                d
+                for e in self.events
+                for d in [e.device] + [r.device for r in (e.before, e.after, e.target) if r]
+            }
+            - {None}
+        )
+        if devices:
+            lines.append("libraries per device:")
+            for d in devices:
+                libs = ", ".join(f"{k} ({v})" for k, v in self.libraries_touching(d).items())
+                lines.append(f"  device {d}: {libs}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        """The trace as plain JSON-able data (schema ``cyctx.trace/1``, docs/tracing.md)."""
+        self._need_finished()
+        return {
+            "schema": SCHEMA,
+            "active": self.reason is None,
+            "reason": self.reason,
+            "driver": None
+            if self.simulated is None
+            else ("simulated" if self.simulated else "real"),
+            "cupti": self.cupti,
+            "cupti_found_via": self.cupti_found_via,
+            "dropped": self.dropped,
+            "events": [e.as_json() for e in self.events],
+        }
+
+
+def _stop_at_exit() -> None:
+    # The interpreter's frames must not be read once it finalizes: stop first.
+    t = _running
+    if t is not None:
+        t.stop()
+
+
+atexit.register(_stop_at_exit)
+
+
+def trace(
+    *, python_frames: int = 4, native_frames: int = 12, capacity: int = 16384, quiet: bool = False
+) -> Trace:
+    """Record every context change of the process while the returned :class:`Trace` is on
+    (``with cyctx.trace() as t:``). See docs/tracing.md."""
+    return Trace(
+        python_frames=python_frames, native_frames=native_frames, capacity=capacity, quiet=quiet
+    )
+
+
+__all__ = [
+    "SCHEMA",
+    "ContextEvent",
+    "ContextRef",
+    "Frame",
+    "NativeFrame",
+    "Trace",
+    "TraceError",
+    "trace",
+]

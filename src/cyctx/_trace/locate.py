@@ -1,0 +1,79 @@
+"""Where libcupti is, found the way the doctor's census finds CUDA libraries: one already mapped
+in the process first (torch loads the one of its ``nvidia-cuda-cupti`` wheel; a second copy
+would be a second CUPTI), then ``$CYCTX_CUPTI``, then the ``nvidia-cuda-cupti`` wheels on
+``sys.path`` (CUDA 13: ``nvidia/cu13/lib/libcupti.so.13``; CUDA 12:
+``nvidia/cuda_cupti/lib/libcupti.so.12``), then the toolkit's ``extras/CUPTI/lib64``. Only a
+CUPTI of the driver's CUDA major or older is taken: a newer one refuses the driver. Nothing is
+loaded here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+from cyctx._doctor.census import mapped_paths
+
+_CUPTI = re.compile(r"libcupti\.so(\.(\d+))?")
+
+
+def cupti_major(path: str) -> int | None:
+    """The CUDA major a libcupti belongs to, from its file name (``libcupti.so.13...``)."""
+    m = _CUPTI.match(os.path.basename(path))
+    return int(m.group(2)) if m and m.group(2) else None
+
+
+def candidates() -> list[tuple[str, str]]:
+    """(path, how it was found), in the order they are tried."""
+    out: list[tuple[str, str]] = []
+    for path in mapped_paths():
+        if _CUPTI.match(os.path.basename(path)):
+            out.append((path, "already loaded in this process"))
+    env = os.environ.get("CYCTX_CUPTI")
+    if env:
+        out.append((env, "$CYCTX_CUPTI"))
+    for entry in sys.path:
+        # 13.x wheels: nvidia/cu13/lib; 12.x (and some 13.0 builds): nvidia/cuda_cupti/lib.
+        for sub in ("nvidia/cu13/lib", "nvidia/cuda_cupti/lib", "nvidia/cu12/lib"):
+            d = os.path.join(entry or ".", sub)
+            if os.path.isdir(d):
+                for f in sorted(os.listdir(d), reverse=True):
+                    if re.fullmatch(r"libcupti\.so\.\d+", f):
+                        out.append(
+                            (os.path.abspath(os.path.join(d, f)), "the nvidia-cuda-cupti wheel")
+                        )
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home:
+            d = os.path.join(home, "extras", "CUPTI", "lib64")
+            if os.path.isdir(d):
+                for f in sorted(os.listdir(d), reverse=True):
+                    if re.fullmatch(r"libcupti\.so\.\d+", f):
+                        out.append((os.path.join(d, f), f"the CUDA toolkit ({home})"))
+    seen: set[str] = set()
+    unique = []
+    for path, how in out:
+        key = os.path.realpath(path)
+        if key not in seen:
+            seen.add(key)
+            unique.append((path, how))
+    return unique
+
+
+def find_cupti(driver_major: int | None) -> tuple[str | None, str]:
+    """(path, how) of the libcupti to load, or (None, why none fits) in one line."""
+    found = candidates()
+    if not found:
+        return None, (
+            "no libcupti found (install it with `pip install cyctx[trace]`, or point $CYCTX_CUPTI at it)"
+        )
+    for path, how in found:
+        major = cupti_major(path)
+        if how.startswith("already loaded") or driver_major is None or major is None:
+            return path, how
+        if major <= driver_major:
+            return path, how
+    return None, (
+        f"every libcupti found is newer than the driver (CUDA {driver_major}): "
+        + ", ".join(p for p, _ in found)
+    )

@@ -1,0 +1,740 @@
+/*
+ * tracer.c -- the native half of cyctx.trace(): a CUPTI callback subscriber that records every
+ * context change of the process into a ring buffer (docs/tracing.md, "How it works").
+ *
+ * The callback runs on the thread that made the driver call, sometimes while the driver holds
+ * its own locks (the resource events). It therefore never takes, waits for or touches the GIL,
+ * and calls nothing that can block: no Python API that allocates, no malloc, no lock, no
+ * dladdr (which takes the loader's lock, held by a dlopen whose constructors may call the
+ * driver). What it does:
+ *   - at an API entry: remembers the context current at the call (CUPTI's `context`), its id
+ *     and device (cuCtxGetId, cuCtxGetDevice: calls that are never traced themselves);
+ *   - at the exit: asks the context current now, then writes one event with the Python frames
+ *     of the calling thread and the raw return addresses of its native stack (backtrace(),
+ *     warmed at start so that its one-time dlopen of libgcc_s happens outside any callback);
+ *   - a resource event (context created / destroy starting) asks the driver nothing.
+ * The Python frames are read without the GIL, from the calling thread's own frame chain: a
+ * thread that released the GIL is inside a C call and cannot change its frames until it
+ * returns, and every object read (code objects, their name and file strings and line tables)
+ * is kept alive by those frames and is immutable; nothing is INCREF'd or allocated. So the same
+ * read gives "the Python line that entered this native code" for a thread without the GIL and
+ * the full stack for one holding it (PyGILState_Check says which; the event records it). This
+ * needs the interpreter's frame layout (internal/pycore_frame.h), known for CPython 3.11-3.13;
+ * on other versions (and free-threaded builds) no Python frame is read and the events say so.
+ * The return addresses become library and symbol (dladdr) when Python drains the buffer.
+ *
+ * The buffer is a fixed array of slots claimed with a compare-and-swap on the head (no lock);
+ * a full buffer drops the event and counts it. stop() unsubscribes, then waits until no
+ * callback is running before the buffer may be freed.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED)
+#define CYCTX_TRACE_FRAMES 1
+#define Py_BUILD_CORE 1
+#include "internal/pycore_frame.h"
+#undef Py_BUILD_CORE
+#else
+#define CYCTX_TRACE_FRAMES 0
+#endif
+
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+/* CUPTI's ABI (cupti_callbacks.h, cupti_driver_cbid.h, cupti_runtime_cbid.h of CUDA 13). */
+#define CB_DOMAIN_DRIVER 1
+#define CB_DOMAIN_RUNTIME 2
+#define CB_DOMAIN_RESOURCE 3
+#define CB_RESOURCE_CONTEXT_CREATED 1
+#define CB_RESOURCE_CONTEXT_DESTROY_STARTING 2
+#define API_ENTER 0
+
+typedef struct {
+    int callbackSite;
+    const char *functionName;
+    const void *functionParams;
+    void *functionReturnValue;
+    const char *symbolName;
+    void *context;
+    uint32_t contextUid;
+    uint64_t *correlationData;
+    uint32_t correlationId;
+} CallbackData;
+
+typedef struct {
+    void *context;
+    void *stream;
+    void *resourceDescriptor;
+} ResourceData;
+
+/* What each traced call's parameters are (generated_cuda_meta.h): which argument is a context,
+ * a context out-pointer, a device. */
+enum { ARG_NONE, ARG_CTX, ARG_PCTX, ARG_DEV, ARG_PCTX_DEV, ARG_PCTX_CREATE_V2, ARG_PCTX_CREATE_V3,
+       ARG_PCTX_CREATE_V4, ARG_RT_DEV };
+typedef struct { int domain; unsigned cbid; int args; } Traced;
+static const Traced g_traced[] = {
+    {CB_DOMAIN_DRIVER, 303, ARG_CTX},            /* cuCtxSetCurrent */
+    {CB_DOMAIN_DRIVER, 14, ARG_CTX},             /* cuCtxPushCurrent */
+    {CB_DOMAIN_DRIVER, 323, ARG_CTX},            /* cuCtxPushCurrent_v2 */
+    {CB_DOMAIN_DRIVER, 15, ARG_PCTX},            /* cuCtxPopCurrent */
+    {CB_DOMAIN_DRIVER, 324, ARG_PCTX},           /* cuCtxPopCurrent_v2 */
+    {CB_DOMAIN_DRIVER, 386, ARG_PCTX_DEV},       /* cuDevicePrimaryCtxRetain */
+    {CB_DOMAIN_DRIVER, 387, ARG_DEV},            /* cuDevicePrimaryCtxRelease */
+    {CB_DOMAIN_DRIVER, 544, ARG_DEV},            /* cuDevicePrimaryCtxRelease_v2 */
+    {CB_DOMAIN_DRIVER, 389, ARG_DEV},            /* cuDevicePrimaryCtxReset */
+    {CB_DOMAIN_DRIVER, 545, ARG_DEV},            /* cuDevicePrimaryCtxReset_v2 */
+    {CB_DOMAIN_DRIVER, 10, ARG_PCTX_CREATE_V2},  /* cuCtxCreate */
+    {CB_DOMAIN_DRIVER, 235, ARG_PCTX_CREATE_V2}, /* cuCtxCreate_v2 */
+    {CB_DOMAIN_DRIVER, 645, ARG_PCTX_CREATE_V3}, /* cuCtxCreate_v3 */
+    {CB_DOMAIN_DRIVER, 757, ARG_PCTX_CREATE_V4}, /* cuCtxCreate_v4 */
+    {CB_DOMAIN_DRIVER, 11, ARG_CTX},             /* cuCtxDestroy */
+    {CB_DOMAIN_DRIVER, 322, ARG_CTX},            /* cuCtxDestroy_v2 */
+    {CB_DOMAIN_RUNTIME, 16, ARG_RT_DEV},         /* cudaSetDevice_v3020 */
+    {CB_DOMAIN_RUNTIME, 164, ARG_NONE},          /* cudaDeviceReset_v3020 */
+    {CB_DOMAIN_RUNTIME, 123, ARG_NONE},          /* cudaThreadExit_v3020 */
+    {CB_DOMAIN_RESOURCE, CB_RESOURCE_CONTEXT_CREATED, ARG_NONE},
+    {CB_DOMAIN_RESOURCE, CB_RESOURCE_CONTEXT_DESTROY_STARTING, ARG_NONE},
+};
+#define N_TRACED ((int)(sizeof g_traced / sizeof g_traced[0]))
+
+static int args_of(int domain, unsigned cbid) {
+    for (int i = 0; i < N_TRACED; i++)
+        if (g_traced[i].domain == domain && g_traced[i].cbid == cbid) return g_traced[i].args;
+    return ARG_NONE;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Events and the ring
+ * ------------------------------------------------------------------------------------------ */
+#define MAX_PY 6
+#define MAX_NATIVE 24
+#define FILE_LEN 200
+#define FUNC_LEN 72
+#define NAME_LEN 48
+
+enum { PY_OK, PY_NO_THREAD_STATE, PY_UNSUPPORTED, PY_FINALIZING, PY_OFF };
+
+typedef struct { char file[FILE_LEN]; char func[FUNC_LEN]; int line; } PyFrameRec;
+
+typedef struct {
+    _Atomic uint64_t ready;          /* seq + 1 once written */
+    uint64_t seq;
+    uint64_t t_ns;                   /* CLOCK_MONOTONIC at the exit (resource: the event) */
+    uint64_t t_enter_ns;
+    long tid;
+    int domain, cbid, result, gil, py_state, n_py, n_native, nested_overflow;
+    char func[NAME_LEN];
+    char via[NAME_LEN];              /* the enclosing traced call on this thread, if any */
+    uintptr_t before, after, arg_ctx;
+    uint64_t before_id, after_id, arg_ctx_id;
+    int before_dev, after_dev, arg_dev;
+    PyFrameRec py[MAX_PY];
+    uintptr_t native[MAX_NATIVE];
+} Event;
+
+static Event *g_ring;
+static uint64_t g_cap;
+static _Atomic uint64_t g_head, g_tail, g_dropped;
+static _Atomic int g_on;             /* the callback records */
+static _Atomic int g_inflight;       /* callbacks inside record code now */
+static int g_subscribed;
+static int g_py_max = 4, g_native_max = 16;
+
+/* Driver calls the callback makes (never traced): resolved at start. */
+typedef int (*pfn_get_current)(void **);
+typedef int (*pfn_get_id)(void *, unsigned long long *);
+typedef int (*pfn_get_device)(int *);
+static pfn_get_current d_get_current;
+static pfn_get_id d_get_id;
+static pfn_get_device d_get_device;
+
+/* CUPTI (or the simulator's cyctxsim_cupti*). */
+typedef int (*pfn_subscribe)(void **, void *, void *);
+typedef int (*pfn_unsubscribe)(void *);
+typedef int (*pfn_enable)(uint32_t, void *, int, uint32_t);
+typedef int (*pfn_result_string)(int, const char **);
+static pfn_subscribe c_subscribe;
+static pfn_unsubscribe c_unsubscribe;
+static pfn_enable c_enable;
+static pfn_result_string c_result_string;
+static void *g_subscriber;
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static Event *claim(void) {
+    uint64_t h = atomic_load(&g_head);
+    do {
+        if (h - atomic_load(&g_tail) >= g_cap) {
+            atomic_fetch_add(&g_dropped, 1);
+            return NULL;
+        }
+    } while (!atomic_compare_exchange_weak(&g_head, &h, h + 1));
+    Event *e = &g_ring[h % g_cap];
+    e->seq = h;
+    return e;
+}
+
+static void publish(Event *e) { atomic_store_explicit(&e->ready, e->seq + 1, memory_order_release); }
+
+static void copy_name(char *dst, size_t n, const char *src) {
+    size_t i = 0;
+    if (src)
+        for (; src[i] && i + 1 < n; i++) dst[i] = src[i];
+    dst[i] = 0;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Python frames, read without the GIL (see the head comment)
+ * ------------------------------------------------------------------------------------------ */
+#if CYCTX_TRACE_FRAMES
+/* A str's characters as UTF-8 where the object already has them (ASCII, or a cached UTF-8
+ * copy), else its Latin-1 characters with '?' for the rest: reads only. A long path keeps its
+ * tail, the part that names the file. */
+static void copy_str(char *dst, size_t n, PyObject *s) {
+    dst[0] = 0;
+    if (!s || !PyUnicode_Check(s) || !PyUnicode_IS_COMPACT(s)) return;
+    const char *src = NULL;
+    Py_ssize_t len = 0;
+    if (PyUnicode_IS_ASCII(s)) {
+        src = (const char *)PyUnicode_DATA(s);
+        len = PyUnicode_GET_LENGTH(s);
+    } else if (((PyCompactUnicodeObject *)s)->utf8) {
+        src = ((PyCompactUnicodeObject *)s)->utf8;
+        len = ((PyCompactUnicodeObject *)s)->utf8_length;
+    }
+    if (src) {
+        Py_ssize_t skip = len > (Py_ssize_t)n - 1 ? len - ((Py_ssize_t)n - 1) : 0;
+        memcpy(dst, src + skip, (size_t)(len - skip));
+        dst[len - skip] = 0;
+        if (skip && n > 4) memcpy(dst, "...", 3);
+        return;
+    }
+    Py_ssize_t m = PyUnicode_GET_LENGTH(s);
+    int kind = PyUnicode_KIND(s);
+    const void *data = PyUnicode_DATA(s);
+    Py_ssize_t skip = m > (Py_ssize_t)n - 1 ? m - ((Py_ssize_t)n - 1) : 0;
+    Py_ssize_t j = 0;
+    for (Py_ssize_t i = skip; i < m; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        dst[j++] = c < 128 ? (char)c : '?';
+    }
+    dst[j] = 0;
+}
+
+static int read_frames(PyThreadState *ts, PyFrameRec *out, int max) {
+#if PY_VERSION_HEX >= 0x030D0000
+    _PyInterpreterFrame *f = ts->current_frame;
+#else
+    _PyInterpreterFrame *f = ts->cframe ? ts->cframe->current_frame : NULL;
+#endif
+    int n = 0;
+    for (; f && n < max; f = f->previous) {
+        if (_PyFrame_IsIncomplete(f)) continue;
+#if PY_VERSION_HEX >= 0x030D0000
+        PyObject *ex = f->f_executable;
+        if (!ex || !PyCode_Check(ex)) continue;
+        PyCodeObject *co = (PyCodeObject *)ex;
+#else
+        PyCodeObject *co = f->f_code;
+#endif
+        out[n].line = PyCode_Addr2Line(co, _PyInterpreterFrame_LASTI(f) * (int)sizeof(_Py_CODEUNIT));
+        copy_str(out[n].file, FILE_LEN, co->co_filename);
+        copy_str(out[n].func, FUNC_LEN, co->co_qualname);
+        n++;
+    }
+    return n;
+}
+#endif
+
+static int finalizing(void) {
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing();
+#else
+    return _Py_IsFinalizing();
+#endif
+}
+
+static void capture(Event *e) {
+    e->gil = PyGILState_Check();
+    e->n_py = 0;
+    if (g_py_max == 0) {
+        e->py_state = PY_OFF;
+    } else if (!CYCTX_TRACE_FRAMES) {
+        e->py_state = PY_UNSUPPORTED;
+    } else if (finalizing()) {
+        e->py_state = PY_FINALIZING;
+    } else {
+        PyThreadState *ts = PyGILState_GetThisThreadState();
+        if (!ts) {
+            e->py_state = PY_NO_THREAD_STATE;
+        } else {
+            e->py_state = PY_OK;
+#if CYCTX_TRACE_FRAMES
+            e->n_py = read_frames(ts, e->py, g_py_max);
+#endif
+        }
+    }
+    e->n_native = g_native_max ? backtrace((void **)e->native, g_native_max) : 0;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The callback
+ * ------------------------------------------------------------------------------------------ */
+#define MAX_NEST 8
+typedef struct {
+    int domain, cbid;
+    const char *name;
+    uint64_t t;
+    uintptr_t before, arg_ctx;
+    uint64_t before_id, arg_ctx_id;
+    int before_dev;
+} Pending;
+static _Thread_local Pending t_pend[MAX_NEST];
+static _Thread_local int t_depth;        /* may exceed MAX_NEST: those are not recorded */
+
+static uint64_t id_of(void *ctx) {
+    unsigned long long id = 0;
+    if (ctx && d_get_id(ctx, &id) != 0) id = 0;
+    return id;
+}
+
+static int device_now(void) {
+    int dev = -1;
+    if (d_get_device(&dev) != 0) dev = -1;
+    return dev;
+}
+
+static void on_resource(unsigned cbid, const ResourceData *r) {
+    Event *e = claim();
+    if (!e) return;
+    e->t_ns = e->t_enter_ns = now_ns();
+    e->tid = (long)syscall(SYS_gettid);
+    e->domain = CB_DOMAIN_RESOURCE;
+    e->cbid = (int)cbid;
+    e->result = 0;
+    copy_name(e->func, NAME_LEN, cbid == CB_RESOURCE_CONTEXT_CREATED ? "context created"
+                                                                      : "context destroy starting");
+    int d = t_depth < MAX_NEST ? t_depth : MAX_NEST;
+    copy_name(e->via, NAME_LEN, d > 0 ? t_pend[d - 1].name : "");
+    e->nested_overflow = t_depth > MAX_NEST;
+    e->before = e->after = 0;
+    e->before_id = e->after_id = e->arg_ctx_id = 0;
+    e->before_dev = e->after_dev = e->arg_dev = -1;
+    e->arg_ctx = (uintptr_t)(r ? r->context : NULL);
+    capture(e);
+    publish(e);
+}
+
+static void on_api(int domain, unsigned cbid, const CallbackData *d) {
+    int args = args_of(domain, cbid);
+    const void *p = d->functionParams;
+    if (d->callbackSite == API_ENTER) {
+        int k = t_depth++;
+        if (k >= MAX_NEST) return;
+        Pending *q = &t_pend[k];
+        q->domain = domain;
+        q->cbid = (int)cbid;
+        q->name = d->functionName;
+        q->t = now_ns();
+        q->before = (uintptr_t)d->context;
+        q->before_id = id_of(d->context);
+        q->before_dev = d->context ? device_now() : -1;
+        q->arg_ctx = 0;
+        q->arg_ctx_id = 0;
+        if (p && args == ARG_CTX) {
+            q->arg_ctx = (uintptr_t) * (void *const *)p;
+            q->arg_ctx_id = id_of(*(void *const *)p);
+        }
+        return;
+    }
+    if (t_depth == 0) return;            /* an exit whose entry came before the trace started */
+    int k = --t_depth;
+    if (k >= MAX_NEST) return;
+    Pending *q = &t_pend[k];
+    if (q->cbid != (int)cbid || q->domain != domain) return;   /* unpaired: not recorded */
+    Event *e = claim();
+    if (!e) return;
+    e->t_enter_ns = q->t;
+    e->t_ns = now_ns();
+    e->tid = (long)syscall(SYS_gettid);
+    e->domain = domain;
+    e->cbid = (int)cbid;
+    e->result = d->functionReturnValue ? *(const int *)d->functionReturnValue : 0;
+    copy_name(e->func, NAME_LEN, d->functionName);
+    copy_name(e->via, NAME_LEN, k > 0 ? t_pend[k - 1].name : "");
+    e->nested_overflow = 0;
+    e->before = q->before;
+    e->before_id = q->before_id;
+    e->before_dev = q->before_dev;
+    void *after = NULL;
+    if (d_get_current(&after) != 0) after = NULL;
+    e->after = (uintptr_t)after;
+    e->after_id = id_of(after);
+    e->after_dev = after ? device_now() : -1;
+    e->arg_ctx = q->arg_ctx;
+    e->arg_ctx_id = q->arg_ctx_id;
+    e->arg_dev = -1;
+    if (p) {
+        void *const *pp = NULL;
+        switch (args) {
+        case ARG_PCTX: pp = *(void *const *const *)p; break;
+        case ARG_PCTX_DEV:
+            pp = *(void *const *const *)p;
+            e->arg_dev = *(const int *)((const char *)p + sizeof(void *));
+            break;
+        case ARG_DEV: case ARG_RT_DEV: e->arg_dev = *(const int *)p; break;
+        case ARG_PCTX_CREATE_V2:      /* pctx, flags, dev */
+            pp = *(void *const *const *)p;
+            e->arg_dev = *(const int *)((const char *)p + sizeof(void *) + sizeof(unsigned));
+            break;
+        case ARG_PCTX_CREATE_V3: {    /* pctx, paramsArray, numParams, flags, dev */
+            pp = *(void *const *const *)p;
+            e->arg_dev = *(const int *)((const char *)p + 2 * sizeof(void *) + 2 * sizeof(int));
+            break;
+        }
+        case ARG_PCTX_CREATE_V4:      /* pctx, ctxCreateParams, flags, dev */
+            pp = *(void *const *const *)p;
+            e->arg_dev = *(const int *)((const char *)p + 2 * sizeof(void *) + sizeof(unsigned));
+            break;
+        default: break;
+        }
+        if (pp && e->result == 0) {
+            e->arg_ctx = (uintptr_t)*pp;
+            e->arg_ctx_id = id_of(*pp);
+        }
+    }
+    capture(e);
+    publish(e);
+}
+
+static void callback(void *userdata, int domain, uint32_t cbid, const void *data) {
+    (void)userdata;
+    /* In-flight first, then the switch: stop() clears the switch, then waits for zero. */
+    atomic_fetch_add(&g_inflight, 1);
+    if (atomic_load(&g_on) && data) {
+        if (domain == CB_DOMAIN_RESOURCE) {
+            if (cbid == CB_RESOURCE_CONTEXT_CREATED || cbid == CB_RESOURCE_CONTEXT_DESTROY_STARTING)
+                on_resource(cbid, (const ResourceData *)data);
+        } else if (domain == CB_DOMAIN_DRIVER || domain == CB_DOMAIN_RUNTIME) {
+            on_api(domain, cbid, (const CallbackData *)data);
+        }
+    }
+    atomic_fetch_sub(&g_inflight, 1);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The module
+ * ------------------------------------------------------------------------------------------ */
+static const char *result_name(int r) {
+    const char *s = NULL;
+    if (c_result_string && c_result_string(r, &s) == 0 && s) return s;
+    return "an unknown CUPTI result";
+}
+
+/* start(cupti_path, simulated, python_frames, native_frames, capacity) -> None or the reason
+ * (one line) it could not subscribe; nothing is left changed then. */
+static PyObject *t_start(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *cupti_path;
+    int simulated, py_max, native_max;
+    unsigned long long cap;
+    if (!PyArg_ParseTuple(args, "zpiiK", &cupti_path, &simulated, &py_max, &native_max, &cap))
+        return NULL;
+    if (g_subscribed) return PyUnicode_FromString("a cyctx trace is already running in this process");
+    if (py_max < 0 || py_max > MAX_PY || native_max < 0 || native_max > MAX_NATIVE || cap < 1 ||
+        cap > (1ull << 24)) {
+        PyErr_SetString(PyExc_ValueError, "bad trace limits");
+        return NULL;
+    }
+    void *lib;
+    const char *prefix;
+    if (simulated) {
+        lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        prefix = "cyctxsim_";
+        if (!lib) return PyUnicode_FromString("the simulated driver is not loaded");
+    } else {
+        lib = cupti_path ? dlopen(cupti_path, RTLD_NOW | RTLD_LOCAL) : NULL;
+        prefix = "";
+        if (!lib) return PyUnicode_FromFormat("libcupti could not be loaded: %s", dlerror());
+    }
+    const char *why = NULL;
+    char name[64];
+#define SYM(var, type, s)                                                                      \
+    snprintf(name, sizeof name, "%s%s", prefix, s);                                            \
+    var = (type)dlsym(lib, name);
+    SYM(c_subscribe, pfn_subscribe, "cuptiSubscribe")
+    SYM(c_unsubscribe, pfn_unsubscribe, "cuptiUnsubscribe")
+    SYM(c_enable, pfn_enable, "cuptiEnableCallback")
+    SYM(c_result_string, pfn_result_string, "cuptiGetResultString")
+#undef SYM
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    typedef int (*pfn_proc)(const char *, void **, int, uint64_t, int *);
+    pfn_proc proc = cuda ? (pfn_proc)dlsym(cuda, "cuGetProcAddress_v2") : NULL;
+    int status = 0;
+    void *f1 = NULL, *f2 = NULL, *f3 = NULL;
+    if (proc) {
+        proc("cuCtxGetCurrent", &f1, 4000, 0, &status);
+        proc("cuCtxGetId", &f2, 12000, 0, &status);
+        proc("cuCtxGetDevice", &f3, 2000, 0, &status);
+    }
+    if (cuda) dlclose(cuda);   /* it stays loaded: this handle only counted a reference */
+    if (!c_subscribe || !c_unsubscribe || !c_enable)
+        why = "the CUPTI library has no callback API (cuptiSubscribe)";
+    else if (!proc)
+        why = "the CUDA driver (libcuda.so.1) is not loaded";
+    else if (!f1 || !f2 || !f3)
+        why = "the driver is older than CUDA 12.0 (no cuCtxGetId)";
+    if (why) {
+        c_subscribe = NULL;
+        dlclose(lib);
+        return PyUnicode_FromString(why);
+    }
+    d_get_current = (pfn_get_current)f1;
+    d_get_id = (pfn_get_id)f2;
+    d_get_device = (pfn_get_device)f3;
+
+    /* Touched here, every page: a first touch in the callback would be a page fault there. */
+    Event *ring = PyMem_RawMalloc((size_t)cap * sizeof(Event));
+    if (!ring) return PyErr_NoMemory();
+    memset(ring, 0, (size_t)cap * sizeof(Event));
+    void *warm[4];
+    backtrace(warm, 4);   /* its first call loads libgcc_s: here, not in a callback */
+
+    void *sub = NULL;
+    int r = c_subscribe(&sub, (void *)callback, NULL);
+    if (r != 0) {
+        PyMem_RawFree(ring);
+        const char *rs = result_name(r);
+        char text[160];
+        snprintf(text, sizeof text, "cuptiSubscribe failed: %s (%d)", rs, r);
+        dlclose(lib);
+        if (r == 39)
+            return PyUnicode_FromString(
+                "another CUPTI subscriber holds this process (a profiler: Nsight Systems, "
+                "torch.profiler); it is left undisturbed");
+        return PyUnicode_FromString(text);
+    }
+    g_ring = ring;
+    g_cap = cap;
+    atomic_store(&g_head, 0);
+    atomic_store(&g_tail, 0);
+    atomic_store(&g_dropped, 0);
+    g_py_max = py_max;
+    g_native_max = native_max;
+    g_subscriber = sub;
+    g_subscribed = 1;
+    atomic_store(&g_on, 1);
+    for (int i = 0; i < N_TRACED; i++) {
+        r = c_enable(1, sub, g_traced[i].domain, g_traced[i].cbid);
+        /* The simulator has no runtime; a CUPTI that does not know an old id is not an error. */
+        (void)r;
+    }
+    Py_RETURN_NONE;
+}
+
+static void stop_native(void) {
+    if (!g_subscribed) return;
+    atomic_store(&g_on, 0);
+    c_unsubscribe(g_subscriber);
+    while (atomic_load(&g_inflight) > 0) sched_yield();
+    g_subscribed = 0;
+    g_subscriber = NULL;
+}
+
+static PyObject *t_stop(PyObject *self, PyObject *noargs) {
+    (void)self; (void)noargs;
+    Py_BEGIN_ALLOW_THREADS
+    stop_native();
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *str_or_empty(const char *s) { return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "replace"); }
+
+static PyObject *event_tuple(const Event *e) {
+    PyObject *py = PyList_New(e->n_py);
+    if (!py) return NULL;
+    for (int i = 0; i < e->n_py; i++) {
+        PyObject *t = Py_BuildValue("(NiN)", str_or_empty(e->py[i].file), e->py[i].line,
+                                    str_or_empty(e->py[i].func));
+        if (!t) { Py_DECREF(py); return NULL; }
+        PyList_SET_ITEM(py, i, t);
+    }
+    PyObject *nat = PyList_New(e->n_native);
+    if (!nat) { Py_DECREF(py); return NULL; }
+    for (int i = 0; i < e->n_native; i++) PyList_SET_ITEM(nat, i, PyLong_FromSize_t(e->native[i]));
+    return Py_BuildValue(
+        "{sKsKsKslsisisNsNsisisisisKsKsisKsKsisKsKsisNsN}", "seq", (unsigned long long)e->seq,
+        "t_ns", (unsigned long long)e->t_ns, "t_enter_ns", (unsigned long long)e->t_enter_ns,
+        "tid", e->tid, "domain", e->domain, "cbid", e->cbid, "func", str_or_empty(e->func), "via",
+        str_or_empty(e->via), "result", e->result, "gil", e->gil, "py_state", e->py_state,
+        "nested_overflow", e->nested_overflow, "before", (unsigned long long)e->before,
+        "before_id", (unsigned long long)e->before_id, "before_dev", e->before_dev, "after",
+        (unsigned long long)e->after, "after_id", (unsigned long long)e->after_id, "after_dev",
+        e->after_dev, "arg_ctx", (unsigned long long)e->arg_ctx, "arg_ctx_id",
+        (unsigned long long)e->arg_ctx_id, "arg_dev", e->arg_dev, "python", py, "native", nat);
+}
+
+/* drain() -> (events, dropped): every event written so far, in the order of the buffer. */
+static PyObject *t_drain(PyObject *self, PyObject *noargs) {
+    (void)self; (void)noargs;
+    PyObject *out = PyList_New(0);
+    if (!out) return NULL;
+    if (g_ring) {
+        for (;;) {
+            uint64_t t = atomic_load(&g_tail);
+            if (t == atomic_load(&g_head)) break;
+            Event *e = &g_ring[t % g_cap];
+            if (atomic_load_explicit(&e->ready, memory_order_acquire) != t + 1) break;
+            PyObject *d = event_tuple(e);
+            if (!d || PyList_Append(out, d) < 0) { Py_XDECREF(d); Py_DECREF(out); return NULL; }
+            Py_DECREF(d);
+            atomic_store(&g_tail, t + 1);
+        }
+    }
+    return Py_BuildValue("(NK)", out, (unsigned long long)atomic_load(&g_dropped));
+}
+
+/* release(): frees the buffer once the trace is stopped and drained. */
+static PyObject *t_release(PyObject *self, PyObject *noargs) {
+    (void)self; (void)noargs;
+    if (!g_subscribed && g_ring) {
+        PyMem_RawFree(g_ring);
+        g_ring = NULL;
+        g_cap = 0;
+    }
+    Py_RETURN_NONE;
+}
+
+/* resolve(addresses) -> [(library path or None, symbol or None, offset)]: dladdr, here under
+ * the GIL and outside any callback. */
+static PyObject *t_resolve(PyObject *self, PyObject *seq) {
+    (void)self;
+    PyObject *fast = PySequence_Fast(seq, "resolve() takes a sequence of addresses");
+    if (!fast) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out && i < n; i++) {
+        void *a = PyLong_AsVoidPtr(PySequence_Fast_GET_ITEM(fast, i));
+        if (PyErr_Occurred()) { Py_CLEAR(out); break; }
+        Dl_info info;
+        PyObject *t;
+        /* A return address points after the call: look one byte back for its symbol. */
+        if (a && dladdr((char *)a - 1, &info) && info.dli_fname) {
+            uintptr_t base = (uintptr_t)(info.dli_saddr ? info.dli_saddr : info.dli_fbase);
+            t = Py_BuildValue("(ssn)", info.dli_fname, info.dli_sname,
+                              (Py_ssize_t)((uintptr_t)a - base));
+        } else {
+            t = Py_BuildValue("(OOn)", Py_None, Py_None, (Py_ssize_t)0);
+        }
+        if (!t) { Py_CLEAR(out); break; }
+        PyList_SET_ITEM(out, i, t);
+    }
+    Py_DECREF(fast);
+    return out;
+}
+
+static PyObject *t_active(PyObject *self, PyObject *noargs) {
+    (void)self; (void)noargs;
+    return PyBool_FromLong(g_subscribed);
+}
+
+/* The module's own frames and those of the CUPTI library are not callers: Python drops them. */
+static PyObject *t_self_address(PyObject *self, PyObject *noargs) {
+    (void)self; (void)noargs;
+    return PyLong_FromVoidPtr((void *)callback);
+}
+
+/* bench(ctx, n, mode) -> seconds for n rounds made through the driver without the GIL
+ * (bench/trace_cost.py): mode 0 a cuCtxPushCurrent + cuCtxPopCurrent pair (traced calls),
+ * mode 1 a cuCtxGetCurrent + cuCtxGetId pair (calls a trace does not watch). */
+static PyObject *t_bench(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long ctx;
+    long n;
+    int mode;
+    if (!PyArg_ParseTuple(args, "Kli", &ctx, &n, &mode)) return NULL;
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    typedef int (*pfn_proc)(const char *, void **, int, uint64_t, int *);
+    pfn_proc proc = cuda ? (pfn_proc)dlsym(cuda, "cuGetProcAddress_v2") : NULL;
+    void *fa = NULL, *fb = NULL;
+    int status = 0;
+    if (proc) {
+        proc(mode ? "cuCtxGetCurrent" : "cuCtxPushCurrent", &fa, 4000, 0, &status);
+        proc(mode ? "cuCtxGetId" : "cuCtxPopCurrent", &fb, mode ? 12000 : 4000, 0, &status);
+    }
+    if (cuda) dlclose(cuda);
+    if (!fa || !fb) {
+        PyErr_SetString(PyExc_RuntimeError, "no driver loaded");
+        return NULL;
+    }
+    int bad = 0;
+    uint64_t t0, t1;
+    Py_BEGIN_ALLOW_THREADS
+    t0 = now_ns();
+    if (mode == 0) {
+        int (*push)(void *) = (int (*)(void *))fa;
+        int (*pop)(void **) = (int (*)(void **))fb;
+        for (long i = 0; i < n; i++) {
+            void *x;
+            bad |= push((void *)(uintptr_t)ctx);
+            bad |= pop(&x);
+        }
+    } else {
+        int (*get)(void **) = (int (*)(void **))fa;
+        int (*get_id)(void *, unsigned long long *) = (int (*)(void *, unsigned long long *))fb;
+        for (long i = 0; i < n; i++) {
+            void *x;
+            unsigned long long id;
+            bad |= get(&x);
+            bad |= get_id((void *)(uintptr_t)ctx, &id);
+        }
+    }
+    t1 = now_ns();
+    Py_END_ALLOW_THREADS
+    if (bad) {
+        PyErr_SetString(PyExc_RuntimeError, "a driver call failed");
+        return NULL;
+    }
+    return PyFloat_FromDouble((double)(t1 - t0) * 1e-9);
+}
+
+static PyMethodDef methods[] = {
+    {"start", t_start, METH_VARARGS, "start(cupti_path, simulated, py_frames, native_frames, capacity)"},
+    {"stop", t_stop, METH_NOARGS, "unsubscribe; returns once no callback runs"},
+    {"drain", t_drain, METH_NOARGS, "(events, dropped)"},
+    {"release", t_release, METH_NOARGS, "free the buffer of a stopped trace"},
+    {"resolve", t_resolve, METH_O, "dladdr of return addresses"},
+    {"active", t_active, METH_NOARGS, "whether a trace is subscribed"},
+    {"self_address", t_self_address, METH_NOARGS, "an address inside this module"},
+    {"bench", t_bench, METH_VARARGS, "seconds for n rounds of driver calls without the GIL"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "cyctx._trace._native",
+                                    "Native half of cyctx.trace() (see tracer.c)", -1, methods,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    if (PyModule_AddIntConstant(m, "FRAMES_SUPPORTED", CYCTX_TRACE_FRAMES) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_PY", MAX_PY) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_NATIVE", MAX_NATIVE) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

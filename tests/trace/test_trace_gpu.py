@@ -1,0 +1,158 @@
+"""The tracer on the real driver (CUPTI), for the H200: the simulator's subscriber surface
+against the real one (the same script traced on both gives the same events), and a process
+mixing torch, CuPy, cuda.core and cyctx whose every context change must be named with its line
+and library. Each runs in a child process (a trace owns the process's one CUPTI subscriber)."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+DIFF_SCRIPT = """
+import cyctx
+from cuda.bindings import driver as d
+d.cuInit(0)
+err, p = d.cuDevicePrimaryCtxRetain(0)
+d.cuCtxSetCurrent(p)
+d.cuCtxSetCurrent(None)
+d.cuCtxPushCurrent(p)
+d.cuCtxPopCurrent()
+d.cuCtxPopCurrent()                 # fails: nothing to pop
+g = cyctx.ContextGuard(0)
+with g:
+    pass
+g.close()
+err, c = d.cuCtxCreate(None, 0, 0)
+d.cuCtxDestroy(c)
+d.cuCtxSetCurrent(p)
+d.cuDevicePrimaryCtxReset(0)
+d.cuCtxSetCurrent(None)
+d.cuDevicePrimaryCtxRelease(0)
+err, p = d.cuDevicePrimaryCtxRetain(0)
+d.cuDevicePrimaryCtxRelease(0)      # the last reference: destroyed
+"""
+
+
+def _trace(tmp_path, script, simulate, name):
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(script))
+    out = tmp_path / f"{name}.json"
+    cmd = [sys.executable, "-m", "cyctx", "trace", "--quiet", "--json", str(out)]
+    proc = subprocess.run(
+        cmd + (["--simulate"] if simulate else []) + [str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert out.exists(), proc.stderr  # no file: the trace could not subscribe (stderr says why)
+    return json.loads(out.read_text()), path
+
+
+def _normalised(data):
+    """The events with handles and ids replaced by the order they first appear in."""
+    labels = {}
+
+    def label(kind, v):
+        if not v:
+            return None
+        return labels.setdefault((kind, v), f"{kind}{sum(k == kind for k, _ in labels)}")
+
+    out = []
+    for e in data["events"]:
+        if e["domain"] == "runtime":
+            continue
+        refs = []
+        for key in ("before", "after", "target"):
+            r = e[key]
+            refs.append(
+                None
+                if r is None
+                else (label("ctx", r["handle"]), label("id", r["id"]), r["device"])
+            )
+        out.append(
+            (
+                e["domain"],
+                e["call"],
+                e["via"],
+                e["result"],
+                e["device"],
+                e["changed"],
+                *refs,
+                e["where"]["line"] if e["where"] else None,
+            )
+        )
+    return out
+
+
+def test_the_simulator_traces_a_script_as_the_real_driver_does(tmp_path):
+    real, _ = _trace(tmp_path, DIFF_SCRIPT, simulate=False, name="real")
+    sim, _ = _trace(tmp_path, DIFF_SCRIPT, simulate=True, name="sim")
+    assert real["driver"] == "real" and sim["driver"] == "simulated"
+    assert real["dropped"] == sim["dropped"] == 0
+    assert _normalised(real) == _normalised(sim)
+
+
+MIXED = """
+import threading
+import cupy
+import torch
+import cyctx
+from cuda.core import Device
+from cuda.bindings import driver as d
+
+torch.cuda.set_device(0)                       # L torch
+x = torch.ones(4, device="cuda")               # L torch
+d.cuCtxSetCurrent(None)                        # L cuda-bindings
+with cupy.cuda.Device(0):                      # L cupy
+    y = cupy.arange(4)                         # L cupy
+d.cuCtxSetCurrent(None)                        # L cuda-bindings
+Device(0).set_current()                        # L cuda.core
+d.cuCtxSetCurrent(None)                        # L cuda-bindings
+with cyctx.ContextGuard(0):                    # L cyctx
+    pass
+
+done, stay = threading.Event(), threading.Event()
+
+def worker():
+    torch.cuda.set_device(0)                   # L torch
+    d.cuCtxSetCurrent(None)                    # L cuda-bindings
+    done.set()
+    stay.wait()  # alive when the trace stops: its events carry its name
+
+threading.Thread(target=worker, name="worker", daemon=True).start()
+done.wait()
+"""
+
+
+def test_a_mixed_process_names_each_change_with_its_line_and_library(tmp_path):
+    data, path = _trace(tmp_path, MIXED, simulate=False, name="mixed")
+    expected = {}
+    for i, text in enumerate(textwrap.dedent(MIXED).splitlines(), start=1):
+        if "# L " in text:
+            expected[i] = text.rsplit("# L ", 1)[1].strip()
+    # The script's two threads; threads of the libraries themselves are not the script's lines.
+    changes = [
+        e for e in data["events"] if e["changed"] and e["thread_name"] in ("MainThread", "worker")
+    ]
+    assert changes, "no context change traced"
+    assert {e["thread_name"] for e in changes} == {"MainThread", "worker"}
+    named = {}
+    for e in changes:
+        where = e["where"]
+        assert where is not None and where["file"] == str(path), e
+        assert where["line"] in expected, (where, e["call"], e["library"])
+        assert e["library"] == expected[where["line"]], (
+            where["line"],
+            e["call"],
+            e["library"],
+            e["native"],
+        )
+        assert e["cyctx_guard"] == (expected[where["line"]] == "cyctx")
+        named.setdefault(e["library"], set()).add(where["line"])
+    # Every library of the script made at least one change that the trace saw.
+    assert set(named) == {"torch", "cupy", "cuda.core", "cuda-bindings", "cyctx"}, named

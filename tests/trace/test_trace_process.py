@@ -1,0 +1,164 @@
+"""The tracer in fresh processes: off means free (nothing of it or of CUPTI loaded by
+`import cyctx`), 16 threads under a trace (no deadlock, nothing lost), and `cyctx trace`."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from helpers import children, drivers
+
+SIM_PROLOGUE = "from cyctx.testing import use_simulated_driver; sim = use_simulated_driver(2)\n"
+
+
+def _needs_sim():
+    if drivers.SIM is None:
+        pytest.skip("runs its child on the simulated driver")
+
+
+def test_import_cyctx_loads_nothing_of_the_tracer():
+    proc = children.run_child(
+        """
+        import sys, cyctx
+        g = cyctx.ContextGuard(0)
+        with g:
+            pass
+        g.close()
+        maps = open("/proc/self/maps").read()
+        print(sorted(m for m in sys.modules if m.startswith("cyctx._trace")), "libcupti" in maps)
+        """
+    )
+    assert proc.stdout.split("\n")[-2] == "[] False"
+
+
+def test_a_simulated_trace_loads_no_libcupti():
+    _needs_sim()
+    proc = children.run_python(
+        """
+        import cyctx
+        with cyctx.trace() as t:
+            pass
+        print(t.reason, "libcupti" in open("/proc/self/maps").read())
+        """,
+        SIM_PROLOGUE,
+    )
+    assert proc.stdout.split("\n")[-2] == "None False"
+
+
+STRESS = """
+import threading, sys, time
+import cyctx
+from cuda.bindings import driver as d
+d.cuInit(0)
+N_THREADS, ROUNDS = 16, 150
+calls = [0] * N_THREADS
+barrier = threading.Barrier(N_THREADS)
+
+def work(k):
+    barrier.wait()
+    dev = k % 2
+    g = cyctx.ContextGuard(dev)   # made inside the trace: its retain is traced too
+    n = 1
+    for i in range(ROUNDS):
+        if k % 4 == 0:            # the guard: GIL held in the callback
+            with g:
+                pass
+            n += 2
+        elif k % 4 == 1:          # cuda.bindings: the GIL released
+            err, p = d.cuDevicePrimaryCtxRetain(dev)
+            d.cuCtxPushCurrent(p); d.cuCtxPopCurrent(); d.cuDevicePrimaryCtxRelease(dev)
+            n += 4
+        elif k % 4 == 2:          # created contexts: resource events under the driver's lock
+            err, c = d.cuCtxCreate(None, 0, dev)
+            d.cuCtxDestroy(c)
+            n += 2
+        else:
+            err, p = d.cuDevicePrimaryCtxRetain(dev)
+            d.cuCtxSetCurrent(p); d.cuCtxSetCurrent(None); d.cuDevicePrimaryCtxRelease(dev)
+            n += 4
+    g.close()
+    n += 1
+    calls[k] = n
+
+with cyctx.trace(capacity=1 << 16) as t:
+    ts = [threading.Thread(target=work, args=(k,)) for k in range(N_THREADS)]
+    for th in ts: th.start()
+    for th in ts: th.join()
+api = [e for e in t.events if e.domain == "driver"]
+print("threads", len({e.thread for e in api}), "api", len(api), "expected", sum(calls), "dropped", t.dropped)
+print("where", sorted({e.where.function for e in api if e.where}))
+print("python", sorted({e.python_state for e in t.events}))
+"""
+
+
+def test_sixteen_threads_under_a_trace_finish_and_lose_nothing():
+    _needs_sim()
+    # No deadlock: the child must end well within its timeout (a callback that waited for the
+    # GIL while the simulator holds its lock, as the real driver holds its own, would hang).
+    proc = children.run_python(STRESS, SIM_PROLOGUE, timeout=120)
+    lines = proc.stdout.strip().split("\n")
+    head = lines[-3].split()
+    assert head[0] == "threads" and head[1] == "16"
+    assert head[3] == head[5] and int(head[3]) > 16 * 150 * 2  # every traced call, once
+    assert head[7] == "0"
+    assert lines[-2] == "where ['work']"
+    assert lines[-1] == "python ['read']"
+
+
+def test_command_line_trace_runs_the_script_and_reports(tmp_path):
+    _needs_sim()
+    script = tmp_path / "prog.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            import cyctx
+            from cuda.bindings import driver as d
+            d.cuInit(0)
+            with cyctx.ContextGuard(1):
+                pass
+            print("args", sys.argv[1:])
+            sys.exit(3)
+            """
+        )
+    )
+    out = tmp_path / "t.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cyctx",
+            "trace",
+            "--simulate",
+            "--json",
+            str(out),
+            str(script),
+            "a",
+            "-x",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(tmp_path),
+    )
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout == "args ['a', '-x']\n"
+    assert proc.stderr.startswith("cyctx trace: 6 events on 1 thread, through the simulated driver")
+    assert f"by cyctx guard at {script}:6 (<module>)" in proc.stderr
+    data = json.loads(out.read_text())
+    assert data["schema"] == "cyctx.trace/1"
+    assert [e["call"] for e in data["events"] if e["changed"]] == [
+        "cuCtxPushCurrent_v2",
+        "cuCtxPopCurrent_v2",
+    ]
+
+
+def test_command_line_trace_of_a_missing_script(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "cyctx", "trace", str(tmp_path / "nope.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "no such file" in proc.stderr
