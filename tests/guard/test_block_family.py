@@ -480,3 +480,72 @@ def test_two_blocks_that_cannot_be_told_apart_are_refused_and_keep_their_context
         return "refused"
 
     assert in_thread(lambda: asyncio.run(main())) == "refused"
+
+
+@pytest.mark.parametrize("wrapper", ["helper method", "ExitStack", "three deep"])
+def test_two_tasks_sharing_one_context_object_are_told_apart_by_their_coroutine(shared_and_other, wrapper):
+    # create_task(context=...) may give two tasks the same Context: their outermost coroutines
+    # still differ.
+    g, h, nvtx = shared_and_other
+    rec = Record()
+
+    async def main():
+        ctx = __import__("contextvars").copy_context()
+        a_in, a_go, b_in, b_go = (asyncio.Event() for _ in range(4))
+
+        async def a():
+            try:
+                with _sync_cm(wrapper, g, nvtx):
+                    a_in.set()
+                    await a_go.wait()
+            except GuardError as e:
+                rec.a_error = e
+
+        async def b():
+            with h:
+                with _sync_cm(wrapper, g, nvtx):
+                    b_in.set()
+                    await b_go.wait()
+                    rec.b_inside = cyctx.current_device()
+                rec.b_after_g = cyctx.current_device()
+            rec.b_after_h = cyctx.current_device()
+
+        ta = asyncio.create_task(a(), context=ctx)
+        await a_in.wait()
+        tb = asyncio.create_task(b(), context=ctx)
+        await b_in.wait()
+        a_go.set()
+        await ta
+        b_go.set()
+        await tb
+
+    asyncio.run(main())
+    _check(rec, OWN, h)
+
+
+@pytest.mark.parametrize("wrapper", ["helper method", "ExitStack", "lambda"])
+def test_a_generator_driven_by_a_task_is_told_apart_from_the_task(shared_and_other, wrapper):
+    # Same Context, same outermost coroutine (the task's): the running generator differs.
+    g, h, nvtx = shared_and_other
+    rec = Record()
+
+    def gen():
+        with h:
+            with _sync_cm(wrapper, g, nvtx):
+                yield
+                rec.b_inside = cyctx.current_device()
+            rec.b_after_g = cyctx.current_device()
+        rec.b_after_h = cyctx.current_device()
+        yield
+
+    async def main():
+        it = gen()
+        try:
+            with _sync_cm(wrapper, g, nvtx):
+                next(it)  # the generator's block opens inside the task's, and stays open
+        except GuardError as e:
+            rec.a_error = e
+        next(it)
+
+    asyncio.run(main())
+    _check(rec, OWN, h)
