@@ -205,11 +205,13 @@ EXPECTED = {(i, w): OWN for i in ("asyncio", "trio", "greenlet", "generator") fo
 EXPECTED.update({(i, w): OWN for i in ("asyncio", "trio") for w in ASYNC})
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def shared():
-    # Made before the per-test check of the thread's state (a module fixture is set up first):
-    # the shared guard's one retain lasts for the process.
-    return cyctx.device(0)
+    # One guard object that both strands use (what `cyctx.device(0)` gives every caller; a
+    # guard of the test's own, so that no retain outlives the test).
+    g = ContextGuard(0)
+    yield g
+    g.close()
 
 
 @pytest.fixture
