@@ -35,8 +35,7 @@ from cyctx._errors import ContextResetWarning, CyctxError, driver_error
 # (.pxd) per concept; the Python-protocol layer's is _pyproto.pxd.
 from cyctx._registry cimport new_token, live_add, live_remove
 from cyctx._entries cimport (
-    CYCTX_PREV_UNKNOWN, tls_push, tls_pop_own, tls_depth, tls_count, tls_drop_dead_top, tls_splice,
-    tls_top_token,
+    BlockId, CYCTX_PREV_UNKNOWN, tls_push, tls_pop_own, tls_depth, tls_count, tls_top_token,
 )
 from cyctx._fields cimport (
     ctx_load, ctx_store, u64_load, u64_store, int_add, int_load, int_store, gate_enter, gate_leave,
@@ -44,12 +43,9 @@ from cyctx._fields cimport (
 )
 from cyctx._forkstate cimport forked_after_cuda, fork_child, mark_cuda_initialised, install_fork_handler
 from cyctx._pyproto cimport (
-    block_names_init, block_key, tls_pop_python, install_quick_with, PyEval_GetFrame,
-    CYCTX_FREE_THREADED, cyctx_is_finalizing,
+    block_here, block_pop, block_describe, BLOCK_OWN, BLOCK_SPLICED, BLOCK_HANDED, BLOCK_AMBIGUOUS,
+    install_quick_with, PyEval_GetFrame, CYCTX_FREE_THREADED, cyctx_is_finalizing,
 )
-
-import contextlib as _contextlib
-block_names_init(_contextlib.ExitStack.enter_context.__code__.co_filename)
 
 if install_fork_handler() != 0:
     raise ImportError("cyctx: pthread_atfork failed; fork safety cannot be guaranteed")
@@ -235,7 +231,7 @@ cdef class ContextGuard:
         return _enter_block(self, NULL)
 
     cdef int exit(self) except -1 nogil:
-        return _exit_block(self, EXIT_NOGIL)
+        return _exit_block(self, EXIT_NOGIL, 0)
 
     def __enter__(self):
         _called_on_a_guard(self, "__enter__")
@@ -243,7 +239,7 @@ cdef class ContextGuard:
 
     def __exit__(self, exc_type, exc, tb):
         _called_on_a_guard(self, "__exit__")
-        return _with_exit(self, exc_type, exc, tb)
+        return _with_exit(self, exc_type, exc, tb, 0)
 
     def close(self):
         """Release the retain taken at construction. Idempotent.

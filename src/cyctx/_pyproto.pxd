@@ -1,19 +1,26 @@
 # The Python-protocol layer's door: everything of the guard module that depends on CPython's
 # version (_protocol/*.h and the macros below); the driver layer uses none of it.
 from cyctx._guard cimport Switch
+from cyctx._entries cimport BlockId
 
-# The key of the Python block being entered or left (the block of _cpp/thread_entries.h's
-# Entry). See _protocol/blocks.h.
+# Which Python block an enter opens and an exit leaves (_protocol/blocks.h). GIL: held by every
+# caller; block_pop is declared nogil for its one caller, _exit_block, whose Python callers hold
+# it (the nogil exit() never calls it).
 cdef extern from "_protocol/blocks.h" namespace "cyctx":
-    int block_names_init(object contextlib_file) except -1
-    const void* block_key() noexcept
-    # Needs the GIL, which its one caller holds (_exit_block for a Python exit, from __exit__);
-    # declared nogil for that caller, which the nogil exit() shares.
-    int tls_pop_python(unsigned long long token, Switch* out, size_t* dropped, const void** key) noexcept nogil
+    enum:
+        BLOCK_OWN "cyctx::kOwn"
+        BLOCK_SPLICED "cyctx::kSpliced"
+        BLOCK_HANDED "cyctx::kHanded"
+        BLOCK_NONE "cyctx::kNone"
+        BLOCK_AMBIGUOUS "cyctx::kAmbiguous"
+    void block_here(unsigned long long token, BlockId* id) noexcept
+    int block_pop(unsigned long long token, unsigned long long serial, Switch* out, size_t* dropped,
+                  size_t* candidates) noexcept nogil
+    int block_describe(unsigned long long token, size_t i) noexcept
 
 # The quick bound __enter__/__exit__ of an exact ContextGuard (_protocol/methods.h).
 cdef extern from "_protocol/methods.h" namespace "cyctx":
-    int install_quick_with(object cls, void* enter, void* exit) except -1
+    int install_quick_with(object cls, void* enter, void* exit, void* token_of) except -1
 
 # A guard collected with no Python frame running is being freed as its thread exits
 # (threading.local's teardown): no Python code (the ResourceWarning) may run there.

@@ -15,7 +15,7 @@
 // The stack is small on purpose: built with TLS descriptors (setup.py), glibc can place a
 // dlopen'ed module's TLS in its static-TLS surplus (a few hundred bytes shared by the whole
 // process) and then an access is a few instructions; a larger block falls back to the slower
-// dynamic path. Six inline entries is deeper than guards nest in practice.
+// dynamic path. Four inline entries is as deep as guards nest in practice.
 #pragma once
 #include <cuda.h>
 #include <atomic>
@@ -27,23 +27,25 @@
 
 namespace cyctx {
 
-// Whether the block of a Python exit's entry has ended: blocks.h's block_ended, set by the guard
-// module when it loads (GIL held: Python exits only). Unset in other code that includes this
-// header (the benchmarks' own copy), where no Python exit runs.
-static bool (*block_ended_hook)(const void *block, const void *exit_key) noexcept = nullptr;
+// Which block an entry is: filled by the Python-protocol layer (_protocol/blocks.h) for a Python
+// enter, all zero for the nogil enter(). Opaque here: this layer stores and compares, never reads
+// what the pointers point to.
+struct BlockId {
+    unsigned long long tag;  // the serial of the exit binding `with` made for this block (0: none)
+    const void *ctx;         // the strand: its contextvars Context (NULL: the nogil enter())
+    const void *inner;       // its innermost running generator or coroutine (NULL: none)
+    const void *root;        // its outermost running one (NULL: none)
+};
 
-// One open entry: whose it is, and the switch its exit undoes (the record switch_back uses).
+// One open entry: whose it is, which block, and the switch its exit undoes (the record
+// switch_back uses).
 struct Entry {
     unsigned long long token;  // the guard's token (new_token)
-    // Which block of the guard this is: blocks.h's key of the Python code that ran `with guard:`
-    // (0 for the nogil enter()). Two open blocks of one guard on one thread (a generator
-    // suspended in one, its caller in another; two asyncio tasks sharing a guard) are told
-    // apart by it.
-    const void *block;
+    BlockId id;
     cyctx_Switch sw;
 };
 
-enum { kInline = 6 };
+enum { kInline = 4 };
 
 struct Stack {
     Entry inline_[kInline];
@@ -89,42 +91,27 @@ static int grow(Stack &s) noexcept {
 // --- the per-thread stack ------------------------------------------------------------------
 
 // 0, or -1 when memory ran out (the caller raises MemoryError).
-inline int tls_push(unsigned long long token, const void *block, const cyctx_Switch *sw) noexcept {
+inline int tls_push(unsigned long long token, const BlockId *id, const cyctx_Switch *sw) noexcept {
     Stack &s = *my_stack();
     if (s.depth >= kInline + s.cap && grow(s) != 0) return -1;
     Entry *e = slot(s, s.depth);
     e->token = token;
-    e->block = block;
+    if (id) {
+        e->id = *id;
+    } else {
+        e->id = BlockId{0, nullptr, nullptr, nullptr};
+    }
     e->sw = *sw;
     s.depth++;
     return 0;
 }
 
-// Whether an entry of (token, block) lies below the innermost one.
-inline bool tls_below(const Stack &s, unsigned long long token, const void *block) noexcept {
-    for (std::size_t i = s.depth - 1; i-- > 0;) {
-        const Entry *e = slot(const_cast<Stack &>(s), i);
-        if (e->token == token && e->block == block) return true;
-    }
-    return false;
-}
-
-// Remove the innermost entry, its switch into *out, if it is this exit's own (0); else change nothing (-1).
-// It is when it belongs to `token` and, for an exit that knows its block, to that block. An
-// entry of the same guard made by another block is not this exit's when this block's own
-// entry lies deeper (the exit is out of order), unless the block that made it has ended (a
-// helper function that entered for its caller and returned: its entry is the caller's to
-// leave, and the guard's entries are interchangeable); with no entry of this block at all (a
-// block left from another block than it was entered in: an ExitStack handed on), the guard's
-// innermost entry is taken, as for the nogil exit().
-inline int tls_pop_matching(unsigned long long token, const void *block, cyctx_Switch *out) noexcept {
+// Remove the innermost entry, its switch into *out, if it is `token`'s (0); else change nothing (-1).
+inline int tls_pop_top(unsigned long long token, cyctx_Switch *out) noexcept {
     Stack &s = *my_stack();
     if (!s.depth) return -1;
     Entry *e = slot(s, s.depth - 1);
     if (e->token != token) return -1;
-    if (block && e->block != block && tls_below(s, token, block) &&
-        !(block_ended_hook && block_ended_hook(e->block, block)))
-        return -1;
     *out = e->sw;
     s.depth--;
     return 0;
@@ -156,18 +143,18 @@ inline std::size_t tls_drop_dead_top(unsigned long long keep) noexcept {
     return n;
 }
 
-// Slow path of tls_pop_own and of blocks.h's tls_pop_python (out of line, so that the fast
+// Slow path of tls_pop_own (out of line, so that the fast
 // paths stay small enough for the compiler to inline into exit): the innermost entry is not
 // plainly this exit's own.
-__attribute__((noinline)) inline int tls_pop_own_slow(unsigned long long token, const void *block,
-                                                       cyctx_Switch *out, std::size_t *dropped) noexcept {
-    if (tls_pop_matching(token, block, out) == 0) return 0;
+__attribute__((noinline)) inline int tls_pop_own_slow(unsigned long long token, cyctx_Switch *out,
+                                                       std::size_t *dropped) noexcept {
+    if (tls_pop_top(token, out) == 0) return 0;
     if (!tls_count(token)) return -1;
     *dropped = tls_drop_dead_top(token);
-    return *dropped && tls_pop_matching(token, block, out) == 0 ? 0 : -1;
+    return *dropped && tls_pop_top(token, out) == 0 ? 0 : -1;
 }
 
-// The nogil exit()'s pop (a Python exit's is blocks.h's tls_pop_python): take this guard's
+// The nogil exit()'s pop (a Python exit's is _protocol/blocks.h's block_pop): take this guard's
 // innermost entry off the top, its switch into *out (0), else change nothing but the drop of
 // dead entries (-1). Entries of guards freed while entered can never be left: when they are
 // what lies above this guard's entry, they are dropped (their number in *dropped, for the
@@ -183,34 +170,23 @@ inline int tls_pop_own(unsigned long long token, cyctx_Switch *out, std::size_t 
             return 0;
         }
     }
-    return tls_pop_own_slow(token, nullptr, out, dropped);
+    return tls_pop_own_slow(token, out, dropped);
 }
 
-// A Python block left out of order (a guard entered after it is still open: interleaved
-// generators, tasks sharing a guard across await, a generator's block left from its
-// finalizer), whose exit Python never calls again: remove the innermost entry of `token` from
-// below the top and hand its restore duty to the entry just above it, so that leaving that one
-// restores what was current before the removed enter. The current context is not touched now:
-// the block still open above keeps its context. 0, or -1 when `token` has no entry below the
-// top (nothing changed).
-// The entry removed is this block's own (token and block); only when this block has none, the
-// guard's innermost below the top (see tls_pop_matching).
-inline int tls_splice(unsigned long long token, const void *block) noexcept {
+// A Python block left out of order (a block of another guard, or of another strand, entered
+// after it is still open: interleaved generators, tasks or greenlets), whose exit Python never
+// calls again: remove entry `i` from below the top and hand its restore duty to the entry just
+// above it, so that leaving that one restores what was current before the removed enter. The
+// current context is not touched now: the block still open above keeps its context.
+inline void tls_splice_at(std::size_t i) noexcept {
     Stack &s = *my_stack();
-    if (s.depth < 2) return -1;
-    bool own = block && tls_below(s, token, block);
-    for (std::size_t i = s.depth - 1; i-- > 0;) {
-        Entry *e = slot(s, i);
-        if (e->token != token || (own && e->block != block)) continue;
-        Entry *above = slot(s, i + 1);
-        int switched = above->sw.switched || e->sw.switched;
-        above->sw = e->sw;
-        above->sw.switched = switched;
-        for (std::size_t j = i; j + 1 < s.depth; j++) *slot(s, j) = *slot(s, j + 1);
-        s.depth--;
-        return 0;
-    }
-    return -1;
+    Entry *e = slot(s, i);
+    Entry *above = slot(s, i + 1);
+    int switched = above->sw.switched || e->sw.switched;
+    above->sw = e->sw;
+    above->sw.switched = switched;
+    for (std::size_t j = i; j + 1 < s.depth; j++) *slot(s, j) = *slot(s, j + 1);
+    s.depth--;
 }
 
 // The token of the innermost entry (0: none).

@@ -1,8 +1,9 @@
 # Part of the _guard module (included by _guard.pyx): a guard's enter and exit of one block
 # (the per-thread entries of _cpp/thread_entries.h, the fast path, misuse).
 
-cdef inline int _enter_block(ContextGuard self, const void* block) except -1 nogil:
-    # enter() for a block: the nogil enter() is block NULL, Python's `with` its frame. The fast
+cdef inline int _enter_block(ContextGuard self, const BlockId* block) except -1 nogil:
+    # enter() for a block: the nogil enter() is block NULL, Python's `with` its BlockId
+    # (_protocol/blocks.h). The fast
     # path (the context is already current) is written out here rather than through switch_to:
     # two cheap thread-local driver calls and one thread-local entry, nothing else
     # (docs/design.md, "Costs").
@@ -49,21 +50,29 @@ cdef enum:
     EXIT_GENERATOR = 2   # Python's __exit__ for a GeneratorExit: a generator or coroutine closed
 
 
-cdef inline int _exit_block(ContextGuard self, int how) except -1 nogil:
-    # exit() for a block (see _enter_block): the nogil exit() has no block, a Python exit
-    # finds its own (_protocol/blocks.h, with the GIL). The entry ends here even if the restore below
-    # fails: a failed restore leaves the driver's stack as it was, and keeping the entry would
-    # make every later exit on this thread look out of order.
+cdef inline int _exit_block(ContextGuard self, int how, unsigned long long serial) except -1 nogil:
+    # exit() for a block (see _enter_block): the nogil exit() takes the guard's innermost entry,
+    # a Python exit finds its own (_protocol/blocks.h, with the GIL; `serial`: the exit binding
+    # it came through, 0 for none). The entry ends here even if the restore below fails: a
+    # failed restore leaves the driver's stack as it was, and keeping the entry would make every
+    # later exit on this thread look out of order.
     cdef Switch s
     cdef size_t dropped = 0
-    cdef const void* block = NULL
+    cdef size_t candidates = 0
     cdef int r
     if how == EXIT_NOGIL:
         r = tls_pop_own(self._token, &s, &dropped)
+        if r != 0:
+            return _exit_misuse(self, how, dropped, False)
     else:
-        r = tls_pop_python(self._token, &s, &dropped, &block)
-    if r != 0:
-        return _exit_misuse(self, block, how, dropped)
+        r = block_pop(self._token, serial, &s, &dropped, &candidates)
+        if r == BLOCK_AMBIGUOUS:
+            return _exit_ambiguous(self, candidates)
+        if r == BLOCK_HANDED:
+            # Its restore went to the entries of this guard above it: nothing to restore now.
+            return _warn_dropped(self, dropped) if dropped else 0
+        if r != BLOCK_OWN:
+            return _exit_misuse(self, how, dropped, r == BLOCK_SPLICED)
     if forked_after_cuda():
         return 0  # a block left in a forked child: the driver is gone, nothing to restore
     # The fast path (nothing switched): one cuCtxGetCurrent, and a switch back only if the
@@ -86,16 +95,15 @@ cdef int _raise_no_memory() except -1 with gil:
     raise MemoryError("cyctx: no memory to record a guard entry")
 
 
-cdef int _exit_misuse(ContextGuard g, const void* block, int how, size_t dropped) except -1 with gil:
+cdef int _exit_misuse(ContextGuard g, int how, size_t dropped, bint removed) except -1 with gil:
     # The exit's entry is not the innermost on this thread (after the drop of dead entries above
     # it), or the guard has none here. The nogil exit() is refused and changes nothing: its
     # caller can leave the inner blocks and call it again. Python never calls a block's __exit__
     # again, so an entry kept there would stay for ever: close() refused on this thread, and the
     # inner block, when left, making this block's context current again. So a Python exit
-    # splices its entry out from under the open block, which then restores what was current
-    # before this one; the current context is not touched. Either way: GuardError.
+    # has spliced its entry out from under the open block (`removed`), which then restores what
+    # was current before this one; the current context is not touched. Either way: GuardError.
     cdef unsigned long long top = tls_top_token()  # a splice never removes the innermost
-    cdef bint removed = how != EXIT_NOGIL and tls_splice(g._token, block) == 0
     raise _errors.exit_misuse(repr(g), removed or tls_count(g._token) != 0, top == g._token, top,
                               dropped, removed, how == EXIT_GENERATOR)
 
@@ -106,3 +114,25 @@ cdef int _warn_dropped(ContextGuard g, size_t dropped) except -1 with gil:
     # pytest and python -X dev).
     warnings.warn(_errors.dropped_text(repr(g), dropped), ResourceWarning, stacklevel=2)
     return 0
+
+
+cdef int _exit_ambiguous(ContextGuard g, size_t candidates) except -1 with gil:
+    # Several open entries of the guard on this thread could be this exit's, and nothing tells
+    # which (_protocol/blocks.h): never a pick. Nothing is changed; every block keeps its context.
+    import sys
+    f = sys._getframe(0)  # the Python code calling __exit__ (this module's functions have no frame)
+    where = f"{f.f_code.co_filename}:{f.f_lineno} in {f.f_code.co_name}"
+    raise _errors.exit_ambiguous(repr(g), where, _open_blocks(g))
+
+
+cdef list _open_blocks(ContextGuard g):
+    # What is known of each open entry of `g` on this thread, innermost first, for the message.
+    cdef size_t i = 0
+    cdef int what
+    out = []
+    while True:
+        what = block_describe(g._token, i)
+        if what < 0:
+            return out
+        out.append(what)
+        i += 1

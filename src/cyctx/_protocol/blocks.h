@@ -1,44 +1,28 @@
-// Which `with guard:` block a Python enter or exit belongs to (the `block` of thread_entries.h's
-// Entry). GIL: held by every caller (Python's __enter__/__exit__).
+// Which `with guard:` block a Python enter or exit belongs to (the BlockId of
+// _cpp/thread_entries.h's Entry). GIL: held by every caller (Python's __enter__/__exit__).
 //
-// A block is keyed by what stays the same from its enter to its exit, and differs between
-// blocks that can be open at once on one thread:
-// * Inside a generator or coroutine (CPython's or Cython's, which has no frame of its own), the
-//   running generator: the thread's exception-state item, `tstate->exc_info`, which each running
-//   generator pushes (it lies inside the generator object). A generator's block is left from
-//   the generator itself, also when it is closed from elsewhere or collected, so its enter and
-//   its exit see the same item. Tagged with the low bit (frames are never odd).
-// * Elsewhere (a thread's or a greenlet's plain code), the Python frame running the statement.
-// Frames that only forward the protocol are skipped first: any `__enter__`, `__exit__`,
-// `__aenter__` or `__aexit__` (a subclass or a wrapper object calling the guard's own), and
-// contextlib's (ExitStack, AsyncExitStack), so the key is that of the code running the `with`.
-// Skipping a generator or coroutine frame (an `async def __aexit__`) also pops its item.
-// The common case, a frame that forwards nothing, is one code-object look.
+// The rule (docs/guarantees.md, "Which block an exit belongs to"): an exit takes an entry only
+// when it can tell that the entry is its own; where it cannot, it refuses (GuardError) and
+// changes nothing. Nothing is inferred from names of functions or frames. Two facts identify a
+// block:
+// * The tag. `with guard:` binds the guard's __exit__ (a quick method object, methods.h) just
+//   before it calls __enter__, with no Python code in between, and holds that binding until it
+//   leaves the block. The binding gets a serial, never reused; the enter that follows on the same
+//   thread, in the same strand, records it; the exit made through that binding finds its entry
+//   by it. Exact, whatever else runs on the thread.
+// * The strand: what differs between code that can interleave on one thread. The thread state's
+//   contextvars Context (asyncio and trio run each task step in the task's own; greenlet switches
+//   it per greenlet; one that never had one gets a new empty one here), and the chain of running
+//   generators and coroutines (the thread's exception-state items, which each running generator,
+//   CPython's or Cython's, pushes): its innermost and its outermost item. An entry made through
+//   a wrapper (a helper, a partial, a subclass, ExitStack) has no tag; its exit finds it by its
+//   strand.
 #pragma once
 #include <Python.h>
 #include <cstdint>
 #include "_cpp/thread_entries.h"
 
 namespace cyctx {
-
-struct BlockNames {
-    PyObject *enter, *exit, *aenter, *aexit;  // interned method names
-    PyObject *contextlib;                     // contextlib's co_filename
-};
-static BlockNames g_block_names;  // set once at module import (block_names_init)
-
-inline bool block_ended(const void *block, const void *exit_key) noexcept;
-
-inline int block_names_init(PyObject *contextlib_file) noexcept {
-    block_ended_hook = block_ended;
-    g_block_names.enter = PyUnicode_InternFromString("__enter__");
-    g_block_names.exit = PyUnicode_InternFromString("__exit__");
-    g_block_names.aenter = PyUnicode_InternFromString("__aenter__");
-    g_block_names.aexit = PyUnicode_InternFromString("__aexit__");
-    Py_INCREF(contextlib_file);
-    g_block_names.contextlib = contextlib_file;
-    return g_block_names.enter && g_block_names.exit && g_block_names.aenter && g_block_names.aexit ? 0 : -1;
-}
 
 inline PyThreadState *block_tstate() noexcept {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -48,129 +32,199 @@ inline PyThreadState *block_tstate() noexcept {
 #endif
 }
 
-// A frame that only forwards the protocol to the guard.
-inline bool block_forwards(PyCodeObject *co) noexcept {
-    PyObject *n = co->co_name;
-    const BlockNames &b = g_block_names;
-    return n == b.exit || n == b.enter || n == b.aexit || n == b.aenter || co->co_filename == b.contextlib;
-}
-
-inline const void *block_tag(_PyErr_StackItem *item) noexcept {
-    return reinterpret_cast<const void *>(reinterpret_cast<std::uintptr_t>(item) | 1);
-}
-
-inline bool block_is_frame(const void *block) noexcept {
-    return block && !(reinterpret_cast<std::uintptr_t>(block) & 1);
-}
-
-__attribute__((noinline)) inline const void *block_key_slow(PyFrameObject *f, PyThreadState *ts) noexcept {
-    _PyErr_StackItem *item = ts->exc_info;
-    Py_INCREF(f);
-    while (f) {
-        PyCodeObject *co = PyFrame_GetCode(f);
-        bool fwd = block_forwards(co);
-        bool gen = co->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE);
-        Py_DECREF(co);
-        if (!fwd) break;
-        if (gen && item != &ts->exc_state && item->previous_item) item = item->previous_item;
-        PyFrameObject *back = PyFrame_GetBack(f);
-        Py_DECREF(f);
-        f = back;
+// The thread's contextvars Context, made if it has none yet (what contextvars.copy_context()
+// does on first use), so that strands that never set a context variable still differ. NULL
+// only when memory ran out (the exception cleared: the block then has no strand of its own, and
+// its exit is found by tag or refused).
+inline const void *block_context(PyThreadState *ts) noexcept {
+    if (!ts->context) {
+        PyObject *copy = PyContext_CopyCurrent();  // creates the thread's context first
+        if (!copy) {
+            PyErr_Clear();
+            return nullptr;
+        }
+        Py_DECREF(copy);
     }
-    // A frame found here is running (the chain from the current frame), so its reference may go.
-    Py_XDECREF(f);
-    return item != &ts->exc_state ? block_tag(item) : static_cast<const void *>(f);
+    return ts->context;
 }
 
-// The key of the block that the current Python code is entering or leaving.
-inline const void *block_key() noexcept {
+// The exit binding `with` made last on this thread (methods.h sets it, the next enter takes it).
+struct Pending {
+    unsigned long long token;   // the guard's (0: none)
+    unsigned long long serial;  // the binding's
+    const void *ctx;            // the strand it was made in
+    const void *item;
+};
+static thread_local Pending t_pending;
+
+// Called by methods.h when `with` binds an exact guard's __exit__.
+inline void block_expect(unsigned long long token, unsigned long long serial) noexcept {
     PyThreadState *ts = block_tstate();
-    PyFrameObject *f = PyEval_GetFrame();  // borrowed
-    if (f) {
-        PyCodeObject *co = PyFrame_GetCode(f);
-        bool fwd = block_forwards(co);
-        Py_DECREF(co);
-        if (fwd) return block_key_slow(f, ts);
-    }
-    _PyErr_StackItem *item = ts->exc_info;
-    return item != &ts->exc_state ? block_tag(item) : static_cast<const void *>(f);
+    t_pending = Pending{token, serial, block_context(ts), ts->exc_info};
 }
 
-// A Python exit's pop (the nogil exit's is thread_entries.h's tls_pop_own): its block's key
-// into *key, then the entry taken as tls_pop_own_slow does. When the innermost entry is this
-// guard's and was made by the code running now (this frame, or this generator), it is the
-// exit's own and no frame is looked at: a block's exit mostly runs where its enter ran. (Were
-// the running frame one that forwards, at the address of a returned frame that made the entry,
-// block_key() would lead to the same entry, since tls_pop_own_slow takes an ended block's
-// entry.) Otherwise the key is block_key()'s.
-inline int tls_pop_python(unsigned long long token, cyctx_Switch *out, std::size_t *dropped,
-                          const void **key) noexcept {
-    Stack &s = *my_stack();
-    if (s.depth) {
-        Entry *e = slot(s, s.depth - 1);
-        if (e->token == token) {
-            // The running generator first: a Cython generator runs on its caller's frame.
-            PyThreadState *ts = block_tstate();
-            _PyErr_StackItem *item = ts->exc_info;
-            const void *here =
-                item != &ts->exc_state ? block_tag(item) : static_cast<const void *>(PyEval_GetFrame());
-            if (e->block == here) {
-                *key = here;
-                *out = e->sw;
-                s.depth--;
-                return 0;
-            }
-        }
-    }
-    *key = block_key();
-    return tls_pop_own_slow(token, *key, out, dropped);
+// The binding `serial` is being called: it no longer announces an enter.
+inline void block_called(unsigned long long serial) noexcept {
+    if (t_pending.serial == serial) t_pending.token = 0;
 }
 
-// Whether the block of the entry `block`, innermost but not the exit's own, has ended: its
-// frame has returned. Slow path of a Python exit whose key is `exit_key`. Frames are compared
-// by address, never touched.
-// * The exit runs in plain code (its key a frame F): an entry made after F's own by plain code
-//   can only be a callee's of F, and the only frames running above F now are the ones that
-//   forward this exit; so the entry's frame has returned. No frame is walked: frame objects of
-//   the frames below F are made on demand, and a new one may sit at the freed frame's address.
-// * The exit runs in a generator: the entry may be that of a frame that resumed it, so the
-//   running stack is searched (a frame made on demand at a freed address can only make an
-//   ended block look running: the exit is then refused, never given a wrong entry).
-// With greenlet loaded a frame off the running stack may be a suspended greenlet's: taken as
-// running.
-inline bool block_ended(const void *block, const void *exit_key) noexcept {
-    if (!block_is_frame(block)) return false;
-    if (!block_is_frame(exit_key) && exit_key) {
-        PyFrameObject *f = PyEval_GetFrame();
-        Py_XINCREF(f);
-        while (f) {
-            // A frame that forwards is no block: one may run at the address of the frame that
-            // died (frames are freed and reused).
-            PyCodeObject *co = PyFrame_GetCode(f);
-            bool fwd = block_forwards(co);
-            Py_DECREF(co);
-            if (!fwd && static_cast<const void *>(f) == block) {
-                Py_DECREF(f);
-                return false;
-            }
-            PyFrameObject *back = PyFrame_GetBack(f);
-            Py_DECREF(f);
-            f = back;
-        }
+inline void block_strand(PyThreadState *ts, BlockId *id) noexcept {
+    _PyErr_StackItem *base = &ts->exc_state, *it = ts->exc_info;
+    id->ctx = block_context(ts);
+    if (it == base || !it) {
+        id->inner = id->root = nullptr;
+        return;
     }
-    PyObject *name = PyUnicode_FromString("greenlet");
-    if (!name) {
-        PyErr_Clear();
-        return false;
-    }
-    PyObject *m = PyImport_GetModule(name);
-    Py_DECREF(name);
-    if (!m) {
-        PyErr_Clear();
-        return true;
-    }
-    Py_DECREF(m);
+    id->inner = it;
+    while (it->previous_item && it->previous_item != base) it = it->previous_item;
+    id->root = it;
+}
+
+// The identity of the block a Python enter of guard `token` opens.
+inline void block_here(unsigned long long token, BlockId *id) noexcept {
+    PyThreadState *ts = block_tstate();
+    block_strand(ts, id);
+    Pending &p = t_pending;
+    id->tag = p.token == token && p.ctx == id->ctx && p.item == ts->exc_info ? p.serial : 0;
+    p.token = 0;
+}
+
+// Whether the generator item `item` is running now (in this thread's chain).
+inline bool block_running(PyThreadState *ts, const void *item) noexcept {
+    for (_PyErr_StackItem *it = ts->exc_info; it && it != &ts->exc_state; it = it->previous_item)
+        if (it == item) return true;
     return false;
+}
+
+enum { kOwn = 0, kSpliced = 1, kHanded = 2, kNone = -1, kAmbiguous = -2 };
+
+// Which open entry of `token` on this thread is the exit's own (its index), by the rule above:
+// kOwn, or kNone (no entry of the guard here), or kAmbiguous (several could be, none is told).
+// `serial`: the exit binding it was called through (0: the plain method).
+inline int block_find(unsigned long long token, unsigned long long serial, std::size_t *at,
+                      std::size_t *candidates) noexcept {
+    Stack &s = *my_stack();
+    std::size_t n = 0, last = 0;
+    for (std::size_t i = s.depth; i-- > 0;) {
+        Entry *e = slot(s, i);
+        if (e->token != token) continue;
+        if (serial && e->id.tag == serial) {
+            *at = i;
+            return kOwn;
+        }
+        if (!n) last = i;
+        n++;
+    }
+    *candidates = n;
+    if (n == 0) return kNone;
+    if (n == 1) {  // the guard's one entry here: every exit has an enter, so it is this one's
+        *at = last;
+        return kOwn;
+    }
+    PyThreadState *ts = block_tstate();
+    BlockId x;
+    block_strand(ts, &x);
+    // The same strand, at the same generator: the innermost such entry (a strand runs its own
+    // blocks in order).
+    if (x.ctx) {
+        for (std::size_t i = s.depth; i-- > 0;) {
+            Entry *e = slot(s, i);
+            if (e->token == token && e->id.ctx == x.ctx && e->id.inner == x.inner && e->id.root == x.root) {
+                *at = i;
+                return kOwn;
+            }
+        }
+    }
+    // The same strand (context and outermost coroutine), through a wrapper at another depth:
+    // entries made by code still running around the exit (an ExitStack's enter_context in the
+    // task, left from its __aexit__) run their blocks in order, so the innermost is the exit's;
+    // an entry made inside a generator or coroutine that is not running now (an `async def
+    // __aenter__` that returned) is the exit's only when it is the one candidate, since a
+    // suspended generator of the same strand holding a block looks the same. Both kinds at once:
+    // refused.
+    std::size_t running = 0, stopped = 0, top_running = 0, the_stopped = 0;
+    if (x.ctx) {
+        for (std::size_t i = s.depth; i-- > 0;) {
+            Entry *e = slot(s, i);
+            if (e->token != token || e->id.ctx != x.ctx || e->id.root != x.root) continue;
+            if (!e->id.inner || block_running(ts, e->id.inner)) {
+                if (!running++) top_running = i;
+            } else {
+                stopped++;
+                the_stopped = i;
+            }
+        }
+    }
+    if (running && !stopped) {
+        *at = top_running;
+        return kOwn;
+    }
+    if (stopped == 1 && !running) {
+        *at = the_stopped;
+        return kOwn;
+    }
+    return kAmbiguous;
+}
+
+// A Python exit's pop: its own entry's switch into *out. kOwn: it was the innermost (after the
+// drop of dead guards' entries above it, counted in *dropped), now removed. kSpliced: it lay
+// under an open block, and was removed from there (tls_splice_at); kHanded: the same, under
+// entries of the same guard and strand only (no disorder). kNone, kAmbiguous: nothing
+// changed but the drop.
+inline int block_pop(unsigned long long token, unsigned long long serial, cyctx_Switch *out,
+                     std::size_t *dropped, std::size_t *candidates) noexcept {
+    Stack &s = *my_stack();
+    if (s.depth) {  // the common case: the innermost entry is the tagged one
+        Entry *e = slot(s, s.depth - 1);
+        if (serial && e->token == token && e->id.tag == serial) {
+            *out = e->sw;
+            s.depth--;
+            return kOwn;
+        }
+    }
+    std::size_t at = 0;
+    int r = block_find(token, serial, &at, candidates);
+    if (r != kOwn) return r;
+    if (at + 1 != s.depth) {
+        std::size_t d = tls_drop_dead_top(token);
+        *dropped = d;
+    }
+    *out = slot(s, at)->sw;
+    if (at + 1 == s.depth) {
+        s.depth--;
+        return kOwn;
+    }
+    // Above it only entries of this guard made through wrappers in the same strand (a helper
+    // that entered for its caller and returned): the same context is current whichever is left
+    // first, so handing this entry's restore to them is no disorder.
+    const Entry *own = slot(s, at);
+    bool handed = true;
+    for (std::size_t j = at + 1; j < s.depth && handed; j++) {
+        const Entry *e = slot(s, j);
+        handed = e->token == token && !e->id.tag && e->id.ctx == own->id.ctx && e->id.root == own->id.root;
+    }
+    tls_splice_at(at);
+    return handed ? kHanded : kSpliced;
+}
+
+// What is known of the i-th open entry of `token` on this thread, innermost first, for an error
+// message: kSameStrand (entered in the context now current), kInside (inside a generator or
+// coroutine that is not running now), kTagged (entered by `with guard:` itself), kNogil (by the
+// nogil enter()); -1 past the last.
+enum { kSameStrand = 1, kInside = 2, kTagged = 4, kNogil = 8 };
+inline int block_describe(unsigned long long token, std::size_t i) noexcept {
+    Stack &s = *my_stack();
+    PyThreadState *ts = block_tstate();
+    for (std::size_t j = s.depth; j-- > 0;) {
+        Entry *e = slot(s, j);
+        if (e->token != token || i--) continue;
+        if (!e->id.ctx) return kNogil;
+        int what = e->id.ctx == ts->context ? kSameStrand : 0;
+        if (e->id.inner && !block_running(ts, e->id.inner)) what |= kInside;
+        if (e->id.tag) what |= kTagged;
+        return what;
+    }
+    return -1;
 }
 
 }  // namespace cyctx

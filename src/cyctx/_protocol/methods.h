@@ -15,14 +15,19 @@
 // method. A Bound answers attribute lookups (__name__, __doc__, __self__, __func__, ...),
 // repr, ==, hash, weak references and pickling as the method object it stands for does.
 //
-// Free-threaded builds do not install the Slots (the free list relies on the GIL).
+// Free-threaded builds do not install the Slots (the free list relies on the GIL), nor does the
+// plain build (CYCTX_PLAIN_PROTOCOL: public CPython API only; blocks then have no tag).
 #pragma once
 #include <Python.h>
+#include "blocks.h"
 
 namespace cyctx {
 
 typedef PyObject *(*enter_impl_t)(PyObject *self);
-typedef PyObject *(*exit_impl_t)(PyObject *self, PyObject *exc_type, PyObject *exc, PyObject *tb);
+// `serial`: the binding's (blocks.h's tag), 0 when called as the plain method.
+typedef PyObject *(*exit_impl_t)(PyObject *self, PyObject *exc_type, PyObject *exc, PyObject *tb,
+                                 unsigned long long serial);
+typedef unsigned long long (*token_of_t)(PyObject *self);
 
 struct Slot {
     PyObject_HEAD
@@ -30,6 +35,7 @@ struct Slot {
     PyTypeObject *owner;     // ContextGuard: only its exact instances get a Bound
     enter_impl_t enter;      // one of the two is set
     exit_impl_t exit;
+    token_of_t token_of;     // the guard's token (the exit binding announces its block, blocks.h)
 };
 
 struct Bound {
@@ -38,8 +44,11 @@ struct Bound {
     PyObject *self;          // the guard (a strong reference)
     Slot *slot;              // borrowed: a Slot lives in the class's dict for the process's life
     PyObject *weakreflist;   // weak references to it (weakref.ref, WeakSet, finalize)
+    unsigned long long serial;  // an exit binding's, never reused (blocks.h's tag); 0 for __enter__
     Bound *next_free;
 };
+
+static unsigned long long g_serial = 0;  // GIL held: the Slots are not installed without one
 
 // The plain bound method a Bound stands for (a new reference), for everything but the call.
 inline PyObject *bound_plain(Bound *b) noexcept {
@@ -62,7 +71,10 @@ inline PyObject *bound_call(PyObject *callable, PyObject *const *args, size_t na
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
     if (!kwnames) {
         if (b->slot->enter && n == 0) return b->slot->enter(b->self);
-        if (b->slot->exit && n == 3) return b->slot->exit(b->self, args[0], args[1], args[2]);
+        if (b->slot->exit && n == 3) {
+            block_called(b->serial);
+            return b->slot->exit(b->self, args[0], args[1], args[2], b->serial);
+        }
     }
     return bound_call_plain(b, args, nargsf, kwnames);
 }
@@ -163,6 +175,11 @@ inline PyObject *slot_get(PyObject *descr, PyObject *obj, PyObject *type) noexce
     b->self = Py_NewRef(obj);
     b->slot = s;
     b->weakreflist = nullptr;
+    b->serial = 0;
+    if (s->exit) {
+        b->serial = ++g_serial;
+        block_expect(s->token_of(obj), b->serial);
+    }
     return reinterpret_cast<PyObject *>(b);
 }
 
@@ -210,9 +227,9 @@ inline int slot_types_ready() noexcept {
 
 // Put Slots in place of `cls`'s __enter__ and __exit__ (a static type: its dict is set at
 // module initialisation, before any instance is made, as Cython's own set-up does).
-inline int install_quick_with(PyObject *cls, void *enter, void *exit) noexcept {
-#ifdef Py_GIL_DISABLED
-    (void)cls; (void)enter; (void)exit;
+inline int install_quick_with(PyObject *cls, void *enter, void *exit, void *token_of) noexcept {
+#if defined(Py_GIL_DISABLED) || defined(CYCTX_PLAIN_PROTOCOL)
+    (void)cls; (void)enter; (void)exit; (void)token_of;
     return 0;
 #else
     if (slot_types_ready() < 0) return -1;
@@ -231,6 +248,7 @@ inline int install_quick_with(PyObject *cls, void *enter, void *exit) noexcept {
         s->owner = t;
         s->enter = i == 0 ? reinterpret_cast<enter_impl_t>(enter) : nullptr;
         s->exit = i == 1 ? reinterpret_cast<exit_impl_t>(exit) : nullptr;
+        s->token_of = reinterpret_cast<token_of_t>(token_of);
         int r = PyDict_SetItemString(dict, names[i], reinterpret_cast<PyObject *>(s));
         Py_DECREF(s);
         if (r < 0) return -1;

@@ -15,25 +15,26 @@ cdef inline int _called_on_a_guard(object obj, str method) except -1:
 # the same code runs whichever way the method is reached.
 cdef object _with_enter(object obj):
     cdef ContextGuard self = <ContextGuard>obj
-    cdef const void* block = block_key()
+    cdef BlockId block
+    block_here(self._token, &block)
     if not CYCTX_FREE_THREADED:
-        _enter_block(self, block)
+        _enter_block(self, &block)
         return self
     if gate_enter(&self._gate) != 0:
         _raise_closed(self)  # a close() is in flight: it wins
     try:
-        _enter_block(self, block)
+        _enter_block(self, &block)
     finally:
         gate_leave(&self._gate)
     return self
 
 
-cdef object _with_exit(object obj, object exc_type, object exc, object tb):
+cdef object _with_exit(object obj, object exc_type, object exc, object tb, unsigned long long serial):
     cdef ContextGuard self = <ContextGuard>obj
     # Python calls this once per block: an out-of-order exit removes its entry rather than
     # leave it for ever (_exit_misuse).
     if exc is None:
-        _exit_block(self, EXIT_PYTHON)
+        _exit_block(self, EXIT_PYTHON, serial)
         return False
     if isinstance(exc, GeneratorExit) or _swallowed(type(exc)):
         # A generator or coroutine closed with the block open: from close(), or from its
@@ -41,11 +42,11 @@ cdef object _with_exit(object obj, object exc_type, object exc, object tb):
         # is collected). A note on that exception would be lost (the generator machinery and
         # greenlet swallow it), so a failure here is raised instead: close() or throw()
         # raises it, a finalizer reports it through sys.unraisablehook.
-        _exit_block(self, EXIT_GENERATOR)
+        _exit_block(self, EXIT_GENERATOR, serial)
         return False
     # The block's exception wins; a cleanup failure rides along as a note.
     try:
-        _exit_block(self, EXIT_PYTHON)
+        _exit_block(self, EXIT_PYTHON, serial)
     except BaseException as cleanup:
         _errors.note_cleanup_failure(exc, _inputs.shown(self, 200), cleanup)
         if not isinstance(exc, Exception):
@@ -56,7 +57,11 @@ cdef object _with_exit(object obj, object exc_type, object exc, object tb):
     return False
 
 
-install_quick_with(ContextGuard, <void*>_with_enter, <void*>_with_exit)
+cdef unsigned long long _token_of(object obj) noexcept:
+    return (<ContextGuard>obj)._token
+
+
+install_quick_with(ContextGuard, <void*>_with_enter, <void*>_with_exit, <void*>_token_of)
 
 
 cdef bint _swallowed(type t):

@@ -1,0 +1,553 @@
+"""Every way of writing a wrapper around one shared guard, in every way code interleaves on one
+thread: two asyncio tasks, two trio tasks, two greenlets, two generators (and two threads).
+
+The scenario is the one that lost blocks silently when block identity was inferred from frame
+names: strand A enters the shared guard of device 0 through the wrapper and suspends; strand B
+enters a guard of device 1, then the shared guard through the same kind of wrapper, and
+suspends; A leaves first. A's exit must take its own entry (its block is left out of order on
+the thread: GuardError, "out of order", its entry removed) or be refused loudly ("cannot
+tell"); never take B's. B's block must still run on device 0, and leaving it must restore device
+1, then nothing. The expected outcome of each cell is the table below (docs/guarantees.md has
+the same table).
+"""
+
+import asyncio
+import contextlib
+import functools
+import threading
+
+import pytest
+from helpers.drivers import second_device
+from helpers.threads import in_thread
+
+import cyctx
+from cyctx import ContextGuard, GuardError
+from cyctx._guard import open_entries
+
+D1 = second_device()
+
+
+# --- wrappers --------------------------------------------------------------------------------
+
+
+def _open(cm):
+    cm.__enter__()
+
+
+class HelperMethod:
+    """Enters through a helper method (the wrapper that lost its block before)."""
+
+    def __init__(self, g):
+        self.g = g
+
+    def __enter__(self):
+        self._open()
+        return self
+
+    def _open(self):
+        self.g.__enter__()
+
+    def __exit__(self, *a):
+        return self.g.__exit__(*a)
+
+
+class HelperFunction(HelperMethod):
+    def __enter__(self):
+        _open(self.g)
+        return self
+
+
+class Partial(HelperMethod):
+    def __enter__(self):
+        functools.partial(type(self.g).__enter__, self.g)()
+        return self
+
+
+class Lambda(HelperMethod):
+    def __enter__(self):
+        (lambda: self.g.__enter__())()
+        return self
+
+
+# A wrapper class whose methods are another class's functions, assigned.
+Assigned = type(
+    "Assigned",
+    (),
+    {"__init__": HelperMethod.__init__, "__enter__": HelperMethod.__enter__,
+     "_open": HelperMethod._open, "__exit__": HelperMethod.__exit__},
+)
+
+
+@contextlib.contextmanager
+def around(g):
+    with g:
+        yield
+
+
+@contextlib.contextmanager
+def around_by_hand(g):
+    g.__enter__()
+    try:
+        yield
+    finally:
+        g.__exit__(None, None, None)
+
+
+class Stack:
+    """An ExitStack holding the guard."""
+
+    def __init__(self, g):
+        self.g = g
+
+    def __enter__(self):
+        self.st = contextlib.ExitStack()
+        self.st.enter_context(self.g)
+        return self
+
+    def __exit__(self, *a):
+        return self.st.__exit__(*a)
+
+
+def three_deep(g):
+    return HelperMethod(HelperFunction(Lambda(g)))
+
+
+class NvtxGuard(ContextGuard):
+    """A subclass that wraps __enter__ (for an NVTX range, say) and calls super() via a helper."""
+
+    def __enter__(self):
+        return self._push()
+
+    def _push(self):
+        return super().__enter__()
+
+    def __exit__(self, *a):
+        return self._pop(*a)
+
+    def _pop(self, *a):
+        return super().__exit__(*a)
+
+
+class AsyncHelper:
+    """An async wrapper of the sync guard: `async def __aenter__` through a helper."""
+
+    def __init__(self, g):
+        self.g = g
+
+    async def __aenter__(self):
+        self._open()
+        return self
+
+    def _open(self):
+        self.g.__enter__()
+
+    async def __aexit__(self, *a):
+        return self.g.__exit__(*a)
+
+
+class AsyncStackSync:
+    """An AsyncExitStack holding the guard with enter_context."""
+
+    def __init__(self, g):
+        self.g = g
+
+    async def __aenter__(self):
+        self.st = contextlib.AsyncExitStack()
+        await self.st.__aenter__()
+        self.st.enter_context(self.g)
+        return self
+
+    async def __aexit__(self, *a):
+        return await self.st.__aexit__(*a)
+
+
+class AsyncStackAsync(AsyncStackSync):
+    """An AsyncExitStack holding an async wrapper of the guard (enter_async_context)."""
+
+    async def __aenter__(self):
+        self.st = contextlib.AsyncExitStack()
+        await self.st.__aenter__()
+        await self.st.enter_async_context(AsyncHelper(self.g))
+        return self
+
+
+@contextlib.asynccontextmanager
+async def around_async(g):
+    with g:
+        yield
+
+
+SYNC = {
+    "direct": lambda g: g,
+    "helper method": HelperMethod,
+    "helper function": HelperFunction,
+    "functools.partial": Partial,
+    "lambda": Lambda,
+    "assigned methods": Assigned,
+    "@contextmanager": around,
+    "@contextmanager by hand": around_by_hand,
+    "ExitStack": Stack,
+    "three deep": three_deep,
+    "subclass via super() helper": None,  # the guard itself is an NvtxGuard
+}
+ASYNC = {
+    "async helper": AsyncHelper,
+    "AsyncExitStack enter_context": AsyncStackSync,
+    "AsyncExitStack enter_async_context": AsyncStackAsync,
+    "@asynccontextmanager": around_async,
+}
+
+# The expected outcome of A's exit in each interleaving: "own" (its own entry, removed from under
+# B's open block: GuardError "out of order") for every wrapper. A cell that cyctx cannot decide
+# would read "refused" here.
+OWN = "own"
+EXPECTED = {(i, w): OWN for i in ("asyncio", "trio", "greenlet", "generator") for w in SYNC}
+EXPECTED.update({(i, w): OWN for i in ("asyncio", "trio") for w in ASYNC})
+
+
+@pytest.fixture
+def shared():
+    # One guard object that both strands use (what `cyctx.device(0)` gives every caller; a
+    # guard of the test's own, so that no retain outlives the test).
+    g = ContextGuard(0)
+    yield g
+    g.close()
+
+
+@pytest.fixture
+def shared_and_other(shared):
+    g = shared
+    h = ContextGuard(D1)
+    nvtx = NvtxGuard(0)
+    yield g, h, nvtx
+    h.close()
+    nvtx.close()
+
+
+def _guard_for(wrapper, g, nvtx):
+    return (nvtx, nvtx) if wrapper == "subclass via super() helper" else (g, SYNC.get(wrapper) or ASYNC[wrapper])
+
+
+class Record:
+    def __init__(self):
+        self.a_error = None
+        self.b_inside = self.b_after_g = self.b_after_h = "unset"
+
+
+def _check(rec, expected, h):
+    if expected == OWN:
+        assert isinstance(rec.a_error, GuardError), rec.a_error
+        assert "out of order" in str(rec.a_error) and "removed" in str(rec.a_error), rec.a_error
+    else:
+        assert isinstance(rec.a_error, GuardError) and "cannot tell" in str(rec.a_error), rec.a_error
+    assert rec.b_inside == 0, "B's block of device 0 runs on another device"
+    assert rec.b_after_g == D1 and rec.b_after_h is None
+    assert open_entries() == 0
+
+
+# --- interleavings ---------------------------------------------------------------------------
+
+
+def _sync_cm(wrapper, g, nvtx):
+    target, make = _guard_for(wrapper, g, nvtx)
+    return make(target) if make is not nvtx else target
+
+
+@pytest.mark.parametrize("wrapper", list(SYNC) + list(ASYNC))
+def test_two_asyncio_tasks(shared_and_other, wrapper):
+    g, h, nvtx = shared_and_other
+    rec = Record()
+
+    def cm():
+        return _sync_cm(wrapper, g, nvtx)
+
+    async def enter_and_wait(ev_in, ev_go):
+        if wrapper in ASYNC:
+            async with cm():
+                ev_in.set()
+                await ev_go.wait()
+        else:
+            with cm():
+                ev_in.set()
+                await ev_go.wait()
+
+    async def main():
+        a_in, a_go, b_in, b_go = (asyncio.Event() for _ in range(4))
+
+        async def a():
+            try:
+                await enter_and_wait(a_in, a_go)
+            except GuardError as e:
+                rec.a_error = e
+
+        async def b():
+            with h:
+                if wrapper in ASYNC:
+                    async with cm():
+                        b_in.set()
+                        await b_go.wait()
+                        rec.b_inside = cyctx.current_device()
+                else:
+                    with cm():
+                        b_in.set()
+                        await b_go.wait()
+                        rec.b_inside = cyctx.current_device()
+                rec.b_after_g = cyctx.current_device()
+            rec.b_after_h = cyctx.current_device()
+
+        ta = asyncio.create_task(a())
+        await a_in.wait()
+        tb = asyncio.create_task(b())
+        await b_in.wait()
+        a_go.set()
+        await ta
+        b_go.set()
+        await tb
+
+    asyncio.run(main())
+    _check(rec, EXPECTED[("asyncio", wrapper)], h)
+
+
+@pytest.mark.parametrize("wrapper", list(SYNC) + list(ASYNC))
+def test_two_trio_tasks(shared_and_other, wrapper):
+    trio = pytest.importorskip("trio")
+    g, h, nvtx = shared_and_other
+    rec = Record()
+
+    def cm():
+        return _sync_cm(wrapper, g, nvtx)
+
+    async def main():
+        a_in, a_go, b_in, b_go, a_done = (trio.Event() for _ in range(5))
+
+        async def a():
+            try:
+                if wrapper in ASYNC:
+                    async with cm():
+                        a_in.set()
+                        await a_go.wait()
+                else:
+                    with cm():
+                        a_in.set()
+                        await a_go.wait()
+            except GuardError as e:
+                rec.a_error = e
+            a_done.set()
+
+        async def b():
+            with h:
+                if wrapper in ASYNC:
+                    async with cm():
+                        b_in.set()
+                        await b_go.wait()
+                        rec.b_inside = cyctx.current_device()
+                else:
+                    with cm():
+                        b_in.set()
+                        await b_go.wait()
+                        rec.b_inside = cyctx.current_device()
+                rec.b_after_g = cyctx.current_device()
+            rec.b_after_h = cyctx.current_device()
+
+        async with trio.open_nursery() as n:
+            n.start_soon(a)
+            await a_in.wait()
+            n.start_soon(b)
+            await b_in.wait()
+            a_go.set()
+            await a_done.wait()
+            b_go.set()
+
+    trio.run(main)
+    _check(rec, EXPECTED[("trio", wrapper)], h)
+
+
+@pytest.mark.parametrize("wrapper", list(SYNC))
+def test_two_greenlets(shared_and_other, wrapper):
+    greenlet = pytest.importorskip("greenlet")
+    g, h, nvtx = shared_and_other
+    rec = Record()
+    main = greenlet.getcurrent()
+
+    def a_body():
+        try:
+            with _sync_cm(wrapper, g, nvtx):
+                main.switch()
+        except GuardError as e:
+            rec.a_error = e
+
+    def b_body():
+        with h:
+            with _sync_cm(wrapper, g, nvtx):
+                main.switch()
+                rec.b_inside = cyctx.current_device()
+            rec.b_after_g = cyctx.current_device()
+        rec.b_after_h = cyctx.current_device()
+
+    a, b = greenlet.greenlet(a_body), greenlet.greenlet(b_body)
+    a.switch()
+    b.switch()
+    a.switch()
+    b.switch()
+    assert a.dead and b.dead
+    _check(rec, EXPECTED[("greenlet", wrapper)], h)
+
+
+@pytest.mark.parametrize("wrapper", list(SYNC))
+def test_two_generators(shared_and_other, wrapper):
+    g, h, nvtx = shared_and_other
+    rec = Record()
+
+    def a_gen():
+        try:
+            with _sync_cm(wrapper, g, nvtx):
+                yield
+        except GuardError as e:
+            rec.a_error = e
+        yield
+
+    def b_gen():
+        with h:
+            with _sync_cm(wrapper, g, nvtx):
+                yield
+                rec.b_inside = cyctx.current_device()
+            rec.b_after_g = cyctx.current_device()
+        rec.b_after_h = cyctx.current_device()
+        yield
+
+    a, b = a_gen(), b_gen()
+    next(a)
+    next(b)
+    next(a)  # A leaves first
+    next(b)
+    _check(rec, EXPECTED[("generator", wrapper)], h)
+
+
+@pytest.mark.parametrize("wrapper", list(SYNC))
+def test_two_threads_each_leave_in_order(shared_and_other, wrapper):
+    # Entries are per thread: each thread's exit is in order on its own thread, never an error.
+    g, h, nvtx = shared_and_other
+    a_in, a_go, b_in = threading.Event(), threading.Event(), threading.Event()
+    out = {}
+
+    def a():
+        with _sync_cm(wrapper, g, nvtx):
+            a_in.set()
+            a_go.wait(10)
+            out["a inside"] = cyctx.current_device()
+        out["a after"] = cyctx.current_device()
+
+    def b():
+        a_in.wait(10)
+        with h:
+            with _sync_cm(wrapper, g, nvtx):
+                b_in.set()
+                out["b inside"] = cyctx.current_device()
+            out["b after g"] = cyctx.current_device()
+
+    ta, tb = threading.Thread(target=a), threading.Thread(target=b)
+    ta.start()
+    tb.start()
+    b_in.wait(10)
+    a_go.set()
+    ta.join(10)
+    tb.join(10)
+    assert out == {"a inside": 0, "a after": None, "b inside": 0, "b after g": D1}
+
+
+def test_two_blocks_that_cannot_be_told_apart_are_refused_and_keep_their_contexts(shared):
+    # Two async-wrapped blocks in one task whose enters ran in coroutines that returned, the
+    # second inside an async generator suspended with its block open: the exit of either through
+    # its wrapper could be the other's. Refused loudly, and nothing changes. (On a thread of its
+    # own: the refused blocks' entries stay there until it ends.)
+    g = shared
+
+    async def main():
+        outer = AsyncHelper(g)
+        await outer.__aenter__()
+
+        async def agen():
+            async with AsyncHelper(g):
+                yield
+
+        it = agen()
+        await it.__anext__()  # its block is open, the generator suspended
+        with pytest.raises(GuardError, match="cannot tell which of its 2 open blocks") as e:
+            await outer.__aexit__(None, None, None)
+        assert "inside a generator or coroutine that is not running now" in str(e.value)
+        assert open_entries() == 2 and cyctx.current_device() == 0
+        with pytest.raises(GuardError, match="cannot tell"):
+            await it.__anext__()
+        assert open_entries() == 2 and cyctx.current_device() == 0
+        return "refused"
+
+    assert in_thread(lambda: asyncio.run(main())) == "refused"
+
+
+@pytest.mark.parametrize("wrapper", ["helper method", "ExitStack", "three deep"])
+def test_two_tasks_sharing_one_context_object_are_told_apart_by_their_coroutine(shared_and_other, wrapper):
+    # create_task(context=...) may give two tasks the same Context: their outermost coroutines
+    # still differ.
+    g, h, nvtx = shared_and_other
+    rec = Record()
+
+    async def main():
+        ctx = __import__("contextvars").copy_context()
+        a_in, a_go, b_in, b_go = (asyncio.Event() for _ in range(4))
+
+        async def a():
+            try:
+                with _sync_cm(wrapper, g, nvtx):
+                    a_in.set()
+                    await a_go.wait()
+            except GuardError as e:
+                rec.a_error = e
+
+        async def b():
+            with h:
+                with _sync_cm(wrapper, g, nvtx):
+                    b_in.set()
+                    await b_go.wait()
+                    rec.b_inside = cyctx.current_device()
+                rec.b_after_g = cyctx.current_device()
+            rec.b_after_h = cyctx.current_device()
+
+        ta = asyncio.create_task(a(), context=ctx)
+        await a_in.wait()
+        tb = asyncio.create_task(b(), context=ctx)
+        await b_in.wait()
+        a_go.set()
+        await ta
+        b_go.set()
+        await tb
+
+    asyncio.run(main())
+    _check(rec, OWN, h)
+
+
+@pytest.mark.parametrize("wrapper", ["helper method", "ExitStack", "lambda"])
+def test_a_generator_driven_by_a_task_is_told_apart_from_the_task(shared_and_other, wrapper):
+    # Same Context, same outermost coroutine (the task's): the running generator differs.
+    g, h, nvtx = shared_and_other
+    rec = Record()
+
+    def gen():
+        with h:
+            with _sync_cm(wrapper, g, nvtx):
+                yield
+                rec.b_inside = cyctx.current_device()
+            rec.b_after_g = cyctx.current_device()
+        rec.b_after_h = cyctx.current_device()
+        yield
+
+    async def main():
+        it = gen()
+        try:
+            with _sync_cm(wrapper, g, nvtx):
+                next(it)  # the generator's block opens inside the task's, and stays open
+        except GuardError as e:
+            rec.a_error = e
+        next(it)
+
+    asyncio.run(main())
+    _check(rec, OWN, h)
