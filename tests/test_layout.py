@@ -148,11 +148,13 @@ def extension_sources(pkg: str = PKG, module: str = "_guard") -> set[str]:
                     users.setdefault(dotted[len("cyctx.") :].replace(".", "/") + ".pxd", set()).add(
                         path
                     )
-    own_files = own | {f"{module}.pxd"}
-    for pxd, by in users.items():
-        if by <= own_files and pxd != f"{module}.pxd":
-            own.add(pxd)
-    return own
+    # To a fixpoint: a .pxd cimported only by the module's own .pxd files is its own too.
+    while True:
+        own_files = own | {f"{module}.pxd"}
+        more = {p for p, by in users.items() if by <= own_files and p != f"{module}.pxd"} - own
+        if not more:
+            return own
+        own |= more
 
 
 def test_only_the_extension_includes_the_private_headers():
