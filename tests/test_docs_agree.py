@@ -1,0 +1,62 @@
+"""Statements in the docs and examples that name something in the code are read from the text
+and checked against the code, so a rename or a schema bump cannot leave a page saying the old one."""
+
+import ast
+import os
+import re
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = os.path.join(ROOT, "docs")
+EXAMPLES = os.path.join(ROOT, "examples")
+pytestmark = pytest.mark.skipif(not os.path.isdir(DOCS), reason="needs the source tree's docs/")
+
+
+def _read(*parts):
+    with open(os.path.join(ROOT, *parts), encoding="utf-8") as f:
+        return f.read()
+
+
+def _schema_constant():
+    # Read from the source rather than imported: this checks the text of the tree under test.
+    tree = ast.parse(_read("src", "cyctx", "_doctor", "report.py"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            getattr(t, "id", None) == "SCHEMA" for t in node.targets
+        ):
+            return node.value.value
+    raise AssertionError("report.py defines no SCHEMA")
+
+
+def test_versioning_page_names_the_doctors_current_schema():
+    schema = _schema_constant()
+    found = re.findall(
+        r"doctor's JSON \(schema `(cyctx\.diagnosis/\d+)`\)", _read("docs", "versioning.md")
+    )
+    assert found == [schema]
+
+
+def test_doctor_page_and_cli_help_name_the_current_schema():
+    schema = _schema_constant()
+    stated = re.findall(
+        r"under the schema name `(cyctx\.diagnosis/\d+)`", _read("docs", "doctor.md")
+    )
+    stated += re.findall(r"schema `(cyctx\.diagnosis/\d+)` \(", _read("docs", "doctor.md"))
+    stated += re.findall(r"\(schema (cyctx\.diagnosis/\d+)\)", _read("src", "cyctx", "__main__.py"))
+    assert stated and set(stated) == {schema}
+
+
+@pytest.mark.parametrize("example", sorted(os.listdir(EXAMPLES)) if os.path.isdir(EXAMPLES) else [])
+def test_example_readme_names_the_include_function_its_setup_py_calls(example):
+    readme_path = os.path.join(EXAMPLES, example, "README.md")
+    setup_path = os.path.join(EXAMPLES, example, "setup.py")
+    if not (os.path.isfile(readme_path) and os.path.isfile(setup_path)):
+        pytest.skip(f"{example} has no README.md and setup.py pair")
+    named = set(
+        re.findall(r"include_dirs=\[?[^`]*?cyctx\.(get_include\w*)\(\)", _read(readme_path))
+    )
+    called = set(
+        re.findall(r"include_dirs=\[?[^\n]*?cyctx\.(get_include\w*)\(\)", _read(setup_path))
+    )
+    assert named <= called, f"README names {sorted(named)}, setup.py calls {sorted(called)}"
