@@ -60,3 +60,38 @@ def test_example_readme_names_the_include_function_its_setup_py_calls(example):
         re.findall(r"include_dirs=\[?[^\n]*?cyctx\.(get_include\w*)\(\)", _read(setup_path))
     )
     assert named <= called, f"README names {sorted(named)}, setup.py calls {sorted(called)}"
+
+
+SIM_LINE = (
+    "cyctx.testing.use_simulated_driver(2)  # no GPU? run on cyctx's simulated driver, 2 devices"
+)
+
+
+def _python_blocks(text):
+    return re.findall(r"```python\n(.*?)```", text, re.S)
+
+
+@pytest.mark.parametrize("page", [("README.md",), ("docs", "python-guards.md")])
+def test_page_shows_the_line_that_runs_its_snippets_on_the_simulator(page):
+    assert any(SIM_LINE in b.splitlines() for b in _python_blocks(_read(*page)))
+
+
+def test_readme_use_section_runs_as_shown_after_the_simulator_line():
+    import subprocess
+    import sys
+
+    use = _read("README.md").split("## Use", 1)[1].split("\n## ", 1)[0]
+    blocks = _python_blocks(use)
+    assert blocks and SIM_LINE in blocks[0]
+    code = (
+        "".join(blocks)
+        + "\nwith cyctx.device(0):\n    assert cyctx.current_device() == 0\nlaunch()\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+def test_readme_links_its_docs_pages_and_each_exists():
+    links = re.findall(r"\]\((docs/[\w-]+\.md)\)", _read("README.md"))
+    assert len(set(links)) >= 5
+    assert all(os.path.isfile(os.path.join(ROOT, p)) for p in links)
