@@ -95,3 +95,33 @@ def test_readme_links_its_docs_pages_and_each_exists():
     links = re.findall(r"\]\((docs/[\w-]+\.md)\)", _read("README.md"))
     assert len(set(links)) >= 5
     assert all(os.path.isfile(os.path.join(ROOT, p)) for p in links)
+
+
+def _exit_table():
+    section = _read("docs", "doctor.md").split("## Exit status", 1)[1].split("\n## ", 1)[0]
+    return {int(m[0]): m[1] for m in re.findall(r"^\| (\d+) \| ([^|]+) \|", section, re.M)}
+
+
+def test_doctor_exit_table_lists_exactly_the_codes_the_doctor_defines():
+    from cyctx import _doctor
+
+    codes = {_doctor.EXIT_OK, _doctor.EXIT_PROBLEM, _doctor.EXIT_USAGE, _doctor.EXIT_NO_CUDA}
+    assert set(_exit_table()) == codes
+
+
+@pytest.mark.parametrize(
+    ("args", "row_says"),
+    [
+        (["doctor", "--simulate"], "nothing wrong"),
+        (["doctor", "--no-such-option"], "bad command line"),
+    ],
+)
+def test_doctor_exits_with_the_status_its_docs_give(args, row_says):
+    import subprocess
+    import sys
+
+    table = _exit_table()
+    r = subprocess.run(
+        [sys.executable, "-m", "cyctx", *args], capture_output=True, text=True, timeout=60
+    )
+    assert row_says in table[r.returncode], (r.returncode, r.stdout[-500:], r.stderr[-500:])
