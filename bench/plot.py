@@ -10,6 +10,10 @@ this step, saying why, when it is not installed, and the JSON holds every number
 import argparse
 import json
 import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from report import THREADS16_SPEEDUP_GOAL  # noqa: E402  the report's goal, drawn as is
 
 PATH_STYLE = {
     "fast": ("already current", "#2a7ab0"),
@@ -128,7 +132,13 @@ def plot(result, out_dir, tag):
         a2.plot(ts, [ns[0] / x for x in ns], marker="o", label=label)
     counts = sorted({r["threads"] for r in rows}) or [1]
     a2.plot(counts, counts, color="0.7", linestyle=":", label="ideal")
-    a2.axhline(10, color="red", linewidth=0.8, linestyle="--", label="target at 16 threads: 10x")
+    a2.axhline(
+        THREADS16_SPEEDUP_GOAL,
+        color="red",
+        linewidth=0.8,
+        linestyle="--",
+        label=f"target at 16 threads: {THREADS16_SPEEDUP_GOAL}x",
+    )
     for ax in (a1, a2):
         ax.set_xscale("log", base=2)
         ax.set_xticks(counts, [str(c) for c in counts])
