@@ -15,7 +15,7 @@
 // The stack is small on purpose: built with TLS descriptors (setup.py), glibc can place a
 // dlopen'ed module's TLS in its static-TLS surplus (a few hundred bytes shared by the whole
 // process) and then an access is a few instructions; a larger block falls back to the slower
-// dynamic path. Four inline entries is as deep as guards nest in practice.
+// dynamic path. Six inline entries is deeper than guards nest in practice.
 #pragma once
 #include <cuda.h>
 #include <atomic>
@@ -45,7 +45,7 @@ struct Entry {
     cyctx_Switch sw;
 };
 
-enum { kInline = 4 };
+enum { kInline = 6 };
 
 struct Stack {
     Entry inline_[kInline];
