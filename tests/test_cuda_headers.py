@@ -36,6 +36,7 @@ def wheel_on_sys_path(tmp_path, monkeypatch):
     layout = site / "nvidia" / ("cu13" if bmaj >= 13 else "cuda_runtime")
     layout.mkdir(parents=True)
     os.rename(root / "include", layout / "include")
+    (layout / "include" / "cudaProfiler.h").write_text("/* fake */\n")  # every case's needs
     monkeypatch.syspath_prepend(str(site))
     for var in VARS:
         monkeypatch.delenv(var, raising=False)
@@ -99,8 +100,9 @@ def test_explicit_variable_with_an_unusable_folder_is_an_error_naming_it(
 
 
 @pytest.mark.parametrize("var", VARS)
-def test_explicit_variable_with_a_matching_toolkit_is_taken(var, tmp_path, monkeypatch,
-                                                            wheel_on_sys_path):
+def test_explicit_variable_with_a_matching_toolkit_is_taken(
+    var, tmp_path, monkeypatch, wheel_on_sys_path
+):
     root = _toolkit(tmp_path / "tk", _matching())
     monkeypatch.setenv(var, str(root))
     h = hdrs.find_cuda_header()

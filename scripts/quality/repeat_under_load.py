@@ -49,8 +49,12 @@ def failures(junit_path: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", "--runs", type=int, default=20, help="how many runs (default 20)")
-    ap.add_argument("--hogs", type=int, default=os.cpu_count() or 2,
-                    help="busy processes beside the suite (default: one per core)")
+    ap.add_argument(
+        "--hogs",
+        type=int,
+        default=os.cpu_count() or 2,
+        help="busy processes beside the suite (default: one per core)",
+    )
     ap.add_argument("--workers", default="2", help="pytest-xdist workers (-n), default 2")
     ap.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
     args = ap.parse_args(argv)
@@ -58,8 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--runs must be at least 1 and --hogs at least 0")
 
     stop = multiprocessing.Event()
-    hogs = [multiprocessing.Process(target=_hog, args=(stop,), daemon=True)
-            for _ in range(args.hogs)]
+    hogs = [
+        multiprocessing.Process(target=_hog, args=(stop,), daemon=True) for _ in range(args.hogs)
+    ]
     for h in hogs:
         h.start()
     failed_in: dict[str, list[int]] = collections.defaultdict(list)
@@ -68,22 +73,38 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             for run in range(1, args.runs + 1):
                 junit = os.path.join(tmp, f"run{run}.xml")
-                cmd = [sys.executable, "-m", "pytest", "-n", args.workers, "-p", "no:benchmark",
-                       "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *args.pytest_args]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-n",
+                    args.workers,
+                    "-p",
+                    "no:benchmark",
+                    "-q",
+                    "-p",
+                    "no:cacheprovider",
+                    f"--junitxml={junit}",
+                    *args.pytest_args,
+                ]
                 t0 = time.monotonic()
                 proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
                 took = time.monotonic() - t0
                 if not os.path.exists(junit):
                     broken.append(run)
-                    print(f"run {run}: broke (rc {proc.returncode}, no report)\n"
-                          f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}", flush=True)
+                    print(
+                        f"run {run}: broke (rc {proc.returncode}, no report)\n"
+                        f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}",
+                        flush=True,
+                    )
                     continue
                 bad = failures(junit)
                 for test in bad:
                     failed_in[test].append(run)
                 summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
-                print(f"run {run}/{args.runs}: {took:.0f} s, {len(bad)} failed  {summary}",
-                      flush=True)
+                print(
+                    f"run {run}/{args.runs}: {took:.0f} s, {len(bad)} failed  {summary}", flush=True
+                )
     finally:
         stop.set()
         for h in hogs:
@@ -94,9 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     done = args.runs - len(broken)
     always = {t: r for t, r in failed_in.items() if len(r) == done}
     sometimes = {t: r for t, r in failed_in.items() if len(r) < done}
-    print(f"\n{args.runs} runs under load ({args.hogs} hogs, -n {args.workers}): "
-          f"{len(sometimes)} intermittent, {len(always)} failing in every run, "
-          f"{len(broken)} broken runs")
+    print(
+        f"\n{args.runs} runs under load ({args.hogs} hogs, -n {args.workers}): "
+        f"{len(sometimes)} intermittent, {len(always)} failing in every run, "
+        f"{len(broken)} broken runs"
+    )
     for t, r in sorted(sometimes.items()):
         print(f"  intermittent: {t}  (failed in runs {r})")
     for t in sorted(always):
