@@ -170,7 +170,17 @@ def _find_cuda_header() -> CudaHeader:
                     + f"; unset {via[1:]} or point it at a CUDA {major}.{minor}+ toolkit"
                 )
             continue
-        hdr = CudaHeader(include_dir, via, header_version(include_dir))
+        try:
+            version = header_version(include_dir)
+        except (HeaderError, OSError) as exc:  # no define, unreadable: named like the others
+            problems.append(f"{via}: {exc}")
+            if via.startswith("$"):
+                raise HeaderError(
+                    problems[-1] + f". Point {via[1:]} at a CUDA {major}.{minor}+ toolkit, "
+                    f"unset it, or {fix}"
+                ) from None
+            continue
+        hdr = CudaHeader(include_dir, via, version)
         hmaj, hmin = hdr.major_minor
         missing = [h for h in needed if not os.path.isfile(os.path.join(include_dir, h))]
         if hmaj != major or hmin < minor:

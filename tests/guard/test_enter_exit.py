@@ -92,7 +92,7 @@ def test_switching_keeps_stack_depth(guard, guard1, sim):
 
 
 def test_deep_nesting_beyond_the_inline_entries(guard, guard1):
-    # The per-thread entry stack keeps 8 entries inline (_cpp/thread_entries.h, kInline) and spills to the heap beyond.
+    # The per-thread entry stack keeps kInline entries inline (_cpp/thread_entries.h) and spills to the heap beyond.
     def body():
         def nest(k):
             g = (guard, guard1)[k % 2]

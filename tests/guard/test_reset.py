@@ -215,26 +215,41 @@ def test_showwarning_hook_reenters_the_same_guard_during_reactivation(sim):
 
 
 def test_enter_exit_on_many_threads_with_resets_and_a_late_close(sim):
+    # The warning filter is set here, once, around the threads' whole life: warning filters
+    # are process-wide, so a catch_warnings in each worker restores them while another worker
+    # still runs (the first to leave drops the "ignore", and the next reset it detects raises
+    # under -W error). Each reset waits until a worker's enter has detected it, so every one
+    # of them is seen whatever the scheduling.
     base = sim.retain_count(0)
     g = ContextGuard(0)
     stop = threading.Event()
+    entered = threading.Condition()
     bad = []
 
     def worker():
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ContextResetWarning)
-            while not stop.is_set():
-                try:
-                    with g:
-                        assert current() == g.handle
-                except Exception as e:  # noqa: BLE001
-                    bad.append(repr(e))
+        while not stop.is_set():
+            try:
+                with g:
+                    assert current() == g.handle
+            except Exception as e:  # noqa: BLE001
+                bad.append(repr(e))
+            with entered:
+                entered.notify_all()
 
-    with running(*[worker] * 4):
-        for _ in range(50):
-            reset_primary(0)
-        stop.set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ContextResetWarning)
+        with running(*[worker] * 4):
+            try:
+                for i in range(50):
+                    reset_primary(0)
+                    with entered:
+                        assert entered.wait_for(lambda i=i: g.resets > i or bad, 60), (
+                            f"no worker detected reset {i + 1} in 60 s"
+                        )
+            finally:
+                stop.set()
     assert bad == []
+    assert g.resets >= 50, "every reset was detected by an enter"
     assert sim.retain_count(0) == base + 1
     g.close()
     assert sim.retain_count(0) == base

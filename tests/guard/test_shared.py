@@ -154,3 +154,50 @@ def test_shared_first_use_raced_by_many_threads(sim):
         timeout=60,
     )
     assert "RETAINS [1, 1]" in out.stdout
+
+
+def test_first_use_lost_by_a_stalled_thread_publishes_only_the_winner(sim):
+    # Deterministic race: the first thread's construction is held in its retain (the driver
+    # call releases the GIL) while 15 others race first use and one of them publishes; the
+    # held thread then loses for certain, after the winner. Its guard is closed and freed:
+    # it must reach neither shared() nor the fast array cyctx.device() reads, on any thread,
+    # and its retain must be released. First use through device() on one ordinal and
+    # through shared() on the other.
+    out = run_child(
+        """
+        import threading, time, cyctx
+        from cyctx import ContextGuard
+        from helpers.threads import running, run_threads
+        sim = drivers.SIM
+        for k, first in ((0, cyctx.device), (1, ContextGuard.shared)):
+            base = sim.retain_count(k)
+            got = [None] * 16
+            def use(i, fn):
+                got[i] = fn(k)
+            sim.stall("cuDevicePrimaryCtxRetain")
+            with running(lambda: use(0, first)):
+                deadline = time.monotonic() + 30
+                while not sim.stalled():
+                    assert time.monotonic() < deadline, "the first construction never stalled"
+                    time.sleep(0.001)
+                b = threading.Barrier(15)
+                def racer(i):
+                    b.wait()
+                    use(i, cyctx.device if i % 2 else ContextGuard.shared)
+                run_threads(*[lambda i=i: racer(i) for i in range(1, 16)])
+                winner = got[1]
+                assert all(g is winner for g in got[1:]), "the 15 racers got one guard"
+                sim.unstall()
+            assert got[0] is winner, "the held thread, which lost, got the winner's guard"
+            seen = run_threads(*[lambda: (cyctx.device(k), ContextGuard.shared(k))] * 16)
+            assert all(d is winner and s is winner for d, s in seen), (
+                f"device({k}) or shared({k}) is not the published guard on some thread")
+            assert winner.is_shared and not winner.closed
+            with cyctx.device(k):
+                assert drivers.current() == winner.handle
+            assert sim.retain_count(k) == base + 1, (k, base, sim.retain_count(k))
+        print("OK")
+    """,
+        timeout=90,
+    )
+    assert "OK" in out.stdout

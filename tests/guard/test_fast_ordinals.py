@@ -1,0 +1,48 @@
+"""cyctx.device(k) for an int reads a C array of the first 64 shared guards, unchecked: its bound
+`0 <= k < 64` is the only thing between an ordinal and a read outside the array. Each bound is
+tested where a missing check is observable: on a simulated driver of 64 devices (every fast slot
+a real device, 63 the last), and with ordinals whose byte offset wraps around to a published
+slot (k * 8 is 0 modulo 2**64 for k = +-2**61, -2**62, -2**63): an unchecked read there returns
+device 0's guard instead of refusing the ordinal."""
+
+import pytest
+from helpers.children import run_python
+
+pytestmark = pytest.mark.usefixtures("sim")
+
+CHILD = """
+import cyctx
+from cyctx import ContextGuard, InvalidDeviceError
+from cyctx.testing import use_simulated_driver
+sim = use_simulated_driver(device_count=64)
+LONG_MIN, LONG_MAX = -2**63, 2**63 - 1
+published = {k: cyctx.device(k) for k in (0, 1, 62, 63)}  # the first, the last fast slot
+for k, g in published.items():
+    assert g is ContextGuard.shared(k) and g.is_shared and g.device == k, k
+    assert cyctx.device(k) is g, f"device({k}) again is another object"
+retains = [sim.retain_count(i) for i in range(64)]
+
+def refused(k, cls, match):
+    try:
+        got = cyctx.device(k)
+    except cls as e:
+        assert match in str(e), (k, str(e))
+    else:
+        raise AssertionError(f"device({k}) returned {got!r}, not {cls.__name__}")
+    assert [sim.retain_count(i) for i in range(64)] == retains, f"device({k}) changed retains"
+
+for k in (-1, -2, -63, -64, -65, -2**31, -2**61, -2**61 + 1, -2**61 + 63, -2**62,
+          LONG_MIN + 1, LONG_MIN, LONG_MIN - 1, -2**64, -2**200):
+    refused(k, ValueError, "must be >= 0")
+for k in (64, 65, 2**31, 2**61, 2**61 + 1, 2**61 + 63, 2**62, LONG_MAX, LONG_MAX + 1,
+          2**64, 2**64 + 63, 2**200):
+    refused(k, InvalidDeviceError, f"Device {k} does not exist")
+for k, g in published.items():  # nothing was overwritten by a refused ordinal
+    assert cyctx.device(k) is g and ContextGuard.shared(k) is g, k
+print("OK")
+"""
+
+
+def test_device_bounds_of_the_fast_array():
+    out = run_python(CHILD, timeout=60)
+    assert "OK" in out.stdout, out.stdout + out.stderr
