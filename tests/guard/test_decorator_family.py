@@ -86,7 +86,9 @@ HIDDEN = {
 
 @pytest.mark.parametrize("name", list(HIDDEN))
 def test_what_runs_in_steps_is_refused_at_decoration(deco, name):
-    with pytest.raises(TypeError, match=r"cannot decorate an? (async def|async generator|generator) function") as e:
+    with pytest.raises(
+        TypeError, match=r"cannot decorate an? (async def|async generator|generator) function"
+    ) as e:
         deco(HIDDEN[name])
     assert "Write `with guard:` inside it" in str(e.value)
     assert str(e.value).count(". ") <= 1  # two sentences
