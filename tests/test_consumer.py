@@ -412,3 +412,26 @@ def test_cython_generator_and_coroutine_blocks_are_their_own(consumer_dir):
     assert "KEPT True 1" in out.stdout and "COLLECTED ['GuardError'] 0" in out.stdout, out.stdout
     assert "IN ORDER None None [] 0" in out.stdout, out.stdout
     assert "TASKS 1 True (True, 1) 0" in out.stdout and "CLOSED True" in out.stdout, out.stdout
+
+
+def test_decorators_refuse_cython_generators_and_coroutines(consumer_dir):
+    # Compiled by Cython, a generator or coroutine function is no Python function: decorating
+    # one is refused all the same (its body would run after the guard's block ended).
+    out = run_child(f"""
+        import sys; sys.path.insert(0, {consumer_dir!r})
+        import functools, cyctx, cyctx_consumer
+        g = cyctx.ContextGuard(0)
+        for f in (cyctx_consumer.hold, cyctx_consumer.hold_async,
+                  functools.partial(cyctx_consumer.hold_async)):
+            try:
+                g(f)
+                print("ACCEPTED", f)
+            except TypeError as e:
+                print("REFUSED", str(e).split(" (")[0])
+        g.close()
+    """)
+    assert out.stdout.splitlines() == [
+        "REFUSED cannot decorate a generator function",
+        "REFUSED cannot decorate an async def function",
+        "REFUSED cannot decorate an async def function",
+    ], out.stdout

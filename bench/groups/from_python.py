@@ -39,3 +39,21 @@ def empty_with(env, path):
 @case("python.guard", "with guard: (pre-built ContextGuard)", paths=PATHS)
 def guard(env, path):
     return partial(with_object, env.g0)
+
+
+def temporary_guards(ordinal, n):
+    """`with ContextGuard(ordinal):` n times, a new guard per block, freed at the block's end:
+    the spelling CuPy's users bring (the process keeps the retain, so nothing is destroyed)."""
+    from cyctx import ContextGuard
+
+    for _ in range(n):
+        with ContextGuard(ordinal):
+            pass
+
+
+@case("python.temporary", "with ContextGuard(0): (a guard per block, collected)", paths=PATHS)
+def temporary(env, path):
+    import warnings
+
+    warnings.simplefilter("ignore", ResourceWarning)  # the row times the block, not a shown warning
+    return partial(temporary_guards, 0)

@@ -86,11 +86,10 @@ cdef class ContextGuard:
     context included), also when the block raised or called ``cudaSetDevice``. When the
     context is already current, entering and leaving make no driver switch.
 
-    Creating a guard per ``with`` block is a trap: when nothing else holds the primary
-    context, each release destroys it and frees everything allocated in the block. Keep the
-    guard for the life of the work, or use :func:`cyctx.device` (``with cyctx.device(0):``,
-    the shared guard). A guard released by the garbage collector instead of :meth:`close`
-    warns ``ResourceWarning``, saying whether the release destroyed the primary context.
+    A guard that nothing closed never destroys a context: when the garbage collector frees
+    it, its retain goes to the process (held once per device, as :func:`cyctx.device` holds
+    it), so ``with ContextGuard(0):`` keeps what the block allocated. Such a guard warns
+    ``ResourceWarning`` (shown under ``-X dev``); :meth:`close` releases at once.
 
     A guard is also a decorator: ``@guard`` runs each call of the function inside
     ``with guard:`` (``async def`` and generator functions are refused, ``TypeError``). Only a
@@ -143,7 +142,10 @@ cdef class ContextGuard:
     """
 
     def __cinit__(self, *args, **kwargs):
-        device = _device_argument(type(self), args, kwargs)
+        if kwargs or len(args) != 1 or type(self) is not ContextGuard:
+            device = _device_argument(type(self), args, kwargs)
+        else:
+            device = args[0]  # ContextGuard(x), the common call: nothing to check here
         self._ctx = NULL
         self._shared = False
         self._owns_retain = False
@@ -151,12 +153,16 @@ cdef class ContextGuard:
         self._extra_retains = 0
         self._gate = 0
         self._token = new_token()
-        target = _inputs.recognise(device)
-        count = _device_count()
-        if target.kind == _inputs.Kind.ORDINAL:
-            _init_primary(self, target.value, count)
+        if type(device) is int and device >= 0:
+            # The common spelling, ContextGuard(0): the ordinal as is (what recognise returns).
+            _init_primary(self, device, _device_count())
         else:
-            _init_context(self, _context_of(target.kind, target.value), count)
+            target = _inputs.recognise(device)
+            count = _device_count()
+            if target.kind == _inputs.Kind.ORDINAL:
+                _init_primary(self, target.value, count)
+            else:
+                _init_context(self, _context_of(target.kind, target.value), count)
         if live_add(self._token) != 0:
             raise MemoryError("cyctx: no memory to register the guard")  # __dealloc__ releases
         _all_guards.add(self)
@@ -181,19 +187,29 @@ cdef class ContextGuard:
         # Entries this guard still has on some thread (it was freed while entered) stay there,
         # orphaned: their token is never reused, so no other guard matches them, and an exit
         # of an enclosing guard on that thread drops them (tls_drop_dead_top).
-        cdef int n = (1 if self._owns_retain else 0) + int_load(&self._extra_retains)
+        # The guard's own primary retain goes to the process (_hand_to_process: the device's
+        # shared guard or its slot), so nothing closed never destroys a context; the extra
+        # retains, and the own one when the process holds one already, are released.
+        cdef int n = int_load(&self._extra_retains)
+        cdef bint kept = False
         if self._token:
             live_remove(self._token)
         if ctx_load(&self._ctx) != NULL and not forked_after_cuda():
+            if self._owns_retain:
+                if not self._shared and _hand_to_process(self._ordinal):
+                    kept = True
+                else:
+                    n += 1
             _release(self._dev, n)
-            if n and not self._shared and not cyctx_is_finalizing() and PyEval_GetFrame() != NULL:
+            if (n or kept) and not self._shared and not cyctx_is_finalizing() and PyEval_GetFrame() != NULL:
                 # Like an unclosed file: the retain was dropped by the collector, not by code.
                 # Under -W error the warning is raised here and, as from any finalizer,
-                # reported through sys.unraisablehook (the retain is released all the same).
+                # reported through sys.unraisablehook (the release happened all the same).
                 # Only with Python code running on this thread: not at interpreter shutdown,
                 # nor when a thread's state is cleared as it exits (no frame), where no Python
                 # call may be made.
-                _warn_collected(self._ordinal, _primary_destroyed(self._dev))
+                # Where the process holds the retain the context stays: no driver call to ask.
+                _warn_collected(self._ordinal, not self._owns_retain and _primary_destroyed(self._dev))
         ctx_store(&self._ctx, NULL)
 
     @staticmethod
@@ -217,8 +233,8 @@ cdef class ContextGuard:
         cdef ContextGuard mine = ContextGuard(ordinal)
         mine._shared = True  # before publication: nobody may ever see it closable
         guard = _shared_guards.setdefault(ordinal, mine)
-        if guard is mine and ordinal < _FAST_ORDINALS:
-            _shared_fast[<Py_ssize_t>ordinal] = <PyObject*>mine
+        if guard is mine:
+            _publish_shared(mine, ordinal)  # and the retain of a collected guard, if any
         if guard is not mine:
             mine._shared = False  # never published: release its retain now
             try:

@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 from helpers.children import run_child
-from helpers.drivers import create_context, current, driver, ok, reset_primary
+from helpers.drivers import create_context, current, driver, ok, reset_primary, retains
 from helpers.threads import in_thread
 
 import cyctx
@@ -57,7 +57,7 @@ def state(sim):
     return {
         "current": int(ok(driver().cuCtxGetCurrent())),
         "depth": sim.stack_depth(),
-        "retains": [sim.retain_count(i) for i in range(2)],
+        "retains": retains(),
     }
 
 
@@ -189,7 +189,7 @@ def _run(sim, name, fault):
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_every_driver_call_failing(sim, name):
-    base = [sim.retain_count(i) for i in range(2)]
+    base = retains()
     calls, before, _, exc = _run(sim, name, None)
     assert exc is None, f"{name} fails without a fault: {exc!r}"
     made = {f: n for f, n in calls.items() if n}
@@ -266,12 +266,12 @@ def test_every_driver_call_failing(sim, name):
                     assert after["retains"] == before["retains"], where
                 tried += 1
         # Every retain taken in the case was released by its cleanup.
-        assert [sim.retain_count(i) for i in range(2)] == base, f"{name}/{func}: retain leaked"
+        assert retains() == base, f"{name}/{func}: retain leaked"
     assert tried > 0
 
 
 def test_construct_fault_leaks_nothing(sim):
-    base = [sim.retain_count(i) for i in range(2)]
+    base = retains()
     for func in (
         "cuInit",
         "cuDeviceGetCount",
@@ -284,7 +284,7 @@ def test_construct_fault_leaks_nothing(sim):
             ContextGuard(0)
         sim.clear_faults()
         assert ei.value.code == 999 and ei.value.call == func
-        assert [sim.retain_count(i) for i in range(2)] == base, func
+        assert retains() == base, func
 
 
 def test_close_fault_keeps_guard_open_then_releases(sim):
@@ -312,7 +312,7 @@ def test_shared_first_use_under_every_fault(sim):
         cyctx.ContextGuard(1).close()  # what a first shared(1) calls, minus publication
         made = {f: sim.call_count(f) - counts[f] for f in FUNCS}
         made = {f: n for f, n in made.items() if n}
-        base = [sim.retain_count(i) for i in range(2)]
+        base = drivers.retains()
         tried = 0
         for func, n in made.items():
             if func == "cuDevicePrimaryCtxRelease":
@@ -326,7 +326,7 @@ def test_shared_first_use_under_every_fault(sim):
                         # would publish the guard for the rest of this process.)
                         cyctx.ContextGuard(1).close()
                         sim.clear_faults()
-                        assert [sim.retain_count(i) for i in range(2)] == base
+                        assert drivers.retains() == base
                         print("REACTIVATED")
                         continue
                     try:
@@ -336,7 +336,7 @@ def test_shared_first_use_under_every_fault(sim):
                         assert e.code == code, (func, nth, code, e)
                     finally:
                         sim.clear_faults()
-                    assert [sim.retain_count(i) for i in range(2)] == base, (func, nth, code)
+                    assert drivers.retains() == base, (func, nth, code)
                     assert sim.stack_depth() == 0 and drivers.current() == 0
                     tried += 1
         g = cyctx.ContextGuard.shared(1)

@@ -86,9 +86,21 @@ def reset_primary(dev):
 
 
 def retains():
-    """Every device's primary-context refcount on the simulated driver; None on the real one,
+    """Every device's primary-context refcount on the simulated driver, less the retain the
+    process holds for guards the collector freed (see process_retains); None on the real one,
     which cannot show it."""
-    return None if SIM is None else [SIM.retain_count(i) for i in range(SIM.device_count)]
+    if SIM is None:
+        return None
+    from cyctx._guard import process_retains
+
+    return [SIM.retain_count(i) - process_retains(i) for i in range(SIM.device_count)]
+
+
+def drop_process_retains():
+    """Release the process's retains of collected guards, so the next test starts without."""
+    from cyctx._guard import _drop_process_retains
+
+    return _drop_process_retains()
 
 
 @contextlib.contextmanager

@@ -46,28 +46,24 @@ def _cannot_travel(ContextGuard g, what):
 
 def _decorated(ContextGuard guard, func):
     # The decorator of ContextGuard.__call__: `with guard:` around each call.
+    # staticmethod/classmethod (a decorator above them): the function inside is decorated and
+    # the descriptor kept, so the method binds as it would have.
+    if isinstance(func, (staticmethod, classmethod)):
+        return type(func)(_decorated(guard, func.__func__))
     if not callable(func):
         raise TypeError(
             f"{_inputs.shown(guard, 200)} decorates a function; got {type(func).__name__} "
             f"{_inputs.shown(func)}. To make the context current, write `with guard:`"
         )
     import functools
-    import inspect  # decoration time only: import cyctx does not pay for it
 
-    kind = None
-    if inspect.iscoroutinefunction(func):
-        kind = "an async def function"
-    elif inspect.isasyncgenfunction(func):
-        kind = "an async generator function"
-    elif inspect.isgeneratorfunction(func):
-        kind = "a generator function"
+    kind = _steps_kind(func)
     if kind is not None:
         raise TypeError(
-            f"cannot decorate {kind} ({_inputs.shown(func)}) with a guard: calling it only "
-            f"creates the coroutine or generator, and its body runs later, in steps, on "
-            f"whatever thread resumes it, interleaved with other work; a guard around the call "
-            f"would not be around the body. Write `with guard:` inside it, around the driver "
-            f"calls between its awaits or yields"
+            f"cannot decorate {kind} ({_inputs.shown(func)}) with a guard: its body runs later, "
+            f"in steps, on whatever thread resumes it, so a guard around the call is not around "
+            f"the body. Write `with guard:` inside it, around the driver calls between its "
+            f"awaits or yields"
         )
 
     @functools.wraps(func)
@@ -76,3 +72,34 @@ def _decorated(ContextGuard guard, func):
             return func(*args, **kwargs)
 
     return guarded
+
+
+def _steps_kind(func):
+    # What `func` hides that runs in steps: None for a plain callable. Looked for through
+    # functools.partial, bound methods, __wrapped__ chains (functools.wraps) and a callable
+    # object's __call__; a Cython-compiled coroutine function says so through its code flags.
+    import functools
+    import inspect  # decoration time only: import cyctx does not pay for it
+
+    seen = 0
+    while True:
+        seen += 1
+        if inspect.iscoroutinefunction(func):
+            return "an async def function"
+        if inspect.isasyncgenfunction(func):
+            return "an async generator function"
+        if inspect.isgeneratorfunction(func):
+            return "a generator function"
+        if seen > 100:  # a __wrapped__ cycle: nothing more to look into
+            return None
+        if isinstance(func, functools.partial):
+            func = func.func
+        elif getattr(func, "__wrapped__", None) is not None and not isinstance(func, type):
+            func = func.__wrapped__
+        elif not inspect.isroutine(func) and not isinstance(func, type) and callable(func):
+            call = getattr(type(func), "__call__", None)
+            if call is None or inspect.isbuiltin(call) or type(call).__name__ == "wrapper_descriptor":
+                return None
+            func = call
+        else:
+            return None
