@@ -31,6 +31,7 @@ try:
         CyctxError,
         DriverError,
         ForkError,
+        ForkWarning,
         GuardError,
         InvalidContextError,
         InvalidDeviceError,
@@ -53,6 +54,7 @@ for _cls in (
     CyctxError,
     DriverError,
     ForkError,
+    ForkWarning,
     GuardError,
     IncompatibleBindingsError,
     InvalidContextError,
@@ -72,6 +74,7 @@ __all__ = [
     "CyctxError",
     "DriverError",
     "ForkError",
+    "ForkWarning",
     "GuardError",
     "IncompatibleBindingsError",
     "InvalidContextError",
@@ -80,12 +83,14 @@ __all__ = [
     "NotInitializedError",
     "UntestedBindingsWarning",
     "__version__",
+    "cuda_initialized",
     "current_device",
     "current_handle",
     "device",
     "diagnose",
     "get_include",
     "get_include_dirs",
+    "warn_on_fork",
 ]
 
 
@@ -98,6 +103,25 @@ def diagnose(cudart=None):
     from cyctx.doctor import diagnose as _diagnose
 
     return _diagnose(cudart)
+
+
+def cuda_initialized() -> bool:
+    """True when CUDA has been initialised in this process, by any library (a successful
+    ``cuInit``), asked of the ``libcuda.so.1`` already mapped; False when none is mapped, or in
+    a child forked after CUDA was initialised (it cannot use CUDA). Loads nothing and
+    initialises nothing; another answer of the driver raises its :class:`DriverError`."""
+    from cyctx._fork import cuda_initialized as _cuda_initialized
+
+    return _cuda_initialized()
+
+
+def warn_on_fork(enabled: bool = True) -> None:
+    """Opt in (``import cyctx`` installs nothing): from now on a fork of this process while
+    CUDA is initialised warns :class:`ForkWarning` in the parent, naming the CUDA libraries
+    loaded and the fix (the 'spawn' start method). ``warn_on_fork(False)`` turns it off."""
+    from cyctx._fork import warn_on_fork as _warn_on_fork
+
+    _warn_on_fork(enabled)
 
 
 def get_include() -> str:

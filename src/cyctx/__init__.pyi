@@ -91,6 +91,11 @@ class ForkError(CyctxError):
     """CUDA was used in the parent of this forked process and cannot be used in the child.
     Start worker processes with the ``spawn`` start method."""
 
+class ForkWarning(RuntimeWarning):
+    """A process in which CUDA is initialised forks (warned in the parent once
+    :func:`warn_on_fork` is called): the child cannot use CUDA. Names the CUDA libraries
+    loaded and the fix, the 'spawn' start method."""
+
 class ContextResetWarning(RuntimeWarning):
     """A guard found its primary context reset (``cudaDeviceReset``/``cuDevicePrimaryCtxReset``)
     since it last looked, and re-activated it. Memory allocated before the reset is gone.
@@ -226,6 +231,13 @@ def current_handle() -> int:
 def current_device() -> int | None:
     """The device of the calling thread's current context; None when none is current. Never
     initialises the driver or creates a context."""
+
+def cuda_initialized() -> bool:
+    """True when CUDA has been initialised in this process by any library; asks the
+    ``libcuda.so.1`` already mapped, loading and initialising nothing (False when none is)."""
+
+def warn_on_fork(enabled: bool = True) -> None:
+    """Opt in: a fork while CUDA is initialised warns :class:`ForkWarning` in the parent."""
 
 def get_include() -> str:
     """cyctx's include directory (``cyctx/switch.h``), as ``numpy.get_include()`` gives numpy's."""
