@@ -412,3 +412,25 @@ def test_cython_generator_and_coroutine_blocks_are_their_own(consumer_dir):
     assert "KEPT True 1" in out.stdout and "COLLECTED ['GuardError'] 0" in out.stdout, out.stdout
     assert "IN ORDER None None [] 0" in out.stdout, out.stdout
     assert "TASKS 1 True (True, 1) 0" in out.stdout and "CLOSED True" in out.stdout, out.stdout
+
+
+def test_context_epoch_through_the_cimport_without_the_gil(consumer_dir, sim):
+    # The cimported epoch is the Python one's: the driver's id now, 0 once destroyed, and a
+    # driver failure other than "destroyed" crosses nogil as the typed error.
+    import cyctx_consumer
+    from helpers.drivers import create_context, driver, ok
+
+    import cyctx
+
+    ctx = create_context(0, current=False)
+    e = cyctx_consumer.epoch_nogil(int(ctx))
+    assert e == cyctx.context_epoch(ctx) == ok(driver().cuCtxGetId(ctx))
+    sim.inject_fault("cuCtxGetId", 999)
+    try:
+        with pytest.raises(cyctx.DriverError, match="cuCtxGetId"):
+            cyctx_consumer.epoch_nogil(int(ctx))
+    finally:
+        sim.clear_faults()
+    ok(driver().cuCtxDestroy(ctx))
+    assert cyctx_consumer.epoch_nogil(int(ctx)) == 0 and cyctx.context_epoch(ctx) is None
+    assert cyctx_consumer.epoch_nogil(0) == 0

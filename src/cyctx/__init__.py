@@ -38,7 +38,13 @@ try:
         NoDeviceError,
         NotInitializedError,
     )
-    from cyctx._guard import ContextGuard, current_device, current_handle, device
+    from cyctx._guard import (
+        ContextGuard,
+        context_epoch,
+        current_device,
+        current_handle,
+        device,
+    )
 except ModuleNotFoundError as exc:
     raise ImportError(
         f"cyctx's compiled modules are missing ({exc}): importing cyctx from a source tree? "
@@ -83,6 +89,7 @@ __all__ = [
     "NotInitializedError",
     "UntestedBindingsWarning",
     "__version__",
+    "context_epoch",
     "cuda_initialized",
     "current_device",
     "current_handle",

@@ -213,6 +213,10 @@ class ContextGuard:
     def context_id(self) -> int:
         """The driver's unique id of the context (``cuCtxGetId``) as enter last saw it."""
     @property
+    def epoch(self) -> int | None:
+        """The lifetime epoch of the guard's context now (:func:`context_epoch`); None while it
+        is destroyed. GuardError when closed."""
+    @property
     def resets(self) -> int:
         """How many resets of the primary context enter detected and re-activated."""
 
@@ -231,6 +235,11 @@ def current_handle() -> int:
 def current_device() -> int | None:
     """The device of the calling thread's current context; None when none is current. Never
     initialises the driver or creates a context."""
+
+def context_epoch(ctx: object) -> int | None:
+    """The lifetime epoch of a context (its ``cuCtxGetId``): changes whenever the context behind
+    a handle is reset, or destroyed and created again; None for a destroyed context. ``ctx``: a
+    ContextGuard, an int handle, or a context or stream object ContextGuard accepts."""
 
 def cuda_initialized() -> bool:
     """True when CUDA has been initialised in this process by any library; asks the
