@@ -89,6 +89,7 @@ __all__ = [
     "NotInitializedError",
     "UntestedBindingsWarning",
     "__version__",
+    "bind",
     "context_epoch",
     "cuda_initialized",
     "current_device",
@@ -110,6 +111,22 @@ def diagnose(cudart=None):
     from cyctx.doctor import diagnose as _diagnose
 
     return _diagnose(cudart)
+
+
+def bind(fn=None, device=None):
+    """``fn`` bound to a context: each call runs ``fn`` inside it, on whichever thread calls
+    (a pool's worker, ``asyncio.to_thread``), and restores that thread's state after.
+
+    ``bind(fn)`` binds the context current on this thread now (:class:`GuardError` when none
+    is); ``bind(fn, device=k)`` and the decorator ``@cyctx.bind(device=k)`` bind device k's
+    primary context through its shared guard. A call after a bound context (not a primary)
+    was destroyed raises :class:`ContextDestroyedError`; a reset primary is re-activated, as a
+    guard does. Async and generator functions are refused (TypeError). Pickles when bound to a
+    device (as the same binding in the receiving process); bound to a context, it cannot.
+    """
+    from cyctx._bind import bind as _bind
+
+    return _bind(fn, device)
 
 
 def cuda_initialized() -> bool:

@@ -236,6 +236,11 @@ def current_device() -> int | None:
     """The device of the calling thread's current context; None when none is current. Never
     initialises the driver or creates a context."""
 
+def bind(fn: Any = None, device: DeviceLike | None = None) -> Any:
+    """``fn`` bound to a context: each call runs inside it on whichever thread calls, restoring
+    that thread's state after. ``bind(fn)``: the context current now; ``bind(fn, device=k)``
+    and ``@bind(device=k)``: device k's primary context."""
+
 def context_epoch(ctx: object) -> int | None:
     """The lifetime epoch of a context (its ``cuCtxGetId``): changes whenever the context behind
     a handle is reset, or destroyed and created again; None for a destroyed context. ``ctx``: a
