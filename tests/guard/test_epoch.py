@@ -102,7 +102,7 @@ def test_closed_guard_is_a_guard_error():
         (-1, ValueError, "out of range"),
         (2**64, ValueError, "out of range"),
     ],
-    ids=repr,
+    ids=["None", "True", "float", "str", "object", "NULL", "negative", "2**64"],
 )
 def test_bad_input_is_refused_in_cyctxs_words(sim, bad, error, words):
     calls = sim.call_count("cuCtxGetId")
