@@ -417,20 +417,23 @@ def test_cython_generator_and_coroutine_blocks_are_their_own(consumer_dir):
 def test_context_epoch_through_the_cimport_without_the_gil(consumer_dir, sim):
     # The cimported epoch is the Python one's: the driver's id now, 0 once destroyed, and a
     # driver failure other than "destroyed" crosses nogil as the typed error.
-    import cyctx_consumer
-    from helpers.drivers import create_context, driver, ok
-
-    import cyctx
-
-    ctx = create_context(0, current=False)
-    e = cyctx_consumer.epoch_nogil(int(ctx))
-    assert e == cyctx.context_epoch(ctx) == ok(driver().cuCtxGetId(ctx))
-    sim.inject_fault("cuCtxGetId", 999)
-    try:
-        with pytest.raises(cyctx.DriverError, match="cuCtxGetId"):
+    out = run_child(f"""
+        import sys; sys.path.insert(0, {consumer_dir!r})
+        import cyctx, cyctx_consumer
+        from helpers.drivers import create_context, driver, ok
+        ctx = create_context(0, current=False)
+        r = [cyctx_consumer.epoch_nogil(int(ctx)) == cyctx.context_epoch(ctx)
+             == ok(driver().cuCtxGetId(ctx))]
+        drivers.SIM.inject_fault("cuCtxGetId", 999)
+        try:
             cyctx_consumer.epoch_nogil(int(ctx))
-    finally:
-        sim.clear_faults()
-    ok(driver().cuCtxDestroy(ctx))
-    assert cyctx_consumer.epoch_nogil(int(ctx)) == 0 and cyctx.context_epoch(ctx) is None
-    assert cyctx_consumer.epoch_nogil(0) == 0
+            r.append("no-error")
+        except cyctx.DriverError as e:
+            r.append(e.code == 999 and e.call == "cuCtxGetId")
+        ok(driver().cuCtxDestroy(ctx))
+        r += [cyctx_consumer.epoch_nogil(int(ctx)), cyctx.context_epoch(ctx),
+              cyctx_consumer.epoch_nogil(0)]
+        print("RESULT", r)
+    """)
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")][0]
+    assert line == "RESULT [True, True, 0, None, 0]", line
