@@ -268,3 +268,18 @@ def test_outputs_written(run):
     else:
         assert plots.startswith("skipped: matplotlib is not installed")
         assert "plots skipped" in stdout
+
+
+def test_pool_patterns_benchmark_runs_on_the_simulator():
+    # bench/pools.py (docs/thread-pools.md): every pattern ran and has its figures.
+    proc = subprocess.run(
+        [sys.executable, os.path.join(BENCH, "pools.py"), "--sim", "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["driver"] == "simulated"
+    for name in ("baseline", "bind_once", "bind_per_task", "initializer", "guard_per_worker"):
+        assert out[name]["ns_per_task"] > 0 and "over_baseline_ns" in out[name], name

@@ -435,3 +435,27 @@ def test_decorators_refuse_cython_generators_and_coroutines(consumer_dir):
         "REFUSED cannot decorate an async def function",
         "REFUSED cannot decorate an async def function",
     ], out.stdout
+
+def test_context_epoch_through_the_cimport_without_the_gil(consumer_dir, sim):
+    # The cimported epoch is the Python one's: the driver's id now, 0 once destroyed, and a
+    # driver failure other than "destroyed" crosses nogil as the typed error.
+    out = run_child(f"""
+        import sys; sys.path.insert(0, {consumer_dir!r})
+        import cyctx, cyctx_consumer
+        from helpers.drivers import create_context, driver, ok
+        ctx = create_context(0, current=False)
+        r = [cyctx_consumer.epoch_nogil(int(ctx)) == cyctx.context_epoch(ctx)
+             == ok(driver().cuCtxGetId(ctx))]
+        drivers.SIM.inject_fault("cuCtxGetId", 999)
+        try:
+            cyctx_consumer.epoch_nogil(int(ctx))
+            r.append("no-error")
+        except cyctx.DriverError as e:
+            r.append(e.code == 999 and e.call == "cuCtxGetId")
+        ok(driver().cuCtxDestroy(ctx))
+        r += [cyctx_consumer.epoch_nogil(int(ctx)), cyctx.context_epoch(ctx),
+              cyctx_consumer.epoch_nogil(0)]
+        print("RESULT", r)
+    """)
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")][0]
+    assert line == "RESULT [True, True, 0, None, 0]", line

@@ -31,13 +31,20 @@ try:
         CyctxError,
         DriverError,
         ForkError,
+        ForkWarning,
         GuardError,
         InvalidContextError,
         InvalidDeviceError,
         NoDeviceError,
         NotInitializedError,
     )
-    from cyctx._guard import ContextGuard, current_device, current_handle, device
+    from cyctx._guard import (
+        ContextGuard,
+        context_epoch,
+        current_device,
+        current_handle,
+        device,
+    )
 except ModuleNotFoundError as exc:
     raise ImportError(
         f"cyctx's compiled modules are missing ({exc}): importing cyctx from a source tree? "
@@ -53,6 +60,7 @@ for _cls in (
     CyctxError,
     DriverError,
     ForkError,
+    ForkWarning,
     GuardError,
     IncompatibleBindingsError,
     InvalidContextError,
@@ -72,6 +80,7 @@ __all__ = [
     "CyctxError",
     "DriverError",
     "ForkError",
+    "ForkWarning",
     "GuardError",
     "IncompatibleBindingsError",
     "InvalidContextError",
@@ -80,6 +89,9 @@ __all__ = [
     "NotInitializedError",
     "UntestedBindingsWarning",
     "__version__",
+    "bind",
+    "context_epoch",
+    "cuda_initialized",
     "current_device",
     "current_handle",
     "device",
@@ -87,6 +99,8 @@ __all__ = [
     "get_include",
     "get_include_dirs",
     "trace",
+
+    "warn_on_fork",
 ]
 
 
@@ -116,6 +130,40 @@ def trace(*, python_frames=4, native_frames=12, capacity=16384, quiet=False):
     return _trace(
         python_frames=python_frames, native_frames=native_frames, capacity=capacity, quiet=quiet
     )
+
+def bind(fn=None, device=None):
+    """``fn`` bound to a context: each call runs ``fn`` inside it, on whichever thread calls
+    (a pool's worker, ``asyncio.to_thread``), and restores that thread's state after.
+
+    ``bind(fn)`` binds the context current on this thread now (:class:`GuardError` when none
+    is); ``bind(fn, device=k)`` and the decorator ``@cyctx.bind(device=k)`` bind device k's
+    primary context through its shared guard. A call after a bound context (not a primary)
+    was destroyed raises :class:`ContextDestroyedError`; a reset primary is re-activated, as a
+    guard does. Async and generator functions are refused (TypeError). Pickles when bound to a
+    device (as the same binding in the receiving process); bound to a context, it cannot.
+    """
+    from cyctx._bind import bind as _bind
+
+    return _bind(fn, device)
+
+
+def cuda_initialized() -> bool:
+    """True when CUDA has been initialised in this process, by any library (a successful
+    ``cuInit``), asked of the ``libcuda.so.1`` already mapped; False when none is mapped, or in
+    a child forked after CUDA was initialised (it cannot use CUDA). Loads nothing and
+    initialises nothing; another answer of the driver raises its :class:`DriverError`."""
+    from cyctx._fork import cuda_initialized as _cuda_initialized
+
+    return _cuda_initialized()
+
+
+def warn_on_fork(enabled: bool = True) -> None:
+    """Opt in (``import cyctx`` installs nothing): from now on a fork of this process while
+    CUDA is initialised warns :class:`ForkWarning` in the parent, naming the CUDA libraries
+    loaded and the fix (the 'spawn' start method). ``warn_on_fork(False)`` turns it off."""
+    from cyctx._fork import warn_on_fork as _warn_on_fork
+
+    _warn_on_fork(enabled)
 
 
 def get_include() -> str:

@@ -92,6 +92,11 @@ class ForkError(CyctxError):
     """CUDA was used in the parent of this forked process and cannot be used in the child.
     Start worker processes with the ``spawn`` start method."""
 
+class ForkWarning(RuntimeWarning):
+    """A process in which CUDA is initialised forks (warned in the parent once
+    :func:`warn_on_fork` is called): the child cannot use CUDA. Names the CUDA libraries
+    loaded and the fix, the 'spawn' start method."""
+
 class ContextResetWarning(RuntimeWarning):
     """A guard found its primary context reset (``cudaDeviceReset``/``cuDevicePrimaryCtxReset``)
     since it last looked, and re-activated it. Memory allocated before the reset is gone.
@@ -209,6 +214,10 @@ class ContextGuard:
     def context_id(self) -> int:
         """The driver's unique id of the context (``cuCtxGetId``) as enter last saw it."""
     @property
+    def epoch(self) -> int | None:
+        """The lifetime epoch of the guard's context now (:func:`context_epoch`); None while it
+        is destroyed. GuardError when closed."""
+    @property
     def resets(self) -> int:
         """How many resets of the primary context enter detected and re-activated."""
 
@@ -233,6 +242,23 @@ def current_handle() -> int:
 def current_device() -> int | None:
     """The device of the calling thread's current context; None when none is current. Never
     initialises the driver or creates a context."""
+
+def bind(fn: Any = None, device: DeviceLike | None = None) -> Any:
+    """``fn`` bound to a context: each call runs inside it on whichever thread calls, restoring
+    that thread's state after. ``bind(fn)``: the context current now; ``bind(fn, device=k)``
+    and ``@bind(device=k)``: device k's primary context."""
+
+def context_epoch(ctx: object) -> int | None:
+    """The lifetime epoch of a context (its ``cuCtxGetId``): changes whenever the context behind
+    a handle is reset, or destroyed and created again; None for a destroyed context. ``ctx``: a
+    ContextGuard, an int handle, or a context or stream object ContextGuard accepts."""
+
+def cuda_initialized() -> bool:
+    """True when CUDA has been initialised in this process by any library; asks the
+    ``libcuda.so.1`` already mapped, loading and initialising nothing (False when none is)."""
+
+def warn_on_fork(enabled: bool = True) -> None:
+    """Opt in: a fork while CUDA is initialised warns :class:`ForkWarning` in the parent."""
 
 def get_include() -> str:
     """cyctx's include directory (``cyctx/switch.h``), as ``numpy.get_include()`` gives numpy's."""

@@ -54,6 +54,17 @@ class ContextResetWarning(RuntimeWarning):
     """
 
 
+class ForkWarning(RuntimeWarning):
+    """A process in which CUDA is initialised forks (warned in the parent, once
+    :func:`cyctx.warn_on_fork` is called): the child cannot use CUDA. The message names the
+    CUDA libraries loaded and the fix, the 'spawn' start method.
+
+    Make it an error to see the traceback of the fork:
+    ``warnings.simplefilter("error", cyctx.ForkWarning)`` (Python reports an error in a fork
+    hook as unraisable; the fork goes on).
+    """
+
+
 class DriverError(CyctxError):
     """A CUDA driver call failed.
 

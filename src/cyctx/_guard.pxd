@@ -49,6 +49,13 @@ cdef int switch_to(Switch* s, cydriver.CUcontext target) except -1 nogil
 cdef int switch_back(const Switch* s) except -1 nogil
 
 
+# The lifetime epoch of the context `ctx`: its cuCtxGetId, which the driver never gives twice
+# in a process, so a reset, or a destroy and a new context at the same handle value, changes
+# it. 0 for NULL or a destroyed context (safe on one). One driver call. GIL: not needed.
+# Errors: ForkError in a forked child; DriverError for any other failure.
+cdef unsigned long long epoch_of(cydriver.CUcontext ctx) except? 0 nogil
+
+
 cdef class ContextGuard:
     # Retained primary context; NULL once closed.
     cdef cydriver.CUcontext _ctx

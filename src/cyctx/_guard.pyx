@@ -346,6 +346,17 @@ cdef class ContextGuard:
         return u64_load(&self._ctx_id)
 
     @property
+    def epoch(self):
+        """The lifetime epoch of the guard's context now (:func:`cyctx.context_epoch`): a new
+        value after every reset that was re-activated, None while the context is destroyed
+        (reset and not yet re-activated). One ``cuCtxGetId``. GuardError when closed."""
+        cdef cydriver.CUcontext ctx = ctx_load(&self._ctx)
+        if ctx == NULL:
+            _raise_closed(self)
+        cdef unsigned long long e = epoch_of(ctx)
+        return None if e == 0 else e
+
+    @property
     def resets(self):
         """How many resets of the primary context enter() detected and re-activated."""
         return int_load(&self._resets)
@@ -389,6 +400,7 @@ include "_native/entries.pxi"
 include "_native/construct.pxi"
 include "_protocol/with.pxi"
 include "_protocol/callers.pxi"
+include "_native/epoch.pxi"
 
 
 @cython.binding(False)  # a builtin function: the interpreter's quickest call (METH_O)

@@ -135,3 +135,11 @@ async def hold_async(g, ev):
     """A Cython-compiled coroutine holding a block of g across an await."""
     with g:
         await ev.wait()
+
+
+def epoch_nogil(size_t ctx):
+    """cyctx's context_epoch through the cimport, without the GIL: 0 for a destroyed context."""
+    cdef unsigned long long e
+    with nogil:
+        e = cyctx.context_epoch(<cydriver.CUcontext>ctx)
+    return e

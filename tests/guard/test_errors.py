@@ -22,7 +22,7 @@ def test_errors_are_named_as_users_import_them():
 
     public = [getattr(cyctx, n) for n in cyctx.__all__]
     errors = [c for c in public if isinstance(c, type) and issubclass(c, (Exception, Warning))]
-    assert len(errors) == 12
+    assert len(errors) == 13
     for cls in errors:
         assert f"{cls.__module__}.{cls.__qualname__}" == f"cyctx.{cls.__name__}"
     with pytest.raises(InvalidDeviceError) as ei:

@@ -1,0 +1,292 @@
+"""cyctx.cuda_initialized() and cyctx.warn_on_fork(): whether CUDA is initialised in this process,
+asked of the driver already mapped without loading or initialising it, and the opt-in warning in
+the parent of a fork of such a process, for every way Python forks."""
+
+import json
+
+import pytest
+from helpers.children import run_child, run_python
+
+import cyctx
+
+# --- cuda_initialized ---------------------------------------------------------------------------
+
+
+def test_false_without_a_mapped_driver_and_maps_none():
+    # A fresh interpreter that selected no driver: import cyctx maps no libcuda, and the question
+    # must not map one either.
+    out = run_python(
+        """
+        import json, cyctx
+        from _cyctx_libcuda import loaded_libcuda
+        before = loaded_libcuda()
+        answer = cyctx.cuda_initialized()
+        print(json.dumps([before, answer, loaded_libcuda()]))
+        """
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [None, False, None]
+
+
+def test_mapped_but_not_initialised_then_initialised_by_someone_else():
+    # The driver is loaded (selected, no cuInit): False, and asking initialises nothing (the
+    # driver still refuses cuDeviceGetCount). After cuda.bindings' cuInit, cyctx says True.
+    out = run_child(
+        """
+        import json, cyctx
+        from helpers.drivers import driver
+        from _cyctx_libcuda import loaded_libcuda
+        d = driver()
+        r = [loaded_libcuda() is not None, cyctx.cuda_initialized(), cyctx.cuda_initialized()]
+        r.append(int(d.cuDeviceGetCount()[0]))
+        assert d.cuInit(0)[0] == d.CUresult.CUDA_SUCCESS
+        r.append(cyctx.cuda_initialized())
+        print(json.dumps(r))
+        """,
+        init=False,
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [True, False, False, 3, True]
+
+
+def test_true_here_and_false_in_a_forked_child():
+    # This test process initialised CUDA (tests/conftest.py); its forked child cannot use it.
+    from helpers.forking import run_forked
+
+    assert cyctx.cuda_initialized() is True
+    assert run_forked(cyctx.cuda_initialized) is False
+    assert cyctx.cuda_initialized() is True
+
+
+@pytest.mark.parametrize("code", [999, 4, 46])  # UNKNOWN, DEINITIALIZED, DEVICE_UNAVAILABLE
+def test_any_other_driver_answer_is_raised_not_guessed(sim, code):
+    sim.inject_fault("cuDeviceGetCount", code)
+    try:
+        with pytest.raises(cyctx.DriverError) as e:
+            cyctx.cuda_initialized()
+    finally:
+        sim.clear_faults()
+    assert e.value.code == code and e.value.call == "cuDeviceGetCount"
+    assert cyctx.cuda_initialized() is True  # nothing was left behind
+
+
+WRONG = [
+    ("stub", "CUDA_ERROR_STUB_LIBRARY"),
+    ("lacking:cuDeviceGetCount", "has no cuDeviceGetCount"),
+    ("old", "(999)"),
+]
+
+
+@pytest.mark.parametrize("kind, words", WRONG, ids=[w[0] for w in WRONG])
+def test_a_wrong_driver_library_is_an_error_not_an_answer(tmp_path, kind, words):
+    from helpers.fakelibs import compiler, fake_libcuda, preload
+
+    if compiler() is None:
+        pytest.skip("no C compiler")
+    out = run_python(
+        """
+        import cyctx
+        try:
+            print("ANSWER", cyctx.cuda_initialized())
+        except cyctx.CyctxError as e:
+            print("ERROR", type(e).__name__, e)
+        """,
+        preload(fake_libcuda(tmp_path, kind)),
+    )
+    line = out.stdout.strip().splitlines()[-1]
+    assert line.startswith("ERROR") and words in line, line
+    assert "cannot tell" in line or "has no" in line, line
+
+
+def test_a_mapped_file_that_is_not_a_loaded_library_is_false_and_stays_unloaded(tmp_path):
+    # A driver library mapped with mmap (not dlopen): nothing can have called into it, and the
+    # question must not load it (this one would answer CUDA_ERROR_STUB_LIBRARY if loaded).
+    from helpers.fakelibs import compiler, fake_libcuda
+
+    if compiler() is None:
+        pytest.skip("no C compiler")
+    path = fake_libcuda(tmp_path, "stub")
+    out = run_python(
+        f"""
+        import ctypes, mmap, os, cyctx
+        from _cyctx_libcuda import loaded_libcuda
+        f = open({path!r}, "rb")
+        m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        answer = cyctx.cuda_initialized()
+        libc = ctypes.CDLL(None)
+        libc.dlopen.restype, libc.dlopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_int]
+        loaded = bool(libc.dlopen({path!r}.encode(), os.RTLD_NOLOAD | os.RTLD_LAZY))
+        print(loaded_libcuda() == {path!r}, answer, loaded)
+        """
+    )
+    assert out.stdout.split() == ["True", "False", "False"]
+
+
+def test_asking_keeps_no_reference_to_the_driver(tmp_path):
+    # The library's one owner closes it: it is unloaded, so cyctx's NOLOAD open was given back.
+    from helpers.fakelibs import compiler, fake_libcuda
+
+    if compiler() is None:
+        pytest.skip("no C compiler")
+    path = fake_libcuda(tmp_path, "stub")
+    out = run_python(
+        f"""
+        import ctypes, os, cyctx
+        libc = ctypes.CDLL(None)
+        libc.dlopen.restype, libc.dlopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_int]
+        libc.dlclose.argtypes = [ctypes.c_void_p]
+        h = libc.dlopen({path!r}.encode(), os.RTLD_NOW)
+        for _ in range(3):
+            try:
+                cyctx.cuda_initialized()
+            except cyctx.DriverError:
+                pass
+        libc.dlclose(h)
+        print(bool(libc.dlopen({path!r}.encode(), os.RTLD_NOLOAD | os.RTLD_LAZY)))
+        """
+    )
+    assert out.stdout.split() == ["False"]
+
+
+# --- warn_on_fork -------------------------------------------------------------------------------
+
+# {fork} forks once, in the parent's main thread; the child leaves at once. The child prints
+# the warnings the parent got: category, whether the message has each fact, the line warned.
+WARN_CHILD = """
+    import json, os, sys, warnings, multiprocessing
+    import cyctx
+    {setup}
+    def nothing():
+        pass
+    def forked():
+        {fork}
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
+        forked()
+    out = [[w.category.__name__, "'spawn'" in str(w.message), str(os.getpid()) in str(w.message),
+            "CUDA_ERROR_NOT_INITIALIZED" in str(w.message), os.path.basename(w.filename)]
+           for w in got]
+    print("WARNINGS", json.dumps(out))
+"""
+
+FORKS = {
+    "os.fork": """pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)""",
+    "multiprocessing-fork": """p = multiprocessing.get_context("fork").Process(target=nothing)
+        p.start(); p.join()
+        assert p.exitcode == 0""",
+    "ProcessPoolExecutor-fork": """from concurrent.futures import ProcessPoolExecutor
+        ctx = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(1, mp_context=ctx) as ex:
+            assert ex.submit(sum, [1, 2]).result() == 3""",
+}
+
+
+def _warnings(setup, fork, init=True):
+    out = run_child(WARN_CHILD.format(setup=setup, fork=FORKS[fork]), init=init)
+    return json.loads(out.stdout.split("WARNINGS", 1)[1])
+
+
+# The line warned is the one that called os.fork(): the caller's own for os.fork, the
+# multiprocessing module's where it forks for the caller.
+WARNED_FILE = {
+    "os.fork": "<string>",
+    "multiprocessing-fork": "popen_fork.py",
+    "ProcessPoolExecutor-fork": "popen_fork.py",
+}
+
+
+@pytest.mark.parametrize("fork", list(FORKS))
+def test_fork_with_cuda_initialised_warns_in_the_parent(fork):
+    got = _warnings("cyctx.warn_on_fork()", fork)
+    assert got == [["ForkWarning", True, True, True, WARNED_FILE[fork]]], got
+
+
+@pytest.mark.parametrize("fork", list(FORKS))
+def test_import_cyctx_installs_no_fork_warning(fork):
+    assert _warnings("", fork) == []
+
+
+@pytest.mark.parametrize("fork", list(FORKS))
+def test_no_warning_while_cuda_is_not_initialised(fork):
+    # The driver is loaded but nobody called cuInit: the child can use CUDA, so no warning.
+    assert _warnings("cyctx.warn_on_fork()", fork, init=False) == []
+
+
+def test_warn_on_fork_false_turns_it_off_and_true_on_again_once():
+    got = _warnings("cyctx.warn_on_fork(); cyctx.warn_on_fork(False)\n    ", "os.fork") + _warnings(
+        "cyctx.warn_on_fork(); cyctx.warn_on_fork(); cyctx.warn_on_fork()", "os.fork"
+    )
+    # off after False; a single warning however often it was asked for
+    assert got == [["ForkWarning", True, True, True, "<string>"]], got
+
+
+def test_warn_on_fork_refuses_a_non_bool_and_changes_nothing():
+    out = run_child(
+        """
+        import cyctx, cyctx._fork as f
+        for bad in (1, None, "yes"):
+            try:
+                cyctx.warn_on_fork(bad)
+                print("no-error")
+            except TypeError as e:
+                print("TypeError", "bool" in str(e))
+        print(f._installed, f._enabled)
+        """
+    )
+    assert out.stdout.split() == ["TypeError", "True"] * 3 + ["False", "False"]
+
+
+def test_the_warning_names_the_cuda_libraries_loaded(tmp_path):
+    from helpers.fakelibs import compiler, fake_cuda_library
+
+    if compiler() is None:
+        pytest.skip("no C compiler")
+    rt = fake_cuda_library(tmp_path, "cudart", 12090)
+    rtc = fake_cuda_library(tmp_path, "nvrtc", 13000)
+    out = run_child(
+        f"""
+        import ctypes, os, warnings, cyctx
+        ctypes.CDLL({rt!r}); ctypes.CDLL({rtc!r})
+        cyctx.warn_on_fork()
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+        print("MSG", str(got[0].message))
+        """
+    )
+    msg = out.stdout.split("MSG", 1)[1]
+    assert "libcudart.so.12" in msg and "libnvrtc.so.13" in msg, msg
+    assert "libcuda.so" not in msg.split("did:", 1)[1], msg  # the driver is no candidate
+
+
+def test_the_warning_says_so_when_only_the_driver_is_loaded():
+    from cyctx._fork import cuda_libraries, fork_message
+
+    msg = fork_message([])
+    assert "no CUDA library but the driver" in msg and "'spawn'" in msg
+    named = fork_message(["/x/libcublas.so.12"])
+    assert "libcublas.so.12" in named and "one of which did" in named
+    assert all(not p.endswith("libcuda.so.1") for p in cuda_libraries())
+
+
+def test_an_error_filter_does_not_stop_the_fork():
+    # warnings as errors: Python reports the hook's error as unraisable, and the fork goes on.
+    out = run_child(
+        """
+        import os, sys, warnings, cyctx
+        cyctx.warn_on_fork()
+        warnings.simplefilter("error", cyctx.ForkWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+        if pid == 0:
+            os._exit(7)
+        print("CHILD", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        """
+    )
+    assert "CHILD 7" in out.stdout and "ForkWarning" in out.stderr, out.stderr
