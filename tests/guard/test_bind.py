@@ -7,11 +7,14 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from helpers.children import TESTS_DIR
 
 CASES = os.path.join(TESTS_DIR, "helpers", "bind_cases.py")
 
 
+@pytest.mark.multigpu  # the cases bind devices 0 and 1
 def test_bind_cases_pass_in_a_process_of_their_own():
     proc = subprocess.run(
         [

@@ -10,6 +10,9 @@ from helpers.threads import in_thread
 from cyctx import ContextGuard
 from cyctx._guard import open_entries
 
+# Five distinct contexts need two devices (the simulated driver has two).
+pytestmark = pytest.mark.multigpu
+
 K_INLINE = 6  # thread_entries.h's kInline
 # The heap block holds 0, then kInline, 2 kInline, 4 kInline... entries: it grows when the depth
 # reaches kInline + its size.
