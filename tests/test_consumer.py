@@ -436,6 +436,7 @@ def test_decorators_refuse_cython_generators_and_coroutines(consumer_dir):
         "REFUSED cannot decorate an async def function",
     ], out.stdout
 
+
 def test_context_epoch_through_the_cimport_without_the_gil(consumer_dir, sim):
     # The cimported epoch is the Python one's: the driver's id now, 0 once destroyed, and a
     # driver failure other than "destroyed" crosses nogil as the typed error.

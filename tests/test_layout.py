@@ -2,9 +2,10 @@
 
 * one extension module, ``cyctx._guard``, owns the native state: setup.py builds no other
   (besides the simulated driver's C library);
-* only it includes the private headers (``src/cyctx/_cpp/*.h``, ``src/cyctx/_protocol/*.h``): a second module compiling them
-  would hold a second copy of their state (the per-thread entries, the live-guard registry, the
-  driver table, the fork flags) that the first one never sees;
+* only it includes the private headers (``src/cyctx/_cpp/*.h``, ``src/cyctx/_protocol/*.h``):
+  a second module compiling them would hold a second copy of their state (the per-thread
+  entries, the live-guard registry, the driver table, the fork flags) that the first one never
+  sees;
 * there are no import circles among cyctx's modules, lazy imports included (an import under
   ``if TYPE_CHECKING:`` never runs and is left out);
 * every file under src/cyctx is one docs/design.md's layout names, and every file it names exists.

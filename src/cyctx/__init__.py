@@ -99,7 +99,6 @@ __all__ = [
     "get_include",
     "get_include_dirs",
     "trace",
-
     "warn_on_fork",
 ]
 
@@ -130,6 +129,7 @@ def trace(*, python_frames=4, native_frames=12, capacity=16384, quiet=False):
     return _trace(
         python_frames=python_frames, native_frames=native_frames, capacity=capacity, quiet=quiet
     )
+
 
 def bind(fn=None, device=None):
     """``fn`` bound to a context: each call runs ``fn`` inside it, on whichever thread calls

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers.children import TESTS_DIR
 
 CASES = os.path.join(TESTS_DIR, "helpers", "bind_cases.py")

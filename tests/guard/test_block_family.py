@@ -73,8 +73,12 @@ class Lambda(HelperMethod):
 Assigned = type(
     "Assigned",
     (),
-    {"__init__": HelperMethod.__init__, "__enter__": HelperMethod.__enter__,
-     "_open": HelperMethod._open, "__exit__": HelperMethod.__exit__},
+    {
+        "__init__": HelperMethod.__init__,
+        "__enter__": HelperMethod.__enter__,
+        "_open": HelperMethod._open,
+        "__exit__": HelperMethod.__exit__,
+    },
 )
 
 
@@ -225,7 +229,11 @@ def shared_and_other(shared):
 
 
 def _guard_for(wrapper, g, nvtx):
-    return (nvtx, nvtx) if wrapper == "subclass via super() helper" else (g, SYNC.get(wrapper) or ASYNC[wrapper])
+    return (
+        (nvtx, nvtx)
+        if wrapper == "subclass via super() helper"
+        else (g, SYNC.get(wrapper) or ASYNC[wrapper])
+    )
 
 
 class Record:
@@ -239,7 +247,9 @@ def _check(rec, expected, h):
         assert isinstance(rec.a_error, GuardError), rec.a_error
         assert "out of order" in str(rec.a_error) and "removed" in str(rec.a_error), rec.a_error
     else:
-        assert isinstance(rec.a_error, GuardError) and "cannot tell" in str(rec.a_error), rec.a_error
+        assert isinstance(rec.a_error, GuardError) and "cannot tell" in str(rec.a_error), (
+            rec.a_error
+        )
     assert rec.b_inside == 0, "B's block of device 0 runs on another device"
     assert rec.b_after_g == D1 and rec.b_after_h is None
     assert open_entries() == 0
@@ -485,7 +495,9 @@ def test_two_blocks_that_cannot_be_told_apart_are_refused_and_keep_their_context
 
 
 @pytest.mark.parametrize("wrapper", ["helper method", "ExitStack", "three deep"])
-def test_two_tasks_sharing_one_context_object_are_told_apart_by_their_coroutine(shared_and_other, wrapper):
+def test_two_tasks_sharing_one_context_object_are_told_apart_by_their_coroutine(
+    shared_and_other, wrapper
+):
     # create_task(context=...) may give two tasks the same Context: their outermost coroutines
     # still differ.
     g, h, nvtx = shared_and_other
