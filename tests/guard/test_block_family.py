@@ -563,3 +563,33 @@ def test_a_generator_driven_by_a_task_is_told_apart_from_the_task(shared_and_oth
 
     asyncio.run(main())
     _check(rec, OWN, h)
+
+
+def test_an_exit_binding_made_in_one_strand_tags_no_enter_of_another(shared_and_other):
+    # A generator binds the guard's __exit__ and suspends before entering; the caller then
+    # enters through a wrapper. The binding announced an enter in the generator's strand only:
+    # the caller's entry must not carry its tag, or the generator's exit through that binding
+    # would take the caller's entry.
+    g, h, _ = shared_and_other
+    seen = {}
+
+    def gen():
+        ex = g.__exit__
+        yield
+        g.__enter__()
+        yield
+        ex(None, None, None)
+        seen["generator after"] = cyctx.current_device()
+        yield
+
+    it = gen()
+    next(it)  # the binding is made; the generator suspends
+    with h:
+        with HelperMethod(g):
+            next(it)  # the generator enters (its entry above the caller's)
+            next(it)  # and leaves through the binding it made: its own entry, in order
+            seen["caller inside"] = cyctx.current_device()
+            seen["entries"] = open_entries()
+        seen["caller after"] = cyctx.current_device()
+    assert seen == {"generator after": 0, "caller inside": 0, "entries": 2, "caller after": D1}
+    assert open_entries() == 0
