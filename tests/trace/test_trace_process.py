@@ -144,7 +144,8 @@ def test_command_line_trace_runs_the_script_and_reports(tmp_path):
     )
     assert proc.returncode == 3, proc.stderr
     assert proc.stdout == "args ['a', '-x']\n"
-    assert proc.stderr.startswith("cyctx trace: 6 events on 1 thread, through the simulated driver")
+    # The collected guard hands its retain to the process: no release, no destroy.
+    assert proc.stderr.startswith("cyctx trace: 4 events on 1 thread, through the simulated driver")
     assert f"by cyctx guard at {script}:6 (<module>)" in proc.stderr
     data = json.loads(out.read_text())
     assert data["schema"] == "cyctx.trace/1"
