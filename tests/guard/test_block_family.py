@@ -583,9 +583,9 @@ def test_an_exit_binding_made_in_one_strand_tags_no_enter_of_another(shared_and_
         yield
 
     it = gen()
-    next(it)  # the binding is made; the generator suspends
     with h:
-        with HelperMethod(g):
+        next(it)  # the binding is made (after h's own); the generator suspends
+        with HelperMethod(g):  # binds the wrapper's __exit__, not the guard's
             next(it)  # the generator enters (its entry above the caller's)
             next(it)  # and leaves through the binding it made: its own entry, in order
             seen["caller inside"] = cyctx.current_device()
