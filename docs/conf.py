@@ -46,6 +46,7 @@ nitpick_ignore = [
     ("py:class", "TracebackType"),
     ("py:class", "Literal[False]"),
     ("py:class", "ctypes.CDLL"),
+    ("py:class", "Trace"),  # what cyctx.trace() returns: described on the tracing page
     ("py:class", "optional"),
     # Words of the numpydoc "Parameters" types in ContextGuard's docstring.
     ("py:class", "device object"),

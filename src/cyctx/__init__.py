@@ -118,7 +118,7 @@ def trace(*, python_frames=4, native_frames=12, capacity=16384, quiet=False):
     """Record every context change in the process while the returned trace is on:
     ``with cyctx.trace() as t: ...``, then ``t.report()``, ``t.who_made_current()``,
     ``t.who_destroyed(handle)``, ``t.libraries_touching(device)``, ``t.to_json()``
-    (:class:`cyctx._trace.Trace`; docs/tracing.md). Each event names the call, the thread, the
+    (``cyctx._trace.Trace``; docs/tracing.md). Each event names the call, the thread, the
     context before and after, and where it came from: the Python line, the library. Nothing of
     the tracer or of CUPTI is loaded before this is called. A trace that cannot subscribe
     (another profiler holds CUPTI, no libcupti, an older driver) says so in one line on stderr
