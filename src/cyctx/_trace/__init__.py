@@ -294,7 +294,7 @@ class Trace:
         capacity: int = 16384,
         quiet: bool = False,
     ) -> None:
-        from cyctx._trace import _native
+        from cyctx._trace import _native  # type: ignore[attr-defined]  # the compiled module
 
         if not 0 <= python_frames <= _native.MAX_PY:
             raise ValueError(f"python_frames must be 0..{_native.MAX_PY}, not {python_frames!r}")
@@ -424,12 +424,12 @@ class Trace:
                     break
                 if n.owner != "the CUDA runtime":
                     entry_native = n.owner
-            entry_py = None
+            entry_py: str | None = None
             for f in python:
-                owner = _owner_of(f.file, dirs) if _is_library_file(f.file, dirs) else None
-                if owner is None and not _is_library_file(f.file, dirs):
+                py_owner = _owner_of(f.file, dirs) if _is_library_file(f.file, dirs) else None
+                if py_owner is None and not _is_library_file(f.file, dirs):
                     break
-                entry_py = owner or entry_py
+                entry_py = py_owner or entry_py
             cyctx_guard = entry_native == "cyctx" and (entry_py in (None, "cyctx"))
             if cyctx_guard:
                 library = "cyctx"
@@ -461,7 +461,7 @@ class Trace:
                 before = ref(r["before"], r["before_id"], r["before_dev"])
                 after = ref(r["after"], r["after_id"], r["after_dev"])
                 # The device argument is the target's device (a retain's, a create's).
-                target = ref(r["arg_ctx"], r["arg_ctx_id"], r["arg_dev"]) if r["arg_ctx"] else None
+                target = ref(r["arg_ctx"], r["arg_ctx_id"], r["arg_dev"]) if r["arg_ctx"] else None  # type: ignore[assignment]
             events.append(
                 ContextEvent(
                     seq=r["seq"],
@@ -612,13 +612,13 @@ class Trace:
             lines.append("contexts destroyed or reset:")
             for e in gone:
                 lines.append(f"  {e.target}: {e.describe()}")
-        devices = sorted(
+        devices: list[int] = sorted(
             {
                 d
                 for e in self.events
                 for d in [e.device] + [r.device for r in (e.before, e.after, e.target) if r]
+                if d is not None
             }
-            - {None}
         )
         if devices:
             lines.append("libraries per device:")
