@@ -593,3 +593,33 @@ def test_an_exit_binding_made_in_one_strand_tags_no_enter_of_another(shared_and_
         seen["caller after"] = cyctx.current_device()
     assert seen == {"generator after": 0, "caller inside": 0, "entries": 2, "caller after": D1}
     assert open_entries() == 0
+
+
+def test_an_announced_binding_tags_only_the_enter_that_takes_it(shared_and_other):
+    # A generator binds the guard's __exit__, enters through a helper (that enter takes the
+    # announcement) and suspends; the caller enters through a wrapper (no announcement left);
+    # the generator's exit through its binding then finds its own entry, under the caller's
+    # block: out of order, and the caller's block keeps its context.
+    g, h, _ = shared_and_other
+    seen = {}
+
+    def gen():
+        ex = g.__exit__
+        _open(g)
+        yield
+        try:
+            ex(None, None, None)
+        except GuardError as e:
+            seen["generator"] = str(e)
+        yield
+
+    it = gen()
+    with h:
+        next(it)
+        with HelperMethod(g):
+            next(it)
+            seen["caller inside"] = cyctx.current_device()
+        seen["caller after"] = cyctx.current_device()
+    assert "out of order" in seen["generator"] and "removed" in seen["generator"], seen
+    assert seen["caller inside"] == 0 and seen["caller after"] == D1
+    assert open_entries() == 0
