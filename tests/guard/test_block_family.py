@@ -263,48 +263,54 @@ def _sync_cm(wrapper, g, nvtx):
     return make(target) if make is not nvtx else target
 
 
+async def _hold(wrapper, cm, entered, go, inside=lambda: None):
+    # Enter `cm` (with `async with` for an async wrapper), say so, wait for `go`, then record.
+    if wrapper in ASYNC:
+        async with cm:
+            entered.set()
+            await go.wait()
+            inside()
+    else:
+        with cm:
+            entered.set()
+            await go.wait()
+            inside()
+
+
+def _task_bodies(wrapper, g, h, nvtx, rec, events):
+    """Strand A's and strand B's coroutines (A enters the shared guard; B a guard of device 1,
+    then the shared guard), for any task framework whose events have set() and wait()."""
+    a_in, a_go, b_in, b_go = events
+
+    async def a():
+        try:
+            await _hold(wrapper, _sync_cm(wrapper, g, nvtx), a_in, a_go)
+        except GuardError as e:
+            rec.a_error = e
+
+    async def b():
+        with h:
+            await _hold(
+                wrapper,
+                _sync_cm(wrapper, g, nvtx),
+                b_in,
+                b_go,
+                lambda: setattr(rec, "b_inside", cyctx.current_device()),
+            )
+            rec.b_after_g = cyctx.current_device()
+        rec.b_after_h = cyctx.current_device()
+
+    return a, b
+
+
 @pytest.mark.parametrize("wrapper", list(SYNC) + list(ASYNC))
 def test_two_asyncio_tasks(shared_and_other, wrapper):
     g, h, nvtx = shared_and_other
     rec = Record()
 
-    def cm():
-        return _sync_cm(wrapper, g, nvtx)
-
-    async def enter_and_wait(ev_in, ev_go):
-        if wrapper in ASYNC:
-            async with cm():
-                ev_in.set()
-                await ev_go.wait()
-        else:
-            with cm():
-                ev_in.set()
-                await ev_go.wait()
-
     async def main():
-        a_in, a_go, b_in, b_go = (asyncio.Event() for _ in range(4))
-
-        async def a():
-            try:
-                await enter_and_wait(a_in, a_go)
-            except GuardError as e:
-                rec.a_error = e
-
-        async def b():
-            with h:
-                if wrapper in ASYNC:
-                    async with cm():
-                        b_in.set()
-                        await b_go.wait()
-                        rec.b_inside = cyctx.current_device()
-                else:
-                    with cm():
-                        b_in.set()
-                        await b_go.wait()
-                        rec.b_inside = cyctx.current_device()
-                rec.b_after_g = cyctx.current_device()
-            rec.b_after_h = cyctx.current_device()
-
+        events = a_in, a_go, b_in, b_go = [asyncio.Event() for _ in range(4)]
+        a, b = _task_bodies(wrapper, g, h, nvtx, rec, events)
         ta = asyncio.create_task(a())
         await a_in.wait()
         tb = asyncio.create_task(b())
@@ -324,43 +330,17 @@ def test_two_trio_tasks(shared_and_other, wrapper):
     g, h, nvtx = shared_and_other
     rec = Record()
 
-    def cm():
-        return _sync_cm(wrapper, g, nvtx)
-
     async def main():
-        a_in, a_go, b_in, b_go, a_done = (trio.Event() for _ in range(5))
+        events = a_in, a_go, b_in, b_go = [trio.Event() for _ in range(4)]
+        a, b = _task_bodies(wrapper, g, h, nvtx, rec, events)
+        a_done = trio.Event()
 
-        async def a():
-            try:
-                if wrapper in ASYNC:
-                    async with cm():
-                        a_in.set()
-                        await a_go.wait()
-                else:
-                    with cm():
-                        a_in.set()
-                        await a_go.wait()
-            except GuardError as e:
-                rec.a_error = e
+        async def a_then_done():
+            await a()
             a_done.set()
 
-        async def b():
-            with h:
-                if wrapper in ASYNC:
-                    async with cm():
-                        b_in.set()
-                        await b_go.wait()
-                        rec.b_inside = cyctx.current_device()
-                else:
-                    with cm():
-                        b_in.set()
-                        await b_go.wait()
-                        rec.b_inside = cyctx.current_device()
-                rec.b_after_g = cyctx.current_device()
-            rec.b_after_h = cyctx.current_device()
-
         async with trio.open_nursery() as n:
-            n.start_soon(a)
+            n.start_soon(a_then_done)
             await a_in.wait()
             n.start_soon(b)
             await b_in.wait()
