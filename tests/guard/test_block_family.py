@@ -255,6 +255,18 @@ def _check(rec, expected, h):
     assert open_entries() == 0
 
 
+def _strand_b(h, cm, rec):
+    """Strand B as a generator: a guard of device 1, then `cm` (the shared guard through a
+    wrapper), suspended inside both; records what is current inside and after each."""
+    with h:
+        with cm:
+            yield
+            rec.b_inside = cyctx.current_device()
+        rec.b_after_g = cyctx.current_device()
+    rec.b_after_h = cyctx.current_device()
+    yield
+
+
 # --- interleavings ---------------------------------------------------------------------------
 
 
@@ -396,16 +408,7 @@ def test_two_generators(shared_and_other, wrapper):
             rec.a_error = e
         yield
 
-    def b_gen():
-        with h:
-            with _sync_cm(wrapper, g, nvtx):
-                yield
-                rec.b_inside = cyctx.current_device()
-            rec.b_after_g = cyctx.current_device()
-        rec.b_after_h = cyctx.current_device()
-        yield
-
-    a, b = a_gen(), b_gen()
+    a, b = a_gen(), _strand_b(h, _sync_cm(wrapper, g, nvtx), rec)
     next(a)
     next(b)
     next(a)  # A leaves first
@@ -523,17 +526,8 @@ def test_a_generator_driven_by_a_task_is_told_apart_from_the_task(shared_and_oth
     g, h, nvtx = shared_and_other
     rec = Record()
 
-    def gen():
-        with h:
-            with _sync_cm(wrapper, g, nvtx):
-                yield
-                rec.b_inside = cyctx.current_device()
-            rec.b_after_g = cyctx.current_device()
-        rec.b_after_h = cyctx.current_device()
-        yield
-
     async def main():
-        it = gen()
+        it = _strand_b(h, _sync_cm(wrapper, g, nvtx), rec)
         try:
             with _sync_cm(wrapper, g, nvtx):
                 next(it)  # the generator's block opens inside the task's, and stays open
