@@ -141,16 +141,16 @@ def _ext(name):
 
 # The oldest glibc the wheels run on: manylinux_2_28 (RHEL 8, Ubuntu 20.04, Debian 11; the
 # baseline of cuda-bindings' and torch's wheels). A build on a newer glibc binds dlopen,
-# dlsym, dlclose, dlerror (the extensions) and pthread_key_create, pthread_setspecific (the
-# simulated driver) to their GLIBC_2.34 versions, made when glibc merged libdl and libpthread
-# into libc, and 2.34 cannot load them. So the links see link-only stubs first: a libdl.so.2
+# dlsym, dlclose, dlerror, dladdr (the extensions) and pthread_key_create,
+# pthread_setspecific (the simulated driver) to their GLIBC_2.34 versions, made when glibc
+# merged libdl and libpthread into libc, and 2.34 cannot load them. So the links see link-only stubs first: a libdl.so.2
 # and a libpthread.so.0 defining those functions at version GLIBC_2.2.5, where glibc before
 # 2.34 has them. The result references them exactly as a build on such a glibc does
 # (libdl.so.2 and libpthread.so.0 needed, GLIBC_2.2.5), which every later glibc still serves:
 # they keep the old versions for old binaries. The stubs are not shipped (no run path points
 # at them; the real libraries are found at run time). x86-64 only: GLIBC_2.2.5 is its base.
 COMPAT_STUBS = {
-    "libdl.so.2": ["dlopen", "dlsym", "dlclose", "dlerror"],
+    "libdl.so.2": ["dlopen", "dlsym", "dlclose", "dlerror", "dladdr"],
     "libpthread.so.0": ["pthread_key_create", "pthread_setspecific"],
 }
 NO_TLS_TAG = ["-Wl,--no-gnu2-tls-tag"]
