@@ -118,6 +118,13 @@ _write_build_info()
 
 INLINE_ARGS = ["--param=max-inline-insns-single=2000"]  # GCC's; dropped where not taken
 
+# The Python-protocol layer reads two thread-state fields on the CPython versions the suite runs
+# on (3.11-3.15); any other version gets the plain build, public API only
+# (src/cyctx/_protocol/strand.h). CYCTX_PLAIN_PROTOCOL=1 forces it, for testing it (.ci/run).
+PROTOCOL_MACROS = (
+    [("CYCTX_PLAIN_PROTOCOL", "1")] if os.environ.get("CYCTX_PLAIN_PROTOCOL") == "1" else []
+)
+
 
 def _ext(name):
     return Extension(
@@ -125,6 +132,7 @@ def _ext(name):
         [f"src/cyctx/{name}.pyx"],
         include_dirs=[HDR.include_dir, PKG, os.path.join(PKG, "include")],
         language="c++",  # cydriver.pxd uses <type_traits>
+        define_macros=PROTOCOL_MACROS,
         # Hidden: the private headers' namespace-scope `inline` variables (the driver table, the
         # fork flags, the live-guard mutex), which this one extension owns, would otherwise be
         # STB_GNU_UNIQUE symbols, which the dynamic linker merges across modules despite

@@ -47,6 +47,14 @@ def pytest_runtest_setup(item):
                 )
     if item.get_closest_marker("cudart") and drivers.cudart() is None:
         pytest.skip("needs a loadable libcudart (nvidia-cuda-runtime wheel or toolkit)")
+    if item.get_closest_marker("strands"):
+        from cyctx._guard import PLAIN_PROTOCOL
+
+        if PLAIN_PROTOCOL:
+            pytest.skip(
+                "the plain build tells no strand from another (its refusals: "
+                "guard/test_block_family.py and test_plain_protocol.py)"
+            )
     if item.get_closest_marker("multigpu") and drivers.device_count() < 2:
         pytest.skip(f"needs 2 devices, this machine has {drivers.device_count()}")
 

@@ -303,27 +303,38 @@ def exit_misuse(
     )
 
 
-def exit_ambiguous(guard, where, blocks):
+def exit_ambiguous(guard, where, blocks, plain=False):
     """An exit that several open blocks of the guard on this thread could own, none provably.
 
     `blocks`: what is known of each open entry, innermost first (bits of _protocol/blocks.h's
-    block_describe: 1 same context, 2 inside a generator or coroutine not running now, 4 entered
-    by `with` itself, 8 by the nogil enter())."""
+    block_describe: 1 same strand, 2 inside a generator or coroutine not running now, 4 entered
+    by `with` itself, 8 by the nogil enter()). `plain`: the build reads no task or greenlet
+    identity (public CPython API only)."""
 
     def said(what):
         if what & 8:
             return "entered by Cython's nogil enter()"
-        parts = ["in this task or greenlet" if what & 1 else "in another task, greenlet or context"]
+        parts = []
+        if not plain:
+            parts.append(
+                "in this task or greenlet" if what & 1 else "in another task, greenlet or context"
+            )
         if what & 2:
             parts.append("inside a generator or coroutine that is not running now")
         parts.append("by `with` on the guard" if what & 4 else "through a wrapper")
         return " ".join(parts)
 
     listed = "; ".join(f"#{n} {said(w)}" for n, w in enumerate(blocks, 1))
+    why = (
+        " This build of cyctx (public CPython API only) tells no task, greenlet or generator from another."
+        if plain
+        else ""
+    )
     return GuardError(
         f"{guard}: cannot tell which of its {len(blocks)} open blocks on this thread the exit at "
-        f"{where} leaves ({listed}), so nothing was changed. Leave it with `with guard:` itself or "
-        f"`with cyctx.device(k):`, which identify their block, or give each task its own guard."
+        f"{where} leaves ({listed}), so nothing was changed.{why} Leave it with `with guard:` "
+        f"itself or `with cyctx.device(k):`, which identify their block, or give each task its "
+        f"own guard."
     )
 
 

@@ -44,8 +44,13 @@ from cyctx._fields cimport (
 from cyctx._forkstate cimport forked_after_cuda, fork_child, mark_cuda_initialised, install_fork_handler
 from cyctx._pyproto cimport (
     block_here, block_pop, block_describe, BLOCK_OWN, BLOCK_SPLICED, BLOCK_HANDED, BLOCK_AMBIGUOUS,
-    install_quick_with, PyEval_GetFrame, CYCTX_FREE_THREADED, cyctx_is_finalizing,
+    install_quick_with, PyEval_GetFrame, CYCTX_FREE_THREADED, cyctx_is_finalizing, CYCTX_PLAIN,
 )
+
+# Built for a CPython the suite has not run on (or with CYCTX_PLAIN_PROTOCOL=1): public CPython
+# API only, and an exit through a wrapper is told from others' only by its generators
+# (docs/guarantees.md, "Which block an exit belongs to").
+PLAIN_PROTOCOL = bool(CYCTX_PLAIN)
 
 if install_fork_handler() != 0:
     raise ImportError("cyctx: pthread_atfork failed; fork safety cannot be guaranteed")

@@ -17,6 +17,8 @@ cdef extern from "_protocol/blocks.h" namespace "cyctx":
     int block_pop(unsigned long long token, unsigned long long serial, Switch* out, size_t* dropped,
                   size_t* candidates) noexcept nogil
     int block_describe(unsigned long long token, size_t i) noexcept
+    # 1: the plain build (public CPython API only: no task or greenlet identity; strand.h).
+    bint CYCTX_PLAIN "(CYCTX_PLAIN)"
 
 # The quick bound __enter__/__exit__ of an exact ContextGuard (_protocol/methods.h).
 cdef extern from "_protocol/methods.h" namespace "cyctx":

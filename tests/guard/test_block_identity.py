@@ -81,6 +81,7 @@ class AsyncWrap(Wrap):
 WRAPPERS = [Sub, SubSub, Wrap]
 
 
+@pytest.mark.strands
 @pytest.mark.parametrize("kind", WRAPPERS, ids=lambda k: k.__name__)
 def test_wrapped_guard_generator_closed_inside_the_callers_block_takes_its_own_entry(kind):
     # A generator holding a block of the wrapped guard s is closed inside the caller's own block
@@ -109,6 +110,7 @@ def test_wrapped_guard_generator_closed_inside_the_callers_block_takes_its_own_e
     in_thread(body)
 
 
+@pytest.mark.strands
 @pytest.mark.parametrize("kind", WRAPPERS, ids=lambda k: k.__name__)
 def test_wrapped_guard_blocks_of_two_generators_interleaved_are_told_apart(kind):
     def body():
@@ -138,6 +140,7 @@ def test_wrapped_guard_blocks_of_two_generators_interleaved_are_told_apart(kind)
     assert in_thread(body) == 0
 
 
+@pytest.mark.strands
 def test_wrapped_guard_in_order_use_is_quiet_at_any_depth():
     def body():
         s, w = SubSub(0), Wrap(D1)
@@ -155,6 +158,7 @@ def test_wrapped_guard_in_order_use_is_quiet_at_any_depth():
 # --- contextlib ------------------------------------------------------------------------------
 
 
+@pytest.mark.strands
 @pytest.mark.parametrize("stack", ["ExitStack", "AsyncExitStack", "AsyncWrap"])
 def test_two_tasks_entering_one_guard_through_contextlib_are_told_apart(stack):
     # Task a enters the shared guard, then task b; a leaves first. a's exit is out of order and
@@ -209,6 +213,7 @@ def test_two_tasks_entering_one_guard_through_contextlib_are_told_apart(stack):
     in_thread(body)
 
 
+@pytest.mark.strands
 def test_exitstack_closed_by_the_frame_that_opened_it_inside_a_generator_and_a_task():
     def body():
         g = ContextGuard(0)
@@ -277,6 +282,7 @@ def no_greenlet(monkeypatch):
     monkeypatch.delitem(sys.modules, "greenlet", raising=False)
 
 
+@pytest.mark.strands
 @pytest.mark.parametrize("how", ["helper enter", "helper exit", "both helpers", "nested helper"])
 def test_lifo_correct_helper_functions_are_accepted(how, no_greenlet):
     def nested(x):
@@ -382,6 +388,7 @@ def test_greenlet_collected_inside_a_block_out_of_order_reports_through_unraisab
     assert in_thread(body) == (0, 0)
 
 
+@pytest.mark.strands
 @pytest.mark.parametrize("how", ["with", "ExitStack"])
 def test_two_greenlets_sharing_a_guard_are_told_apart(how):
     # Through ExitStack too: the frames of contextlib that enter and leave are not the block.
@@ -416,6 +423,7 @@ def test_two_greenlets_sharing_a_guard_are_told_apart(how):
     in_thread(body)
 
 
+@pytest.mark.strands
 def test_a_plain_frame_of_a_suspended_greenlet_is_not_taken_for_a_returned_helper():
     # With greenlet loaded, a frame that is not running on this thread's stack may be a
     # suspended greenlet's: its entry is never taken by another block's exit.
@@ -502,6 +510,7 @@ def test_blocks_in_tracer_profiler_and_gc_callbacks_nest_inside_whatever_runs():
     assert in_thread(body) == (0, 0)
 
 
+@pytest.mark.strands
 def test_ten_thousand_generator_blocks_closed_in_random_order():
     # Every close is in order (silent) or out of order (reported, its own entry removed); the
     # innermost open block's guard is current throughout, and nothing is left at the end.
@@ -644,6 +653,7 @@ def test_an_ordinary_exception_out_of_order_is_only_noted():
 # --- frame addresses reused -------------------------------------------------------------------
 
 
+@pytest.mark.strands
 def test_a_returned_helpers_frame_address_reused_by_another_frame_is_still_ended():
     # A helper enters h for its caller and returns; its frame is freed, and the next frame
     # object made (a wrapper's of the exit, or one below the caller made on demand, here the

@@ -109,6 +109,7 @@ def test_deep_nesting_beyond_the_inline_entries(guard, guard1):
     assert in_thread(body) == 0
 
 
+@pytest.mark.strands
 def test_blocks_left_from_other_frames_still_match_their_guard():
     # contextlib.ExitStack enters from enter_context and exits from __exit__: contextlib's frames
     # are skipped, so both blocks are the frame running `with ExitStack()`, left innermost first.

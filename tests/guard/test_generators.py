@@ -116,6 +116,7 @@ def test_late_exit_spliced_into_a_fast_path_entry_keeps_the_leaked_push_check(si
     assert in_thread(body) == (0, 0, 0)
 
 
+@pytest.mark.strands
 def test_late_generator_exit_under_deep_nesting_is_spliced(sim):
     # The spliced entry is deep (the heap spill), with 40 entries above it.
     with retains_unchanged():

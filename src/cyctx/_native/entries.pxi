@@ -122,7 +122,7 @@ cdef int _exit_ambiguous(ContextGuard g, size_t candidates) except -1 with gil:
     import sys
     f = sys._getframe(0)  # the Python code calling __exit__ (this module's functions have no frame)
     where = f"{f.f_code.co_filename}:{f.f_lineno} in {f.f_code.co_name}"
-    raise _errors.exit_ambiguous(repr(g), where, _open_blocks(g))
+    raise _errors.exit_ambiguous(repr(g), where, _open_blocks(g), PLAIN_PROTOCOL)
 
 
 cdef list _open_blocks(ContextGuard g):

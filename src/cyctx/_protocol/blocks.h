@@ -10,43 +10,18 @@
 //   leaves the block. The binding gets a serial, never reused; the enter that follows on the same
 //   thread, in the same strand, records it; the exit made through that binding finds its entry
 //   by it. Exact, whatever else runs on the thread.
-// * The strand: what differs between code that can interleave on one thread. The thread state's
-//   contextvars Context (asyncio and trio run each task step in the task's own; greenlet switches
-//   it per greenlet; one that never had one gets a new empty one here), and the chain of running
-//   generators and coroutines (the thread's exception-state items, which each running generator,
-//   CPython's or Cython's, pushes): its innermost and its outermost item. An entry made through
-//   a wrapper (a helper, a partial, a subclass, ExitStack) has no tag; its exit finds it by its
-//   strand.
+// * The strand: what differs between code that can interleave on one thread (strand.h reads
+//   it): the thread's contextvars Context (asyncio and trio run each task step in the task's
+//   own; greenlet switches it per greenlet), and its innermost and outermost running generator
+//   or coroutine. An entry made through a wrapper (a helper, a partial, a subclass, ExitStack)
+//   has no tag; its exit finds it by its strand, where the strand can be told.
 #pragma once
 #include <Python.h>
 #include <cstdint>
 #include "_cpp/thread_entries.h"
+#include "strand.h"
 
 namespace cyctx {
-
-inline PyThreadState *block_tstate() noexcept {
-#if PY_VERSION_HEX >= 0x030D0000
-    return PyThreadState_GetUnchecked();
-#else
-    return _PyThreadState_UncheckedGet();
-#endif
-}
-
-// The thread's contextvars Context, made if it has none yet (what contextvars.copy_context()
-// does on first use), so that strands that never set a context variable still differ. NULL
-// only when memory ran out (the exception cleared: the block then has no strand of its own, and
-// its exit is found by tag or refused).
-inline const void *block_context(PyThreadState *ts) noexcept {
-    if (!ts->context) {
-        PyObject *copy = PyContext_CopyCurrent();  // creates the thread's context first
-        if (!copy) {
-            PyErr_Clear();
-            return nullptr;
-        }
-        Py_DECREF(copy);
-    }
-    return ts->context;
-}
 
 // The exit binding `with` made last on this thread (methods.h sets it, the next enter takes it).
 struct Pending {
@@ -60,7 +35,7 @@ static thread_local Pending t_pending;
 // Called by methods.h when `with` binds an exact guard's __exit__.
 inline void block_expect(unsigned long long token, unsigned long long serial) noexcept {
     PyThreadState *ts = block_tstate();
-    t_pending = Pending{token, serial, block_context(ts), ts->exc_info};
+    t_pending = Pending{token, serial, block_context(ts), block_item_now(ts)};
 }
 
 // The binding `serial` is being called: it no longer announces an enter.
@@ -69,15 +44,8 @@ inline void block_called(unsigned long long serial) noexcept {
 }
 
 inline void block_strand(PyThreadState *ts, BlockId *id) noexcept {
-    _PyErr_StackItem *base = &ts->exc_state, *it = ts->exc_info;
     id->ctx = block_context(ts);
-    if (it == base || !it) {
-        id->inner = id->root = nullptr;
-        return;
-    }
-    id->inner = it;
-    while (it->previous_item && it->previous_item != base) it = it->previous_item;
-    id->root = it;
+    block_items(ts, &id->inner, &id->root);
 }
 
 // The identity of the block a Python enter of guard `token` opens.
@@ -85,15 +53,8 @@ inline void block_here(unsigned long long token, BlockId *id) noexcept {
     PyThreadState *ts = block_tstate();
     block_strand(ts, id);
     Pending &p = t_pending;
-    id->tag = p.token == token && p.ctx == id->ctx && p.item == ts->exc_info ? p.serial : 0;
+    id->tag = p.token == token && p.ctx == id->ctx && p.item == block_item_now(ts) ? p.serial : 0;
     p.token = 0;
-}
-
-// Whether the generator item `item` is running now (in this thread's chain).
-inline bool block_running(PyThreadState *ts, const void *item) noexcept {
-    for (_PyErr_StackItem *it = ts->exc_info; it && it != &ts->exc_state; it = it->previous_item)
-        if (it == item) return true;
-    return false;
 }
 
 enum { kOwn = 0, kSpliced = 1, kHanded = 2, kNone = -1, kAmbiguous = -2 };
@@ -126,7 +87,8 @@ inline int block_find(unsigned long long token, unsigned long long serial, std::
     block_strand(ts, &x);
     // The same strand, at the same generator: the innermost such entry (a strand runs its own
     // blocks in order).
-    if (x.ctx) {
+    const bool told = strand_told(x.ctx, x.root);
+    if (told) {
         for (std::size_t i = s.depth; i-- > 0;) {
             Entry *e = slot(s, i);
             if (e->token == token && e->id.ctx == x.ctx && e->id.inner == x.inner && e->id.root == x.root) {
@@ -143,7 +105,7 @@ inline int block_find(unsigned long long token, unsigned long long serial, std::
     // suspended generator of the same strand holding a block looks the same. Both kinds at once:
     // refused.
     std::size_t running = 0, stopped = 0, top_running = 0, the_stopped = 0;
-    if (x.ctx) {
+    if (told) {
         for (std::size_t i = s.depth; i-- > 0;) {
             Entry *e = slot(s, i);
             if (e->token != token || e->id.ctx != x.ctx || e->id.root != x.root) continue;
@@ -219,7 +181,10 @@ inline int block_describe(unsigned long long token, std::size_t i) noexcept {
         Entry *e = slot(s, j);
         if (e->token != token || i--) continue;
         if (!e->id.ctx) return kNogil;
-        int what = e->id.ctx == ts->context ? kSameStrand : 0;
+        BlockId x;
+        block_strand(ts, &x);
+        bool same = strand_told(x.ctx, x.root) && e->id.ctx == x.ctx;
+        int what = same ? kSameStrand : 0;
         if (e->id.inner && !block_running(ts, e->id.inner)) what |= kInside;
         if (e->id.tag) what |= kTagged;
         return what;

@@ -15,8 +15,8 @@
 // method. A Bound answers attribute lookups (__name__, __doc__, __self__, __func__, ...),
 // repr, ==, hash, weak references and pickling as the method object it stands for does.
 //
-// Free-threaded builds do not install the Slots (the free list relies on the GIL), nor does the
-// plain build (CYCTX_PLAIN_PROTOCOL: public CPython API only; blocks then have no tag).
+// Public CPython API only (the plain build has them too). Free-threaded builds do not install
+// the Slots: the free list relies on the GIL.
 #pragma once
 #include <Python.h>
 #include "blocks.h"
@@ -118,7 +118,7 @@ static PyTypeObject BoundType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 // As a method object: equal to another bound to the same guard for the same function,
 // whether it is one of these or a plain method (types.MethodType(ContextGuard.__enter__, g));
-// the hash is a plain method's (its self's address, its function's hash).
+// the hash is the plain method's.
 inline PyObject *bound_richcompare(PyObject *a, PyObject *b, int op) noexcept {
     if (op != Py_EQ && op != Py_NE) Py_RETURN_NOTIMPLEMENTED;
     Bound *x = reinterpret_cast<Bound *>(a);
@@ -135,16 +135,11 @@ inline PyObject *bound_richcompare(PyObject *a, PyObject *b, int op) noexcept {
 }
 
 inline Py_hash_t bound_hash(PyObject *o) noexcept {
-    Bound *b = reinterpret_cast<Bound *>(o);
-#if PY_VERSION_HEX >= 0x030D0000
-    Py_hash_t x = Py_HashPointer(b->self);
-#else
-    Py_hash_t x = _Py_HashPointer(b->self);
-#endif
-    Py_hash_t y = PyObject_Hash(b->slot->method);
-    if (y == -1) return -1;
-    x ^= y;
-    return x == -1 ? -2 : x;
+    PyObject *m = bound_plain(reinterpret_cast<Bound *>(o));
+    if (!m) return -1;
+    Py_hash_t h = PyObject_Hash(m);
+    Py_DECREF(m);
+    return h;
 }
 
 // type(m)(func, self), as weakref.WeakMethod rebuilds the method it holds: a plain method.
@@ -228,7 +223,7 @@ inline int slot_types_ready() noexcept {
 // Put Slots in place of `cls`'s __enter__ and __exit__ (a static type: its dict is set at
 // module initialisation, before any instance is made, as Cython's own set-up does).
 inline int install_quick_with(PyObject *cls, void *enter, void *exit, void *token_of) noexcept {
-#if defined(Py_GIL_DISABLED) || defined(CYCTX_PLAIN_PROTOCOL)
+#if defined(Py_GIL_DISABLED)
     (void)cls; (void)enter; (void)exit; (void)token_of;
     return 0;
 #else
