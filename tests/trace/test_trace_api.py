@@ -80,11 +80,14 @@ def test_retain_create_destroy_reset_and_their_resource_events(d):
         drivers.ok(d.cuDevicePrimaryCtxReset(1))  # reset-here
         drivers.ok(d.cuDevicePrimaryCtxRelease(1))
     calls = [e.call for e in t.events]
+    # Which entry point cuda-bindings' cuCtxCreate reaches (v2 or v4) depends on its release: it
+    # asks cuGetProcAddress at a version of its own, and the simulator answers as the driver.
+    created = calls[3] if calls[3] in ("cuCtxCreate_v2", "cuCtxCreate_v4") else "a cuCtxCreate"
     assert calls == [
         "context created",
         "cuDevicePrimaryCtxRetain",
         "context created",
-        "cuCtxCreate_v4",
+        created,
         "context destroy starting",
         "cuCtxDestroy_v2",
         "context destroy starting",
@@ -94,7 +97,7 @@ def test_retain_create_destroy_reset_and_their_resource_events(d):
     retain = api(t, "cuDevicePrimaryCtxRetain")[0]
     assert retain.device == 1 and retain.target.handle == int(p)
     assert retain.where.line == line_of("retain-here")
-    create = api(t, "cuCtxCreate_v4")[0]
+    create = api(t, created)[0]
     assert create.after.handle == int(c) and create.changed and create.device == 1
     destroy = api(t, "cuCtxDestroy_v2")[0]
     assert destroy.target.handle == int(c) and destroy.target.id == create.after.id

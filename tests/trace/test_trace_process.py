@@ -81,11 +81,14 @@ def work(k):
     n += 1
     calls[k] = n
 
+errors = []
+threading.excepthook = lambda a: errors.append(f"{a.thread.name}: {a.exc_type.__name__}: {a.exc_value}")
 with cyctx.trace(capacity=1 << 16) as t:
     ts = [threading.Thread(target=work, args=(k,)) for k in range(N_THREADS)]
     for th in ts: th.start()
     for th in ts: th.join()
 api = [e for e in t.events if e.domain == "driver"]
+print("errors", errors)
 print("threads", len({e.thread for e in api}), "api", len(api), "expected", sum(calls), "dropped", t.dropped)
 print("where", sorted({e.where.function for e in api if e.where}))
 print("python", sorted({e.python_state for e in t.events}))
@@ -98,6 +101,7 @@ def test_sixteen_threads_under_a_trace_finish_and_lose_nothing():
     # GIL while the simulator holds its lock, as the real driver holds its own, would hang).
     proc = children.run_python(STRESS, SIM_PROLOGUE, timeout=120)
     lines = proc.stdout.strip().split("\n")
+    assert lines[-4] == "errors []", lines[-4]  # a thread that died would be missing its calls
     head = lines[-3].split()
     assert head[0] == "threads" and head[1] == "16"
     assert head[3] == head[5] and int(head[3]) > 16 * 150 * 2  # every traced call, once
