@@ -18,7 +18,6 @@ Python-protocol layer's (everything that depends on CPython's version) in _proto
 import os
 import types
 import warnings
-import weakref
 
 cimport cython
 from cpython.long cimport PyLong_AsLongAndOverflow
@@ -77,9 +76,11 @@ cdef enum:
     _FAST_ORDINALS = 64
 cdef PyObject* _shared_fast[_FAST_ORDINALS]
 # Every guard alive in this process, for diagnostics (cyctx's doctor compares the ids the
-# guards last saw with the driver's). Touched at construction only, never on enter/exit.
-# Read by live_guards, never iterated: see there.
-cdef object _all_guards = weakref.WeakSet()
+# guards last saw with the driver's): token -> the guard's address, a borrowed reference that
+# __dealloc__ removes before anything else (with the GIL held from the last reference's drop
+# on, so no other thread can read an entry of a guard being freed). A weak set would cost a
+# weak reference and its callback per guard, most of a temporary guard's construction.
+cdef dict _all_guards = {}
 
 
 cdef class ContextGuard:
@@ -170,7 +171,7 @@ cdef class ContextGuard:
                 _init_context(self, _context_of(target.kind, target.value), count)
         if live_add(self._token) != 0:
             raise MemoryError("cyctx: no memory to register the guard")  # __dealloc__ releases
-        _all_guards.add(self)
+        _all_guards[self._token] = <size_t><PyObject*>self
 
     @staticmethod
     def from_handle(handle):
@@ -199,6 +200,8 @@ cdef class ContextGuard:
         cdef bint kept = False
         if self._token:
             live_remove(self._token)
+            if _all_guards is not None:  # None late in interpreter shutdown
+                _all_guards.pop(self._token, None)
         if ctx_load(&self._ctx) != NULL and not forked_after_cuda():
             if self._owns_retain:
                 if not self._shared and _hand_to_process(self._ordinal):
@@ -482,15 +485,13 @@ def current_handle():
 def live_guards():
     """The ContextGuards alive in this process (a snapshot list; other threads may close or
     free them meanwhile)."""
-    # Not list(_all_guards): a WeakSet's iterator is Python code that runs between items, so a
-    # guard created on another thread meanwhile raised "Set changed size during iteration".
-    # Its set of weak references is copied in one C call instead (atomic with the GIL; under
-    # the set's own lock without it), and resolved afterwards.
-    out = []
-    for r in _all_guards.data.copy():
-        g = r()
-        if g is not None:
-            out.append(g)
+    # Each address is a live guard until its __dealloc__ removes it, which cannot happen while
+    # this loop runs: it holds the GIL, calls no Python code and allocates nothing but the
+    # list's growth (a realloc, which never runs the collector and so no finalizer).
+    cdef list out = []
+    cdef size_t a
+    for a in _all_guards.values():
+        out.append(<object><PyObject*>a)
     return out
 
 

@@ -12,7 +12,7 @@ driver call in the guard is covered automatically.
 import warnings
 
 import pytest
-from helpers.children import run_child
+from helpers.children import run_child, run_python
 from helpers.drivers import create_context, current, driver, ok, reset_primary, retains
 from helpers.threads import in_thread
 
@@ -272,19 +272,37 @@ def test_every_driver_call_failing(sim, name):
 
 def test_construct_fault_leaks_nothing(sim):
     base = retains()
-    for func in (
-        "cuInit",
-        "cuDeviceGetCount",
-        "cuDeviceGet",
-        "cuDevicePrimaryCtxRetain",
-        "cuCtxGetId",
-    ):
+    for func in ("cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxGetId"):
         sim.inject_fault(func, 999)
         with pytest.raises(DriverError) as ei:
             ContextGuard(0)
         sim.clear_faults()
         assert ei.value.code == 999 and ei.value.call == func
         assert retains() == base, func
+
+
+@pytest.mark.parametrize("func", ["cuInit", "cuDeviceGetCount"])
+def test_a_first_construction_whose_init_fails_raises_and_a_later_one_asks_no_more(sim, func):
+    # cuInit and the device count are asked until they have once succeeded in the process; a
+    # failure raises and keeps nothing; once known, the count is not asked again (a fault
+    # injected then is never reached).
+    proc = run_python(
+        f"""
+        from cyctx import ContextGuard, DriverError
+        sim.inject_fault({func!r}, 999)
+        try:
+            ContextGuard(0)
+        except DriverError as e:
+            print("first", e.code, e.call, sim.retain_count(0))
+        sim.clear_faults()
+        ContextGuard(0).close()
+        sim.inject_fault({func!r}, 999)
+        ContextGuard(0).close()
+        print("later", sim.retain_count(0))
+        """,
+        "from cyctx.testing import use_simulated_driver; sim = use_simulated_driver(2)\n",
+    )
+    assert proc.stdout.split("\n")[-3:-1] == [f"first 999 {func} 0", "later 0"], proc.stdout
 
 
 def test_close_fault_keeps_guard_open_then_releases(sim):
@@ -308,6 +326,7 @@ def test_shared_first_use_under_every_fault(sim):
         sim = drivers.SIM
         FUNCS = %r
         CODES = (201, 709, 999, 2, 46)
+        cyctx.ContextGuard(0).close()  # cuInit and the count, asked once per process
         counts = {f: sim.call_count(f) for f in FUNCS}
         cyctx.ContextGuard(1).close()  # what a first shared(1) calls, minus publication
         made = {f: sim.call_count(f) - counts[f] for f in FUNCS}

@@ -31,14 +31,15 @@ def test_shared_guard_is_one_object_and_not_closable():
 
 # --- the first shared(): no lock across driver calls or Python code ---------------------------
 
-# sys.settrace's hook runs Python code at a deterministic point inside the first shared():
-# the WeakSet.add of the guard registry, after the driver calls: a lock held there (a
-# non-reentrant one) would deadlock a shared() called from that point.
+# sys.settrace's hook runs Python code at a deterministic point inside the first shared(): the
+# recognition of its argument (cyctx/_inputs.py), the one Python code it runs (the construction
+# runs none): a lock held there (a non-reentrant one) would deadlock a shared() called from that
+# point. Inside the driver calls, where the GIL is released, other threads run: the stall tests.
 TRACE_INSIDE_SHARED = """
     import sys, cyctx
     fired = []
     def tracer(frame, event, arg):
-        if event == "call" and frame.f_code.co_name == "add" and "weakref" in frame.f_code.co_filename and not fired:
+        if event == "call" and frame.f_code.co_name == "shared_ordinal" and not fired:
             fired.append(1)
             sys.settrace(None)
             {action}
@@ -76,7 +77,7 @@ def test_shared_reentered_from_python_code_inside_shared_does_not_deadlock(sim):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "INNER True" in out.stdout and "FIRED True SAME True" in out.stdout
-    assert "RETAINS 1" in out.stdout, "the loser of the race released its retain"
+    assert "RETAINS 1" in out.stdout, "one retain held: the shared guard's"
 
 
 def test_shared_from_a_finalizer_during_shared(sim):
@@ -89,7 +90,7 @@ def test_shared_from_a_finalizer_during_shared(sim):
             def __del__(self):
                 got.append(cyctx.ContextGuard.shared(D1))
         def tracer(frame, event, arg):
-            if event == "call" and frame.f_code.co_name == "add" and "weakref" in frame.f_code.co_filename and not got:
+            if event == "call" and frame.f_code.co_name == "shared_ordinal" and not got:
                 sys.settrace(None)
                 c = Cyc(); c.me = c; del c
                 gc.collect()
@@ -111,19 +112,13 @@ def test_thread_stalled_inside_the_first_shared_does_not_block_others(sim):
     # at interpreter shutdown would) must not hold the registry lock, or every other caller hangs.
     out = run_child(
         """
-        import sys, threading, time, cyctx
-        inside = threading.Event()
-        def tracer(frame, event, arg):
-            if event == "call" and frame.f_code.co_name == "add" and "weakref" in frame.f_code.co_filename:
-                sys.settrace(None)
-                inside.set()
-                time.sleep(3600)
-            return None
-        def stall():
-            sys.settrace(tracer)
-            cyctx.ContextGuard.shared(D1)
-        threading.Thread(target=stall, daemon=True).start()
-        inside.wait(30)
+        import threading, time, cyctx
+        sim = drivers.SIM
+        sim.stall("cuDevicePrimaryCtxRetain")  # the first shared()'s retain never returns
+        threading.Thread(target=lambda: cyctx.ContextGuard.shared(D1), daemon=True).start()
+        deadline = time.monotonic() + 30
+        while not sim.stalled() and time.monotonic() < deadline:
+            time.sleep(0.001)
         g = cyctx.ContextGuard.shared(D1)
         with g:
             print("MAIN", drivers.current() == g.handle, g.is_shared)

@@ -285,8 +285,46 @@ cdef int _warn_collected(int ordinal, bint destroyed) except -1:
                 f"not close(): device {ordinal}'s primary context and what was made in it stay, "
                 f"held by the process as `cyctx.device({ordinal})` holds them. To release at "
                 f"once, close() the guard (or use contextlib.closing)"))
-    warnings.warn(msg, ResourceWarning, stacklevel=1)
+    if not _ignored_resource_warning(msg):
+        warnings.warn(msg, ResourceWarning, stacklevel=1)
     return 0
+
+
+# Whether warnings.warn(msg, ResourceWarning) would do nothing, decided as its filters decide
+# (docs/guarantees.md: the warning shows under -X dev, -W, PYTHONWARNINGS, pytest): the first
+# filter whose category and message match acts. Where that filter names a module or line, the
+# answer depends on the code running (the collector runs anywhere): not decided here, warn
+# decides. A warn that ends ignored still costs ~1 us, most of a temporary guard's cost; the
+# decision is kept while warnings.filters is the same list with the same items.
+cdef object _rw_filters = None     # the warnings.filters list decided against
+cdef list _rw_items = None         # its items then
+cdef dict _rw_decided = {}         # msg -> ignored
+# 3.14+ may keep filters in a context variable (fixed at start-up): then warn always decides.
+cdef bint _rw_context_aware = bool(getattr(__import__("sys").flags, "context_aware_warnings", 0))
+
+
+cdef bint _ignored_resource_warning(str msg) except -1:
+    global _rw_filters, _rw_items
+    if _rw_context_aware:
+        return False
+    filters = warnings.filters
+    if filters is not _rw_filters or filters != _rw_items:
+        _rw_filters, _rw_items = filters, list(filters)
+        _rw_decided.clear()
+    r = _rw_decided.get(msg)
+    if r is None:
+        r = False
+        for action, text, category, module, lineno in _rw_items:
+            if not issubclass(ResourceWarning, category):
+                continue
+            if text is not None and not text.match(msg):
+                continue
+            r = action == "ignore" and module is None and not lineno
+            break
+        else:
+            r = warnings.defaultaction == "ignore"
+        _rw_decided[msg] = r
+    return r
 
 
 def _drop_process_retains():

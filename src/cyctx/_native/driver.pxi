@@ -38,12 +38,20 @@ cdef enum:
     _MAX_REACTIVATIONS = 64
 
 
+# The device count, fixed once cuInit has succeeded (the driver reads CUDA_VISIBLE_DEVICES there):
+# later constructions skip cuInit and its GIL release (~200 ns of a temporary guard's cost).
+cdef int _known_count = 0
+
+
 cdef int _device_count() except -1:
+    global _known_count
     cdef int n = 0
     cdef cydriver.CUresult err
     cdef const DriverApi* d = NULL
     if forked_after_cuda():
         _raise_fork()
+    if _known_count:
+        return _known_count
     with nogil:
         # Loading the driver and cuInit can take long the first time: not under the GIL.
         d = _api()
@@ -53,6 +61,7 @@ cdef int _device_count() except -1:
     check(err, "cuInit")
     mark_cuda_initialised()
     check(d.DeviceGetCount(&n), "cuDeviceGetCount")
+    _known_count = n
     return n
 
 

@@ -3,11 +3,8 @@
 
 cdef inline int _enter_block(ContextGuard self, const BlockId* block) except -1 nogil:
     # enter() for a block: the nogil enter() is block NULL, Python's `with` its BlockId
-    # (_protocol/blocks.h). The fast
-    # path (the context is already current) is written out here rather than through switch_to:
-    # two cheap thread-local driver calls and one thread-local entry, nothing else
-    # (docs/design.md, "Costs").
-    cdef cydriver.CUcontext cur = NULL
+    # (_protocol/blocks.h). On the fast path (the context already current): two cheap
+    # thread-local driver calls and one thread-local entry (docs/design.md, "Costs").
     cdef unsigned long long ctx_id = 0
     cdef cydriver.CUresult err
     cdef Switch s
@@ -25,17 +22,7 @@ cdef inline int _enter_block(ContextGuard self, const BlockId* block) except -1 
         _after_reset(self, err, ctx_id)
         ctx = ctx_load(&self._ctx)
         ctx_id = u64_load(&self._ctx_id)
-    err = d.CtxGetCurrent(&cur)
-    if err != cydriver.CUresult.CUDA_SUCCESS:
-        return raise_driver_error(err, "cuCtxGetCurrent")
-    if cur == ctx:
-        s.prev = ctx
-        s.prev_id = ctx_id
-        s.switched = False
-        if tls_push(self._token, block, &s) != 0:
-            return _raise_no_memory()
-        return 0
-    _switch_from(&s, ctx, cur, d)
+    _switch_into(&s, d, ctx, &ctx_id)
     if tls_push(self._token, block, &s) != 0:
         switch_back(&s)
         return _raise_no_memory()

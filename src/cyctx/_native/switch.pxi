@@ -4,18 +4,27 @@
 # --- the raw layer ---------------------------------------------------------------------
 
 cdef int switch_to(Switch* s, cydriver.CUcontext target) except -1 nogil:
-    cdef cydriver.CUcontext cur = NULL
     if target == NULL:
         return _raise_value("switch_to: target context is NULL")
-    cdef const DriverApi* d = _api()
+    return _switch_into(s, _api(), target, NULL)
+
+
+cdef inline int _switch_into(Switch* s, const DriverApi* d, cydriver.CUcontext target,
+                             const unsigned long long* target_id) except -1 nogil:
+    # Make `target` current, recording the way back in `s`: switch_to's and a guard's enter.
     # cuCtxGetCurrent is thread-local and ~7-12 ns; the switch is only paid when needed
-    # (docs/design.md, "Costs").
+    # (docs/design.md, "Costs"). `target_id`: target's id where the caller has read it (the
+    # enter's reset check), else NULL.
+    cdef cydriver.CUcontext cur = NULL
     check(d.CtxGetCurrent(&cur), "cuCtxGetCurrent")
     if cur == target:
         # Nothing to switch, but the way back still needs target's id: if the code in between
-        # makes another context current and destroys or resets target, switch_back must not
+        # makes another context current and destroys or resets target, the restore must not
         # hand target back to the driver.
-        _id_of(d, cur, &s.prev_id)
+        if target_id != NULL:
+            s.prev_id = target_id[0]
+        else:
+            _id_of(d, cur, &s.prev_id)
         s.prev = cur
         s.switched = False
         return 0
