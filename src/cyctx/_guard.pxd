@@ -71,6 +71,8 @@ cdef class ContextGuard:
     # Close vs reset re-activation (atomic builtins only): n > 0 re-activations in flight,
     # -1 a close() in flight, 0 neither. Neither is ever held across Python code.
     cdef int _gate
+    # The exit binding a `with` made just before entering (_protocol/blocks.h's Pending).
+    cdef unsigned long long _announced[4]
     cdef object __weakref__
 
     # Make the guard's context current on this thread (no driver switch when it already is).

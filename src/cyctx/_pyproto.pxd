@@ -13,7 +13,7 @@ cdef extern from "_protocol/blocks.h" namespace "cyctx":
         BLOCK_HANDED "cyctx::kHanded"
         BLOCK_NONE "cyctx::kNone"
         BLOCK_AMBIGUOUS "cyctx::kAmbiguous"
-    void block_here(unsigned long long token, BlockId* id) noexcept
+    void block_here(void* announced, BlockId* id) noexcept
     int block_pop(unsigned long long token, unsigned long long serial, Switch* out, size_t* dropped,
                   size_t* candidates) noexcept nogil
     int block_describe(unsigned long long token, size_t i) noexcept
@@ -22,7 +22,7 @@ cdef extern from "_protocol/blocks.h" namespace "cyctx":
 
 # The quick bound __enter__/__exit__ of an exact ContextGuard (_protocol/methods.h).
 cdef extern from "_protocol/methods.h" namespace "cyctx":
-    int install_quick_with(object cls, void* enter, void* exit, void* token_of) except -1
+    int install_quick_with(object cls, void* enter, void* exit, void* announced_of) except -1
 
 # A guard collected with no Python frame running is being freed as its thread exits
 # (threading.local's teardown): no Python code (the ResourceWarning) may run there.

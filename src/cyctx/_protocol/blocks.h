@@ -23,24 +23,27 @@
 
 namespace cyctx {
 
-// The exit binding `with` made last on this thread (methods.h sets it, the next enter takes it).
+// The exit binding `with` made of a guard just before it enters it (methods.h announces it, the
+// enter takes it). Kept in the guard (its _announced words), not per thread: no thread-local
+// access on the way. Tagged only when the enter runs in the thread and strand of the binding.
 struct Pending {
-    unsigned long long token;   // the guard's (0: none)
+    const void *ts;             // the thread state that made the binding (NULL: none)
     unsigned long long serial;  // the binding's
     const void *ctx;            // the strand it was made in
     const void *item;
 };
-static thread_local Pending t_pending;
+static_assert(sizeof(Pending) == 4 * sizeof(unsigned long long), "ContextGuard._announced");
 
 // Called by methods.h when `with` binds an exact guard's __exit__.
-inline void block_expect(unsigned long long token, unsigned long long serial) noexcept {
+inline void block_expect(void *announced, unsigned long long serial) noexcept {
     PyThreadState *ts = block_tstate();
-    t_pending = Pending{token, serial, block_context(ts), block_item_now(ts)};
+    *static_cast<Pending *>(announced) = Pending{ts, serial, block_context(ts), block_item_now(ts)};
 }
 
 // The binding `serial` is being called: it no longer announces an enter.
-inline void block_called(unsigned long long serial) noexcept {
-    if (t_pending.serial == serial) t_pending.token = 0;
+inline void block_called(void *announced, unsigned long long serial) noexcept {
+    Pending *p = static_cast<Pending *>(announced);
+    if (p->serial == serial) p->ts = nullptr;
 }
 
 inline void block_strand(PyThreadState *ts, BlockId *id) noexcept {
@@ -48,13 +51,16 @@ inline void block_strand(PyThreadState *ts, BlockId *id) noexcept {
     block_items(ts, &id->inner, &id->root);
 }
 
-// The identity of the block a Python enter of guard `token` opens.
-inline void block_here(unsigned long long token, BlockId *id) noexcept {
+// The identity of the block a Python enter of the guard whose announcement is `announced` opens.
+inline void block_here(void *announced, BlockId *id) noexcept {
     PyThreadState *ts = block_tstate();
     block_strand(ts, id);
-    Pending &p = t_pending;
-    id->tag = p.token == token && p.ctx == id->ctx && p.item == block_item_now(ts) ? p.serial : 0;
-    p.token = 0;
+    Pending *p = static_cast<Pending *>(announced);
+    id->tag = 0;
+    if (p->ts == ts) {  // this thread's announcement: taken, whether it tags this enter or not
+        if (p->ctx == id->ctx && p->item == block_item_now(ts)) id->tag = p->serial;
+        p->ts = nullptr;
+    }
 }
 
 enum { kOwn = 0, kSpliced = 1, kHanded = 2, kNone = -1, kAmbiguous = -2 };

@@ -27,7 +27,7 @@ typedef PyObject *(*enter_impl_t)(PyObject *self);
 // `serial`: the binding's (blocks.h's tag), 0 when called as the plain method.
 typedef PyObject *(*exit_impl_t)(PyObject *self, PyObject *exc_type, PyObject *exc, PyObject *tb,
                                  unsigned long long serial);
-typedef unsigned long long (*token_of_t)(PyObject *self);
+typedef void *(*announced_of_t)(PyObject *self);
 
 struct Slot {
     PyObject_HEAD
@@ -35,7 +35,7 @@ struct Slot {
     PyTypeObject *owner;     // ContextGuard: only its exact instances get a Bound
     enter_impl_t enter;      // one of the two is set
     exit_impl_t exit;
-    token_of_t token_of;     // the guard's token (the exit binding announces its block, blocks.h)
+    announced_of_t announced_of;  // where the guard keeps its exit binding's announcement (blocks.h)
 };
 
 struct Bound {
@@ -72,7 +72,7 @@ inline PyObject *bound_call(PyObject *callable, PyObject *const *args, size_t na
     if (!kwnames) {
         if (b->slot->enter && n == 0) return b->slot->enter(b->self);
         if (b->slot->exit && n == 3) {
-            block_called(b->serial);
+            block_called(b->slot->announced_of(b->self), b->serial);
             return b->slot->exit(b->self, args[0], args[1], args[2], b->serial);
         }
     }
@@ -173,7 +173,7 @@ inline PyObject *slot_get(PyObject *descr, PyObject *obj, PyObject *type) noexce
     b->serial = 0;
     if (s->exit) {
         b->serial = ++g_serial;
-        block_expect(s->token_of(obj), b->serial);
+        block_expect(s->announced_of(obj), b->serial);
     }
     return reinterpret_cast<PyObject *>(b);
 }
@@ -222,9 +222,9 @@ inline int slot_types_ready() noexcept {
 
 // Put Slots in place of `cls`'s __enter__ and __exit__ (a static type: its dict is set at
 // module initialisation, before any instance is made, as Cython's own set-up does).
-inline int install_quick_with(PyObject *cls, void *enter, void *exit, void *token_of) noexcept {
+inline int install_quick_with(PyObject *cls, void *enter, void *exit, void *announced_of) noexcept {
 #if defined(Py_GIL_DISABLED)
-    (void)cls; (void)enter; (void)exit; (void)token_of;
+    (void)cls; (void)enter; (void)exit; (void)announced_of;
     return 0;
 #else
     if (slot_types_ready() < 0) return -1;
@@ -243,7 +243,7 @@ inline int install_quick_with(PyObject *cls, void *enter, void *exit, void *toke
         s->owner = t;
         s->enter = i == 0 ? reinterpret_cast<enter_impl_t>(enter) : nullptr;
         s->exit = i == 1 ? reinterpret_cast<exit_impl_t>(exit) : nullptr;
-        s->token_of = reinterpret_cast<token_of_t>(token_of);
+        s->announced_of = reinterpret_cast<announced_of_t>(announced_of);
         int r = PyDict_SetItemString(dict, names[i], reinterpret_cast<PyObject *>(s));
         Py_DECREF(s);
         if (r < 0) return -1;

@@ -12,10 +12,7 @@
 #include <Python.h>
 
 #if defined(CYCTX_PLAIN_PROTOCOL) || PY_VERSION_HEX >= 0x03100000
-#define CYCTX_PLAIN 1
-#if PY_VERSION_HEX < 0x030D0000
-#error "cyctx: the plain protocol build needs CPython 3.13 or later (Py_IsFinalizing is public there)"
-#endif
+#define CYCTX_PLAIN 1  // (forced before 3.13, the guard's finalizer still asks _Py_IsFinalizing)
 #else
 #define CYCTX_PLAIN 0
 #endif

@@ -16,7 +16,7 @@ cdef inline int _called_on_a_guard(object obj, str method) except -1:
 cdef object _with_enter(object obj):
     cdef ContextGuard self = <ContextGuard>obj
     cdef BlockId block
-    block_here(self._token, &block)
+    block_here(&self._announced[0], &block)
     if not CYCTX_FREE_THREADED:
         _enter_block(self, &block)
         return self
@@ -57,11 +57,11 @@ cdef object _with_exit(object obj, object exc_type, object exc, object tb, unsig
     return False
 
 
-cdef unsigned long long _token_of(object obj) noexcept:
-    return (<ContextGuard>obj)._token
+cdef void* _announced_of(object obj) noexcept:
+    return &(<ContextGuard>obj)._announced[0]
 
 
-install_quick_with(ContextGuard, <void*>_with_enter, <void*>_with_exit, <void*>_token_of)
+install_quick_with(ContextGuard, <void*>_with_enter, <void*>_with_exit, <void*>_announced_of)
 
 
 cdef bint _swallowed(type t):
