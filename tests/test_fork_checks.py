@@ -27,24 +27,50 @@ def test_false_without_a_mapped_driver_and_maps_none():
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [None, False, None]
 
 
+# A child that maps the driver without initialising it, on either driver: the simulator is
+# mapped by the prologue's selection; the real libcuda.so.1 is mapped by cuda.bindings only at
+# its first call, so the child maps it itself with a plain dlopen (no cuInit) when it is not
+# mapped yet. Then: cyctx's answer twice, cuda.bindings' first call (which loads its own view of
+# the driver), cyctx's answer, the driver's own cuDeviceGetCount code, cuInit, cyctx's answer.
+MAPPED_CHILD = """
+    import ctypes, json, cyctx
+    from helpers.drivers import driver
+    from _cyctx_libcuda import loaded_libcuda
+    r = {"mapped by the prologue": loaded_libcuda() is not None}
+    if loaded_libcuda() is None:
+        ctypes.CDLL("libcuda.so.1")
+    r["mapped"] = loaded_libcuda() is not None
+    r["answers"] = [cyctx.cuda_initialized(), cyctx.cuda_initialized()]
+    d = driver()
+    r["cuDriverGetVersion"] = d.cuDriverGetVersion()[0].name
+    r["after bindings' first call"] = cyctx.cuda_initialized()
+    r["cuDeviceGetCount"] = int(d.cuDeviceGetCount()[0])
+    r["cuInit"] = d.cuInit(0)[0].name
+    r["after cuInit"] = cyctx.cuda_initialized()
+    print("RESULT", json.dumps(r))
+"""
+
+
 def test_mapped_but_not_initialised_then_initialised_by_someone_else():
-    # The driver is loaded (selected, no cuInit): False, and asking initialises nothing (the
-    # driver still refuses cuDeviceGetCount). After cuda.bindings' cuInit, cyctx says True.
-    out = run_child(
-        """
-        import json, cyctx
-        from helpers.drivers import driver
-        from _cyctx_libcuda import loaded_libcuda
-        d = driver()
-        r = [loaded_libcuda() is not None, cyctx.cuda_initialized(), cyctx.cuda_initialized()]
-        r.append(int(d.cuDeviceGetCount()[0]))
-        assert d.cuInit(0)[0] == d.CUresult.CUDA_SUCCESS
-        r.append(cyctx.cuda_initialized())
-        print(json.dumps(r))
-        """,
-        init=False,
-    )
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == [True, False, False, 3, True]
+    # Mapped, no cuInit: False, twice (asking initialises nothing: the driver still answers
+    # cuDeviceGetCount CUDA_ERROR_NOT_INITIALIZED), and still False after another library
+    # called into the driver without cuInit. After cuda.bindings' cuInit: True.
+    from helpers import drivers
+
+    out = run_child(MAPPED_CHILD, init=False)
+    r = json.loads(out.stdout.split("RESULT", 1)[1])
+    want = {
+        # the prologue's selection maps the simulator; nothing maps the real driver
+        "mapped by the prologue": drivers.KIND == "sim",
+        "mapped": True,
+        "answers": [False, False],
+        "cuDriverGetVersion": "CUDA_SUCCESS",
+        "after bindings' first call": False,
+        "cuDeviceGetCount": 3,  # CUDA_ERROR_NOT_INITIALIZED
+        "cuInit": "CUDA_SUCCESS",
+        "after cuInit": True,
+    }
+    assert r == want, r
 
 
 def test_true_here_and_false_in_a_forked_child():
@@ -210,8 +236,14 @@ def test_import_cyctx_installs_no_fork_warning(fork):
 
 @pytest.mark.parametrize("fork", list(FORKS))
 def test_no_warning_while_cuda_is_not_initialised(fork):
-    # The driver is loaded but nobody called cuInit: the child can use CUDA, so no warning.
-    assert _warnings("cyctx.warn_on_fork()", fork, init=False) == []
+    # The driver is mapped (on the real driver the child maps it, as MAPPED_CHILD does) but
+    # nobody called cuInit: the child can use CUDA, so no warning.
+    setup = (
+        "import ctypes; from _cyctx_libcuda import loaded_libcuda\n"
+        "    loaded_libcuda() or ctypes.CDLL('libcuda.so.1')\n"
+        "    assert loaded_libcuda(); cyctx.warn_on_fork()"
+    )
+    assert _warnings(setup, fork, init=False) == []
 
 
 def test_warn_on_fork_false_turns_it_off_and_true_on_again_once():
