@@ -104,15 +104,17 @@ __all__ = [
 ]
 
 
-def diagnose(cudart=None):
+def diagnose(cudart=None, *, before_fork=False):
     """Report the CUDA driver, runtime, devices, the calling thread's context and the CUDA
     libraries loaded in the process, with findings: :func:`cyctx.doctor.diagnose`, whose
     records are in :mod:`cyctx.doctor`. The doctor is loaded on the first call, not by
-    ``import cyctx``. Changes no state.
+    ``import cyctx``. Changes no state. ``before_fork=True``, asked from a process about to
+    fork: whether a forked child could use CUDA (the finding "CUDA is initialised; a forked
+    child cannot use it"), without initialising CUDA where nobody has.
     """
     from cyctx.doctor import diagnose as _diagnose
 
-    return _diagnose(cudart)
+    return _diagnose(cudart, before_fork=before_fork)
 
 
 def trace(*, python_frames=4, native_frames=12, capacity=16384, quiet=False):

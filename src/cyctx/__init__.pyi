@@ -228,7 +228,7 @@ def trace(
     """Record every context change in the process while the returned trace is on
     (docs/tracing.md); loads nothing before it is called."""
 
-def diagnose(cudart: str | bool | None = None) -> Diagnosis:
+def diagnose(cudart: str | bool | None = None, *, before_fork: bool = False) -> Diagnosis:
     """Report the CUDA driver, runtime, devices and the calling thread's context, and every CUDA
     library loaded in the process, with findings (:func:`cyctx.doctor.diagnose`). Changes no
     state; loads the doctor on the first call."""
