@@ -38,6 +38,7 @@ try:
         NoDeviceError,
         NotInitializedError,
     )
+    from cyctx._capture import relaxed_capture
     from cyctx._guard import (
         ContextGuard,
         context_epoch,
@@ -68,6 +69,7 @@ for _cls in (
     NoDeviceError,
     NotInitializedError,
     UntestedBindingsWarning,
+    relaxed_capture,
 ):
     _cls.__module__ = __name__
 del _cls
@@ -167,18 +169,6 @@ def warn_on_fork(enabled: bool = True) -> None:
     from cyctx._fork import warn_on_fork as _warn_on_fork
 
     _warn_on_fork(enabled)
-
-
-def relaxed_capture():
-    """``with cyctx.relaxed_capture():`` runs the block with the calling thread's
-    stream-capture mode relaxed (``cuThreadExchangeStreamCaptureMode``), so that a call the
-    driver deems unsafe during capture (``cuMemAlloc``) leaves another thread's global-mode
-    capture valid; the thread's last such block to end puts back the mode it found, in
-    whatever order nested or interleaved blocks end. A driver error raises its
-    :class:`DriverError` with the mode unchanged."""
-    from cyctx._capture import relaxed_capture as _relaxed_capture
-
-    return _relaxed_capture()
 
 
 def get_include() -> str:

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Literal, Protocol, SupportsIndex, TypeVar
 
-from cyctx._capture import relaxed_capture as _RelaxedCapture
 from cyctx._trace import Trace
 from cyctx.doctor import Diagnosis
 
@@ -261,9 +260,17 @@ def cuda_initialized() -> bool:
 def warn_on_fork(enabled: bool = True) -> None:
     """Opt in: a fork while CUDA is initialised warns :class:`ForkWarning` in the parent."""
 
-def relaxed_capture() -> _RelaxedCapture:
+class relaxed_capture:
     """``with cyctx.relaxed_capture():`` runs the block with the calling thread's stream-capture
     mode relaxed; the thread's last such block to end puts back the mode it found."""
+
+    def __enter__(self) -> relaxed_capture: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool: ...
 
 def get_include() -> str:
     """cyctx's include directory (``cyctx/switch.h``), as ``numpy.get_include()`` gives numpy's."""

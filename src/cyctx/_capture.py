@@ -22,11 +22,19 @@ from cyctx._errors import CyctxError, driver_error
 _local = threading.local()  # .depth: blocks open on this thread; .saved: the mode found
 
 
+_call = None  # cuda.bindings' cuThreadExchangeStreamCaptureMode and the modes, at first use
+_modes: dict[int, object] = {}
+
+
 def _exchange(mode: int) -> int:
     """Set this thread's capture mode; return the one it had."""
-    from cuda.bindings import driver as d
+    global _call
+    if _call is None:
+        from cuda.bindings import driver as d
 
-    err, previous = d.cuThreadExchangeStreamCaptureMode(d.CUstreamCaptureMode(mode))
+        _modes.update((int(m), m) for m in d.CUstreamCaptureMode)
+        _call = d.cuThreadExchangeStreamCaptureMode
+    err, previous = _call(_modes[mode])
     if int(err) != 0:  # CUDA_SUCCESS
         raise driver_error(
             err,
@@ -41,8 +49,12 @@ _RELAXED = 2  # CU_STREAM_CAPTURE_MODE_RELAXED
 
 class relaxed_capture:
     """``with cyctx.relaxed_capture():`` runs the block with the calling thread's
-    stream-capture mode relaxed and puts back the mode it found when the thread's last such
-    block ends. Nested and interleaved blocks on one thread are counted, not stacked."""
+    stream-capture mode relaxed (``cuThreadExchangeStreamCaptureMode``), so that a call the
+    driver deems unsafe during capture (``cuMemAlloc``) leaves another thread's global-mode
+    capture valid. The thread's last such block to end puts back the mode it found: nested and
+    interleaved blocks (two asyncio tasks on one thread) are counted, not stacked. A driver
+    error raises its :class:`DriverError` with the mode unchanged; in a forked child,
+    :class:`ForkError`."""
 
     __slots__ = ()
 
