@@ -25,6 +25,7 @@ except ImportError as exc:  # running from a source tree that was never built
 check_bindings(installed_bindings_version())
 
 try:
+    from cyctx._capture import relaxed_capture
     from cyctx._errors import (
         ContextDestroyedError,
         ContextResetWarning,
@@ -38,7 +39,6 @@ try:
         NoDeviceError,
         NotInitializedError,
     )
-    from cyctx._capture import relaxed_capture
     from cyctx._guard import (
         ContextGuard,
         context_epoch,
