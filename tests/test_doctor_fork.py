@@ -99,3 +99,24 @@ def test_the_warning_names_the_cuda_libraries_or_says_there_are_none():
     bare = _f_fork_ahead([])
     assert "No CUDA library but the driver" in bare.explanation
     assert named.title == bare.title == TITLE
+
+
+def test_an_unusable_driver_is_reported_and_no_fork_answer_is_guessed(tmp_path):
+    # The toolkit's stub as libcuda.so.1: cuda_initialized() cannot tell (it raises); the
+    # report says what is wrong with the library and gives no fork finding either way.
+    from helpers.children import run_python
+    from helpers.fakelibs import compiler, fake_libcuda, preload
+
+    if compiler() is None:
+        pytest.skip("no C compiler")
+    out = run_python(
+        """
+        import json, cyctx
+        r = cyctx.diagnose(cudart=False, before_fork=True)
+        print("RESULT", json.dumps([[f.code, f.severity] for f in r.findings]))
+        """,
+        preload(fake_libcuda(tmp_path, "stub")),
+    )
+    found = json.loads(out.stdout.split("RESULT", 1)[1])
+    assert [s for _, s in found] == ["unavailable"], found
+    assert not {"cuda_initialised_before_fork", "fork_safe"} & {c for c, _ in found}, found

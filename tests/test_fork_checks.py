@@ -3,6 +3,7 @@ asked of the driver already mapped without loading or initialising it, and the o
 the parent of a fork of such a process, for every way Python forks."""
 
 import json
+import multiprocessing
 
 import pytest
 from helpers.children import run_child, run_python
@@ -244,6 +245,30 @@ def test_no_warning_while_cuda_is_not_initialised(fork):
         "    assert loaded_libcuda(); cyctx.warn_on_fork()"
     )
     assert _warnings(setup, fork, init=False) == []
+
+
+def test_processpoolexecutor_with_linux_default_start_method():
+    # ProcessPoolExecutor() as users write it: Linux's default start method is 'fork' up to
+    # Python 3.13 (the parent is forked: it warns) and 'forkserver' from 3.14 (the workers come
+    # from a fresh server process, not a fork of this one: the child can use CUDA, no warning).
+    out = run_child(
+        """
+        import json, multiprocessing, warnings
+        from concurrent.futures import ProcessPoolExecutor
+        import cyctx
+        cyctx.warn_on_fork()
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
+            with ProcessPoolExecutor(1) as ex:
+                assert ex.submit(sum, [1, 2]).result() == 3
+        print("RESULT", json.dumps([multiprocessing.get_start_method(),
+                                    [w.category.__name__ for w in got]]))
+        """
+    )
+    method, got = json.loads(out.stdout.split("RESULT", 1)[1])
+    assert method == multiprocessing.get_all_start_methods()[0]  # the platform's default
+    assert got == (["ForkWarning"] if method == "fork" else []), (method, got)
 
 
 def test_warn_on_fork_false_turns_it_off_and_true_on_again_once():
