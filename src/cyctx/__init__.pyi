@@ -264,13 +264,16 @@ class relaxed_capture:
     """``with cyctx.relaxed_capture():`` runs the block with the calling thread's stream-capture
     mode relaxed; the thread's last such block to end puts back the mode it found."""
 
-    def __enter__(self) -> relaxed_capture: ...
+    def __enter__(self) -> relaxed_capture:
+        """Relax this thread's mode (the first open block saves the mode it found)."""
+
     def __exit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool: ...
+    ) -> None:
+        """The thread's last open block puts the saved mode back; never suppresses."""
 
 def get_include() -> str:
     """cyctx's include directory (``cyctx/switch.h``), as ``numpy.get_include()`` gives numpy's."""

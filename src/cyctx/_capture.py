@@ -67,7 +67,7 @@ class relaxed_capture:
         _local.depth = depth + 1
         return self
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> None:
         depth = getattr(_local, "depth", 0)
         if depth == 0:
             raise CyctxError(
@@ -82,7 +82,6 @@ class relaxed_capture:
             except CyctxError as e:
                 e.add_note("this thread's stream-capture mode stays relaxed")
                 raise
-        return False
 
     def __repr__(self) -> str:
         return f"<cyctx.relaxed_capture: {getattr(_local, 'depth', 0)} open on this thread>"
