@@ -147,6 +147,28 @@ def test_a_mapped_file_that_is_not_a_loaded_library_is_false_and_stays_unloaded(
     assert out.stdout.split() == ["True", "False", "False"]
 
 
+def test_a_driver_the_loader_would_find_is_not_loaded_by_the_question(tmp_path):
+    # A libcuda.so.1 on the library path but not loaded (a GPU machine before anyone used
+    # CUDA): False, and the question loads nothing (this one would answer STUB_LIBRARY).
+    import os
+
+    from helpers.fakelibs import compiler, fake_libcuda
+
+    if compiler() is None:
+        pytest.skip("no C compiler")
+    path = fake_libcuda(tmp_path, "stub")
+    env = {**os.environ, "LD_LIBRARY_PATH": os.path.dirname(path)}
+    out = run_python(
+        """
+        import cyctx
+        from _cyctx_libcuda import loaded_libcuda
+        print(cyctx.cuda_initialized(), loaded_libcuda())
+        """,
+        env=env,
+    )
+    assert out.stdout.split() == ["False", "None"], out.stdout
+
+
 def test_asking_keeps_no_reference_to_the_driver(tmp_path):
     # The library's one owner closes it: it is unloaded, so cyctx's NOLOAD open was given back.
     from helpers.fakelibs import compiler, fake_libcuda
