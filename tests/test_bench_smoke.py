@@ -270,10 +270,24 @@ def test_outputs_written(run):
         assert "plots skipped" in stdout
 
 
-def test_pool_patterns_benchmark_runs_on_the_simulator():
-    # bench/pools.py (docs/thread-pools.md): every pattern ran and has its figures.
+POOL_PATTERNS = ("baseline", "bind_once", "bind_per_task", "initializer", "guard_per_worker")
+POOL_CALLS = (
+    "plain_call",
+    "bound_call",
+    "bind_and_call",
+    "guard_epoch",
+    "context_epoch_of_handle",
+    "relaxed_capture_block",
+    "cuda_initialized",
+)
+
+
+def test_pool_patterns_benchmark_runs_on_the_simulator(tmp_path):
+    # bench/pools.py (docs/thread-pools.md): every pattern and every call ran and has its
+    # figures, on stdout (JSON), stderr (the table) and in the --out files, the same in each.
+    prefix = str(tmp_path / "pools")
     proc = subprocess.run(
-        [sys.executable, os.path.join(BENCH, "pools.py"), "--sim", "--quick"],
+        [sys.executable, os.path.join(BENCH, "pools.py"), "--sim", "--quick", "--out", prefix],
         capture_output=True,
         text=True,
         timeout=300,
@@ -281,5 +295,13 @@ def test_pool_patterns_benchmark_runs_on_the_simulator():
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["driver"] == "simulated"
-    for name in ("baseline", "bind_once", "bind_per_task", "initializer", "guard_per_worker"):
+    for name in POOL_PATTERNS:
         assert out[name]["ns_per_task"] > 0 and "over_baseline_ns" in out[name], name
+    assert list(out["calls"]) == list(POOL_CALLS) and all(v > 0 for v in out["calls"].values())
+    with open(prefix + ".json") as f:
+        assert json.load(f) == out
+    with open(prefix + ".txt") as f:
+        table = f.read()
+    assert table.strip() == proc.stderr.strip()
+    for name in POOL_PATTERNS + POOL_CALLS:
+        assert name in table, name

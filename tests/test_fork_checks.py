@@ -3,6 +3,7 @@ asked of the driver already mapped without loading or initialising it, and the o
 the parent of a fork of such a process, for every way Python forks."""
 
 import json
+import multiprocessing
 
 import pytest
 from helpers.children import run_child, run_python
@@ -27,24 +28,50 @@ def test_false_without_a_mapped_driver_and_maps_none():
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [None, False, None]
 
 
+# A child that maps the driver without initialising it, on either driver: the simulator is
+# mapped by the prologue's selection; the real libcuda.so.1 is mapped by cuda.bindings only at
+# its first call, so the child maps it itself with a plain dlopen (no cuInit) when it is not
+# mapped yet. Then: cyctx's answer twice, cuda.bindings' first call (which loads its own view of
+# the driver), cyctx's answer, the driver's own cuDeviceGetCount code, cuInit, cyctx's answer.
+MAPPED_CHILD = """
+    import ctypes, json, cyctx
+    from helpers.drivers import driver
+    from _cyctx_libcuda import loaded_libcuda
+    r = {"mapped by the prologue": loaded_libcuda() is not None}
+    if loaded_libcuda() is None:
+        ctypes.CDLL("libcuda.so.1")
+    r["mapped"] = loaded_libcuda() is not None
+    r["answers"] = [cyctx.cuda_initialized(), cyctx.cuda_initialized()]
+    d = driver()
+    r["cuDriverGetVersion"] = d.cuDriverGetVersion()[0].name
+    r["after bindings' first call"] = cyctx.cuda_initialized()
+    r["cuDeviceGetCount"] = int(d.cuDeviceGetCount()[0])
+    r["cuInit"] = d.cuInit(0)[0].name
+    r["after cuInit"] = cyctx.cuda_initialized()
+    print("RESULT", json.dumps(r))
+"""
+
+
 def test_mapped_but_not_initialised_then_initialised_by_someone_else():
-    # The driver is loaded (selected, no cuInit): False, and asking initialises nothing (the
-    # driver still refuses cuDeviceGetCount). After cuda.bindings' cuInit, cyctx says True.
-    out = run_child(
-        """
-        import json, cyctx
-        from helpers.drivers import driver
-        from _cyctx_libcuda import loaded_libcuda
-        d = driver()
-        r = [loaded_libcuda() is not None, cyctx.cuda_initialized(), cyctx.cuda_initialized()]
-        r.append(int(d.cuDeviceGetCount()[0]))
-        assert d.cuInit(0)[0] == d.CUresult.CUDA_SUCCESS
-        r.append(cyctx.cuda_initialized())
-        print(json.dumps(r))
-        """,
-        init=False,
-    )
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == [True, False, False, 3, True]
+    # Mapped, no cuInit: False, twice (asking initialises nothing: the driver still answers
+    # cuDeviceGetCount CUDA_ERROR_NOT_INITIALIZED), and still False after another library
+    # called into the driver without cuInit. After cuda.bindings' cuInit: True.
+    from helpers import drivers
+
+    out = run_child(MAPPED_CHILD, init=False)
+    r = json.loads(out.stdout.split("RESULT", 1)[1])
+    want = {
+        # the prologue's selection maps the simulator; nothing maps the real driver
+        "mapped by the prologue": drivers.KIND == "sim",
+        "mapped": True,
+        "answers": [False, False],
+        "cuDriverGetVersion": "CUDA_SUCCESS",
+        "after bindings' first call": False,
+        "cuDeviceGetCount": 3,  # CUDA_ERROR_NOT_INITIALIZED
+        "cuInit": "CUDA_SUCCESS",
+        "after cuInit": True,
+    }
+    assert r == want, r
 
 
 def test_true_here_and_false_in_a_forked_child():
@@ -118,6 +145,28 @@ def test_a_mapped_file_that_is_not_a_loaded_library_is_false_and_stays_unloaded(
         """
     )
     assert out.stdout.split() == ["True", "False", "False"]
+
+
+def test_a_driver_the_loader_would_find_is_not_loaded_by_the_question(tmp_path):
+    # A libcuda.so.1 on the library path but not loaded (a GPU machine before anyone used
+    # CUDA): False, and the question loads nothing (this one would answer STUB_LIBRARY).
+    import os
+
+    from helpers.fakelibs import compiler, fake_libcuda
+
+    if compiler() is None:
+        pytest.skip("no C compiler")
+    path = fake_libcuda(tmp_path, "stub")
+    env = {**os.environ, "LD_LIBRARY_PATH": os.path.dirname(path)}
+    out = run_python(
+        """
+        import cyctx
+        from _cyctx_libcuda import loaded_libcuda
+        print(cyctx.cuda_initialized(), loaded_libcuda())
+        """,
+        env=env,
+    )
+    assert out.stdout.split() == ["False", "None"], out.stdout
 
 
 def test_asking_keeps_no_reference_to_the_driver(tmp_path):
@@ -210,8 +259,38 @@ def test_import_cyctx_installs_no_fork_warning(fork):
 
 @pytest.mark.parametrize("fork", list(FORKS))
 def test_no_warning_while_cuda_is_not_initialised(fork):
-    # The driver is loaded but nobody called cuInit: the child can use CUDA, so no warning.
-    assert _warnings("cyctx.warn_on_fork()", fork, init=False) == []
+    # The driver is mapped (on the real driver the child maps it, as MAPPED_CHILD does) but
+    # nobody called cuInit: the child can use CUDA, so no warning.
+    setup = (
+        "import ctypes; from _cyctx_libcuda import loaded_libcuda\n"
+        "    loaded_libcuda() or ctypes.CDLL('libcuda.so.1')\n"
+        "    assert loaded_libcuda(); cyctx.warn_on_fork()"
+    )
+    assert _warnings(setup, fork, init=False) == []
+
+
+def test_processpoolexecutor_with_linux_default_start_method():
+    # ProcessPoolExecutor() as users write it: Linux's default start method is 'fork' up to
+    # Python 3.13 (the parent is forked: it warns) and 'forkserver' from 3.14 (the workers come
+    # from a fresh server process, not a fork of this one: the child can use CUDA, no warning).
+    out = run_child(
+        """
+        import json, multiprocessing, warnings
+        from concurrent.futures import ProcessPoolExecutor
+        import cyctx
+        cyctx.warn_on_fork()
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
+            with ProcessPoolExecutor(1) as ex:
+                assert ex.submit(sum, [1, 2]).result() == 3
+        print("RESULT", json.dumps([multiprocessing.get_start_method(),
+                                    [w.category.__name__ for w in got]]))
+        """
+    )
+    method, got = json.loads(out.stdout.split("RESULT", 1)[1])
+    assert method == multiprocessing.get_all_start_methods()[0]  # the platform's default
+    assert got == (["ForkWarning"] if method == "fork" else []), (method, got)
 
 
 def test_warn_on_fork_false_turns_it_off_and_true_on_again_once():

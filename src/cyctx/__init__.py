@@ -25,6 +25,7 @@ except ImportError as exc:  # running from a source tree that was never built
 check_bindings(installed_bindings_version())
 
 try:
+    from cyctx._capture import relaxed_capture
     from cyctx._errors import (
         ContextDestroyedError,
         ContextResetWarning,
@@ -68,6 +69,7 @@ for _cls in (
     NoDeviceError,
     NotInitializedError,
     UntestedBindingsWarning,
+    relaxed_capture,
 ):
     _cls.__module__ = __name__
 del _cls
@@ -98,20 +100,23 @@ __all__ = [
     "diagnose",
     "get_include",
     "get_include_dirs",
+    "relaxed_capture",
     "trace",
     "warn_on_fork",
 ]
 
 
-def diagnose(cudart=None):
+def diagnose(cudart=None, *, before_fork=False):
     """Report the CUDA driver, runtime, devices, the calling thread's context and the CUDA
     libraries loaded in the process, with findings: :func:`cyctx.doctor.diagnose`, whose
     records are in :mod:`cyctx.doctor`. The doctor is loaded on the first call, not by
-    ``import cyctx``. Changes no state.
+    ``import cyctx``. Changes no state. ``before_fork=True``, asked from a process about to
+    fork: whether a forked child could use CUDA (the finding "CUDA is initialised; a forked
+    child cannot use it"), without initialising CUDA where nobody has.
     """
     from cyctx.doctor import diagnose as _diagnose
 
-    return _diagnose(cudart)
+    return _diagnose(cudart, before_fork=before_fork)
 
 
 def trace(*, python_frames=4, native_frames=12, capacity=16384, quiet=False):

@@ -227,7 +227,7 @@ def trace(
     """Record every context change in the process while the returned trace is on
     (docs/tracing.md); loads nothing before it is called."""
 
-def diagnose(cudart: str | bool | None = None) -> Diagnosis:
+def diagnose(cudart: str | bool | None = None, *, before_fork: bool = False) -> Diagnosis:
     """Report the CUDA driver, runtime, devices and the calling thread's context, and every CUDA
     library loaded in the process, with findings (:func:`cyctx.doctor.diagnose`). Changes no
     state; loads the doctor on the first call."""
@@ -259,6 +259,21 @@ def cuda_initialized() -> bool:
 
 def warn_on_fork(enabled: bool = True) -> None:
     """Opt in: a fork while CUDA is initialised warns :class:`ForkWarning` in the parent."""
+
+class relaxed_capture:
+    """``with cyctx.relaxed_capture():`` runs the block with the calling thread's stream-capture
+    mode relaxed; the thread's last such block to end puts back the mode it found."""
+
+    def __enter__(self) -> relaxed_capture:
+        """Relax this thread's mode (the first open block saves the mode it found)."""
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """The thread's last open block puts the saved mode back; never suppresses."""
 
 def get_include() -> str:
     """cyctx's include directory (``cyctx/switch.h``), as ``numpy.get_include()`` gives numpy's."""

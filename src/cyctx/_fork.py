@@ -27,12 +27,25 @@ _GET_COUNT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int))
 _PROC_VERSION = 12000
 
 
+_LIBC: ctypes.CDLL | None = None
+
+
 def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None)  # the symbols already in the process: loads nothing
-    libc.dlopen.restype, libc.dlopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_int]
-    libc.dlsym.restype, libc.dlsym.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]
-    libc.dlclose.argtypes = [ctypes.c_void_p]
-    return libc
+    global _LIBC
+    if _LIBC is None:
+        libc = ctypes.CDLL(None)  # the symbols already in the process: loads nothing
+        libc.dlopen.restype = ctypes.c_void_p
+        libc.dlopen.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        libc.dlsym.restype = ctypes.c_void_p
+        libc.dlsym.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        libc.dlclose.argtypes = [ctypes.c_void_p]
+        _LIBC = libc
+    return _LIBC
+
+
+def _where() -> str:
+    """The loaded driver's path, for a message (reads /proc/self/maps: error paths only)."""
+    return loaded_libcuda() or "libcuda.so.1"
 
 
 def cuda_initialized() -> bool:
@@ -44,28 +57,27 @@ def cuda_initialized() -> bool:
     nothing and initialises nothing. Any other answer of the driver raises its
     :class:`DriverError`: cyctx does not guess.
     """
-    path = loaded_libcuda()
-    if path is None:
-        return False
     libc = _libc()
-    handle = libc.dlopen(os.fsencode(path), os.RTLD_NOLOAD | os.RTLD_LAZY)
-    if not handle:  # mapped, but not as a loaded library: nothing can have called into it
+    # By soname, which the dynamic loader matches against every library loaded (the real
+    # driver and the simulator alike): no read of /proc/self/maps on the common path.
+    handle = libc.dlopen(b"libcuda.so.1", os.RTLD_NOLOAD | os.RTLD_LAZY)
+    if not handle:  # none loaded (a file merely mapped is no library: nothing called into it)
         return False
     try:
         address = libc.dlsym(handle, b"cuGetProcAddress")
         if not address:
-            raise CyctxError(f"{path} has no cuGetProcAddress: not a CUDA driver")
+            raise CyctxError(f"{_where()} has no cuGetProcAddress: not a CUDA driver")
         fn = ctypes.c_void_p(0)
         e = _GET_PROC(address)(b"cuDeviceGetCount", ctypes.byref(fn), _PROC_VERSION, 0)
         if e != 0:
             raise driver_error(
                 e,
                 "cuGetProcAddress",
-                f"looking up cuDeviceGetCount in {path}, so cyctx cannot "
+                f"looking up cuDeviceGetCount in {_where()}, so cyctx cannot "
                 f"tell whether CUDA is initialised in this process",
             )
         if not fn.value:
-            raise CyctxError(f"the driver {path} has no cuDeviceGetCount")
+            raise CyctxError(f"the driver {_where()} has no cuDeviceGetCount")
         count = ctypes.c_int(0)
         e = _GET_COUNT(fn.value)(ctypes.byref(count))
     finally:

@@ -33,7 +33,8 @@ def test_a_stream_gives_its_contexts_epoch(guard):
     with guard:
         stream = ok(d.cuStreamCreate(0))
     try:
-        assert cyctx.context_epoch(stream) == guard.epoch == driver_id(guard.handle)
+        seen = (cyctx.context_epoch(stream), guard.epoch, driver_id(guard.handle))
+        assert seen[0] == seen[1] == seen[2], seen
     finally:
         with guard:
             ok(d.cuStreamDestroy(stream))

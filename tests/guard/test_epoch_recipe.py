@@ -70,6 +70,24 @@ PTX = b"""
 """
 
 
+def launch(kernel):
+    """Launch a parameterless kernel on one thread of the current context's default stream:
+    cuda.bindings takes the stream as an int or CUstream, kernelParams as None, and `extra` as
+    an int address (0: none), never None."""
+    d = driver()
+    return d.cuLaunchKernel(kernel, 1, 1, 1, 1, 1, 1, 0, 0, None, 0)
+
+
+def test_the_launch_passes_arguments_cuda_bindings_takes(sim):
+    # The simulated driver has no cuLaunchKernel: cuda.bindings converts every argument first
+    # and only then finds the function missing, so an argument of a type it does not take
+    # (extra=None: "an integer is required") fails here, not first on a GPU. (On the real
+    # driver the GPU test below launches for real.)
+    with pytest.raises(Exception) as e:
+        launch(driver().CUfunction(0))
+    assert not isinstance(e.value, TypeError) and "cuLaunchKernel" in str(e.value), e.value
+
+
 @pytest.mark.gpu
 def test_a_cached_kernel_is_loaded_again_after_a_reset_and_launches():
     d = driver()
@@ -82,13 +100,21 @@ def test_a_cached_kernel_is_loaded_again_after_a_reset_and_launches():
     g = ContextGuard(0)
     try:
         k1, e1 = cache.get(g), g.epoch
+        with g:
+            assert launch(k1)[0] == d.CUresult.CUDA_SUCCESS, launch(k1)
+            ok(d.cuCtxSynchronize())
         reset_primary(0)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ContextResetWarning)
             k2 = cache.get(g)
-        assert g.epoch != e1 and cache._entries[g.handle] == (g.epoch, k2) and k2 is not k1
+        assert g.epoch != e1 and cache._entries[g.handle] == (g.epoch, k2) and k2 is not k1, (
+            e1,
+            g.epoch,
+            cache._entries,
+        )
         with g:
-            ok(d.cuLaunchKernel(k2, 1, 1, 1, 1, 1, 1, 0, 0, None, None))
+            err = launch(k2)[0]
+            assert err == d.CUresult.CUDA_SUCCESS, err
             ok(d.cuCtxSynchronize())
     finally:
         g.close()

@@ -56,7 +56,7 @@ FRAMEWORK_DISTRIBUTIONS = (
 )
 
 
-def diagnose(cudart: str | bool | None = None) -> Diagnosis:
+def diagnose(cudart: str | bool | None = None, *, before_fork: bool = False) -> Diagnosis:
     """Report the CUDA driver, runtime, devices and the calling thread's context, and every CUDA
     library loaded in the process (the census), with findings.
 
@@ -70,6 +70,12 @@ def diagnose(cudart: str | bool | None = None) -> Diagnosis:
     cudart : str, bool or None
         Which ``libcudart`` to ask for its version and current device: a path; None (default)
         for one already loaded in this process, else cuda-pathfinder's; False for none.
+    before_fork : bool
+        Asked from a process about to fork: whether a forked child could use CUDA. When CUDA
+        is initialised already (by anyone: :func:`cyctx.cuda_initialized`) the report has the
+        warning ``cuda_initialised_before_fork``, naming the CUDA libraries loaded and the fix.
+        When it is not, the doctor does not initialise it either (no ``cuInit``, so no devices
+        or contexts are described) and says so in the finding ``fork_safe``.
 
     Returns
     -------
@@ -85,10 +91,25 @@ def diagnose(cudart: str | bool | None = None) -> Diagnosis:
     >>> report.ok                  # doctest: +SKIP
     True
     """
+    if not isinstance(before_fork, bool):
+        raise TypeError(f"diagnose(before_fork=...): a bool, not {type(before_fork).__name__}")
+    initialised = None  # not asked
+    if before_fork:
+        from cyctx._errors import CyctxError
+        from cyctx._fork import cuda_initialized
+
+        try:  # before any of the doctor's own calls: its cuInit would make the answer True
+            initialised = cuda_initialized()
+        except CyctxError:
+            pass  # an unusable driver: the report below says what is wrong with it
     # What was mapped before the doctor's own work: a runtime its lookup loads (cudart=None
     # in a process with none) is marked as the doctor's in the census, not the program's.
     before = census.mapped_paths()
-    diag = _diagnose(cudart)
+    diag = _diagnose(cudart, init=initialised is not False)
+    if initialised is not None:
+        from cyctx._fork import cuda_libraries
+
+        diag.findings.append(_f_fork_ahead(cuda_libraries()) if initialised else _f_fork_safe())
     diag.loaded = census.census(before, fallback_version=wheel_version)
     loaded = {os.path.realpath(lib.path) for lib in diag.loaded}
     for o in diag.other_runtimes:
@@ -100,7 +121,7 @@ def diagnose(cudart: str | bool | None = None) -> Diagnosis:
     return diag
 
 
-def _diagnose(cudart: str | bool | None) -> Diagnosis:
+def _diagnose(cudart: str | bool | None, init: bool = True) -> Diagnosis:
     from importlib.metadata import PackageNotFoundError, version
 
     findings: list[Finding] = []
@@ -149,7 +170,9 @@ def _diagnose(cudart: str | bool | None) -> Diagnosis:
         add_runtimes(diag, cudart, query_device=False)
         return diag
     try:
-        err, _ = call(d.cuInit, 0)
+        # init=False: a process about to fork that nobody initialised CUDA in; loading the
+        # driver (cuDriverGetVersion's first call) leaves a child free to use it, cuInit not.
+        err, _ = call(d.cuInit, 0) if init else call(d.cuDriverGetVersion)
     except Exception as exc:  # cuda.bindings could not load libcuda.so.1 at all
         diag.driver_error = f"{type(exc).__name__}: {exc}"
         findings.append(_f_no_driver(diag.driver_error))
@@ -159,6 +182,13 @@ def _diagnose(cudart: str | bool | None) -> Diagnosis:
     diag.simulated = sim_path is not None
     e, v = call(d.cuDriverGetVersion)
     diag.driver_version = v if e == 0 else None
+    if not init:
+        diag.driver_error = (
+            f"{error_name(NOT_INITIALIZED)}: not initialised, and the doctor asked before a "
+            f"fork does not initialise it"
+        )
+        add_runtimes(diag, cudart, query_device=False)
+        return diag
 
     if err == NOT_INITIALIZED:
         # A forked child of a CUDA process: nothing else will answer, and the runtime would
@@ -318,6 +348,40 @@ def _f_fork(parent: int | None) -> Finding:
         "`multiprocessing.get_context('spawn')` or `multiprocessing.set_start_method('spawn')` "
         "(concurrent.futures: `ProcessPoolExecutor(mp_context=multiprocessing.get_context('spawn'))`). "
         "Or fork before anything initialises CUDA.",
+    )
+
+
+def _f_fork_ahead(libraries: list[str]) -> Finding:
+    if libraries:
+        who = "One of the CUDA libraries loaded did: " + ", ".join(
+            os.path.basename(p) for p in libraries
+        )
+    else:
+        who = "No CUDA library but the driver is loaded: the driver API was called directly"
+    return Finding(
+        "cuda_initialised_before_fork",
+        "warning",
+        "CUDA is initialised; a forked child cannot use it",
+        f"CUDA is initialised in this process (pid {os.getpid()}). {who} (the driver does not "
+        f"record which). In a child forked from it the driver refuses every call, cuInit "
+        f"included, with {error_name(NOT_INITIALIZED)}.",
+        "Start worker processes with the 'spawn' start method: "
+        "`multiprocessing.get_context('spawn')` "
+        "(concurrent.futures: `ProcessPoolExecutor(mp_context=multiprocessing.get_context('spawn'))`), "
+        "or fork before anything initialises CUDA. `cyctx.warn_on_fork()` warns at each such fork.",
+    )
+
+
+def _f_fork_safe() -> Finding:
+    return Finding(
+        "fork_safe",
+        "info",
+        "CUDA is not initialised; a forked child can use it",
+        "Nothing in this process has initialised CUDA, so a forked child can initialise it "
+        "itself. The doctor did not initialise it either: the devices and contexts are not "
+        "described, since asking the driver about them needs cuInit.",
+        "Nothing to do before the fork. Initialising CUDA before forking (any library's first "
+        "GPU call) would make the children unable to use it.",
     )
 
 

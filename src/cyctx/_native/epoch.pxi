@@ -40,6 +40,9 @@ def context_epoch(ctx):
     cdef size_t h
     if isinstance(ctx, ContextGuard):
         return ctx.epoch
+    if type(ctx) is int and 0 < ctx < (1 << 64):  # a plain handle: what a cache keys by
+        e = epoch_of(<cydriver.CUcontext><size_t>ctx)
+        return None if e == 0 else e
     if isinstance(ctx, bool) or ctx is None:
         raise TypeError(_not_a_context(ctx))
     if isinstance(ctx, int):  # an int is a handle here: a device is no context

@@ -30,8 +30,10 @@
  *     and cuGetError* ("A forked child gets CUDA_ERROR_NOT_INITIALIZED from
  *     every call"; H200);
  *   - cuGetErrorName / cuGetErrorString: the H200's 101 codes and texts, verbatim;
- *   - cuGetProcAddress: the H200's answers (see proc_lookup).
- * Not modelled: memory, streams, modules, events, limits. A function the simulator
+ *   - cuGetProcAddress: the H200's answers (see proc_lookup);
+ *   - each thread's stream-capture mode (cuThreadExchangeStreamCaptureMode), without
+ *     captures.
+ * Not modelled: memory, streams, captures, modules, events, limits. A function the simulator
  * does not implement is not found through cuGetProcAddress, so a caller learns at once.
  *
  * Where the simulator departs from the H200 on purpose:
@@ -44,7 +46,9 @@
  * Still guesses (nothing showed them): which of several bad arguments is reported
  * first where the H200 was not asked; cuCtxSetFlags with CU_CTX_MAP_HOST refused like
  * cuDevicePrimaryCtxSetFlags; flags set while the primary is inactive survive a later
- * release that finds it already inactive; a created context destroyed while current on
+ * release that finds it already inactive; cuThreadExchangeStreamCaptureMode refusing a
+ * mode outside 0..2 and a NULL pointer with CUDA_ERROR_INVALID_VALUE (doc names the code, the
+ * H200 was not asked); a created context destroyed while current on
  * another thread only is kept as a record (709 on a second destroy), as one current on
  * the destroying thread is (H200).
  *
@@ -100,7 +104,8 @@
     X(cuDevicePrimaryCtxReset) X(cuCtxCreate) X(cuCtxDestroy) X(cuCtxPushCurrent)    \
     X(cuCtxPopCurrent) X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxGetDevice)       \
     X(cuCtxGetFlags) X(cuCtxSetFlags) X(cuCtxGetId) X(cuCtxSynchronize)              \
-    X(cuCtxGetApiVersion) X(cuCtxGetStreamPriorityRange)
+    X(cuCtxGetApiVersion) X(cuCtxGetStreamPriorityRange)                           \
+    X(cuThreadExchangeStreamCaptureMode)
 
 enum {
 #define SIM_ENUM(n) F_##n,
@@ -1224,6 +1229,24 @@ static CUresult sim_ctx_set_current(CUcontext ctx) {
 }
 
 /* ------------------------------------------------------------------------------
+ * Stream-capture mode: each thread's own, GLOBAL until it exchanges it (doc; H200: the
+ * exchange on a thread that never set one returned global, "Context operations leave a
+ * stream capture valid"). There are no streams or captures here, only the mode.
+ * ------------------------------------------------------------------------------ */
+static _Thread_local int t_capture_mode;   /* CU_STREAM_CAPTURE_MODE_GLOBAL = 0 */
+
+static CUresult sim_thread_exchange_stream_capture_mode(CUstreamCaptureMode *mode) {
+    ENTER(F_cuThreadExchangeStreamCaptureMode);
+    if (!mode) return CUDA_ERROR_INVALID_VALUE;
+    int m = (int)*mode;
+    if (m < CU_STREAM_CAPTURE_MODE_GLOBAL || m > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    *mode = (CUstreamCaptureMode)t_capture_mode;
+    t_capture_mode = m;
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------------
  * cuGetProcAddress
  * ------------------------------------------------------------------------------ */
 static CUresult proc_lookup(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
@@ -1302,6 +1325,7 @@ static const SimProc g_procs[] = {
     {F_cuCtxSynchronize, 13000, (void *)sim_ctx_synchronize_v2},
     {F_cuCtxGetApiVersion, 3020, (void *)sim_ctx_get_api_version},
     {F_cuCtxGetStreamPriorityRange, 5050, (void *)sim_ctx_get_stream_priority_range},
+    {F_cuThreadExchangeStreamCaptureMode, 10010, (void *)sim_thread_exchange_stream_capture_mode},
 };
 
 /* The real rule (doc of cuGetProcAddress): the variant with the highest introducing
