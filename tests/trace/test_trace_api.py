@@ -284,6 +284,7 @@ def test_json_has_the_schema_and_every_event(d):
         "held_gil",
         "python",
         "python_state",
+        "native_state",
         "native",
         "library",
         "where",

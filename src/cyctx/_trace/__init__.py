@@ -41,6 +41,12 @@ _CHANGES_CURRENT = {
     "cudaDeviceReset",
     "cudaThreadExit",
 }
+_NATIVE_STATES = {
+    0: "the eval loop",  # reached the interpreter frame that ran the calling Python code
+    1: "the end of the stack",  # a thread no Python code started
+    2: "cut",  # the native_frames limit: who called the outermost frame is not known
+    3: "native frames off",
+}
 _PY_STATES = {
     0: "read",
     1: "not a Python thread",
@@ -108,7 +114,9 @@ class ContextEvent:
     python: list[Frame]
     python_state: str
     native: list[NativeFrame]
+    native_state: str  # how the native walk ended (_NATIVE_STATES)
     library: str  # who made the call: "cyctx", "torch", "cupy", "cuda.core", "cuda-bindings", ...
+    # (where the frames cannot tell, what they show, said so: "cuda-bindings (called from ...)")
     where: Frame | None  # the innermost Python frame outside the libraries (the user's line)
     cyctx_guard: bool  # made by a cyctx guard (its block is `where`)
 
@@ -149,6 +157,7 @@ class ContextEvent:
                 {"file": f.file, "line": f.line, "function": f.function} for f in self.python
             ],
             "python_state": self.python_state,
+            "native_state": self.native_state,
             "native": [
                 {"library": n.library, "symbol": n.symbol, "owner": n.owner} for n in self.native
             ],
@@ -229,7 +238,7 @@ def _is_driver_side(path: str | None, skip: tuple[str, ...]) -> bool:
     real = os.path.realpath(path)
     return (
         real in skip
-        or base.startswith(("libcupti", "libcuda.so"))
+        or base.startswith(("libcupti", "libcuda.so", "libgcc_s"))
         or (base.startswith("libc.so") or base.startswith("libc-"))
     )
 
@@ -253,6 +262,133 @@ def _is_library_file(file: str, dirs: list[tuple[str, str]]) -> bool:
         or "/dist-packages/" in file
         or file.startswith((sys.prefix + "/lib/python", sys.base_prefix + "/lib/python", "<frozen"))
     )
+
+
+_SYSTEM_LIBS = ("libc.so", "libc-", "libstdc++", "libgcc_s", "ld-linux", "libpthread", "libffi")
+
+
+def _attribute(
+    python: list[Frame],
+    python_cut: bool,
+    native: list[NativeFrame],
+    native_state: int,
+    dirs: list[tuple[str, str]],
+    eval_known: bool = True,
+) -> tuple[str, bool, Frame | None]:
+    """(library, made by a cyctx guard, the user's line) of one call.
+
+    The library is the one the user's line called, however many it went through. Python code
+    of a library between that line and the driver (the calling thread's innermost frames that
+    are library files) makes it that library's: the outermost one, the one the line called
+    (cuda.core's Python calling cuda.bindings is cuda.core's). Otherwise the line called
+    native code itself: the library is that of the outermost native frame between the driver
+    and the interpreter's eval loop that ran the line (CuPy's and cuda.core's compiled
+    modules, libtorch_python; the CUDA runtime, the C and C++ runtimes and the interpreter's
+    own C-API frames are passed through, not callers). Where the frames read cannot tell (every
+    Python frame read is a library's and more were not read; or the native walk stopped at its
+    limit before the eval loop), the library named is what the outermost frame read shows,
+    followed by "(called from ...)" with the frame it was called from, never a pick.
+    """
+    where = None
+    entry_py: str | None = None
+    entry_frame: Frame | None = None
+    for f in python:
+        if not _is_library_file(f.file, dirs):
+            where = f
+            break
+        owner = _owner_of(f.file, dirs)
+        if owner is not None:
+            entry_py, entry_frame = owner, f
+    entry_native: str | None = None
+    entry_native_frame: NativeFrame | None = None
+    first_caller: str | None = None  # the library whose code called the driver
+    native_known = native_state in (0, 1)
+    seen_interpreter = False
+    for n in native:
+        if _is_interpreter(n.library):
+            seen_interpreter = True
+            continue  # the C API an extension called through (the eval loop ended the walk)
+        if seen_interpreter and not eval_known:
+            # Without the eval loop's bounds the walk did not stop there: native code beyond
+            # an interpreter frame may be the line's callee or something further out.
+            native_known = False
+            break
+        base = os.path.basename(n.library or "")
+        if n.owner == "the CUDA runtime" or base.startswith(_SYSTEM_LIBS):
+            continue
+        if first_caller is None:
+            first_caller = n.owner
+        entry_native, entry_native_frame = n.owner, n
+    # A cyctx guard's own call: cyctx's code called the driver and the line called cyctx.
+    if entry_py is not None:
+        library = entry_py
+        if where is None and python_cut:
+            library = (
+                f"{entry_py} (called from beyond {entry_frame}, the outermost of the "
+                f"{len(python)} Python frames read)"
+            )
+        return library, entry_py == "cyctx" and first_caller == "cyctx", where
+    if native_state == 3:  # native frames off: nothing to tell by
+        return "?", False, where
+    if not native_known:
+        caller = f"{where}" if where is not None else "a caller not read"
+        beyond = ""
+        if entry_native_frame is not None:
+            sym = entry_native_frame.symbol or os.path.basename(entry_native_frame.library or "?")
+            beyond = f", through native code beyond {sym}"
+        return (
+            f"{entry_native or '?'} (called from {caller}{beyond}: the native stack was cut at "
+            f"{len(native)} frames)",
+            False,
+            where,
+        )
+    if entry_native is None:
+        return "?", False, where
+    return entry_native, entry_native == "cyctx" and first_caller == "cyctx", where
+
+
+def _eval_loop_range(resolve: Any) -> tuple[int, int] | None:
+    """The address range of the interpreter's eval loop (``_PyEval_EvalFrameDefault``): where
+    its symbol is and how long its code is, from the ELF dynamic symbol table of the file that
+    holds it (libpython, or the executable). None where it cannot be read."""
+    import struct
+
+    try:
+        addr = ctypes.cast(ctypes.pythonapi._PyEval_EvalFrameDefault, ctypes.c_void_p).value
+    except AttributeError:
+        return None
+    if not addr:
+        return None
+    ((path, sym, off),) = resolve([addr + 1])
+    if not path or sym != "_PyEval_EvalFrameDefault":
+        return None
+    if not os.path.isabs(path):
+        path = sys.executable  # the main program is named as it was started
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:  # 64-bit little-endian
+        return None
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    name = b"_PyEval_EvalFrameDefault\0"
+    for i in range(shnum):
+        sh = shoff + i * shentsize
+        stype, = struct.unpack_from("<I", data, sh + 4)
+        if stype != 11:  # SHT_DYNSYM
+            continue
+        offset, size, link = struct.unpack_from("<QQI", data, sh + 0x18)
+        entsize, = struct.unpack_from("<Q", data, sh + 0x38)
+        str_off, = struct.unpack_from("<Q", data, shoff + link * shentsize + 0x18)
+        for k in range(size // entsize):
+            st_name, _, _, _, st_value, st_size = struct.unpack_from(
+                "<IBBHQQ", data, offset + k * entsize
+            )
+            if data[str_off + st_name : str_off + st_name + len(name)] == name and st_size:
+                return addr, addr + st_size
+    return None
 
 
 # --- the trace -------------------------------------------------------------------------------------
@@ -290,7 +426,7 @@ class Trace:
         self,
         *,
         python_frames: int = 4,
-        native_frames: int = 12,
+        native_frames: int = 32,
         capacity: int = 16384,
         quiet: bool = False,
     ) -> None:
@@ -319,6 +455,7 @@ class Trace:
         self.dropped = 0
         self._t0 = 0
         self._raw: list[dict[str, Any]] = []
+        self._eval: tuple[int, int] | None = None
         self._threads: dict[int, str] = {}
 
     # -- start / stop --
@@ -341,9 +478,11 @@ class Trace:
                 if path is None:
                     return self._refuse(how)
                 self.cupti, self.cupti_found_via = path, how
+            self._eval = _eval_loop_range(self._native.resolve)
+            lo, hi = self._eval or (0, 0)
             self._t0 = time.monotonic_ns()
             why = self._native.start(
-                path, simulated, self.python_frames, self.native_frames, self.capacity
+                path, simulated, self.python_frames, self.native_frames, self.capacity, lo, hi
             )
             if why is not None:
                 return self._refuse(why)
@@ -414,30 +553,14 @@ class Trace:
                 owner = _owner_of(lib, dirs) or (os.path.basename(lib) if lib else "?")
                 native.append(NativeFrame(lib, sym, owner))
             python = [Frame(f, line, fn) for f, line, fn in r["python"]]
-            # Who made the call: the library the caller entered, not the one it went through
-            # (cuda.core calls the driver through cuda-bindings, torch through the runtime).
-            # Natively: the outermost library frame below the interpreter; in Python: the
-            # outermost library frame below the user's code.
-            entry_native = None
-            for n in native:
-                if _is_interpreter(n.library):
-                    break
-                if n.owner != "the CUDA runtime":
-                    entry_native = n.owner
-            entry_py: str | None = None
-            for f in python:
-                py_owner = _owner_of(f.file, dirs) if _is_library_file(f.file, dirs) else None
-                if py_owner is None and not _is_library_file(f.file, dirs):
-                    break
-                entry_py = py_owner or entry_py
-            cyctx_guard = entry_native == "cyctx" and (entry_py in (None, "cyctx"))
-            if cyctx_guard:
-                library = "cyctx"
-            else:
-                library = (
-                    (entry_py if entry_py not in (None, "cyctx") else None) or entry_native or "?"
-                )
-            where = next((f for f in python if not _is_library_file(f.file, dirs)), None)
+            library, cyctx_guard, where = _attribute(
+                python,
+                len(python) >= self.python_frames,
+                native,
+                r["native_state"],
+                dirs,
+                self._eval is not None,
+            )
             dom = _DOMAINS.get(r["domain"], str(r["domain"]))
 
             def ref(h: int, cid: int, dev: int) -> ContextRef:
@@ -481,6 +604,7 @@ class Trace:
                     python=python,
                     python_state=_PY_STATES.get(r["py_state"], "?"),
                     native=native,
+                    native_state=_NATIVE_STATES.get(r["native_state"], "?"),
                     library=library,
                     where=where,
                     cyctx_guard=cyctx_guard,
@@ -655,7 +779,7 @@ atexit.register(_stop_at_exit)
 
 
 def trace(
-    *, python_frames: int = 4, native_frames: int = 12, capacity: int = 16384, quiet: bool = False
+    *, python_frames: int = 4, native_frames: int = 32, capacity: int = 16384, quiet: bool = False
 ) -> Trace:
     """Record every context change of the process while the returned :class:`Trace` is on
     (``with cyctx.trace() as t:``). See docs/tracing.md."""

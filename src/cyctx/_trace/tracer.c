@@ -10,8 +10,10 @@
  *   - at an API entry: remembers the context current at the call (CUPTI's `context`), its id
  *     and device (cuCtxGetId, cuCtxGetDevice: calls that are never traced themselves);
  *   - at the exit: asks the context current now, then writes one event with the Python frames
- *     of the calling thread and the raw return addresses of its native stack (backtrace(),
- *     warmed at start so that its one-time dlopen of libgcc_s happens outside any callback);
+ *     of the calling thread and the raw return addresses of its native stack, walked outward
+ *     (_Unwind_Backtrace) until the interpreter's eval loop, so that the extension module the
+ *     Python code called is always seen, however deep the driver's and CUPTI's frames are;
+ *     the event says whether the walk reached the eval loop, the stack's end, or its limit;
  *   - a resource event (context created / destroy starting) asks the driver nothing.
  * The Python frames are read without the GIL, from the calling thread's own frame chain: a
  * thread that released the GIL is inside a C call and cannot change its frames until it
@@ -40,7 +42,7 @@
 #endif
 
 #include <dlfcn.h>
-#include <execinfo.h>
+#include <unwind.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -115,12 +117,16 @@ static int args_of(int domain, unsigned cbid) {
  * Events and the ring
  * ------------------------------------------------------------------------------------------ */
 #define MAX_PY 6
-#define MAX_NATIVE 24
+#define MAX_NATIVE 64
 #define FILE_LEN 200
 #define FUNC_LEN 72
 #define NAME_LEN 48
 
 enum { PY_OK, PY_NO_THREAD_STATE, PY_UNSUPPORTED, PY_FINALIZING, PY_OFF };
+/* How the native walk ended: in the interpreter's eval loop (the native code between it and
+ * the driver is all there), at the stack's end (a thread no Python started), or at its limit
+ * (cut short: whoever called the outermost frame seen is not known). */
+enum { NATIVE_EVAL_LOOP, NATIVE_END, NATIVE_CUT, NATIVE_OFF };
 
 typedef struct { char file[FILE_LEN]; char func[FUNC_LEN]; int line; } PyFrameRec;
 
@@ -130,7 +136,7 @@ typedef struct {
     uint64_t t_ns;                   /* CLOCK_MONOTONIC at the exit (resource: the event) */
     uint64_t t_enter_ns;
     long tid;
-    int domain, cbid, result, gil, py_state, n_py, n_native, nested_overflow;
+    int domain, cbid, result, gil, py_state, n_py, n_native, native_state, nested_overflow;
     char func[NAME_LEN];
     char via[NAME_LEN];              /* the enclosing traced call on this thread, if any */
     uintptr_t before, after, arg_ctx;
@@ -147,6 +153,10 @@ static _Atomic int g_on;             /* the callback records */
 static _Atomic int g_inflight;       /* callbacks inside record code now */
 static int g_subscribed;
 static int g_py_max = 4, g_native_max = 16;
+/* The interpreter's eval loop (_PyEval_EvalFrameDefault's code, found by Python at start): a
+ * return address inside it is where the Python code that made the call entered native code,
+ * and ends the native walk. 0, 0: not known, and the walk goes to its limit. */
+static uintptr_t g_eval_lo, g_eval_hi;
 
 /* Driver calls the callback makes (never traced): resolved at start. */
 typedef int (*pfn_get_current)(void **);
@@ -266,6 +276,37 @@ static int finalizing(void) {
 #endif
 }
 
+
+typedef struct { Event *e; int max; } Walk;
+
+static _Unwind_Reason_Code walk_step(struct _Unwind_Context *ctx, void *arg) {
+    Walk *w = (Walk *)arg;
+    uintptr_t ip = (uintptr_t)_Unwind_GetIP(ctx);
+    if (!ip) return _URC_END_OF_STACK;
+    if (w->e->n_native >= w->max) {
+        w->e->native_state = NATIVE_CUT;
+        return _URC_END_OF_STACK;
+    }
+    w->e->native[w->e->n_native++] = ip;
+    if (ip - 1 >= g_eval_lo && ip - 1 < g_eval_hi) {
+        w->e->native_state = NATIVE_EVAL_LOOP;
+        return _URC_END_OF_STACK;
+    }
+    return _URC_NO_REASON;
+}
+
+static void walk_native(Event *e) {
+    e->n_native = 0;
+    if (!g_native_max) {
+        e->native_state = NATIVE_OFF;
+        return;
+    }
+    e->native_state = NATIVE_END;
+    Walk w = {e, g_native_max};
+    _Unwind_Backtrace(walk_step, &w);
+}
+
+
 static void capture(Event *e) {
     e->gil = PyGILState_Check();
     e->n_py = 0;
@@ -286,7 +327,7 @@ static void capture(Event *e) {
 #endif
         }
     }
-    e->n_native = g_native_max ? backtrace((void **)e->native, g_native_max) : 0;
+    walk_native(e);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -443,14 +484,15 @@ static const char *result_name(int r) {
     return "an unknown CUPTI result";
 }
 
-/* start(cupti_path, simulated, python_frames, native_frames, capacity) -> None or the reason
- * (one line) it could not subscribe; nothing is left changed then. */
+/* start(cupti_path, simulated, python_frames, native_frames, capacity, eval_lo, eval_hi) ->
+ * None or the reason (one line) it could not subscribe; nothing is left changed then. */
 static PyObject *t_start(PyObject *self, PyObject *args) {
     (void)self;
     const char *cupti_path;
     int simulated, py_max, native_max;
-    unsigned long long cap;
-    if (!PyArg_ParseTuple(args, "zpiiK", &cupti_path, &simulated, &py_max, &native_max, &cap))
+    unsigned long long cap, eval_lo = 0, eval_hi = 0;
+    if (!PyArg_ParseTuple(args, "zpiiK|KK", &cupti_path, &simulated, &py_max, &native_max, &cap,
+                          &eval_lo, &eval_hi))
         return NULL;
     if (g_subscribed) return PyUnicode_FromString("a cyctx trace is already running in this process");
     if (py_max < 0 || py_max > MAX_PY || native_max < 0 || native_max > MAX_NATIVE || cap < 1 ||
@@ -509,8 +551,15 @@ static PyObject *t_start(PyObject *self, PyObject *args) {
     Event *ring = PyMem_RawMalloc((size_t)cap * sizeof(Event));
     if (!ring) return PyErr_NoMemory();
     memset(ring, 0, (size_t)cap * sizeof(Event));
-    void *warm[4];
-    backtrace(warm, 4);   /* its first call loads libgcc_s: here, not in a callback */
+    g_eval_lo = (uintptr_t)eval_lo;
+    g_eval_hi = eval_hi > eval_lo ? (uintptr_t)eval_hi : (uintptr_t)eval_lo;
+    {   /* the unwinder's first use reads its tables: here, not in a callback */
+        Event warm;
+        int saved = g_native_max;
+        g_native_max = 4;
+        walk_native(&warm);
+        g_native_max = saved;
+    }
 
     void *sub = NULL;
     int r = c_subscribe(&sub, (void *)callback, NULL);
@@ -576,10 +625,11 @@ static PyObject *event_tuple(const Event *e) {
     if (!nat) { Py_DECREF(py); return NULL; }
     for (int i = 0; i < e->n_native; i++) PyList_SET_ITEM(nat, i, PyLong_FromSize_t(e->native[i]));
     return Py_BuildValue(
-        "{sKsKsKslsisisNsNsisisisisKsKsisKsKsisKsKsisNsN}", "seq", (unsigned long long)e->seq,
+        "{sKsKsKslsisisNsNsisisisisisKsKsisKsKsisKsKsisNsN}", "seq", (unsigned long long)e->seq,
         "t_ns", (unsigned long long)e->t_ns, "t_enter_ns", (unsigned long long)e->t_enter_ns,
         "tid", e->tid, "domain", e->domain, "cbid", e->cbid, "func", str_or_empty(e->func), "via",
-        str_or_empty(e->via), "result", e->result, "gil", e->gil, "py_state", e->py_state,
+        str_or_empty(e->via), "result", e->result, "gil", e->gil, "py_state", e->py_state, "native_state",
+        e->native_state,
         "nested_overflow", e->nested_overflow, "before", (unsigned long long)e->before,
         "before_id", (unsigned long long)e->before_id, "before_dev", e->before_dev, "after",
         (unsigned long long)e->after, "after_id", (unsigned long long)e->after_id, "after_dev",
