@@ -274,6 +274,7 @@ def _attribute(
     native_state: int,
     dirs: list[tuple[str, str]],
     eval_known: bool = True,
+    native_limit: int | None = None,
 ) -> tuple[str, bool, Frame | None]:
     """(library, made by a cyctx guard, the user's line) of one call.
 
@@ -336,9 +337,14 @@ def _attribute(
         if entry_native_frame is not None:
             sym = entry_native_frame.symbol or os.path.basename(entry_native_frame.library or "?")
             beyond = f", through native code beyond {sym}"
+        cut = (
+            "the native stack was cut"
+            + (f" at native_frames={native_limit}" if native_limit is not None else "")
+            if native_state == 2
+            else "the eval loop's bounds are not known"
+        )
         return (
-            f"{entry_native or '?'} (called from {caller}{beyond}: the native stack was cut at "
-            f"{len(native)} frames)",
+            f"{entry_native or '?'} (called from {caller}{beyond}: {cut})",
             False,
             where,
         )
@@ -560,6 +566,7 @@ class Trace:
                 r["native_state"],
                 dirs,
                 self._eval is not None,
+                self.native_frames,
             )
             dom = _DOMAINS.get(r["domain"], str(r["domain"]))
 
