@@ -540,15 +540,20 @@ class Trace:
         self.stop()
 
     # -- building events --
-    def _build(self, raw: list[dict[str, Any]]) -> list[ContextEvent]:
+    def _build(
+        self,
+        raw: list[dict[str, Any]],
+        seen: tuple[dict[int, int], dict[int, int]] | None = None,
+    ) -> list[ContextEvent]:
+        """Events of ``raw`` records. ``seen``: the id and device each handle was last seen
+        with, kept by a caller that builds a trace's records in pieces, in order."""
         dirs = _package_dirs()
         skip = (os.path.realpath(self._native.__file__),)
         cache: dict[int, tuple[str | None, str | None]] = {}
         todo = sorted({a for r in raw for a in r["native"] if a not in cache})
         for a, res in zip(todo, self._native.resolve(todo), strict=True):
             cache[a] = (res[0], res[1])
-        last_id: dict[int, int] = {}
-        last_dev: dict[int, int] = {}
+        last_id, last_dev = seen if seen is not None else ({}, {})
         events = []
         for r in raw:
             native: list[NativeFrame] = []
