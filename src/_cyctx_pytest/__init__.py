@@ -654,14 +654,12 @@ class _Tracer:
         return built
 
     def made_current(self, handle: int) -> Any:
-        """The running test's last change of its thread's current context to ``handle``."""
+        """The running test's last call that made ``handle`` current on its thread."""
         if self.trace is None or not self.trace.active:
             return None
-        mine = [e for e in self.test_events() if e.thread == self._thread and e.changed]
-        for e in reversed(mine):
-            if e.after is not None and e.after.handle == handle:
-                return e
-        return None
+        from cyctx._trace import made_current_by
+
+        return made_current_by(self.test_events(), self._thread, handle)
 
     def findings(self, nodeid: str, events: list[Any]) -> list[str]:
         out = []
@@ -670,9 +668,11 @@ class _Tracer:
             mine[-1].after.handle,
             mine[-1].after.id,
         ):
-            last = mine[-1]
+            from cyctx._trace import made_current_by
+
+            last = made_current_by(mine, self._thread, mine[-1].after.handle) or mine[-1]
             out.append(
-                f"{nodeid} left {last.after} current (it found {mine[0].before}): made "
+                f"{nodeid} left {mine[-1].after} current (it found {mine[0].before}): made "
                 f"current by {last.describe()}"
             )
         for e in events:

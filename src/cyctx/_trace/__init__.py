@@ -533,6 +533,14 @@ class Trace:
         if self.active:
             self._raw.extend(self._native.drain()[0])
 
+    def snapshot(self) -> list[ContextEvent]:
+        """The events so far of a running trace (all of a stopped one's), for a caller that
+        asks while it runs: the doctor cites them."""
+        if not self.active:
+            return list(self.events)
+        self.collect()
+        return self._build(self._raw)
+
     def __enter__(self) -> Trace:
         return self.start()
 
@@ -780,6 +788,24 @@ class Trace:
         }
 
 
+def made_current_by(
+    events: list[ContextEvent], thread: int, handle: int
+) -> ContextEvent | None:
+    """The last of ``events`` that made ``handle`` current on ``thread`` from another context
+    (or none: handle 0); a call that only changed the current context's id (its release or
+    reset destroyed it) did not make it current. None when no event did."""
+    for e in reversed(events):
+        if (
+            e.thread == thread
+            and e.changed
+            and e.after is not None
+            and e.after.handle == handle
+            and (e.before is None or e.before.handle != handle)
+        ):
+            return e
+    return None
+
+
 def _stop_at_exit() -> None:
     # The interpreter's frames must not be read once it finalizes: stop first.
     t = _running
@@ -808,5 +834,6 @@ __all__ = [
     "NativeFrame",
     "Trace",
     "TraceError",
+    "made_current_by",
     "trace",
 ]
