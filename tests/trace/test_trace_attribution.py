@@ -41,8 +41,8 @@ TORCH_PY = nat("torch", SITE + "torch/lib/libtorch_python.so", "THCPModule_setDe
 LIBC = nat("libc.so.6", "/lib/x86_64-linux-gnu/libc.so.6", "start_thread")
 
 
-def attribute(python, native, state=EVAL, python_cut=False, eval_known=True):
-    return _attribute(python, python_cut, native, state, DIRS, eval_known, 7)
+def attribute(python, native, state=EVAL, python_cut=False):
+    return _attribute(python, python_cut, native, state, DIRS, 7)
 
 
 def test_a_line_calling_an_extension_names_the_outermost_extension_below_the_eval_loop():
@@ -85,12 +85,12 @@ def test_a_native_stack_cut_short_says_what_it_shows_and_that_it_was_cut():
     assert attribute([], [], state=CUT)[0] == (
         "? (called from a caller not read: the native stack was cut at native_frames=7)"
     )
-    # Without the eval loop's bounds, native code beyond an interpreter frame is not known to be
-    # the caller: said, not picked.
-    library, _, _ = attribute([USER], [BINDINGS, LIBPY, CORE, LIBPY], state=END, eval_known=False)
+    # A walk that found no eval loop (a Python whose frames are not read): native code beyond
+    # an interpreter frame is not known to be the caller: said, not picked.
+    library, _, _ = attribute([USER], [BINDINGS, LIBPY, CORE, LIBPY], state=END)
     assert library == (
         f"cuda-bindings (called from {USER}, through native code beyond _cuCtxSetCurrent: the "
-        "eval loop's bounds are not known)"
+        "eval loop that ran it was not found)"
     )
 
 

@@ -42,7 +42,7 @@ _CHANGES_CURRENT = {
     "cudaThreadExit",
 }
 _NATIVE_STATES = {
-    0: "the eval loop",  # reached the interpreter frame that ran the calling Python code
+    0: "the eval loop",  # reached the C frame of the eval loop that runs the calling Python frame
     1: "the end of the stack",  # a thread no Python code started
     2: "cut",  # the native_frames limit: who called the outermost frame is not known
     3: "native frames off",
@@ -273,7 +273,6 @@ def _attribute(
     native: list[NativeFrame],
     native_state: int,
     dirs: list[tuple[str, str]],
-    eval_known: bool = True,
     native_limit: int | None = None,
 ) -> tuple[str, bool, Frame | None]:
     """(library, made by a cyctx guard, the user's line) of one call.
@@ -309,9 +308,10 @@ def _attribute(
         if _is_interpreter(n.library):
             seen_interpreter = True
             continue  # the C API an extension called through (the eval loop ended the walk)
-        if seen_interpreter and not eval_known:
-            # Without the eval loop's bounds the walk did not stop there: native code beyond
-            # an interpreter frame may be the line's callee or something further out.
+        if seen_interpreter and native_state != 0:
+            # The walk did not stop at the eval loop that runs the line (none was found: a
+            # Python whose frames cyctx does not read): native code beyond an interpreter frame
+            # may be the line's callee or something further out.
             native_known = False
             break
         base = os.path.basename(n.library or "")
@@ -341,7 +341,7 @@ def _attribute(
             "the native stack was cut"
             + (f" at native_frames={native_limit}" if native_limit is not None else "")
             if native_state == 2
-            else "the eval loop's bounds are not known"
+            else "the eval loop that ran it was not found"
         )
         return (
             f"{entry_native or '?'} (called from {caller}{beyond}: {cut})",
@@ -351,50 +351,6 @@ def _attribute(
     if entry_native is None:
         return "?", False, where
     return entry_native, entry_native == "cyctx" and first_caller == "cyctx", where
-
-
-def _eval_loop_range(resolve: Any) -> tuple[int, int] | None:
-    """The address range of the interpreter's eval loop (``_PyEval_EvalFrameDefault``): where
-    its symbol is and how long its code is, from the ELF dynamic symbol table of the file that
-    holds it (libpython, or the executable). None where it cannot be read."""
-    import struct
-
-    try:
-        addr = ctypes.cast(ctypes.pythonapi._PyEval_EvalFrameDefault, ctypes.c_void_p).value
-    except AttributeError:
-        return None
-    if not addr:
-        return None
-    ((path, sym, off),) = resolve([addr + 1])
-    if not path or sym != "_PyEval_EvalFrameDefault":
-        return None
-    if not os.path.isabs(path):
-        path = sys.executable  # the main program is named as it was started
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:  # 64-bit little-endian
-        return None
-    shoff, = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
-    name = b"_PyEval_EvalFrameDefault\0"
-    for i in range(shnum):
-        sh = shoff + i * shentsize
-        stype, = struct.unpack_from("<I", data, sh + 4)
-        if stype != 11:  # SHT_DYNSYM
-            continue
-        offset, size, link = struct.unpack_from("<QQI", data, sh + 0x18)
-        entsize, = struct.unpack_from("<Q", data, sh + 0x38)
-        str_off, = struct.unpack_from("<Q", data, shoff + link * shentsize + 0x18)
-        for k in range(size // entsize):
-            st_name, _, _, _, st_value, st_size = struct.unpack_from(
-                "<IBBHQQ", data, offset + k * entsize
-            )
-            if data[str_off + st_name : str_off + st_name + len(name)] == name and st_size:
-                return addr, addr + st_size
-    return None
 
 
 # --- the trace -------------------------------------------------------------------------------------
@@ -461,7 +417,6 @@ class Trace:
         self.dropped = 0
         self._t0 = 0
         self._raw: list[dict[str, Any]] = []
-        self._eval: tuple[int, int] | None = None
         self._threads: dict[int, str] = {}
 
     # -- start / stop --
@@ -484,11 +439,9 @@ class Trace:
                 if path is None:
                     return self._refuse(how)
                 self.cupti, self.cupti_found_via = path, how
-            self._eval = _eval_loop_range(self._native.resolve)
-            lo, hi = self._eval or (0, 0)
             self._t0 = time.monotonic_ns()
             why = self._native.start(
-                path, simulated, self.python_frames, self.native_frames, self.capacity, lo, hi
+                path, simulated, self.python_frames, self.native_frames, self.capacity
             )
             if why is not None:
                 return self._refuse(why)
@@ -578,7 +531,6 @@ class Trace:
                 native,
                 r["native_state"],
                 dirs,
-                self._eval is not None,
                 self.native_frames,
             )
             dom = _DOMAINS.get(r["domain"], str(r["domain"]))

@@ -11,8 +11,9 @@
  *     and device (cuCtxGetId, cuCtxGetDevice: calls that are never traced themselves);
  *   - at the exit: asks the context current now, then writes one event with the Python frames
  *     of the calling thread and the raw return addresses of its native stack, walked outward
- *     (_Unwind_Backtrace) until the interpreter's eval loop, so that the extension module the
- *     Python code called is always seen, however deep the driver's and CUPTI's frames are;
+ *     (_Unwind_Backtrace) until the C frame of the eval loop that runs the innermost Python
+ *     frame (eval_boundary), so that the native code that frame called is all seen, however
+ *     deep the driver's and CUPTI's frames are;
  *     the event says whether the walk reached the eval loop, the stack's end, or its limit;
  *   - a resource event (context created / destroy starting) asks the driver nothing.
  * The Python frames are read without the GIL, from the calling thread's own frame chain: a
@@ -21,8 +22,9 @@
  * is kept alive by those frames and is immutable; nothing is INCREF'd or allocated. So the same
  * read gives "the Python line that entered this native code" for a thread without the GIL and
  * the full stack for one holding it (PyGILState_Check says which; the event records it). This
- * needs the interpreter's frame layout (internal/pycore_frame.h), known for CPython 3.11-3.13;
- * on other versions (and free-threaded builds) no Python frame is read and the events say so.
+ * needs the interpreter's frame layout (internal/pycore_frame.h; pycore_interpframe.h from
+ * 3.14), known for CPython 3.11-3.15; on other versions (and free-threaded builds) no Python
+ * frame is read and the events say so.
  * The return addresses become library and symbol (dladdr) when Python drains the buffer.
  *
  * The buffer is a fixed array of slots claimed with a compare-and-swap on the head (no lock);
@@ -32,10 +34,16 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED)
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x03100000 && !defined(Py_GIL_DISABLED)
 #define CYCTX_TRACE_FRAMES 1
 #define Py_BUILD_CORE 1
+#if PY_VERSION_HEX >= 0x030E0000
+/* 3.14 moved the frame's inline helpers to pycore_interpframe.h; its f_executable is a
+ * _PyStackRef (a tagged pointer: PyStackRef_AsPyObjectBorrow strips the tag). */
+#include "internal/pycore_interpframe.h"
+#else
 #include "internal/pycore_frame.h"
+#endif
 #undef Py_BUILD_CORE
 #else
 #define CYCTX_TRACE_FRAMES 0
@@ -153,10 +161,6 @@ static _Atomic int g_on;             /* the callback records */
 static _Atomic int g_inflight;       /* callbacks inside record code now */
 static int g_subscribed;
 static int g_py_max = 4, g_native_max = 16;
-/* The interpreter's eval loop (_PyEval_EvalFrameDefault's code, found by Python at start): a
- * return address inside it is where the Python code that made the call entered native code,
- * and ends the native walk. 0, 0: not known, and the walk goes to its limit. */
-static uintptr_t g_eval_lo, g_eval_hi;
 
 /* Driver calls the callback makes (never traced): resolved at start. */
 typedef int (*pfn_get_current)(void **);
@@ -252,7 +256,12 @@ static int read_frames(PyThreadState *ts, PyFrameRec *out, int max) {
     int n = 0;
     for (; f && n < max; f = f->previous) {
         if (_PyFrame_IsIncomplete(f)) continue;
-#if PY_VERSION_HEX >= 0x030D0000
+#if PY_VERSION_HEX >= 0x030E0000
+        if (PyStackRef_IsNull(f->f_executable)) continue;
+        PyObject *ex = PyStackRef_AsPyObjectBorrow(f->f_executable);
+        if (!ex || !PyCode_Check(ex)) continue;
+        PyCodeObject *co = (PyCodeObject *)ex;
+#elif PY_VERSION_HEX >= 0x030D0000
         PyObject *ex = f->f_executable;
         if (!ex || !PyCode_Check(ex)) continue;
         PyCodeObject *co = (PyCodeObject *)ex;
@@ -268,6 +277,29 @@ static int read_frames(PyThreadState *ts, PyFrameRec *out, int max) {
 }
 #endif
 
+/* An address inside the C stack frame of the eval loop that runs the thread's innermost Python
+ * frame (0: none known): 3.11 and 3.12 keep that activation's _PyCFrame, a local of it, in the
+ * thread state; from 3.13 the activation's entry frame, a local of it too, is the first frame
+ * of the chain that the C stack owns. The native walk stops at the frame that holds it: the
+ * native code called by that Python frame is all below. */
+static uintptr_t eval_boundary(PyThreadState *ts) {
+#if !CYCTX_TRACE_FRAMES
+    (void)ts;
+    return 0;
+#elif PY_VERSION_HEX < 0x030D0000
+    return ts->cframe && ts->cframe != &ts->root_cframe ? (uintptr_t)ts->cframe : 0;
+#else
+    for (_PyInterpreterFrame *f = ts->current_frame; f; f = f->previous) {
+#if PY_VERSION_HEX >= 0x030E0000
+        if (f->owner >= FRAME_OWNED_BY_INTERPRETER) return (uintptr_t)f;
+#else
+        if (f->owner == FRAME_OWNED_BY_CSTACK) return (uintptr_t)f;
+#endif
+    }
+    return 0;
+#endif
+}
+
 static int finalizing(void) {
 #if PY_VERSION_HEX >= 0x030D0000
     return Py_IsFinalizing();
@@ -277,7 +309,7 @@ static int finalizing(void) {
 }
 
 
-typedef struct { Event *e; int max; } Walk;
+typedef struct { Event *e; int max; uintptr_t boundary; } Walk;
 
 static _Unwind_Reason_Code walk_step(struct _Unwind_Context *ctx, void *arg) {
     Walk *w = (Walk *)arg;
@@ -288,21 +320,24 @@ static _Unwind_Reason_Code walk_step(struct _Unwind_Context *ctx, void *arg) {
         return _URC_END_OF_STACK;
     }
     w->e->native[w->e->n_native++] = ip;
-    if (ip - 1 >= g_eval_lo && ip - 1 < g_eval_hi) {
+    /* The frame whose stack area holds the boundary is the eval loop's activation. */
+    if (w->boundary && (uintptr_t)_Unwind_GetCFA(ctx) > w->boundary) {
         w->e->native_state = NATIVE_EVAL_LOOP;
         return _URC_END_OF_STACK;
     }
     return _URC_NO_REASON;
 }
 
-static void walk_native(Event *e) {
+static void walk_native(Event *e, uintptr_t boundary) {
     e->n_native = 0;
     if (!g_native_max) {
         e->native_state = NATIVE_OFF;
         return;
     }
     e->native_state = NATIVE_END;
-    Walk w = {e, g_native_max};
+    /* Only an address on this thread's stack, above (outward of) this frame, can be one. */
+    uintptr_t here = (uintptr_t)&boundary;
+    Walk w = {e, g_native_max, boundary > here ? boundary : 0};
     _Unwind_Backtrace(walk_step, &w);
 }
 
@@ -310,24 +345,22 @@ static void walk_native(Event *e) {
 static void capture(Event *e) {
     e->gil = PyGILState_Check();
     e->n_py = 0;
-    if (g_py_max == 0) {
-        e->py_state = PY_OFF;
-    } else if (!CYCTX_TRACE_FRAMES) {
-        e->py_state = PY_UNSUPPORTED;
+    uintptr_t boundary = 0;
+    PyThreadState *ts = NULL;
+    if (!CYCTX_TRACE_FRAMES) {
+        e->py_state = g_py_max ? PY_UNSUPPORTED : PY_OFF;
     } else if (finalizing()) {
         e->py_state = PY_FINALIZING;
+    } else if (!(ts = PyGILState_GetThisThreadState())) {
+        e->py_state = PY_NO_THREAD_STATE;
     } else {
-        PyThreadState *ts = PyGILState_GetThisThreadState();
-        if (!ts) {
-            e->py_state = PY_NO_THREAD_STATE;
-        } else {
-            e->py_state = PY_OK;
+        boundary = eval_boundary(ts);
+        e->py_state = g_py_max ? PY_OK : PY_OFF;
 #if CYCTX_TRACE_FRAMES
-            e->n_py = read_frames(ts, e->py, g_py_max);
+        if (g_py_max) e->n_py = read_frames(ts, e->py, g_py_max);
 #endif
-        }
     }
-    walk_native(e);
+    walk_native(e, boundary);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -484,15 +517,14 @@ static const char *result_name(int r) {
     return "an unknown CUPTI result";
 }
 
-/* start(cupti_path, simulated, python_frames, native_frames, capacity, eval_lo, eval_hi) ->
- * None or the reason (one line) it could not subscribe; nothing is left changed then. */
+/* start(cupti_path, simulated, python_frames, native_frames, capacity) -> None or the reason
+ * (one line) it could not subscribe; nothing is left changed then. */
 static PyObject *t_start(PyObject *self, PyObject *args) {
     (void)self;
     const char *cupti_path;
     int simulated, py_max, native_max;
-    unsigned long long cap, eval_lo = 0, eval_hi = 0;
-    if (!PyArg_ParseTuple(args, "zpiiK|KK", &cupti_path, &simulated, &py_max, &native_max, &cap,
-                          &eval_lo, &eval_hi))
+    unsigned long long cap;
+    if (!PyArg_ParseTuple(args, "zpiiK", &cupti_path, &simulated, &py_max, &native_max, &cap))
         return NULL;
     if (g_subscribed) return PyUnicode_FromString("a cyctx trace is already running in this process");
     if (py_max < 0 || py_max > MAX_PY || native_max < 0 || native_max > MAX_NATIVE || cap < 1 ||
@@ -551,13 +583,11 @@ static PyObject *t_start(PyObject *self, PyObject *args) {
     Event *ring = PyMem_RawMalloc((size_t)cap * sizeof(Event));
     if (!ring) return PyErr_NoMemory();
     memset(ring, 0, (size_t)cap * sizeof(Event));
-    g_eval_lo = (uintptr_t)eval_lo;
-    g_eval_hi = eval_hi > eval_lo ? (uintptr_t)eval_hi : (uintptr_t)eval_lo;
     {   /* the unwinder's first use reads its tables: here, not in a callback */
         Event warm;
         int saved = g_native_max;
         g_native_max = 4;
-        walk_native(&warm);
+        walk_native(&warm, 0);
         g_native_max = saved;
     }
 
