@@ -687,7 +687,12 @@ class _Tracer:
         workeroutput = getattr(session.config, "workeroutput", None)
         if workeroutput is not None:
             workeroutput[TRACE_PROPERTY] = json.dumps(
-                {"tests": self.tests, "events": self.events, "found": self.found, "reason": self.reason}
+                {
+                    "tests": self.tests,
+                    "events": self.events,
+                    "found": self.found,
+                    "reason": self.reason,
+                }
             )
 
     @pytest.hookimpl(optionalhook=True)

@@ -24,7 +24,9 @@ DIRS = [
     (SITE + "cyctx/", "cyctx"),
 ]
 USER = Frame("/home/me/job.py", 12, "main")
-LIBPY = NativeFrame("/opt/py/lib/libpython3.12.so.1.0", "PyObject_Vectorcall", "libpython3.12.so.1.0")
+LIBPY = NativeFrame(
+    "/opt/py/lib/libpython3.12.so.1.0", "PyObject_Vectorcall", "libpython3.12.so.1.0"
+)
 EVAL, END, CUT, OFF = 0, 1, 2, 3
 
 

@@ -252,7 +252,7 @@ def test_sixteen_threads_mixing_bindings_cupy_torch_and_guards_lose_nothing(tmp_
         ["cuda-bindings", "cupy", "torch", "cyctx"] * 4
     ), threads
     rounds = 200
-    for tid, v in threads.items():
+    for v in threads.values():
         shown = json.dumps(v, indent=1)
         assert v["native_states"] == ["the eval loop"], shown
         by = v["changes_by"]

@@ -177,9 +177,18 @@ def test_the_mixed_trace_script_fills_the_docs_page(tmp_path):
     page.write_text("before\n<!-- trace-mixed:begin -->\nold\n<!-- trace-mixed:end -->\nafter\n")
     out = tmp_path / "t.json"
     proc = subprocess.run(
-        [sys.executable, str(root / "scripts/gpu/trace_mixed.py"), "--simulate", "--json",
-         str(out), "--fill-docs", str(page)],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            str(root / "scripts/gpu/trace_mixed.py"),
+            "--simulate",
+            "--json",
+            str(out),
+            "--fill-docs",
+            str(page),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     text = page.read_text()

@@ -220,7 +220,7 @@ def _cite_trace(diag: Diagnosis) -> None:
     destroyed its context: the trace's events so far. Nothing is loaded when none runs."""
     mod = sys.modules.get("cyctx._trace")
     t = getattr(mod, "_running", None) if mod is not None else None
-    if t is None or not t.active:
+    if mod is None or t is None or not t.active:
         return
     events = t.snapshot()
     c = diag.context

@@ -740,9 +740,7 @@ class Trace:
         }
 
 
-def made_current_by(
-    events: list[ContextEvent], thread: int, handle: int
-) -> ContextEvent | None:
+def made_current_by(events: list[ContextEvent], thread: int, handle: int) -> ContextEvent | None:
     """The last of ``events`` that made ``handle`` current on ``thread`` from another context
     (or none: handle 0); a call that only changed the current context's id (its release or
     reset destroyed it) did not make it current. None when no event did."""
