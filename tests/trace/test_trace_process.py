@@ -89,6 +89,8 @@ api = [e for e in t.events if e.domain == "driver"]
 print("threads", len({e.thread for e in api}), "api", len(api), "expected", sum(calls), "dropped", t.dropped)
 print("where", sorted({e.where.function for e in api if e.where}))
 print("python", sorted({e.python_state for e in t.events}))
+print("native", sorted({e.native_state for e in t.events}))
+print("libraries", sorted({(e.library, e.cyctx_guard) for e in api}))
 """
 
 
@@ -98,6 +100,11 @@ def test_sixteen_threads_under_a_trace_finish_and_lose_nothing():
     # GIL while the simulator holds its lock, as the real driver holds its own, would hang).
     proc = children.run_python(STRESS, SIM_PROLOGUE, timeout=120)
     lines = proc.stdout.strip().split("\n")
+    # Every native walk reached the eval loop; the guards' calls are cyctx's, the rest
+    # cuda-bindings'.
+    assert lines[-2] == "native ['the eval loop']", proc.stdout
+    assert lines[-1] == "libraries [('cuda-bindings', False), ('cyctx', True)]", proc.stdout
+    lines = lines[:-2]
     head = lines[-3].split()
     assert head[0] == "threads" and head[1] == "16"
     assert head[3] == head[5] and int(head[3]) > 16 * 150 * 2  # every traced call, once
