@@ -603,11 +603,11 @@ class _Tracer:
     Under pytest-xdist each worker traces its own tests and sends its findings to the
     controller, which traces nothing. cyctx is imported only here, when the option asks."""
 
-    def __init__(self, worker: bool) -> None:
+    def __init__(self) -> None:
         self.trace: Any = None
-        self.worker = worker
         self.tests = 0
         self.events = 0
+        self.dropped = 0
         self.found: list[str] = []  # the findings, in the order of the tests
         self.reason: str | None = None
         self._mark = 0  # where the running test's records start in the trace's
@@ -684,12 +684,14 @@ class _Tracer:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if self.trace is not None:
             self.trace.stop()
+            self.dropped += self.trace.dropped
         workeroutput = getattr(session.config, "workeroutput", None)
         if workeroutput is not None:
             workeroutput[TRACE_PROPERTY] = json.dumps(
                 {
                     "tests": self.tests,
                     "events": self.events,
+                    "dropped": self.dropped,
                     "found": self.found,
                     "reason": self.reason,
                 }
@@ -703,6 +705,7 @@ class _Tracer:
             got = json.loads(sent)
             self.tests += got["tests"]
             self.events += got["events"]
+            self.dropped += got["dropped"]
             self.found += got["found"]
             self.reason = self.reason or got["reason"]
 
@@ -713,11 +716,10 @@ class _Tracer:
             return
         if self.trace is None and not self.tests:
             return
-        dropped = self.trace.dropped if self.trace is not None else 0
         tr.write_sep(
             "=",
             f"cyctx trace: {self.events} context events in {self.tests} tests"
-            + (f", {dropped} lost" if dropped else ""),
+            + (f", {self.dropped} lost" if self.dropped else ""),
         )
         for line in self.found:
             tr.write_line(line)
@@ -787,5 +789,4 @@ def pytest_configure(config: Any) -> None:
     if on:
         config.pluginmanager.register(_Checker(fail=bool(fail)), "cyctx-context-checker")
     if config.getoption("--cyctx-trace"):
-        worker = getattr(config, "workerinput", None) is not None
-        config.pluginmanager.register(_Tracer(worker), "cyctx-tracer")
+        config.pluginmanager.register(_Tracer(), "cyctx-tracer")
