@@ -4,7 +4,6 @@ what they show and that they were cut, never a pick. The rule on constructed fra
 case of it), then on the simulated driver: a call made through the C API of another extension,
 and stacks cut at every depth."""
 
-import ctypes
 import inspect
 import os
 import pickle
@@ -116,18 +115,7 @@ def test_native_frames_off_name_no_library():
 
 @pytest.fixture
 def set_current(sim):
-    """cuCtxSetCurrent as a ctypes function: called from Python through _ctypes and libffi."""
-    lib = sim._lib
-    fn = ctypes.c_void_p()
-    lib.cuGetProcAddress_v2.argtypes = [
-        ctypes.c_char_p,
-        ctypes.POINTER(ctypes.c_void_p),
-        ctypes.c_int,
-        ctypes.c_uint64,
-        ctypes.c_void_p,
-    ]
-    assert lib.cuGetProcAddress_v2(b"cuCtxSetCurrent", ctypes.byref(fn), 4000, 0, None) == 0
-    return ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(fn.value)
+    return drivers.sim_set_current(sim)
 
 
 _CALLEE = None  # what the pickle below calls (pickle finds it by module and name)
