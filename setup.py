@@ -320,7 +320,8 @@ TRACER = Extension(
     ["src/cyctx/_trace/tracer.c"],
     extra_compile_args=["-std=gnu11", "-O2", "-fvisibility=hidden"],
     extra_link_args=LINK_ARGS,
-    libraries=["dl"],  # dlopen of libcupti, dladdr
+    # dlopen of libcupti, dladdr; _Unwind_Backtrace (libgcc_s.so.1, which manylinux allows)
+    libraries=["dl", "gcc_s"],
 )
 
 

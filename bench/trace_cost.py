@@ -49,8 +49,10 @@ def main() -> int:
     rows["untraced get_current+get_id"] = best(1)
     configs = {
         "bare (no frames)": dict(python_frames=0, native_frames=0),
-        "native-only (12 native frames)": dict(python_frames=0, native_frames=12),
-        "with Python stack (4 Python + 12 native frames)": dict(python_frames=4, native_frames=12),
+        "native-only (native frames to the eval loop)": dict(python_frames=0, native_frames=32),
+        "with Python stack (4 Python frames, native to the eval loop)": dict(
+            python_frames=4, native_frames=32
+        ),
     }
     for name, kw in configs.items():
         with cyctx.trace(capacity=1 << 16, quiet=True, **kw) as t:

@@ -38,7 +38,6 @@ import json
 import os
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +54,7 @@ _DEINITIALIZED = 4
 
 # The user property the findings travel in (to junit-xml, and from xdist workers).
 PROPERTY = "cyctx_context_change"
+TRACE_PROPERTY = "cyctx_trace"  # what an xdist worker's trace sends the controller
 MARKER = "cyctx_allow_context_change"
 
 
@@ -391,6 +391,14 @@ def _title(f: dict) -> str:
     return f"fixture {f['name']!r} ({f['scope']} scope, torn down at the end of {f['where']})"
 
 
+def _cite(words: str, tracer: Any, handle: int) -> str:
+    """A change of the current context, with the traced call that made it (--cyctx-trace)."""
+    if not words.startswith("current context: "):
+        return words
+    e = tracer.made_current(handle)
+    return f"{words}: made current by {e.describe()}" if e is not None else words
+
+
 def _is_leak(f: dict) -> bool:
     return not f.get("allowed") and any(k == "leak" for k, _ in f["changes"])
 
@@ -494,6 +502,9 @@ class _Checker:
         if self.test is not None:
             self.owners = [self.test]
             what = self.test.net()
+            tracer = item.config.pluginmanager.get_plugin("cyctx-tracer")
+            if what and tracer is not None and self.last is not None:
+                what = [(k, _cite(w, tracer, self.last.current)) for k, w in what]
             if what:
                 found.append(_finding("test", item.nodeid, item.nodeid, what))
                 marker = item.get_closest_marker(MARKER)
@@ -587,71 +598,139 @@ class _Checker:
 
 class _Tracer:
     """``--cyctx-trace``: one cyctx trace over the session (docs/tracing.md, "In pytest"), cut
-    into each test's stretch; at the end, for each test that left its thread's current context
-    changed, the call that made it current and where, and every context a test destroyed or
-    reset. cyctx is imported only here, when the option asks for it."""
+    into each test's stretch; for each test that left its thread's current context changed,
+    the call that made it current and where, and every context a test destroyed or reset.
+    Under pytest-xdist each worker traces its own tests and sends its findings to the
+    controller, which traces nothing. cyctx is imported only here, when the option asks."""
 
     def __init__(self) -> None:
         self.trace: Any = None
-        self.windows: list[tuple[str, int, int, int]] = []  # nodeid, thread, start, end (ns)
+        self.tests = 0
+        self.events = 0
+        self.dropped = 0
+        self.found: list[str] = []  # the findings, in the order of the tests
+        self.reason: str | None = None
+        self._mark = 0  # where the running test's records start in the trace's
+        self._thread = 0
+        self._seen: tuple[dict[int, int], dict[int, int]] = ({}, {})
+        self._built: tuple[int, list[Any]] = (0, [])  # records built so far, their events
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
+        if getattr(session.config, "workerinput", None) is None and _xdist_controller(
+            session.config
+        ):
+            return  # the controller runs no test: its workers trace theirs
         import cyctx  # (a conftest has chosen the driver by now: pytest_configure)
 
         self.trace = cyctx.trace().start()
+        self.reason = self.trace.reason
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: Any) -> Iterator[Any]:
-        start = time.monotonic_ns()
+        t = self.trace
+        if t is None or not t.active:
+            return (yield)
+        self.test_events()  # what came before the test, built in order (ids carry over)
+        self._mark = len(t._raw)
+        self._built = (self._mark, [])
+        self._thread = threading.get_native_id()
         try:
             return (yield)
         finally:
-            self.windows.append(
-                (item.nodeid, threading.get_native_id(), start, time.monotonic_ns())
-            )
-            if self.trace is not None:
-                self.trace.collect()  # the buffer need only hold one test's events
+            self.tests += 1
+            events = self.test_events()
+            self.events += len(events)
+            self.found += self.findings(item.nodeid, events)
 
-    def findings(self) -> list[str]:
+    def test_events(self) -> list[Any]:
+        """The events of the running test so far (built from its records while the trace runs
+        on; each record once, in order, so that a handle's id carries over from test to test)."""
         t = self.trace
-        if t is None or t.reason is not None:
-            return []
-        t.stop()
+        t.collect()
+        upto, built = self._built
+        built = built + t._build(t._raw[upto:], self._seen)
+        self._built = (len(t._raw), built)
+        return built
+
+    def made_current(self, handle: int) -> Any:
+        """The running test's last call that made ``handle`` current on its thread."""
+        if self.trace is None or not self.trace.active:
+            return None
+        from cyctx._trace import made_current_by
+
+        return made_current_by(self.test_events(), self._thread, handle)
+
+    def findings(self, nodeid: str, events: list[Any]) -> list[str]:
         out = []
-        for nodeid, thread, start, end in self.windows:
-            inside = [e for e in t.events if start <= t._t0 + e.time_s * 1e9 <= end]
-            mine = [e for e in inside if e.thread == thread and e.changed]
-            if mine and (mine[0].before.handle, mine[0].before.id) != (
-                mine[-1].after.handle,
-                mine[-1].after.id,
-            ):
-                last = mine[-1]
-                out.append(
-                    f"{nodeid} left {last.after} current (it found {mine[0].before}): made "
-                    f"current by {last.describe()}"
-                )
-            for e in inside:
-                if e.call == "context destroy starting":
-                    out.append(f"{nodeid} destroyed {e.target}: {e.describe()}")
+        mine = [e for e in events if e.thread == self._thread and e.changed]
+        if mine and (mine[0].before.handle, mine[0].before.id) != (
+            mine[-1].after.handle,
+            mine[-1].after.id,
+        ):
+            from cyctx._trace import made_current_by
+
+            last = made_current_by(mine, self._thread, mine[-1].after.handle) or mine[-1]
+            out.append(
+                f"{nodeid} left {mine[-1].after} current (it found {mine[0].before}): made "
+                f"current by {last.describe()}"
+            )
+        for e in events:
+            if e.call == "context destroy starting":
+                out.append(f"{nodeid} destroyed {e.target}: {e.describe()}")
         return out
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self.trace is not None:
+            self.trace.stop()
+            self.dropped += self.trace.dropped
+        workeroutput = getattr(session.config, "workeroutput", None)
+        if workeroutput is not None:
+            workeroutput[TRACE_PROPERTY] = json.dumps(
+                {
+                    "tests": self.tests,
+                    "events": self.events,
+                    "dropped": self.dropped,
+                    "found": self.found,
+                    "reason": self.reason,
+                }
+            )
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """xdist: a worker's tests, events and findings."""
+        sent = getattr(node, "workeroutput", {}).get(TRACE_PROPERTY)
+        if sent:
+            got = json.loads(sent)
+            self.tests += got["tests"]
+            self.events += got["events"]
+            self.dropped += got["dropped"]
+            self.found += got["found"]
+            self.reason = self.reason or got["reason"]
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         tr = terminalreporter
-        t = self.trace
-        if t is None:
+        if self.reason is not None:
+            tr.write_sep("=", f"cyctx trace: not tracing: {self.reason}", yellow=True)
             return
-        if t.reason is not None:
-            tr.write_sep("=", f"cyctx trace: not tracing: {t.reason}", yellow=True)
+        if self.trace is None and not self.tests:
             return
-        found = self.findings()
         tr.write_sep(
             "=",
-            f"cyctx trace: {len(t.events)} context events in {len(self.windows)} tests"
-            + (f", {t.dropped} lost" if t.dropped else ""),
+            f"cyctx trace: {self.events} context events in {self.tests} tests"
+            + (f", {self.dropped} lost" if self.dropped else ""),
         )
-        for line in found:
+        for line in self.found:
             tr.write_line(line)
+
+
+def _xdist_controller(config: Any) -> bool:
+    """Whether this process is pytest-xdist's controller (it hands the tests to workers)."""
+    try:
+        return bool(config.getoption("dist") != "no" and config.getoption("numprocesses"))
+    except ValueError:  # no xdist
+        return False
 
 
 # The hooks' parameters are pytest's Parser and Config, typed Any: pytest's own types are

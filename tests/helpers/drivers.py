@@ -43,6 +43,24 @@ def ok(result):
     return rest[0] if len(rest) == 1 else tuple(rest) if rest else None
 
 
+def sim_set_current(sim):
+    """The simulated driver's cuCtxSetCurrent as a ctypes function (through its
+    cuGetProcAddress_v2): a call that reaches the driver through _ctypes and libffi."""
+    import ctypes
+
+    lib = sim._lib
+    fn = ctypes.c_void_p()
+    lib.cuGetProcAddress_v2.argtypes = [
+        ctypes.c_char_p,
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.c_int,
+        ctypes.c_uint64,
+        ctypes.c_void_p,
+    ]
+    assert lib.cuGetProcAddress_v2(b"cuCtxSetCurrent", ctypes.byref(fn), 4000, 0, None) == 0
+    return ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(fn.value)
+
+
 def create_context(dev=0, flags=0, current=True):
     """cuCtxCreate on both majors: bindings 13 take (params, flags, dev), 12 take (flags, dev).
     The new context is pushed, as the driver does; current=False pops it again."""

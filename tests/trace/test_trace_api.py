@@ -287,6 +287,7 @@ def test_json_has_the_schema_and_every_event(d):
         "held_gil",
         "python",
         "python_state",
+        "native_state",
         "native",
         "library",
         "where",
@@ -329,17 +330,7 @@ def test_the_library_named_is_the_one_the_caller_entered(d, sim):
     after the one Python entered, as cuda.core's calls through cuda-bindings are cuda.core's."""
     import _ctypes
 
-    lib = sim._lib
-    fn = ctypes.c_void_p()
-    lib.cuGetProcAddress_v2.argtypes = [
-        ctypes.c_char_p,
-        ctypes.POINTER(ctypes.c_void_p),
-        ctypes.c_int,
-        ctypes.c_uint64,
-        ctypes.c_void_p,
-    ]
-    assert lib.cuGetProcAddress_v2(b"cuCtxSetCurrent", ctypes.byref(fn), 4000, 0, None) == 0
-    set_current = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(fn.value)
+    set_current = drivers.sim_set_current(sim)
     with cyctx.trace() as t:
         assert set_current(None) == 0  # ctypes-call
     (e,) = t.events

@@ -92,6 +92,8 @@ print("errors", errors)
 print("threads", len({e.thread for e in api}), "api", len(api), "expected", sum(calls), "dropped", t.dropped)
 print("where", sorted({e.where.function for e in api if e.where}))
 print("python", sorted({e.python_state for e in t.events}))
+print("native", sorted({e.native_state for e in t.events}))
+print("libraries", sorted({(e.library, e.cyctx_guard) for e in api}))
 """
 
 
@@ -101,6 +103,11 @@ def test_sixteen_threads_under_a_trace_finish_and_lose_nothing():
     # GIL while the simulator holds its lock, as the real driver holds its own, would hang).
     proc = children.run_python(STRESS, SIM_PROLOGUE, timeout=120)
     lines = proc.stdout.strip().split("\n")
+    # Every native walk reached the eval loop; the guards' calls are cyctx's, the rest
+    # cuda-bindings'.
+    assert lines[-2] == "native ['the eval loop']", proc.stdout
+    assert lines[-1] == "libraries [('cuda-bindings', False), ('cyctx', True)]", proc.stdout
+    lines = lines[:-2]
     assert lines[-4] == "errors []", lines[-4]  # a thread that died would be missing its calls
     head = lines[-3].split()
     assert head[0] == "threads" and head[1] == "16"
@@ -167,3 +174,44 @@ def test_command_line_trace_of_a_missing_script(tmp_path):
         timeout=60,
     )
     assert proc.returncode == 2 and "no such file" in proc.stderr
+
+
+def test_the_mixed_trace_script_fills_the_docs_page(tmp_path):
+    """scripts/gpu/trace_mixed.py, on the simulator (its cuda.bindings and cyctx lines alone):
+    it prints the workload and its trace, names each change's line, and pastes the block
+    between the page's markers and nowhere else."""
+    _needs_sim()
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    page = tmp_path / "page.md"
+    page.write_text("before\n<!-- trace-mixed:begin -->\nold\n<!-- trace-mixed:end -->\nafter\n")
+    out = tmp_path / "t.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(root / "scripts/gpu/trace_mixed.py"),
+            "--simulate",
+            "--json",
+            str(out),
+            "--fill-docs",
+            str(page),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    text = page.read_text()
+    assert text.startswith("before\n<!-- trace-mixed:begin -->\nTraced with Python ")
+    assert text.endswith("\n```\n<!-- trace-mixed:end -->\nafter\n") and "old" not in text
+    assert proc.stdout.strip() in text
+    data = json.loads(out.read_text())
+    workload = proc.stdout.split("# mixed.py\n", 1)[1].split("```", 1)[0].splitlines()
+    changes = [e for e in data["events"] if e["changed"]]
+    assert {e["thread_name"] for e in changes} == {"MainThread", "worker"}
+    for e in changes:
+        line = workload[e["where"]["line"] - 1]
+        want = "cyctx" if "cyctx.ContextGuard" in line else "cuda-bindings"
+        assert "d.cuCtxSetCurrent" in line or want == "cyctx", (line, e)
+        assert e["library"] == want and e["cyctx_guard"] == (want == "cyctx"), (line, e)

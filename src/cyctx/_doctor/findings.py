@@ -5,8 +5,10 @@ plain words and with the fix, for each problem it sees.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
+import sys
 import threading
 
 from cyctx._doctor import census
@@ -116,6 +118,7 @@ def diagnose(cudart: str | bool | None = None, *, before_fork: bool = False) -> 
         if os.path.realpath(o.library) in loaded:
             o.note = "loaded in this process (see the census, Diagnosis.loaded)"
     diag.findings.extend(census_findings(diag))
+    _cite_trace(diag)
     order = {"unavailable": 0, "error": 1, "warning": 2, "info": 3}
     diag.findings.sort(key=lambda f: order.get(f.severity, 4))
     return diag
@@ -236,6 +239,49 @@ def _diagnose(cudart: str | bool | None, init: bool = True) -> Diagnosis:
         if dev.primary_active and dev.primary_flags:
             findings.append(_f_primary_flags(dev))
     return diag
+
+
+_CURRENT_CODES = ("inactive_primary_current", "dead_current_context", "current_not_primary")
+
+
+def _cite_trace(diag: Diagnosis) -> None:
+    """With a cyctx trace running in the process (cyctx.trace()), each finding about the current
+    context names the traced call that made it current, and a reset guard's the call that
+    destroyed its context: the trace's events so far. Nothing is loaded when none runs."""
+    mod = sys.modules.get("cyctx._trace")
+    t = getattr(mod, "_running", None) if mod is not None else None
+    if mod is None or t is None or not t.active:
+        return
+    events = t.snapshot()
+    c = diag.context
+    for i, f in enumerate(diag.findings):
+        cite = None
+        if f.code in _CURRENT_CODES and c is not None:
+            made = mod.made_current_by(events, diag.thread_native_id, c.handle)
+            if made is not None:
+                cite = f"The running trace saw it made current by {made.describe()}"
+                gone = [
+                    e
+                    for e in events[events.index(made) + 1 :]
+                    if e.call == "context destroy starting"
+                    and e.target is not None
+                    and e.target.handle == c.handle
+                ]
+                cite += f", then destroyed: {gone[-1].describe()}." if gone else "."
+        elif f.code == "context_reset":
+            g = next((g for g in diag.guards if f"0x{g.handle:x}" in f.explanation), None)
+            gone = [
+                e
+                for e in events
+                if g is not None
+                and e.call == "context destroy starting"
+                and e.target is not None
+                and e.target.handle == g.handle
+            ]
+            if gone:
+                cite = f"The running trace saw it reset: {gone[-1].describe()}."
+        if cite:
+            diag.findings[i] = dataclasses.replace(f, explanation=f"{f.explanation} {cite}")
 
 
 def census_findings(diag: Diagnosis) -> list[Finding]:

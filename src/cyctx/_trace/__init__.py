@@ -41,6 +41,12 @@ _CHANGES_CURRENT = {
     "cudaDeviceReset",
     "cudaThreadExit",
 }
+_NATIVE_STATES = {
+    0: "the eval loop",  # reached the C frame of the eval loop that runs the calling Python frame
+    1: "the end of the stack",  # a thread no Python code started
+    2: "cut",  # the native_frames limit: who called the outermost frame is not known
+    3: "native frames off",
+}
 _PY_STATES = {
     0: "read",
     1: "not a Python thread",
@@ -108,7 +114,9 @@ class ContextEvent:
     python: list[Frame]
     python_state: str
     native: list[NativeFrame]
+    native_state: str  # how the native walk ended (_NATIVE_STATES)
     library: str  # who made the call: "cyctx", "torch", "cupy", "cuda.core", "cuda-bindings", ...
+    # (where the frames cannot tell, what they show, said so: "cuda-bindings (called from ...)")
     where: Frame | None  # the innermost Python frame outside the libraries (the user's line)
     cyctx_guard: bool  # made by a cyctx guard (its block is `where`)
 
@@ -149,6 +157,7 @@ class ContextEvent:
                 {"file": f.file, "line": f.line, "function": f.function} for f in self.python
             ],
             "python_state": self.python_state,
+            "native_state": self.native_state,
             "native": [
                 {"library": n.library, "symbol": n.symbol, "owner": n.owner} for n in self.native
             ],
@@ -229,7 +238,7 @@ def _is_driver_side(path: str | None, skip: tuple[str, ...]) -> bool:
     real = os.path.realpath(path)
     return (
         real in skip
-        or base.startswith(("libcupti", "libcuda.so"))
+        or base.startswith(("libcupti", "libcuda.so", "libgcc_s"))
         or (base.startswith("libc.so") or base.startswith("libc-"))
     )
 
@@ -253,6 +262,95 @@ def _is_library_file(file: str, dirs: list[tuple[str, str]]) -> bool:
         or "/dist-packages/" in file
         or file.startswith((sys.prefix + "/lib/python", sys.base_prefix + "/lib/python", "<frozen"))
     )
+
+
+_SYSTEM_LIBS = ("libc.so", "libc-", "libstdc++", "libgcc_s", "ld-linux", "libpthread", "libffi")
+
+
+def _attribute(
+    python: list[Frame],
+    python_cut: bool,
+    native: list[NativeFrame],
+    native_state: int,
+    dirs: list[tuple[str, str]],
+    native_limit: int | None = None,
+) -> tuple[str, bool, Frame | None]:
+    """(library, made by a cyctx guard, the user's line) of one call.
+
+    The library is the one the user's line called, however many it went through. Python code
+    of a library between that line and the driver (the calling thread's innermost frames that
+    are library files) makes it that library's: the outermost one, the one the line called
+    (cuda.core's Python calling cuda.bindings is cuda.core's). Otherwise the line called
+    native code itself: the library is that of the outermost native frame between the driver
+    and the interpreter's eval loop that ran the line (CuPy's and cuda.core's compiled
+    modules, libtorch_python; the CUDA runtime, the C and C++ runtimes and the interpreter's
+    own C-API frames are passed through, not callers). Where the frames read cannot tell (every
+    Python frame read is a library's and more were not read; or the native walk stopped at its
+    limit before the eval loop), the library named is what the outermost frame read shows,
+    followed by "(called from ...)" with the frame it was called from, never a pick.
+    """
+    where = None
+    entry_py: str | None = None
+    entry_frame: Frame | None = None
+    for f in python:
+        if not _is_library_file(f.file, dirs):
+            where = f
+            break
+        owner = _owner_of(f.file, dirs)
+        if owner is not None:
+            entry_py, entry_frame = owner, f
+    entry_native: str | None = None
+    entry_native_frame: NativeFrame | None = None
+    first_caller: str | None = None  # the library whose code called the driver
+    native_known = native_state in (0, 1)
+    seen_interpreter = False
+    for n in native:
+        if _is_interpreter(n.library):
+            seen_interpreter = True
+            continue  # the C API an extension called through (the eval loop ended the walk)
+        if seen_interpreter and native_state != 0:
+            # The walk did not stop at the eval loop that runs the line (none was found: a
+            # Python whose frames cyctx does not read): native code beyond an interpreter frame
+            # may be the line's callee or something further out.
+            native_known = False
+            break
+        base = os.path.basename(n.library or "")
+        if n.owner == "the CUDA runtime" or base.startswith(_SYSTEM_LIBS):
+            continue
+        if first_caller is None:
+            first_caller = n.owner
+        entry_native, entry_native_frame = n.owner, n
+    # A cyctx guard's own call: cyctx's code called the driver and the line called cyctx.
+    if entry_py is not None:
+        library = entry_py
+        if where is None and python_cut:
+            library = (
+                f"{entry_py} (called from beyond {entry_frame}, the outermost of the "
+                f"{len(python)} Python frames read)"
+            )
+        return library, entry_py == "cyctx" and first_caller == "cyctx", where
+    if native_state == 3:  # native frames off: nothing to tell by
+        return "?", False, where
+    if not native_known:
+        caller = f"{where}" if where is not None else "a caller not read"
+        beyond = ""
+        if entry_native_frame is not None:
+            sym = entry_native_frame.symbol or os.path.basename(entry_native_frame.library or "?")
+            beyond = f", through native code beyond {sym}"
+        cut = (
+            "the native stack was cut"
+            + (f" at native_frames={native_limit}" if native_limit is not None else "")
+            if native_state == 2
+            else "the eval loop that ran it was not found"
+        )
+        return (
+            f"{entry_native or '?'} (called from {caller}{beyond}: {cut})",
+            False,
+            where,
+        )
+    if entry_native is None:
+        return "?", False, where
+    return entry_native, entry_native == "cyctx" and first_caller == "cyctx", where
 
 
 # --- the trace -------------------------------------------------------------------------------------
@@ -290,7 +388,7 @@ class Trace:
         self,
         *,
         python_frames: int = 4,
-        native_frames: int = 12,
+        native_frames: int = 32,
         capacity: int = 16384,
         quiet: bool = False,
     ) -> None:
@@ -388,6 +486,14 @@ class Trace:
         if self.active:
             self._raw.extend(self._native.drain()[0])
 
+    def snapshot(self) -> list[ContextEvent]:
+        """The events so far of a running trace (all of a stopped one's), for a caller that
+        asks while it runs: the doctor cites them."""
+        if not self.active:
+            return list(self.events)
+        self.collect()
+        return self._build(self._raw)
+
     def __enter__(self) -> Trace:
         return self.start()
 
@@ -395,15 +501,20 @@ class Trace:
         self.stop()
 
     # -- building events --
-    def _build(self, raw: list[dict[str, Any]]) -> list[ContextEvent]:
+    def _build(
+        self,
+        raw: list[dict[str, Any]],
+        seen: tuple[dict[int, int], dict[int, int]] | None = None,
+    ) -> list[ContextEvent]:
+        """Events of ``raw`` records. ``seen``: the id and device each handle was last seen
+        with, kept by a caller that builds a trace's records in pieces, in order."""
         dirs = _package_dirs()
         skip = (os.path.realpath(self._native.__file__),)
         cache: dict[int, tuple[str | None, str | None]] = {}
         todo = sorted({a for r in raw for a in r["native"] if a not in cache})
         for a, res in zip(todo, self._native.resolve(todo), strict=True):
             cache[a] = (res[0], res[1])
-        last_id: dict[int, int] = {}
-        last_dev: dict[int, int] = {}
+        last_id, last_dev = seen if seen is not None else ({}, {})
         events = []
         for r in raw:
             native: list[NativeFrame] = []
@@ -414,30 +525,14 @@ class Trace:
                 owner = _owner_of(lib, dirs) or (os.path.basename(lib) if lib else "?")
                 native.append(NativeFrame(lib, sym, owner))
             python = [Frame(f, line, fn) for f, line, fn in r["python"]]
-            # Who made the call: the library the caller entered, not the one it went through
-            # (cuda.core calls the driver through cuda-bindings, torch through the runtime).
-            # Natively: the outermost library frame below the interpreter; in Python: the
-            # outermost library frame below the user's code.
-            entry_native = None
-            for n in native:
-                if _is_interpreter(n.library):
-                    break
-                if n.owner != "the CUDA runtime":
-                    entry_native = n.owner
-            entry_py: str | None = None
-            for f in python:
-                py_owner = _owner_of(f.file, dirs) if _is_library_file(f.file, dirs) else None
-                if py_owner is None and not _is_library_file(f.file, dirs):
-                    break
-                entry_py = py_owner or entry_py
-            cyctx_guard = entry_native == "cyctx" and (entry_py in (None, "cyctx"))
-            if cyctx_guard:
-                library = "cyctx"
-            else:
-                library = (
-                    (entry_py if entry_py not in (None, "cyctx") else None) or entry_native or "?"
-                )
-            where = next((f for f in python if not _is_library_file(f.file, dirs)), None)
+            library, cyctx_guard, where = _attribute(
+                python,
+                len(python) >= self.python_frames,
+                native,
+                r["native_state"],
+                dirs,
+                self.native_frames,
+            )
             dom = _DOMAINS.get(r["domain"], str(r["domain"]))
 
             def ref(h: int, cid: int, dev: int) -> ContextRef:
@@ -481,6 +576,7 @@ class Trace:
                     python=python,
                     python_state=_PY_STATES.get(r["py_state"], "?"),
                     native=native,
+                    native_state=_NATIVE_STATES.get(r["native_state"], "?"),
                     library=library,
                     where=where,
                     cyctx_guard=cyctx_guard,
@@ -644,6 +740,22 @@ class Trace:
         }
 
 
+def made_current_by(events: list[ContextEvent], thread: int, handle: int) -> ContextEvent | None:
+    """The last of ``events`` that made ``handle`` current on ``thread`` from another context
+    (or none: handle 0); a call that only changed the current context's id (its release or
+    reset destroyed it) did not make it current. None when no event did."""
+    for e in reversed(events):
+        if (
+            e.thread == thread
+            and e.changed
+            and e.after is not None
+            and e.after.handle == handle
+            and (e.before is None or e.before.handle != handle)
+        ):
+            return e
+    return None
+
+
 def _stop_at_exit() -> None:
     # The interpreter's frames must not be read once it finalizes: stop first.
     t = _running
@@ -655,7 +767,7 @@ atexit.register(_stop_at_exit)
 
 
 def trace(
-    *, python_frames: int = 4, native_frames: int = 12, capacity: int = 16384, quiet: bool = False
+    *, python_frames: int = 4, native_frames: int = 32, capacity: int = 16384, quiet: bool = False
 ) -> Trace:
     """Record every context change of the process while the returned :class:`Trace` is on
     (``with cyctx.trace() as t:``). See docs/tracing.md."""
@@ -672,5 +784,6 @@ __all__ = [
     "NativeFrame",
     "Trace",
     "TraceError",
+    "made_current_by",
     "trace",
 ]

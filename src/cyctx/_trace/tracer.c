@@ -10,8 +10,11 @@
  *   - at an API entry: remembers the context current at the call (CUPTI's `context`), its id
  *     and device (cuCtxGetId, cuCtxGetDevice: calls that are never traced themselves);
  *   - at the exit: asks the context current now, then writes one event with the Python frames
- *     of the calling thread and the raw return addresses of its native stack (backtrace(),
- *     warmed at start so that its one-time dlopen of libgcc_s happens outside any callback);
+ *     of the calling thread and the raw return addresses of its native stack, walked outward
+ *     (_Unwind_Backtrace) until the C frame of the eval loop that runs the innermost Python
+ *     frame (eval_boundary), so that the native code that frame called is all seen, however
+ *     deep the driver's and CUPTI's frames are;
+ *     the event says whether the walk reached the eval loop, the stack's end, or its limit;
  *   - a resource event (context created / destroy starting) asks the driver nothing.
  * The Python frames are read without the GIL, from the calling thread's own frame chain: a
  * thread that released the GIL is inside a C call and cannot change its frames until it
@@ -19,8 +22,9 @@
  * is kept alive by those frames and is immutable; nothing is INCREF'd or allocated. So the same
  * read gives "the Python line that entered this native code" for a thread without the GIL and
  * the full stack for one holding it (PyGILState_Check says which; the event records it). This
- * needs the interpreter's frame layout (internal/pycore_frame.h), known for CPython 3.11-3.13;
- * on other versions (and free-threaded builds) no Python frame is read and the events say so.
+ * needs the interpreter's frame layout (internal/pycore_frame.h; pycore_interpframe.h from
+ * 3.14), known for CPython 3.11-3.15; on other versions (and free-threaded builds) no Python
+ * frame is read and the events say so.
  * The return addresses become library and symbol (dladdr) when Python drains the buffer.
  *
  * The buffer is a fixed array of slots claimed with a compare-and-swap on the head (no lock);
@@ -30,17 +34,23 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED)
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x03100000 && !defined(Py_GIL_DISABLED)
 #define CYCTX_TRACE_FRAMES 1
 #define Py_BUILD_CORE 1
+#if PY_VERSION_HEX >= 0x030E0000
+/* 3.14 moved the frame's inline helpers to pycore_interpframe.h; its f_executable is a
+ * _PyStackRef (a tagged pointer: PyStackRef_AsPyObjectBorrow strips the tag). */
+#include "internal/pycore_interpframe.h"
+#else
 #include "internal/pycore_frame.h"
+#endif
 #undef Py_BUILD_CORE
 #else
 #define CYCTX_TRACE_FRAMES 0
 #endif
 
 #include <dlfcn.h>
-#include <execinfo.h>
+#include <unwind.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -115,12 +125,16 @@ static int args_of(int domain, unsigned cbid) {
  * Events and the ring
  * ------------------------------------------------------------------------------------------ */
 #define MAX_PY 6
-#define MAX_NATIVE 24
+#define MAX_NATIVE 64
 #define FILE_LEN 200
 #define FUNC_LEN 72
 #define NAME_LEN 48
 
 enum { PY_OK, PY_NO_THREAD_STATE, PY_UNSUPPORTED, PY_FINALIZING, PY_OFF };
+/* How the native walk ended: in the interpreter's eval loop (the native code between it and
+ * the driver is all there), at the stack's end (a thread no Python started), or at its limit
+ * (cut short: whoever called the outermost frame seen is not known). */
+enum { NATIVE_EVAL_LOOP, NATIVE_END, NATIVE_CUT, NATIVE_OFF };
 
 typedef struct { char file[FILE_LEN]; char func[FUNC_LEN]; int line; } PyFrameRec;
 
@@ -130,7 +144,7 @@ typedef struct {
     uint64_t t_ns;                   /* CLOCK_MONOTONIC at the exit (resource: the event) */
     uint64_t t_enter_ns;
     long tid;
-    int domain, cbid, result, gil, py_state, n_py, n_native, nested_overflow;
+    int domain, cbid, result, gil, py_state, n_py, n_native, native_state, nested_overflow;
     char func[NAME_LEN];
     char via[NAME_LEN];              /* the enclosing traced call on this thread, if any */
     uintptr_t before, after, arg_ctx;
@@ -242,7 +256,12 @@ static int read_frames(PyThreadState *ts, PyFrameRec *out, int max) {
     int n = 0;
     for (; f && n < max; f = f->previous) {
         if (_PyFrame_IsIncomplete(f)) continue;
-#if PY_VERSION_HEX >= 0x030D0000
+#if PY_VERSION_HEX >= 0x030E0000
+        if (PyStackRef_IsNull(f->f_executable)) continue;
+        PyObject *ex = PyStackRef_AsPyObjectBorrow(f->f_executable);
+        if (!ex || !PyCode_Check(ex)) continue;
+        PyCodeObject *co = (PyCodeObject *)ex;
+#elif PY_VERSION_HEX >= 0x030D0000
         PyObject *ex = f->f_executable;
         if (!ex || !PyCode_Check(ex)) continue;
         PyCodeObject *co = (PyCodeObject *)ex;
@@ -258,6 +277,29 @@ static int read_frames(PyThreadState *ts, PyFrameRec *out, int max) {
 }
 #endif
 
+/* An address inside the C stack frame of the eval loop that runs the thread's innermost Python
+ * frame (0: none known): 3.11 and 3.12 keep that activation's _PyCFrame, a local of it, in the
+ * thread state; from 3.13 the activation's entry frame, a local of it too, is the first frame
+ * of the chain that the C stack owns. The native walk stops at the frame that holds it: the
+ * native code called by that Python frame is all below. */
+static uintptr_t eval_boundary(PyThreadState *ts) {
+#if !CYCTX_TRACE_FRAMES
+    (void)ts;
+    return 0;
+#elif PY_VERSION_HEX < 0x030D0000
+    return ts->cframe && ts->cframe != &ts->root_cframe ? (uintptr_t)ts->cframe : 0;
+#else
+    for (_PyInterpreterFrame *f = ts->current_frame; f; f = f->previous) {
+#if PY_VERSION_HEX >= 0x030E0000
+        if (f->owner >= FRAME_OWNED_BY_INTERPRETER) return (uintptr_t)f;
+#else
+        if (f->owner == FRAME_OWNED_BY_CSTACK) return (uintptr_t)f;
+#endif
+    }
+    return 0;
+#endif
+}
+
 static int finalizing(void) {
 #if PY_VERSION_HEX >= 0x030D0000
     return Py_IsFinalizing();
@@ -266,27 +308,59 @@ static int finalizing(void) {
 #endif
 }
 
+
+typedef struct { Event *e; int max; uintptr_t boundary; } Walk;
+
+static _Unwind_Reason_Code walk_step(struct _Unwind_Context *ctx, void *arg) {
+    Walk *w = (Walk *)arg;
+    uintptr_t ip = (uintptr_t)_Unwind_GetIP(ctx);
+    if (!ip) return _URC_END_OF_STACK;
+    if (w->e->n_native >= w->max) {
+        w->e->native_state = NATIVE_CUT;
+        return _URC_END_OF_STACK;
+    }
+    w->e->native[w->e->n_native++] = ip;
+    /* The frame whose stack area holds the boundary is the eval loop's activation. */
+    if (w->boundary && (uintptr_t)_Unwind_GetCFA(ctx) > w->boundary) {
+        w->e->native_state = NATIVE_EVAL_LOOP;
+        return _URC_END_OF_STACK;
+    }
+    return _URC_NO_REASON;
+}
+
+static void walk_native(Event *e, uintptr_t boundary) {
+    e->n_native = 0;
+    if (!g_native_max) {
+        e->native_state = NATIVE_OFF;
+        return;
+    }
+    e->native_state = NATIVE_END;
+    /* Only an address on this thread's stack, above (outward of) this frame, can be one. */
+    uintptr_t here = (uintptr_t)&boundary;
+    Walk w = {e, g_native_max, boundary > here ? boundary : 0};
+    _Unwind_Backtrace(walk_step, &w);
+}
+
+
 static void capture(Event *e) {
     e->gil = PyGILState_Check();
     e->n_py = 0;
-    if (g_py_max == 0) {
-        e->py_state = PY_OFF;
-    } else if (!CYCTX_TRACE_FRAMES) {
-        e->py_state = PY_UNSUPPORTED;
+    uintptr_t boundary = 0;
+    PyThreadState *ts = NULL;
+    if (!CYCTX_TRACE_FRAMES) {
+        e->py_state = g_py_max ? PY_UNSUPPORTED : PY_OFF;
     } else if (finalizing()) {
         e->py_state = PY_FINALIZING;
+    } else if (!(ts = PyGILState_GetThisThreadState())) {
+        e->py_state = PY_NO_THREAD_STATE;
     } else {
-        PyThreadState *ts = PyGILState_GetThisThreadState();
-        if (!ts) {
-            e->py_state = PY_NO_THREAD_STATE;
-        } else {
-            e->py_state = PY_OK;
+        boundary = eval_boundary(ts);
+        e->py_state = g_py_max ? PY_OK : PY_OFF;
 #if CYCTX_TRACE_FRAMES
-            e->n_py = read_frames(ts, e->py, g_py_max);
+        if (g_py_max) e->n_py = read_frames(ts, e->py, g_py_max);
 #endif
-        }
     }
-    e->n_native = g_native_max ? backtrace((void **)e->native, g_native_max) : 0;
+    walk_native(e, boundary);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -509,8 +583,13 @@ static PyObject *t_start(PyObject *self, PyObject *args) {
     Event *ring = PyMem_RawMalloc((size_t)cap * sizeof(Event));
     if (!ring) return PyErr_NoMemory();
     memset(ring, 0, (size_t)cap * sizeof(Event));
-    void *warm[4];
-    backtrace(warm, 4);   /* its first call loads libgcc_s: here, not in a callback */
+    {   /* the unwinder's first use reads its tables: here, not in a callback */
+        Event warm;
+        int saved = g_native_max;
+        g_native_max = 4;
+        walk_native(&warm, 0);
+        g_native_max = saved;
+    }
 
     void *sub = NULL;
     int r = c_subscribe(&sub, (void *)callback, NULL);
@@ -576,10 +655,11 @@ static PyObject *event_tuple(const Event *e) {
     if (!nat) { Py_DECREF(py); return NULL; }
     for (int i = 0; i < e->n_native; i++) PyList_SET_ITEM(nat, i, PyLong_FromSize_t(e->native[i]));
     return Py_BuildValue(
-        "{sKsKsKslsisisNsNsisisisisKsKsisKsKsisKsKsisNsN}", "seq", (unsigned long long)e->seq,
+        "{sKsKsKslsisisNsNsisisisisisKsKsisKsKsisKsKsisNsN}", "seq", (unsigned long long)e->seq,
         "t_ns", (unsigned long long)e->t_ns, "t_enter_ns", (unsigned long long)e->t_enter_ns,
         "tid", e->tid, "domain", e->domain, "cbid", e->cbid, "func", str_or_empty(e->func), "via",
-        str_or_empty(e->via), "result", e->result, "gil", e->gil, "py_state", e->py_state,
+        str_or_empty(e->via), "result", e->result, "gil", e->gil, "py_state", e->py_state, "native_state",
+        e->native_state,
         "nested_overflow", e->nested_overflow, "before", (unsigned long long)e->before,
         "before_id", (unsigned long long)e->before_id, "before_dev", e->before_dev, "after",
         (unsigned long long)e->after, "after_id", (unsigned long long)e->after_id, "after_dev",
