@@ -1062,8 +1062,10 @@ def test_wrong_driver_library_is_diagnosed_as_cyctx_reports_it(tmp_path, kind, c
     )
     assert fix in f["explanation"] + f["fix"] and fix in err, (f, err)
     # The same reason as the guard's error, word for word.
-    why = err.split("): ", 1)[1].split(". ", 1)[1]
-    assert why.split(". ")[0] in f["explanation"], (why, f)
+    # (`loading the CUDA driver failed (NAME, code): why. fix.`; the finding's sentence
+    # starts with it, capitalised.)
+    why = err.split("): ", 1)[1].split(". ")[0]
+    assert why[:1].upper() + why[1:] in f["explanation"], (why, f)
     # And from the command line, with the library first on the path (LD_LIBRARY_PATH).
     rc, cli_out, _ = cli("doctor", env={"LD_LIBRARY_PATH": os.path.dirname(lib)})
     assert rc == 3 and title in cli_out and "No NVIDIA driver" not in cli_out, cli_out

@@ -18,7 +18,10 @@ SCRIPT = os.path.join(os.path.dirname(sys.executable), "cyctx")
 
 # What each environment is, and the fix the user is told (written out: what a user types).
 CASES = {
-    "missing": (None, "pip install 'cuda-bindings>=13,<14' (or 'cuda-bindings>=12.9,<13' for CUDA 12)"),
+    "missing": (
+        None,
+        "pip install 'cuda-bindings>=13,<14' (or 'cuda-bindings>=12.9,<13' for CUDA 12)",
+    ),
     "11.8.0": ("11.8.0", "pip install 'cuda-bindings>=12.9,<13'"),
     "12.8.0": ("12.8.0", "pip install 'cuda-bindings>=12.9,<13'"),
     "14.1.0": ("14.1.0", "pip install --upgrade cyctx, or pip install 'cuda-bindings>=13,<14'"),
@@ -78,7 +81,11 @@ def test_doctor_reports_unusable_bindings_as_a_finding(bad_bindings, launcher):
     proc = _run(bad_bindings, launcher, "doctor")
     _no_traceback(proc)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    title = "cuda-bindings is not installed" if installed is None else f"cuda-bindings {installed} cannot be used"
+    title = (
+        "cuda-bindings is not installed"
+        if installed is None
+        else f"cuda-bindings {installed} cannot be used"
+    )
     assert f"ERROR  {title}" in proc.stdout, proc.stdout
     assert "Fix: " + fix in " ".join(proc.stdout.split()), proc.stdout
     assert "not queried: cuda-bindings is not usable" in proc.stdout, proc.stdout

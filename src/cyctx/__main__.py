@@ -12,6 +12,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cyctx._compat import IncompatibleBindingsError
 
 _SIM_RUNTIMES = {"11.8": 11080, "13.0": 13000}
 
@@ -32,10 +36,16 @@ def _version() -> str:
 class _Version(argparse.Action):
     # argparse's "version" action takes the text when the parser is built: this one makes it
     # only when asked (it imports cuda.bindings to say whether it is usable).
-    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=kwargs.get("help"))  # type: ignore[arg-type]
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
 
-    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
         print(_version())
         parser.exit()
 
@@ -167,10 +177,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m cyctx") -> int:
     if args.command != "doctor":
         parser.print_help()
         return 2
-    doc = command
+    doc = parser.get_default("subparsers")["doctor"]
     if args.json and args.demo:
         doc.error("--json is for the report, not --demo")
-    if args.cudart and args.simulate:
+    if args.cudart is not None and args.simulate:
         doc.error(
             "--cudart needs the real driver; with --simulate the demo uses a stand-in "
             "runtime (choose its version with --sim-runtime)"
@@ -179,7 +189,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m cyctx") -> int:
         doc.error("--device N is the demo's device: use it with --demo")
     if args.sim_runtime is not None and not (args.demo and args.simulate):
         doc.error("--sim-runtime is the stand-in runtime of --simulate --demo: use it with both")
-    if args.cudart and not os.path.isfile(args.cudart):
+    if args.cudart is not None and not os.path.isfile(args.cudart):
         doc.error(f"--cudart {args.cudart}: no such file")
     if args.device is not None and args.device < 0:
         doc.error("--device must be >= 0")
@@ -212,7 +222,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m cyctx") -> int:
     return report.exit_status
 
 
-def _bindings_unusable(problem, args: argparse.Namespace) -> int:
+def _bindings_unusable(problem: IncompatibleBindingsError, args: argparse.Namespace) -> int:
     """The doctor's report when cuda-bindings cannot be used: a finding with the fix; the demo
     cannot run at all (exit status 3, as without a driver)."""
     from cyctx import __version__

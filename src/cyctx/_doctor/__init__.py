@@ -72,8 +72,18 @@ _HOME = {
     "use_colour": "render",
     "Diagnosis": "report",
     **dict.fromkeys(
-        ("EXIT_NO_CUDA", "EXIT_OK", "EXIT_PROBLEM", "EXIT_USAGE", "ContextInfo", "DeviceInfo",
-         "Finding", "GuardInfo", "LoadedLibrary", "RuntimeInfo"),
+        (
+            "EXIT_NO_CUDA",
+            "EXIT_OK",
+            "EXIT_PROBLEM",
+            "EXIT_USAGE",
+            "ContextInfo",
+            "DeviceInfo",
+            "Finding",
+            "GuardInfo",
+            "LoadedLibrary",
+            "RuntimeInfo",
+        ),
         "model",
     ),
     **dict.fromkeys(

@@ -56,7 +56,25 @@ FRAMEWORK_DISTRIBUTIONS = (
 )
 
 
-def diagnose(cudart: str | bool | None = None) -> Diagnosis:
+def _cudart_path(cudart: object) -> str | bool | None:
+    # bytes and os.PathLike are paths, as everywhere in the standard library; anything else
+    # would otherwise fall through to the default lookup and report another runtime, silently.
+    if cudart is None or isinstance(cudart, bool):
+        return cudart
+    if isinstance(cudart, (str, bytes, os.PathLike)):
+        path = os.fsdecode(os.fspath(cudart))
+        if not path:
+            raise ValueError("diagnose(cudart=...): the path is empty; pass None for the default")
+        return path
+    raise TypeError(
+        f"diagnose(cudart=...) takes a path (str, bytes or os.PathLike), None (find one) or "
+        f"False (none), not {type(cudart).__name__}"
+    )
+
+
+def diagnose(
+    cudart: str | bytes | os.PathLike[str] | os.PathLike[bytes] | bool | None = None,
+) -> Diagnosis:
     """Report the CUDA driver, runtime, devices and the calling thread's context, and every CUDA
     library loaded in the process (the census), with findings.
 
@@ -67,9 +85,10 @@ def diagnose(cudart: str | bool | None = None) -> Diagnosis:
 
     Parameters
     ----------
-    cudart : str, bool or None
+    cudart : str, bytes, os.PathLike, bool or None
         Which ``libcudart`` to ask for its version and current device: a path; None (default)
         for one already loaded in this process, else cuda-pathfinder's; False for none.
+        Another type is a TypeError, an empty path a ValueError.
 
     Returns
     -------
@@ -87,6 +106,7 @@ def diagnose(cudart: str | bool | None = None) -> Diagnosis:
     """
     # What was mapped before the doctor's own work: a runtime its lookup loads (cudart=None
     # in a process with none) is marked as the doctor's in the census, not the program's.
+    cudart = _cudart_path(cudart)
     before = census.mapped_paths()
     diag = _diagnose(cudart)
     diag.loaded = census.census(before, fallback_version=wheel_version)
