@@ -15,7 +15,8 @@ from typing import Any, Literal, Protocol, SupportsIndex, TypeVar
 from cyctx._trace import Trace
 from cyctx.doctor import Diagnosis
 
-# What ContextGuard accepts (docs/guarantees.md, "What a guard can be made from"): an ordinal
+# What ContextGuard accepts (cyctx._inputs.SPELLINGS, one member per spelling there; docs/guarantees.md,
+# "What a guard can be made from"): an ordinal
 # (an int, or anything with __index__ but bool), or an object of cuda.core, CuPy, torch or
 # cuda.bindings, recognised at run time by its type's module and name. The framework types are
 # not imported here (cyctx never imports a framework), so they appear as these protocols; a
