@@ -133,9 +133,19 @@ def test_a_usable_bindings_version_has_one_line():
 
 def test_only_cyctx_own_command_line_defers_the_import_error(tmp_path):
     # `python -m othermodule` importing cyctx is not cyctx's command line: the import stops.
+    # A package whose __init__ imports cyctx is imported while `-m` locates its module, the
+    # moment `python -m cyctx` is told apart by (sys.argv[0] is "-m" then).
     root = fake_bindings(tmp_path, "11.8.0")
     (root / "uses_cyctx.py").write_text("import cyctx\n")
-    for args in (["-m", "uses_cyctx"], ["-c", "import cyctx", "-m", "cyctx"]):
+    (root / "pkg_using_cyctx").mkdir()
+    (root / "pkg_using_cyctx" / "__init__.py").write_text("import cyctx\n")
+    (root / "pkg_using_cyctx" / "mod.py").write_text("")
+    for args in (
+        ["-m", "uses_cyctx"],
+        ["-m", "pkg_using_cyctx.mod"],
+        ["-mpkg_using_cyctx.mod"],
+        ["-c", "import cyctx", "-m", "cyctx"],
+    ):
         proc = subprocess.run(
             [sys.executable, *args], env=env_of(root), capture_output=True, text=True, cwd=root
         )
