@@ -75,7 +75,9 @@ def test_the_docs_table_names_nothing_the_table_does_not():
             assert span in known or span == "`ContextGuard.from_handle(int)`", (kind, span)
 
 
-@pytest.mark.parametrize("bad", ["0", 1.5, object(), b"0"], ids=["str", "float", "object", "bytes"])
+@pytest.mark.parametrize(
+    "bad", ["0", 1.5, object(), b"0", True], ids=["str", "float", "object", "bytes", "bool"]
+)
 def test_the_refusal_names_every_spelling(bad):
     with pytest.raises(TypeError) as ei:
         ContextGuard(bad)
@@ -91,6 +93,21 @@ def test_the_refusal_names_every_spelling(bad):
         "CUcontext",
     ):
         assert words in msg, msg
+
+
+@pytest.mark.parametrize("name", ["CUevent", "CUmodule", "CUresult"])
+def test_a_cuda_bindings_object_that_is_no_spelling_is_refused_by_its_type(name):
+    # They have __index__: refused by their type before any spelling reads them as an ordinal.
+    from cuda.bindings import driver
+
+    obj = driver.CUresult.CUDA_SUCCESS if name == "CUresult" else getattr(driver, name)(3)
+    with pytest.raises(TypeError) as ei:
+        ContextGuard(obj)
+    msg = str(ei.value)
+    assert msg.startswith(f"cuda.bindings.driver.{name} is not a device ("), msg
+    assert msg.endswith(", which ContextGuard takes"), msg
+    for sp in SPELLINGS:
+        assert sp.what in msg, (sp.what, msg)
 
 
 def test_shared_names_the_device_spellings_only():
