@@ -29,6 +29,14 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    from cyctx import testing
+
+    if config.getoption("--driver") == "real" and not testing.real_driver_available():
+        # A usage error (exit status 4, one line), as for any option that cannot be honoured.
+        raise pytest.UsageError(
+            "--driver=real, but no NVIDIA driver with a GPU loads here: run on a GPU machine, "
+            "or use --driver=sim (or auto)"
+        )
     kind = drivers.select(config.getoption("--driver"))
     config._cyctx_driver = kind
 

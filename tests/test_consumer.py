@@ -460,3 +460,96 @@ def test_context_epoch_through_the_cimport_without_the_gil(consumer_dir, sim):
     """)
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")][0]
     assert line == "RESULT [True, True, 0, None, 0]", line
+
+
+# --- numpy's spelling, include_dirs=[cyctx.get_include()], without a cuda.h ---------------------
+
+NUMPY_SPELLING = textwrap.dedent("""
+    import cyctx
+    from Cython.Build import cythonize
+    from setuptools import Extension, setup
+    ext = Extension("numpy_spelling", ["numpy_spelling.pyx"], include_dirs=[cyctx.get_include()],
+                    language="c++")
+    setup(name="numpy_spelling", ext_modules=cythonize([ext], quiet=True),
+          script_args=["build_ext", "--inplace"])
+""")
+
+CYCTX_SAYS = "cyctx: cuda.h is not on the include path"
+
+
+def _cc():
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    return cc
+
+
+def _no_cuda_h_by_default(cc, tmp_path):
+    # Where the compiler finds a cuda.h without being told (CPATH, a system directory), the
+    # spelling works and there is nothing to report.
+    src = tmp_path / "probe.c"
+    src.write_text('#include "cuda.h"\n')
+    if subprocess.run([cc, "-fsyntax-only", str(src)], capture_output=True).returncode == 0:
+        pytest.skip("this compiler finds a cuda.h without include directories")
+
+
+@pytest.mark.parametrize(
+    "cimport",
+    ["cimport cyctx", "from cyctx cimport ContextGuard, Switch, switch_to"],
+)
+def test_numpy_spelling_without_cuda_h_says_what_to_do(tmp_path, cimport):
+    _no_cuda_h_by_default(_cc(), tmp_path)
+    (tmp_path / "numpy_spelling.pyx").write_text(f"{cimport}\n\ndef f():\n    return 1\n")
+    (tmp_path / "setup_numpy_spelling.py").write_text(NUMPY_SPELLING)
+    proc = subprocess.run(
+        [sys.executable, "setup_numpy_spelling.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-4000:]
+    assert CYCTX_SAYS in out and "include_dirs=cyctx.get_include_dirs()" in out, out[-4000:]
+    bare = "cuda.h: No such file or directory"
+    assert bare not in out or out.index(CYCTX_SAYS) < out.index(bare), "cyctx's words come first"
+
+
+def _compile_switch_h(cc, tmp_path, *flags, env=None):
+    src = tmp_path / "uses_switch.c"
+    src.write_text(
+        '#include "cyctx/switch.h"\nint main(void) { cyctx_Switch s; (void)s; return 0; }\n'
+    )
+    return subprocess.run(
+        [cc, "-fsyntax-only", *flags, str(src)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, **(env or {})),
+    )
+
+
+def test_c_including_switch_h_without_cuda_h_says_what_to_do(tmp_path):
+    cc = _cc()
+    _no_cuda_h_by_default(cc, tmp_path)
+    proc = _compile_switch_h(cc, tmp_path, "-I", cyctx.get_include())
+    assert proc.returncode != 0 and CYCTX_SAYS in proc.stderr, proc.stderr
+    # Asked not to look (a cuda.h beside the source, which the check cannot see), it does not.
+    proc = _compile_switch_h(cc, tmp_path, "-I", cyctx.get_include(), "-DCYCTX_NO_CUDA_H_CHECK")
+    assert proc.returncode != 0 and CYCTX_SAYS not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("how", ["-I", "-isystem", "CPATH"])
+def test_the_cuda_h_check_sees_a_cuda_h_wherever_the_compiler_does(tmp_path, how):
+    cc = _cc()
+    try:
+        cuda_dir = cyctx.get_include_dirs()[1]
+    except Exception as exc:  # no cuda.h installed: nothing to find
+        pytest.skip(f"no cuda.h for this cuda-bindings: {exc}")
+    flags = ["-I", cyctx.get_include()]
+    env = None
+    if how == "CPATH":
+        env = {"CPATH": cuda_dir}
+    else:
+        flags += [how, cuda_dir]
+    proc = _compile_switch_h(cc, tmp_path, *flags, env=env)
+    assert proc.returncode == 0, proc.stderr

@@ -807,6 +807,68 @@ def test_cli_usage_errors(args):
     assert rc == 2 and "error:" in err
 
 
+DOCTOR_USAGE = "usage: python -m cyctx doctor [-h] [--json] [--demo] [--simulate]"
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (("--bogus",), "unrecognized arguments: --bogus"),
+        (("--json", "extra"), "unrecognized arguments: extra"),
+        # A flag that only the demo (or the simulated demo) reads is refused elsewhere.
+        (("--device", "1"), "--device N is the demo's device: use it with --demo"),
+        (("--device", "0", "--json"), "--device N is the demo's device: use it with --demo"),
+        (("--sim-runtime", "13.0"), "--sim-runtime is the stand-in runtime of --simulate --demo"),
+        (("--simulate", "--sim-runtime", "13.0"), "--sim-runtime is the stand-in runtime"),
+        (("--demo", "--sim-runtime", "13.0"), "--sim-runtime is the stand-in runtime"),
+        (("--device", "x"), "argument --device: invalid int value: 'x'"),
+        (("--sim-runtime", "12.0"), "argument --sim-runtime: invalid choice: '12.0'"),
+    ],
+)
+def test_doctor_usage_errors_print_the_doctors_usage(args, says):
+    rc, out, err = cli("doctor", *args)
+    assert rc == 2 and out == "", (rc, out, err)
+    first, *_, last = err.strip().splitlines()
+    assert first.startswith(DOCTOR_USAGE), err
+    assert last.startswith("python -m cyctx doctor: error: ") and says in last, err
+
+
+def test_trace_usage_error_prints_the_trace_usage():
+    rc, out, err = cli("trace", "--bogus", "script.py")
+    assert rc == 2, (rc, out, err)
+    assert err.startswith("usage: python -m cyctx trace [-h]"), err
+    assert "python -m cyctx trace: error: unrecognized arguments: --bogus" in err, err
+
+
+def test_top_level_usage_error_prints_the_top_level_usage():
+    rc, out, err = cli("--bogus")
+    assert rc == 2 and err.startswith("usage: python -m cyctx [-h] [-V] COMMAND"), err
+
+
+@pytest.mark.parametrize("flag", ["-V", "--version"])
+def test_version_flags(flag):
+    rc, out, err = cli(flag)
+    assert rc == 0, err
+    assert out.startswith(f"cyctx {cyctx.__version__} (compiled with cuda-bindings "), out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--demo", "--simulate", "--device", "1"),
+        ("--demo", "--simulate", "--sim-runtime", "13.0"),
+        ("--demo", "--simulate", "--sim-runtime", "11.8", "--device", "0"),
+    ],
+)
+def test_demo_flags_work_with_the_demo(args):
+    rc, out, err = cli("doctor", *args)
+    assert rc == 0, out + err
+    if "1" in args:
+        assert "device 1" in out, out
+    if "13.0" in args:
+        assert "stand-in runtime modelling libcudart 13.0" in out, out
+
+
 def _not_the_simulator():
     # A shared library that loads but is not the simulator: one of cyctx's own extensions.
     import cyctx._guard
@@ -1000,8 +1062,10 @@ def test_wrong_driver_library_is_diagnosed_as_cyctx_reports_it(tmp_path, kind, c
     )
     assert fix in f["explanation"] + f["fix"] and fix in err, (f, err)
     # The same reason as the guard's error, word for word.
-    why = err.split("): ", 1)[1].split(". ", 1)[1]
-    assert why.split(". ")[0] in f["explanation"], (why, f)
+    # (`loading the CUDA driver failed (NAME, code): why. fix.`; the finding's sentence
+    # starts with it, capitalised.)
+    why = err.split("): ", 1)[1].split(". ")[0]
+    assert why[:1].upper() + why[1:] in f["explanation"], (why, f)
     # And from the command line, with the library first on the path (LD_LIBRARY_PATH).
     rc, cli_out, _ = cli("doctor", env={"LD_LIBRARY_PATH": os.path.dirname(lib)})
     assert rc == 3 and title in cli_out and "No NVIDIA driver" not in cli_out, cli_out

@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import pytest
+from helpers.bindings_env import env_of, site_without_cuda_bindings
 
 from cyctx.pytest_plugin import ContextState, changes
 
@@ -711,26 +712,9 @@ def test_unrelated(pytestconfig):
 """
 
 
-def _site_without_cuda_bindings(tmp_path):
-    """A directory with everything of this environment's site-packages but cuda-bindings (and the
-    other NVIDIA packages): run with `python -S` and it on PYTHONPATH, cyctx is installed and
-    cuda-bindings is not."""
-    farm = tmp_path / "site"
-    farm.mkdir()
-    sites = [
-        p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and os.path.isdir(p)
-    ]
-    for sp in sites:  # in import order: the first of a name is the one imported
-        for entry in os.listdir(sp):
-            if entry.lower().startswith(("cuda", "nvidia")) or (farm / entry).exists():
-                continue
-            os.symlink(os.path.join(sp, entry), farm / entry)
-    return farm
-
-
 def _run_unrelated(pytester, env_path, *args, isolated, ours=True):
     pytester.makepyfile(test_unrelated=f"OURS = {ours}\n" + UNRELATED)
-    env = dict(os.environ, PYTHONPATH=str(env_path))
+    env = env_of(env_path)
     env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
     cmd = [
         sys.executable,
@@ -760,10 +744,10 @@ def _loaded(r):
 
 
 def test_an_environment_without_cuda_bindings_runs_an_unrelated_suite(pytester, tmp_path):
-    farm = _site_without_cuda_bindings(tmp_path)
+    farm = site_without_cuda_bindings(tmp_path)
     check = subprocess.run(
         [sys.executable, "-S", "-c", "import cyctx"],
-        env=dict(os.environ, PYTHONPATH=str(farm)),
+        env=env_of(farm),
         capture_output=True,
         text=True,
     )

@@ -22,7 +22,13 @@ except ImportError as exc:  # running from a source tree that was never built
         "instead of importing it from the source tree"
     ) from exc
 
-check_bindings(installed_bindings_version())
+try:
+    check_bindings(installed_bindings_version())
+except IncompatibleBindingsError:
+    # The command line (`cyctx doctor`, `cyctx --version`) says this itself, as a finding;
+    # the guards below do not use cuda-bindings, so they import all the same.
+    if not _compat.command_line_running():
+        raise
 
 try:
     from cyctx._capture import relaxed_capture

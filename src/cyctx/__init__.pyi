@@ -7,6 +7,7 @@ the runtime and this thread's context, and explains what is wrong (its records:
 :mod:`cyctx.doctor`).
 """
 
+import os
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Literal, Protocol, SupportsIndex, TypeVar
@@ -14,7 +15,8 @@ from typing import Any, Literal, Protocol, SupportsIndex, TypeVar
 from cyctx._trace import Trace
 from cyctx.doctor import Diagnosis
 
-# What ContextGuard accepts (docs/guarantees.md, "What a guard can be made from"): an ordinal
+# What ContextGuard accepts (cyctx._inputs.SPELLINGS, one member per spelling there; docs/guarantees.md,
+# "What a guard can be made from"): an ordinal
 # (an int, or anything with __index__ but bool), or an object of cuda.core, CuPy, torch or
 # cuda.bindings, recognised at run time by its type's module and name. The framework types are
 # not imported here (cyctx never imports a framework), so they appear as these protocols; a
@@ -133,7 +135,12 @@ class InvalidDeviceError(DriverError, ValueError):
     """``CUDA_ERROR_INVALID_DEVICE`` (101): the ordinal names no device. Also a ``ValueError``."""
 
 class IncompatibleBindingsError(ImportError):
-    """The installed cuda-bindings is older than this cyctx supports (``>=12.9``), or missing."""
+    """The installed cuda-bindings is older than this cyctx supports (``>=12.9``), or missing.
+    ``fix``: the command that fixes it (also the end of the message)."""
+
+    fix: str
+    def __init__(self, message: str, fix: str = "") -> None:
+        """``message`` says what is wrong; ``fix`` is the command that fixes it."""
 
 class UntestedBindingsWarning(UserWarning):
     """The installed cuda-bindings is of a CUDA major newer than this cyctx was tested with
@@ -227,7 +234,11 @@ def trace(
     """Record every context change in the process while the returned trace is on
     (docs/tracing.md); loads nothing before it is called."""
 
-def diagnose(cudart: str | bool | None = None, *, before_fork: bool = False) -> Diagnosis:
+def diagnose(
+    cudart: str | bytes | os.PathLike[str] | os.PathLike[bytes] | bool | None = None,
+    *,
+    before_fork: bool = False,
+) -> Diagnosis:
     """Report the CUDA driver, runtime, devices and the calling thread's context, and every CUDA
     library loaded in the process, with findings (:func:`cyctx.doctor.diagnose`). Changes no
     state; loads the doctor on the first call."""

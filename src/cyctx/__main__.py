@@ -12,19 +12,42 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cyctx._compat import IncompatibleBindingsError
 
 _SIM_RUNTIMES = {"11.8": 11080, "13.0": 13000}
 
 
 def _version() -> str:
     from cyctx import BUILD_INFO, __version__
-    from cyctx._compat import installed_bindings_version
+    from cyctx._compat import bindings_problem, installed_bindings_version
 
-    return (
+    line = (
         f"cyctx {__version__} (compiled with cuda-bindings {BUILD_INFO['cuda_bindings']} types, "
         f"Cython {BUILD_INFO['cython']}, Python {BUILD_INFO['python']}; running with "
         f"cuda-bindings {installed_bindings_version()}, Python {sys.version.split()[0]})"
     )
+    problem = bindings_problem()
+    return line if problem is None else f"{line}\ncuda-bindings is not usable: {problem}"
+
+
+class _Version(argparse.Action):
+    # argparse's "version" action takes the text when the parser is built: this one makes it
+    # only when asked (it imports cuda.bindings to say whether it is usable).
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        print(_version())
+        parser.exit()
 
 
 def _parser(prog: str = "python -m cyctx") -> argparse.ArgumentParser:
@@ -34,8 +57,9 @@ def _parser(prog: str = "python -m cyctx") -> argparse.ArgumentParser:
         description="cyctx command line tools.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--version", action="version", version=_version())
+    p.add_argument("-V", "--version", action=_Version, help="show cyctx's version and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    p.set_defaults(subparsers={})
     doc = sub.add_parser(
         "doctor",
         help="report the CUDA driver, runtime and context state, and explain what is wrong",
@@ -47,6 +71,7 @@ def _parser(prog: str = "python -m cyctx") -> argparse.ArgumentParser:
             "command line, 3 it cannot run here."
         ),
     )
+    p.get_default("subparsers")["doctor"] = doc
     doc.add_argument(
         "--json", action="store_true", help="print the report as JSON (schema cyctx.diagnosis/2)"
     )
@@ -66,13 +91,11 @@ def _parser(prog: str = "python -m cyctx") -> argparse.ArgumentParser:
         help="the libcudart to use (e.g. libcudart.so.11.0 of the nvidia-cuda-runtime-cu11 "
         "wheel); default: one already loaded, else cuda-pathfinder's",
     )
-    doc.add_argument(
-        "--device", type=int, default=0, metavar="N", help="device of the demo (default 0)"
-    )
+    # No defaults here: given without --demo (or --simulate), they are refused, not ignored.
+    doc.add_argument("--device", type=int, metavar="N", help="with --demo: its device (default 0)")
     doc.add_argument(
         "--sim-runtime",
         choices=sorted(_SIM_RUNTIMES),
-        default="11.8",
         help="with --simulate --demo: the runtime version the stand-in models (default 11.8)",
     )
     tr = sub.add_parser(
@@ -93,6 +116,7 @@ def _parser(prog: str = "python -m cyctx") -> argparse.ArgumentParser:
     tr.add_argument("--quiet", action="store_true", help="print no report (with --json)")
     tr.add_argument("script", metavar="SCRIPT")
     tr.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
+    p.get_default("subparsers")["trace"] = tr
     return p
 
 
@@ -139,28 +163,43 @@ def main(argv: list[str] | None = None, prog: str = "python -m cyctx") -> int:
     """Run the command line with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     # Importing the doctor loads no driver (its first driver call does), so --simulate below
     # still comes first.
-    from cyctx._compat import load_doctor
-
-    _doctor = load_doctor()
+    from cyctx._compat import bindings_problem
 
     parser = _parser(prog)
-    args = parser.parse_args(argv)
+    # A subcommand's bad flag gets that subcommand's usage (argparse hands unknown arguments
+    # up to the top-level parser, whose usage does not show the subcommand's flags).
+    args, extra = parser.parse_known_args(argv)
+    command = parser.get_default("subparsers").get(args.command)
+    if extra:
+        (command or parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "trace":
         return _trace(args)
     if args.command != "doctor":
         parser.print_help()
-        return _doctor.EXIT_USAGE
+        return 2
+    doc = parser.get_default("subparsers")["doctor"]
     if args.json and args.demo:
-        parser.error("--json is for the report, not --demo")
-    if args.cudart and args.simulate:
-        parser.error(
+        doc.error("--json is for the report, not --demo")
+    if args.cudart is not None and args.simulate:
+        doc.error(
             "--cudart needs the real driver; with --simulate the demo uses a stand-in "
             "runtime (choose its version with --sim-runtime)"
         )
-    if args.cudart and not os.path.isfile(args.cudart):
-        parser.error(f"--cudart {args.cudart}: no such file")
-    if args.device < 0:
-        parser.error("--device must be >= 0")
+    if args.device is not None and not args.demo:
+        doc.error("--device N is the demo's device: use it with --demo")
+    if args.sim_runtime is not None and not (args.demo and args.simulate):
+        doc.error("--sim-runtime is the stand-in runtime of --simulate --demo: use it with both")
+    if args.cudart is not None and not os.path.isfile(args.cudart):
+        doc.error(f"--cudart {args.cudart}: no such file")
+    if args.device is not None and args.device < 0:
+        doc.error("--device must be >= 0")
+    args.device = args.device or 0
+    args.sim_runtime = args.sim_runtime or "11.8"
+
+    problem = bindings_problem()
+    if problem is not None:
+        return _bindings_unusable(problem, args)
+    from cyctx import _doctor
 
     if args.simulate:
         # Before any driver call: the simulated libcuda.so.1 must be the first one loaded.
@@ -180,6 +219,29 @@ def main(argv: list[str] | None = None, prog: str = "python -m cyctx") -> int:
         print(report.to_json())
     else:
         print(report.render(colour=colour, cli=True))
+    return report.exit_status
+
+
+def _bindings_unusable(problem: IncompatibleBindingsError, args: argparse.Namespace) -> int:
+    """The doctor's report when cuda-bindings cannot be used: a finding with the fix; the demo
+    cannot run at all (exit status 3, as without a driver)."""
+    from cyctx import __version__
+    from cyctx._compat import installed_bindings_version
+    from cyctx._doctor.bindings import bindings_report
+    from cyctx._doctor.model import EXIT_NO_CUDA
+    from cyctx._doctor.render import use_colour
+
+    what = str(problem)
+    if problem.fix and what.endswith(problem.fix):
+        what = what[: -len(problem.fix)].rstrip(": ")
+    report = bindings_report(what, problem.fix, installed_bindings_version(), __version__)
+    if args.json:
+        print(report.to_json())
+    else:
+        print(report.render(colour=use_colour(sys.stdout), cli=True))
+    if args.demo:
+        print("\nThe demo needs a usable cuda-bindings too: fix the above first.")
+        return EXIT_NO_CUDA
     return report.exit_status
 
 

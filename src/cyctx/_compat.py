@@ -24,7 +24,13 @@ SUPPORTED_MAJORS = (12, 13)
 
 
 class IncompatibleBindingsError(ImportError):
-    """The installed cuda-bindings is older than cyctx supports, or missing."""
+    """The installed cuda-bindings is older than cyctx supports, or missing.
+
+    ``fix``: the command that fixes it (also the end of the message)."""
+
+    def __init__(self, message: str, fix: str = "") -> None:
+        super().__init__(message)
+        self.fix = fix
 
 
 class UntestedBindingsWarning(UserWarning):
@@ -49,8 +55,7 @@ def untested_note(installed: str | None) -> str:
         return ""
     return (
         f" (cuda-bindings {installed} is newer than this cyctx was tested with, "
-        f"{supported_range()}, which may be why: pip install --upgrade cyctx, or "
-        f"pip install 'cuda-bindings>={SUPPORTED_MAJORS[-1]},<{SUPPORTED_MAJORS[-1] + 1}')"
+        f"{supported_range()}, which may be why: {untested_fix()})"
     )
 
 
@@ -62,10 +67,11 @@ def check_bindings(installed: str | None) -> None:
     """Raise IncompatibleBindingsError unless cyctx can use cuda-bindings ``installed``; warn
     UntestedBindingsWarning for a major newer than the tested ones."""
     if installed is None:
+        fix = "pip install 'cuda-bindings>=13,<14' (or 'cuda-bindings>=12.9,<13' for CUDA 12)"
         raise IncompatibleBindingsError(
             "cuda-bindings is not installed, and cyctx needs it (the doctor and `cimport cyctx` "
-            "use it): pip install 'cuda-bindings>=13,<14' (or 'cuda-bindings>=12.9,<13' "
-            "for CUDA 12)"
+            f"use it): {fix}",
+            fix,
         )
     major, minor = _major_minor(installed)
     if major in SUPPORTED_MAJORS and (major, minor) >= SUPPORTED_MIN:
@@ -82,30 +88,88 @@ def check_bindings(installed: str | None) -> None:
             stacklevel=3,
         )
         return
-    if major == SUPPORTED_MIN[0]:  # an older minor of a supported major: stay on it
-        fix = f"pip install 'cuda-bindings>={SUPPORTED_MIN[0]}.{SUPPORTED_MIN[1]},<{major + 1}'"
-    else:  # older than every supported major
-        fix = (
-            f"cyctx needs CUDA {SUPPORTED_MIN[0]} or newer bindings (and a driver of CUDA "
-            f"12.0+): pip install 'cuda-bindings>={SUPPORTED_MIN[0]}.{SUPPORTED_MIN[1]},<{SUPPORTED_MIN[0] + 1}'"
-        )
+    # An older minor of a supported major stays on it; an older major goes to the lowest.
+    fix = f"pip install 'cuda-bindings>={SUPPORTED_MIN[0]}.{SUPPORTED_MIN[1]},<{SUPPORTED_MIN[0] + 1}'"
+    why = (
+        ""
+        if major == SUPPORTED_MIN[0]
+        else f"cyctx needs CUDA {SUPPORTED_MIN[0]} or newer bindings (and a driver of CUDA 12.0+): "
+    )
     raise IncompatibleBindingsError(
         f"cuda-bindings {installed} is installed; cyctx supports cuda-bindings "
-        f"{supported_range()}: {fix}"
+        f"{supported_range()}: {why}{fix}",
+        fix,
     )
 
 
 def load_doctor():
     """Import cyctx's doctor, which uses cuda.bindings.driver: with an untested cuda-bindings,
     the error says that may be why."""
+    from cyctx import _doctor
+
     try:
-        from cyctx import _doctor
+        _doctor.load()
     except ImportError as exc:
         note = untested_note(installed_bindings_version())
         if not note:
             raise
         raise ImportError(f"cyctx's doctor cannot load cuda.bindings: {exc}{note}") from exc
     return _doctor
+
+
+def untested_fix() -> str:
+    """The command for a cuda-bindings of a newer major than the tested ones."""
+    return (
+        f"pip install --upgrade cyctx, or "
+        f"pip install 'cuda-bindings>={SUPPORTED_MAJORS[-1]},<{SUPPORTED_MAJORS[-1] + 1}'"
+    )
+
+
+def bindings_problem() -> IncompatibleBindingsError | None:
+    """Why the installed cuda-bindings cannot serve the doctor, or None when it can: missing,
+    older than supported, or of an untested major that cuda.bindings.driver fails to import."""
+    import warnings
+
+    installed = installed_bindings_version()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UntestedBindingsWarning)  # import warned already
+            check_bindings(installed)
+        load_doctor()
+    except IncompatibleBindingsError as exc:
+        return exc
+    except ImportError as exc:
+        cause = exc.__cause__ or exc
+        if is_untested(installed):
+            what = f"cuda-bindings {installed} is newer than this cyctx was tested with ({supported_range()})"
+            fix = untested_fix()
+        else:
+            what = f"cuda-bindings {installed} is installed"
+            fix = f"pip install --force-reinstall 'cuda-bindings{supported_range()}'"
+        return IncompatibleBindingsError(
+            f"{what}, and importing it failed ({type(cause).__name__}: {cause}): {fix}", fix
+        )
+    return None
+
+
+def command_line_running() -> bool:
+    """True while ``python -m cyctx`` locates its module, or the ``cyctx`` console script
+    (``_cyctx_cli``) runs: the command line reports an unusable cuda-bindings itself (the
+    doctor's ``bindings_unusable`` finding) rather than stop at ``import cyctx``."""
+    cli = sys.modules.get("_cyctx_cli")
+    if cli is not None and getattr(cli, "running", False):
+        return True
+    # `python -m cyctx`: while runpy imports the package, sys.argv[0] is "-m" and the
+    # interpreter's own arguments name the module.
+    if sys.argv[:1] != ["-m"]:
+        return False
+    argv = list(getattr(sys, "orig_argv", ()))
+    for i, arg in enumerate(argv[1:], 1):
+        if arg == "-m":
+            return argv[i + 1 : i + 2] in (["cyctx"], ["cyctx.__main__"])
+        if arg.startswith("-m") and not arg.startswith("--"):
+            return arg[2:] in ("cyctx", "cyctx.__main__")
+    return False
 
 
 def installed_bindings_version() -> str | None:

@@ -85,6 +85,11 @@ class DriverError(CyctxError):
         self.name, description = _describe(self.code)
         self.call = call
         self.detail = detail
+        if call == LOAD_CALL and detail:
+            # cyctx's own code for a driver it could not load: the driver's description of
+            # that code ("no CUDA-capable device is detected") would say something else.
+            super().__init__(f"{call} failed ({self.name}, {self.code}): {detail}")
+            return
         where = f"{call} failed: " if call else ""
         msg = f"{where}{self.name} ({self.code}): {description}"
         hint = detail or _hint(self.code)
@@ -200,15 +205,27 @@ def driver_error(code, call=None, detail=None):
     return _CLASSES.get(int(code), DriverError)(code, call, detail)
 
 
+LOAD_CALL = "loading the CUDA driver"
+
+
+def load_error(code, problem):
+    """The error of a failed load of the driver (driver_load in _cpp/driver.h): `problem` is
+    its reason, `code` the CUresult it chose; two sentences, what happened and what to do."""
+    if code == CUDA_ERROR_NO_DEVICE:
+        detail = (
+            f"libcuda.so.1, the NVIDIA driver's library, is missing or cannot be loaded "
+            f"({problem}). Install the NVIDIA driver; without a GPU, use cyctx's simulated "
+            f"driver (cyctx.testing.use_simulated_driver, or `cyctx doctor --simulate`)."
+        )
+    else:
+        detail = f"{problem}. {load_fix(code)}."
+    return driver_error(code, LOAD_CALL, detail)
+
+
 def load_fix(code):
     """What to do about a failure to load the driver with `code` (driver_load's codes): the
-    same words for a guard's error and for the doctor's finding."""
-    if code == CUDA_ERROR_NO_DEVICE:
-        return (
-            "No NVIDIA driver is installed or visible here. On a GPU machine install the "
-            "NVIDIA driver; without a GPU, use cyctx's simulated driver "
-            "(cyctx.testing.use_simulated_driver, or `cyctx doctor --simulate`)"
-        )
+    same words for a guard's error and for the doctor's finding (no library at all,
+    CUDA_ERROR_NO_DEVICE, has its words in load_error and the doctor's no_driver finding)."""
     if code == CUDA_ERROR_STUB_LIBRARY:
         return (
             "Remove the toolkit's stubs directory (e.g. /usr/local/cuda/lib64/stubs) from "
@@ -240,11 +257,12 @@ def _entries(n):
 
 
 def _dropped_note(dropped):
+    # A clause, not a sentence: the messages it joins stay at two sentences.
     if not dropped:
         return ""
     return (
-        f" ({_entries(dropped)} of guards freed while entered were dropped from the top of "
-        f"this thread's entries first.)"
+        f" (after dropping {_entries(dropped)} of guards freed while entered from the top of "
+        f"this thread's entries)"
     )
 
 
@@ -273,12 +291,13 @@ def exit_misuse(
     `removed`: the entry was taken out from under the open block (a Python exit, never called
     again for its block); else nothing was changed (the nogil exit(), which its caller can call
     again). `generator`: the exit is a generator's or coroutine's, closed or collected, or a
-    greenlet's, killed or collected."""
+    greenlet's, killed or collected. Two sentences: what happened (and what state it left),
+    and what to do."""
     also = _dropped_note(dropped)
     if not entered_here:
         return GuardError(
-            f"{guard}: exit without a matching enter on this thread. Entries are per thread: "
-            f"leave a guard on the thread that entered it, once per enter.{also}"
+            f"{guard}: exit without a matching enter on this thread{also}. Entries are per "
+            f"thread: leave a guard on the thread that entered it, once per enter."
         )
     who = (
         "another block of this same guard" if same_guard_on_top else f"another guard (guard #{top})"
@@ -289,17 +308,18 @@ def exit_misuse(
         if generator
         else "exit out of order"
     )
-    done = (
-        "Its entry was removed; the current context was left to the open block, and leaving "
-        "that block restores what was current before this one."
-        if removed
-        else "Nothing was changed: leave the blocks entered after this one, then exit again."
-    )
+    if removed:
+        return GuardError(
+            f"{guard}: {what}: {who} was entered after this block on this thread and is still "
+            f"open{also}. Its entry was removed and the current context left to the open block, "
+            f"whose exit restores what was current before this one; leave blocks in reverse "
+            f"order of entry (a generator or coroutine holding a guard across yield/await, or "
+            f"two tasks sharing one guard, breaks that)."
+        )
     return GuardError(
         f"{guard}: {what}: {who} was entered after this block on this thread and is still "
-        f"open. {done} Blocks are left in reverse order of entry; a generator or coroutine "
-        f"holding a guard across yield/await breaks that (also when two tasks share one "
-        f"guard).{also}"
+        f"open{also}. Nothing was changed: leave the blocks entered after this one, then exit "
+        f"again."
     )
 
 
@@ -396,17 +416,25 @@ def forked(pid):
     )
 
 
-def reset_text(ordinal, guard, reactivated_elsewhere):
+def reset_text(ordinal, guard, reactivated_elsewhere, refused=False):
+    """The ContextResetWarning's words; `refused`: the warning was an error (the documented
+    refuse mode), so the guard left the context as it found it."""
+    what = (
+        f"device {ordinal}'s primary context was reset (cudaDeviceReset or "
+        f"cuDevicePrimaryCtxReset) since {guard} last entered it"
+    )
+    if refused:
+        return (
+            f"{what}, and memory and modules created in it before are gone. With "
+            f"ContextResetWarning an error the guard refused to re-activate it and changed "
+            f"nothing: rebuild what you need, then enter with the warning allowed."
+        )
     how = (
         "someone re-activated it since"
         if reactivated_elsewhere
         else "it is inactive; cyctx re-activates it (refcount unchanged)"
     )
-    return (
-        f"device {ordinal}'s primary context was reset (cudaDeviceReset or "
-        f"cuDevicePrimaryCtxReset) since {guard} last entered it; {how}. Memory and modules "
-        f"created in it before the reset are gone."
-    )
+    return f"{what}; {how}. Memory and modules created in it before the reset are gone."
 
 
 def destroyed_by_owner(guard):

@@ -213,6 +213,211 @@ def _stream(handle, device, default_as_device):
     return Target(Kind.STREAM, handle)
 
 
+class Spelling(NamedTuple):
+    """One way users name a device, a context, a stream or a green context (SPELLINGS)."""
+
+    what: str  # how messages name it
+    kind: str  # "device", "context", "stream" or "green context"
+    library: str | None  # the module prefix of its type; None: any type outside cuda.bindings/core
+    match: object  # (type, module, name, obj) -> bool; looked at in SPELLINGS' order
+    read: object  # (obj, default_as_device) -> Target
+    stub: str  # its member of DeviceLike in __init__.pyi
+    docs: tuple  # how docs/guarantees.md's table names it ("What a guard can be made from")
+
+
+def _core_stream(obj, default_as_device):
+    return _stream(
+        _handle_of(obj.handle, f"{type(obj).__name__}.handle", _STREAM_TYPES),
+        _ordinal_of(obj.device.device_id),
+        default_as_device,
+    )
+
+
+def _torch_device(obj, default_as_device):
+    if obj.type != "cuda":
+        raise ValueError(f"{shown(obj)} is not a CUDA device")
+    if obj.index is None:  # torch.device("cuda"): torch's current device
+        import torch
+
+        return Target(Kind.ORDINAL, _ordinal_of(torch.cuda.current_device()))
+    return Target(Kind.ORDINAL, _ordinal_of(obj.index))
+
+
+def _torch_stream(obj, default_as_device):
+    return _stream(
+        _handle_of(obj.cuda_stream, f"{type(obj).__name__}.cuda_stream", _STREAM_TYPES),
+        _optional_ordinal(obj.device.index),
+        default_as_device,
+    )
+
+
+def _cupy_stream(obj, default_as_device):
+    return _stream(
+        _handle_of(obj.ptr, f"{type(obj).__name__}.ptr", _STREAM_TYPES),
+        _optional_ordinal(getattr(obj, "device_id", None)),
+        default_as_device,
+    )
+
+
+def _names(names):
+    return lambda t, mod, name, obj: name in names
+
+
+# Every spelling of a device, a context, a stream or a green context, written once: recognise()
+# (so ContextGuard(), shared() and cyctx.device()) tries them in this order, the errors list
+# them, and tests tie __init__.pyi's DeviceLike and docs/guarantees.md's table to them.
+# Objects are recognised by their type's module and name: no framework is imported.
+SPELLINGS = (
+    Spelling(
+        "a cuda.bindings CUdevice",
+        "device",
+        "cuda.bindings",
+        _names(_DEVICE_TYPES),
+        lambda obj, _: Target(Kind.ORDINAL, _ordinal_of(obj)),
+        "_BindingsHandle",
+        ("`cuda.bindings.driver.CUdevice`", "`CUdevice_v1`"),
+    ),
+    Spelling(
+        "a cuda.bindings CUcontext",
+        "context",
+        "cuda.bindings",
+        _names(_CONTEXT_TYPES),
+        lambda obj, _: Target(Kind.CONTEXT, _handle_of(obj, "CUcontext", _CONTEXT_TYPES)),
+        "SupportsIndex",
+        ("`cuda.bindings.driver.CUcontext`",),
+    ),
+    Spelling(
+        "a cuda.bindings CUstream or cudaStream_t",
+        "stream",
+        "cuda.bindings",
+        _names(_STREAM_TYPES),
+        lambda obj, dflt: _stream(_handle_of(obj, type(obj).__name__, _STREAM_TYPES), None, dflt),
+        "SupportsIndex",
+        ("`CUstream`", "`cudaStream_t`"),
+    ),
+    Spelling(
+        "a cuda.bindings CUgreenCtx",
+        "green context",
+        "cuda.bindings",
+        _names(_GREEN_TYPES),
+        lambda obj, _: Target(Kind.GREEN, _handle_of(obj, "CUgreenCtx", _GREEN_TYPES)),
+        "SupportsIndex",
+        ("`cuda.bindings.driver.CUgreenCtx`",),
+    ),
+    Spelling(
+        "a cuda.core Device",
+        "device",
+        "cuda.core",
+        lambda t, mod, name, obj: name == "Device" and hasattr(obj, "device_id"),
+        lambda obj, _: Target(Kind.ORDINAL, _ordinal_of(obj.device_id)),
+        "_HasDeviceId",
+        ("`cuda.core.Device`",),
+    ),
+    Spelling(
+        "a cuda.core Stream",
+        "stream",
+        "cuda.core",
+        _names(("Stream",)),
+        _core_stream,
+        "_HasHandle",
+        ("`cuda.core` `Stream`",),
+    ),
+    Spelling(
+        "a cuda.core Context",
+        "context",
+        "cuda.core",
+        _names(("Context",)),
+        lambda obj, _: Target(
+            Kind.CONTEXT, _handle_of(obj.handle, f"{type(obj).__name__}.handle", _CONTEXT_TYPES)
+        ),
+        "_HasHandle",
+        ("a `cuda.core` `Context`",),
+    ),
+    Spelling(
+        "anything with __cuda_stream__",  # a cuda.core stream of another kind
+        "stream",
+        "cuda.core",
+        lambda t, mod, name, obj: hasattr(obj, "__cuda_stream__"),
+        lambda obj, dflt: _stream(_cuda_stream_handle(obj), None, dflt),
+        "_CudaStream",
+        ("anything with `__cuda_stream__`",),
+    ),
+    Spelling(
+        "a torch.device",
+        "device",
+        None,
+        lambda t, mod, name, obj: mod == "torch" and name == "device",
+        _torch_device,
+        "_HasIndex",
+        ('`torch.device("cuda", k)`', '`torch.device("cuda")`'),
+    ),
+    Spelling(
+        "a torch.cuda.Stream",
+        "stream",
+        None,
+        lambda t, mod, name, obj: mod.startswith("torch") and hasattr(obj, "cuda_stream"),
+        _torch_stream,
+        "_HasCudaStream",
+        ("`torch.cuda.Stream`",),
+    ),
+    Spelling(
+        "a cupy.cuda.Device",
+        "device",
+        None,
+        lambda t, mod, name, obj: mod.startswith("cupy") and name == "Device",
+        lambda obj, _: Target(Kind.ORDINAL, _ordinal_of(obj.id)),
+        "_HasId",
+        ("`cupy.cuda.Device`",),
+    ),
+    Spelling(
+        "a cupy.cuda.Stream",
+        "stream",
+        None,
+        lambda t, mod, name, obj: (
+            mod.startswith("cupy") and "Stream" in name and hasattr(obj, "ptr")
+        ),
+        _cupy_stream,
+        "_HasPtr",
+        ("`cupy.cuda.Stream`",),
+    ),
+    Spelling(
+        "anything with __cuda_stream__",
+        "stream",
+        None,
+        lambda t, mod, name, obj: hasattr(obj, "__cuda_stream__"),
+        lambda obj, dflt: _stream(_cuda_stream_handle(obj), None, dflt),
+        "_CudaStream",
+        ("anything with `__cuda_stream__`",),
+    ),
+    Spelling(
+        "an int ordinal or anything with __index__ such as numpy.int64",
+        "device",
+        None,
+        lambda t, mod, name, obj: not isinstance(obj, bool) and hasattr(t, "__index__"),
+        lambda obj, _: Target(Kind.ORDINAL, _ordinal_of(obj)),
+        "SupportsIndex",
+        ("`int` ordinal (or anything with `__index__`, e.g. `numpy.int64`)",),
+    ),
+)
+
+KINDS = ("device", "context", "stream", "green context")
+
+
+def takes(kinds=KINDS):
+    """What is taken, for messages: "a device (a ..., ...), a context (...) or ..."."""
+    parts = []
+    for kind in kinds:
+        seen = []
+        # The ordinal, tried last, is named first: it is what most callers pass.
+        for sp in sorted(
+            SPELLINGS, key=lambda sp: sp.stub != "SupportsIndex" or sp.library is not None
+        ):
+            if sp.kind == kind and sp.what not in seen:
+                seen.append(sp.what)
+        parts.append(f"a {kind} ({', '.join(seen)})")
+    return parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} or {parts[-1]}"
+
+
 def recognise(obj):
     """The Target of anything ContextGuard accepts; TypeError/ValueError otherwise."""
     return _recognise(obj, True)
@@ -225,71 +430,20 @@ def _recognise(obj, default_as_device):
     # TypeError/ValueError, never truncated, parsed or overflowed.
     lib = _library_class(t)
     if lib is not None:
-        # cuda.bindings and cuda.core: only the types that mean a device, a context, a stream
-        # or a green context; any other of their objects is refused by its type, whatever
-        # __index__/__int__ it has (a CUevent is no device ordinal).
-        name = lib.__name__
-        if lib.__module__.startswith("cuda.bindings"):
-            if name in _CONTEXT_TYPES:
-                return Target(Kind.CONTEXT, _handle_of(obj, name, _CONTEXT_TYPES))
-            if name in _STREAM_TYPES:
-                return _stream(_handle_of(obj, name, _STREAM_TYPES), None, default_as_device)
-            if name in _GREEN_TYPES:
-                return Target(Kind.GREEN, _handle_of(obj, name, _GREEN_TYPES))
-            if name in _DEVICE_TYPES:
-                return Target(Kind.ORDINAL, _ordinal_of(obj))
-        else:
-            if name == "Device" and hasattr(obj, "device_id"):
-                return Target(Kind.ORDINAL, _ordinal_of(obj.device_id))
-            if name == "Stream":
-                return _stream(
-                    _handle_of(obj.handle, f"{name}.handle", _STREAM_TYPES),
-                    _ordinal_of(obj.device.device_id),
-                    default_as_device,
-                )
-            if name == "Context":
-                return Target(
-                    Kind.CONTEXT, _handle_of(obj.handle, f"{name}.handle", _CONTEXT_TYPES)
-                )
-            if hasattr(obj, "__cuda_stream__"):  # another cuda.core stream kind
-                return _stream(_cuda_stream_handle(obj), None, default_as_device)
-        raise _not_a(
-            lib, "a device, a context, a stream or a green context, which ContextGuard takes"
-        )
+        # cuda.bindings and cuda.core: only their spellings; any other of their objects is
+        # refused by its type, whatever __index__/__int__ it has (a CUevent is no ordinal).
+        mod = lib.__module__
+        for sp in SPELLINGS:
+            if sp.library is not None and mod.startswith(sp.library):
+                if sp.match(lib, mod, lib.__name__, obj):
+                    return sp.read(obj, default_as_device)
+        raise _not_a(lib, f"{takes()}, which ContextGuard takes")
     mod = t.__module__ if isinstance(t.__module__, str) else ""
     name = t.__name__
-    if mod == "torch" and name == "device":
-        if obj.type != "cuda":
-            raise ValueError(f"{shown(obj)} is not a CUDA device")
-        if obj.index is None:  # torch.device("cuda"): torch's current device
-            import torch
-
-            return Target(Kind.ORDINAL, _ordinal_of(torch.cuda.current_device()))
-        return Target(Kind.ORDINAL, _ordinal_of(obj.index))
-    elif mod.startswith("torch") and hasattr(obj, "cuda_stream"):
-        return _stream(
-            _handle_of(obj.cuda_stream, f"{name}.cuda_stream", _STREAM_TYPES),
-            _optional_ordinal(obj.device.index),
-            default_as_device,
-        )
-    elif mod.startswith("cupy"):
-        if name == "Device":
-            return Target(Kind.ORDINAL, _ordinal_of(obj.id))
-        if hasattr(obj, "ptr") and "Stream" in name:
-            return _stream(
-                _handle_of(obj.ptr, f"{name}.ptr", _STREAM_TYPES),
-                _optional_ordinal(getattr(obj, "device_id", None)),
-                default_as_device,
-            )
-    if hasattr(obj, "__cuda_stream__"):  # the CUDA stream protocol: (version, handle)
-        return _stream(_cuda_stream_handle(obj), None, default_as_device)
-    if isinstance(obj, bool) or not hasattr(t, "__index__"):
-        raise TypeError(
-            f"ContextGuard takes a device ordinal (int), a device (cuda.core Device, "
-            f"cupy.cuda.Device, torch.device), a CUcontext, a stream or a green context; got "
-            f"{mod}.{name} {shown(obj)}"
-        )
-    return Target(Kind.ORDINAL, _ordinal_of(obj))
+    for sp in SPELLINGS:
+        if sp.library is None and sp.match(t, mod, name, obj):
+            return sp.read(obj, default_as_device)
+    raise TypeError(f"ContextGuard takes {takes()}; got {mod}.{name} {shown(obj)}")
 
 
 def shared_ordinal(device):
@@ -300,12 +454,12 @@ def shared_ordinal(device):
         what = {Kind.CONTEXT: "context", Kind.STREAM: "stream", Kind.GREEN: "green context"}[
             target.kind
         ]
+        theirs = "that context" if what == "context" else f"that {what}'s context"
         raise TypeError(
-            f"ContextGuard.shared() and cyctx.device() take a device (an ordinal, a cuda.core "
-            f"Device, cupy.cuda.Device, torch.device, CUdevice), got a {what} "
+            f"ContextGuard.shared() and cyctx.device() take {takes(('device',))}, got a {what} "
             f"({type(device).__name__} {shown(device)}): the shared guard of a device is its "
-            f"primary context, which a {what}'s context may not be. Use ContextGuard(it) for a "
-            f"guard of that {what}'s context, kept for the life of the work"
+            f"primary context, which {theirs} may not be. Use ContextGuard(it) for a guard of "
+            f"{theirs}, kept for the life of the work"
         )
     return target.value
 

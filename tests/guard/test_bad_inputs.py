@@ -267,6 +267,12 @@ ROWS = [
     ("`ContextGuard.from_handle(-1)` or `from_handle(2**64)`", _handles_out_of_range, "ValueError"),
     ('`ContextGuard.from_handle(1.5)` or `from_handle("0x1234")`', _handles_not_ints, "TypeError"),
     (
+        "`cyctx.diagnose(cudart=1.5)`, or any `cudart` not a path, None or a bool",
+        lambda: cyctx.diagnose(cudart=1.5),
+        "TypeError",
+    ),
+    ('`cyctx.diagnose(cudart="")`', lambda: cyctx.diagnose(cudart=""), "ValueError"),
+    (
         "a method called through the class on something else: `ContextGuard.close(None)`, "
         "`ContextGuard.__exit__(obj, None, None, None)`, ...",
         _unbound_on_non_guards,

@@ -187,7 +187,7 @@ def test_no_driver_library_is_described(tmp_path):
     out = run_python(LOAD_CHILD)
     cls, code, name, call, msg = json.loads(out.stdout.strip().splitlines()[-1])
     assert (cls, code, name) == ("NoDeviceError", 100, "CUDA_ERROR_NO_DEVICE"), msg
-    assert "unrecognised" not in msg and "No NVIDIA driver" in msg, msg
+    assert "unrecognised" not in msg and "the NVIDIA driver's library, is missing" in msg, msg
 
 
 def test_error_names_and_texts_without_a_driver_cover_cyctxs_own_codes():

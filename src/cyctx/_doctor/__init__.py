@@ -25,36 +25,88 @@ One module per job; each imports only those above it in this list:
 * ``findings``: :func:`diagnose`, and the words of each finding;
 * ``demo``: ``python -m cyctx doctor --demo``, the classic failure step by step.
 
-``cyctx.doctor`` (the public names) imports this package, and ``cyctx.diagnose`` on its first
-call;
-the command line (``cyctx/__main__.py``) uses the names below.
+``bindings`` (the report when cuda-bindings is missing or unusable) imports model and report
+only. ``cyctx.doctor`` (the public names) loads the package, and ``cyctx.diagnose`` on its
+first call; the command line (``cyctx/__main__.py``) uses the names below.
 """
 
-from cyctx._doctor.demo import run_demo
-from cyctx._doctor.findings import diagnose
-from cyctx._doctor.model import (
-    EXIT_NO_CUDA,
-    EXIT_OK,
-    EXIT_PROBLEM,
-    EXIT_USAGE,
-    ContextInfo,
-    DeviceInfo,
-    Finding,
-    GuardInfo,
-    LoadedLibrary,
-    RuntimeInfo,
-)
-from cyctx._doctor.probe import device_count
-from cyctx._doctor.render import use_colour
-from cyctx._doctor.report import Diagnosis
-from cyctx._doctor.runtime import (
-    Cudart,
-    Runtime,
-    StandInRuntime,
-    cu11_candidates,
-    find_cudart,
-    load_cudart,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cyctx._doctor.demo import run_demo
+    from cyctx._doctor.findings import diagnose
+    from cyctx._doctor.model import (
+        EXIT_NO_CUDA,
+        EXIT_OK,
+        EXIT_PROBLEM,
+        EXIT_USAGE,
+        ContextInfo,
+        DeviceInfo,
+        Finding,
+        GuardInfo,
+        LoadedLibrary,
+        RuntimeInfo,
+    )
+    from cyctx._doctor.probe import device_count
+    from cyctx._doctor.render import use_colour
+    from cyctx._doctor.report import Diagnosis
+    from cyctx._doctor.runtime import (
+        Cudart,
+        Runtime,
+        StandInRuntime,
+        cu11_candidates,
+        find_cudart,
+        load_cudart,
+    )
+
+# Each public name and its module, loaded on first use: the modules that need cuda.bindings
+# (cu and those above it) load only when asked, so that the report of a cuda-bindings that is
+# missing or unusable (``bindings``, which needs model and report only) can still be made.
+_HOME = {
+    "run_demo": "demo",
+    "diagnose": "findings",
+    "device_count": "probe",
+    "use_colour": "render",
+    "Diagnosis": "report",
+    **dict.fromkeys(
+        (
+            "EXIT_NO_CUDA",
+            "EXIT_OK",
+            "EXIT_PROBLEM",
+            "EXIT_USAGE",
+            "ContextInfo",
+            "DeviceInfo",
+            "Finding",
+            "GuardInfo",
+            "LoadedLibrary",
+            "RuntimeInfo",
+        ),
+        "model",
+    ),
+    **dict.fromkeys(
+        ("Cudart", "Runtime", "StandInRuntime", "cu11_candidates", "find_cudart", "load_cudart"),
+        "runtime",
+    ),
+}
+
+
+def load() -> None:
+    """Import every module of the doctor now (ImportError when cuda.bindings cannot be)."""
+    for mod in sorted(set(_HOME.values())):
+        importlib.import_module(f"{__name__}.{mod}")
+
+
+def __getattr__(name: str) -> object:
+    mod = _HOME.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "EXIT_NO_CUDA",

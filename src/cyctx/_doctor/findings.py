@@ -58,7 +58,27 @@ FRAMEWORK_DISTRIBUTIONS = (
 )
 
 
-def diagnose(cudart: str | bool | None = None, *, before_fork: bool = False) -> Diagnosis:
+def _cudart_path(cudart: object) -> str | bool | None:
+    # bytes and os.PathLike are paths, as everywhere in the standard library; anything else
+    # would otherwise fall through to the default lookup and report another runtime, silently.
+    if cudart is None or isinstance(cudart, bool):
+        return cudart
+    if isinstance(cudart, (str, bytes, os.PathLike)):
+        path = os.fsdecode(os.fspath(cudart))
+        if not path:
+            raise ValueError("diagnose(cudart=...): the path is empty; pass None for the default")
+        return path
+    raise TypeError(
+        f"diagnose(cudart=...) takes a path (str, bytes or os.PathLike), None (find one) or "
+        f"False (none), not {type(cudart).__name__}"
+    )
+
+
+def diagnose(
+    cudart: str | bytes | os.PathLike[str] | os.PathLike[bytes] | bool | None = None,
+    *,
+    before_fork: bool = False,
+) -> Diagnosis:
     """Report the CUDA driver, runtime, devices and the calling thread's context, and every CUDA
     library loaded in the process (the census), with findings.
 
@@ -69,9 +89,10 @@ def diagnose(cudart: str | bool | None = None, *, before_fork: bool = False) -> 
 
     Parameters
     ----------
-    cudart : str, bool or None
+    cudart : str, bytes, os.PathLike, bool or None
         Which ``libcudart`` to ask for its version and current device: a path; None (default)
         for one already loaded in this process, else cuda-pathfinder's; False for none.
+        Another type is a TypeError, an empty path a ValueError.
     before_fork : bool
         Asked from a process about to fork: whether a forked child could use CUDA. When CUDA
         is initialised already (by anyone: :func:`cyctx.cuda_initialized`) the report has the
@@ -95,6 +116,7 @@ def diagnose(cudart: str | bool | None = None, *, before_fork: bool = False) -> 
     """
     if not isinstance(before_fork, bool):
         raise TypeError(f"diagnose(before_fork=...): a bool, not {type(before_fork).__name__}")
+    cudart = _cudart_path(cudart)
     initialised = None  # not asked
     if before_fork:
         from cyctx._errors import CyctxError

@@ -111,6 +111,8 @@ def render(r: Diagnosis, colour: bool = False, width: int = 88, cli: bool = Fals
             "driver",
             f"CUDA {version_str(r.driver_version)} ({r.driver_version})  {r.driver_library or ''}".rstrip(),
         )
+    elif any(f.code == "bindings_unusable" for f in r.findings):
+        kv("driver", s.red("not queried: cuda-bindings is not usable (see Findings)"))
     else:
         kv("driver", s.red("none: libcuda.so.1 cannot be loaded (see Findings)"))
     if r.simulated:

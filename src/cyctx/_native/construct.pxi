@@ -169,8 +169,14 @@ cdef void _release(cydriver.CUdevice dev, int n) noexcept nogil:
 
 
 cdef int _warn_reset(ContextGuard g, bint reactivated_elsewhere) except -1 with gil:
-    warnings.warn(_errors.reset_text(g._ordinal, repr(g), reactivated_elsewhere),
-                  ContextResetWarning, stacklevel=2)
+    try:
+        warnings.warn(_errors.reset_text(g._ordinal, repr(g), reactivated_elsewhere),
+                      ContextResetWarning, stacklevel=2)
+    except ContextResetWarning:
+        # The warning is an error: nothing is re-activated, so its words must not say it is.
+        raise ContextResetWarning(
+            _errors.reset_text(g._ordinal, repr(g), reactivated_elsewhere, refused=True)
+        ) from None
     return 0
 
 

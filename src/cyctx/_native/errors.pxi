@@ -39,9 +39,7 @@ cdef int raise_driver_error(cydriver.CUresult err, const char* call) except -1 w
 
 
 cdef int raise_load_error(cydriver.CUresult err, const char* problem) except -1 with gil:
-    why = problem.decode(errors="replace") if problem != NULL else "unknown reason"
-    why = why[:1].upper() + why[1:]
-    raise driver_error(<int>err, "loading the CUDA driver", f"{why}. {_errors.load_fix(<int>err)}")
+    raise _errors.load_error(<int>err, problem.decode(errors="replace") if problem != NULL else "unknown reason")
 
 
 def load_problem():

@@ -36,6 +36,11 @@ cdef object _with_exit(object obj, object exc_type, object exc, object tb, unsig
     if exc is None:
         _exit_block(self, EXIT_PYTHON, serial)
         return False
+    if not isinstance(exc, BaseException):
+        # A hand-made call (`g.__exit__(str, "boom", None)`): nothing could carry a note, so
+        # a failure to leave is raised, as with no exception.
+        _exit_block(self, EXIT_PYTHON, serial)
+        return False
     if isinstance(exc, GeneratorExit) or _swallowed(type(exc)):
         # A generator or coroutine closed with the block open: from close(), or from its
         # finalizer when it was abandoned; or a greenlet killed (GreenletExit, also when it

@@ -9,6 +9,7 @@
 #ifndef CYCTX_SWITCH_H
 #define CYCTX_SWITCH_H
 
+#include "cuda_check.h" /* says what to do when cuda.h is not on the include path */
 #include <cuda.h>
 
 typedef struct cyctx_Switch {
