@@ -1,25 +1,6 @@
-// The driver entry points cyctx calls, resolved by cyctx itself (docs/design.md, "One build
-// for every cuda-bindings").
-//
-// Why not call cuda.bindings' cydriver functions: a Cython module that calls them imports
-// each one at load time by its C signature in the cydriver it was compiled against, and
-// cydriver changes between majors (CUDA 13 renamed or re-versioned several functions). A
-// cyctx built so would load only beside the cuda-bindings it was built with. Instead each
-// function is resolved once with cuGetProcAddress_v2 at a fixed ABI version, the driver's
-// own mechanism for ABI stability, so one build works with every cuda-bindings 12.9+ and
-// 13.x and every driver of CUDA 12.0+. cydriver.pxd is still where the types come from.
-// One extension module includes this header, cyctx._guard (tests/test_layout.py checks it), so
-// the process has one table, resolved on the first driver call; Cython code that cimports cyctx
-// reaches the driver through the guard's functions and never compiles this header.
-//
-// The library is the one cuda.bindings uses as well: dlopen("libcuda.so.1") returns a
-// library of that soname already loaded (the NVIDIA driver, or cyctx's simulated driver
-// loaded first by cyctx.testing), else loads the system's.
-//
-// One-time initialisation without a lock and without the GIL: racing first callers each
-// resolve the table (dlopen is reference counted, dlsym and cuGetProcAddress are
-// thread-safe), the first to publish wins with a release store, the others free theirs.
-// No lock also means a fork in the middle of a first use cannot leave the child one.
+// The driver entry points cyctx calls, resolved by cyctx itself with cuGetProcAddress_v2 at
+// fixed ABI versions, so that one build works with every cuda-bindings (docs/design.md, "The
+// driver, resolved by cyctx"): one table per process, published lock-free on first use.
 #pragma once
 #include <atomic>
 #include <cstdio>

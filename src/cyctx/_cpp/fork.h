@@ -1,11 +1,7 @@
-// Fork detection without a per-call syscall: a pthread_atfork child handler flips flags that
-// the guard reads before any driver call. In a child forked after CUDA was initialised,
-// every driver call returns CUDA_ERROR_NOT_INITIALIZED, cuInit included (docs/evidence.md, "A
-// forked child gets CUDA_ERROR_NOT_INITIALIZED from every call"), so the guard must refuse up front.
-//
-// The flags are atomics (relaxed: each is a single word set once, read on the hot path as a
-// plain load), so they are race-free without the GIL. The prepare/parent/child handlers also
-// hold registry.h's mutex across fork(), so a child never inherits it locked.
+// Fork detection without a per-call syscall: a pthread_atfork child handler sets flags the
+// guard reads before any driver call (docs/design.md, "Fork"). Relaxed atomics: set once, read
+// as plain loads. The handlers hold registry.h's mutex across fork(), so no child inherits it
+// locked.
 #pragma once
 #include <atomic>
 #include <pthread.h>

@@ -1,21 +1,6 @@
-// Per-thread record of open guard entries (per-entry state lives per thread, never on the
-// shared guard object).
-//
-// Entries are keyed by the guard's token, a process-unique 64-bit number that is never
-// reused, not by its address: Python reuses the address of a freed object, so a guard freed
-// while entered would leave an entry that a new guard at the same address matched.
-//
-// This is on every enter and exit, so the common case must be one thread-local lookup and no
-// C++ TLS init guard: a zero-initialised POD with room for kInline nested entries. Deeper
-// nesting spills to a heap block owned by a second thread_local whose destructor frees it at
-// thread exit (no Python call: docs/design.md, "Shutdown and thread exit"); that object is
-// only touched on the spill path. (A `thread_local std::vector` would add a TLS init-guard
-// check and an out-of-line call to every access.)
-// The guard's token registry is registry.h, its shared fields' accessors shared_fields.h.
-// The stack is small on purpose: built with TLS descriptors (setup.py), glibc can place a
-// dlopen'ed module's TLS in its static-TLS surplus (a few hundred bytes shared by the whole
-// process) and then an access is a few instructions; a larger block falls back to the slower
-// dynamic path. Six inline entries is deeper than guards nest in practice.
+// Per-thread record of open guard entries, keyed by the guard's never-reused token: a POD
+// thread_local with kInline entries, spilling to the heap beyond (docs/design.md, "Per-thread
+// entries").
 #pragma once
 #include <cuda.h>
 #include <atomic>

@@ -1,20 +1,7 @@
-// Which `with guard:` block a Python enter or exit belongs to (the BlockId of
-// _cpp/thread_entries.h's Entry). GIL: held by every caller (Python's __enter__/__exit__).
-//
-// The rule (docs/guarantees.md, "Which block an exit belongs to"): an exit takes an entry only
-// when it can tell that the entry is its own; where it cannot, it refuses (GuardError) and
-// changes nothing. Nothing is inferred from names of functions or frames. Two facts identify a
-// block:
-// * The tag. `with guard:` binds the guard's __exit__ (a quick method object, methods.h) just
-//   before it calls __enter__, with no Python code in between, and holds that binding until it
-//   leaves the block. The binding gets a serial, never reused; the enter that follows on the same
-//   thread, in the same strand, records it; the exit made through that binding finds its entry
-//   by it. Exact, whatever else runs on the thread.
-// * The strand: what differs between code that can interleave on one thread (strand.h reads
-//   it): the thread's contextvars Context (asyncio and trio run each task step in the task's
-//   own; greenlet switches it per greenlet), and its innermost and outermost running generator
-//   or coroutine. An entry made through a wrapper (a helper, a partial, a subclass, ExitStack)
-//   has no tag; its exit finds it by its strand, where the strand can be told.
+// Which `with guard:` block a Python enter or exit belongs to: the tag of the `with`
+// statement's exit binding, else the strand (strand.h), else refused with nothing changed
+// (docs/guarantees.md, "Which block an exit belongs to"; docs/design.md, "Block identity").
+// GIL: held by every caller.
 #pragma once
 #include <Python.h>
 #include <cstdint>

@@ -1,22 +1,7 @@
-// The bound __enter__/__exit__ of a ContextGuard: what `with guard:` looks up on every block.
-// GIL: held by every caller (attribute lookup, calls, deallocation).
-//
-// `with g:` asks the type for __enter__ and __exit__ and binds each to g. For a method defined
-// in an extension type that makes a new method object per lookup: two garbage-collected
-// allocations, their tracking and their frees on every block, and a call through the generic
-// method wrapper and argument parser. That is most of what a `with` over an extension type
-// costs, more than the guard's own enter and exit. So the guard's class holds a Slot in
-// place of each method: for an exact ContextGuard it binds to a small Bound object taken from a
-// free list (not tracked by the collector: it refers to the guard only, and a ContextGuard,
-// which has no __dict__, refers to no Bound, so no cycle can hold one), and a call goes straight
-// to the guard's C implementation. For anything else (a subclass, whose instances have a
-// __dict__; the class itself, `ContextGuard.__enter__`) the Slot gives what the method it
-// replaces gives, so subclasses, contextlib's `cls.__enter__` and introspection see a plain
-// method. A Bound answers attribute lookups (__name__, __doc__, __self__, __func__, ...),
-// repr, ==, hash, weak references and pickling as the method object it stands for does.
-//
-// Public CPython API only (the plain build has them too). Free-threaded builds do not install
-// the Slots: the free list relies on the GIL.
+// The bound __enter__/__exit__ a `with` makes of an exact ContextGuard: small method objects
+// from a free list that call the guard's C code directly and stand for the plain bound methods
+// in everything else (docs/design.md, "The quick bound methods"). Public CPython API only;
+// free-threaded builds do not install them (the free list relies on the GIL). GIL: held.
 #pragma once
 #include <Python.h>
 #include "blocks.h"
