@@ -84,7 +84,8 @@ inline int tls_push(unsigned long long token, const BlockId *id, const cyctx_Swi
     if (id) {
         e->id = *id;
     } else {
-        e->id = BlockId{0, nullptr, nullptr, nullptr};
+        e->id.tag = 0;  // the nogil enter(): no tag, no strand (a NULL ctx; inner and root
+        e->id.ctx = nullptr;  // are read only beside a ctx that matched)
     }
     e->sw = *sw;
     s.depth++;
