@@ -83,6 +83,15 @@ def test_a_filter_naming_a_module_is_left_to_warn():
         """
     )
     assert "ResourceWarning" not in err, err
+    _, err = _stderr(
+        """
+        import warnings
+        warnings.simplefilter("default", ResourceWarning)
+        warnings.filterwarnings("ignore", category=ResourceWarning, module="elsewhere")
+        collect()   # the ignoring filter is another module's: the next one shows it
+        """
+    )
+    assert _shown(err) == 1, err
 
 
 def test_a_message_filter_is_matched_against_the_warning_text():
