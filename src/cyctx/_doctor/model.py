@@ -19,6 +19,13 @@ def version_str(v: int | None) -> str | None:
     return None if v is None else f"{v // 1000}.{(v % 1000) // 10}"
 
 
+def plausible_version(v: int) -> bool:
+    """Whether ``v`` can be a CUDA version as the version functions encode it (1000 * major +
+    10 * minor, major 1 to 99, minor 0 to 99): anything else is a broken or foreign library's
+    answer, which the doctor reports as such and never takes for a version."""
+    return 1000 <= v <= 99990 and v % 10 == 0
+
+
 @dataclass
 class Finding:
     """One thing the doctor recognised: what, why, and what to do.
@@ -92,6 +99,11 @@ class LoadedLibrary:
         False  # mapped after diagnose() began: the doctor's own load, not the program's
     )
     note: str | None = None  # why the version is missing
+    # Whether the mapped file is still the one at ``path``: "same", "deleted" (no file there
+    # now, or /proc/self/maps says "(deleted)" and nothing is there) or "replaced" (another
+    # file there now, as `pip install -U` leaves it under a running process).
+    file: str = "same"
+    on_disk: str | None = None  # for deleted or replaced: what is at ``path`` now, in words
 
 
 @dataclass
