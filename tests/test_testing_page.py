@@ -1,4 +1,4 @@
-"""docs/testing.md's worked example is examples/plugin/test_gpu.py (the page includes it), run
+"""docs/testing.md's worked example is docs/_examples/test_gpu.py (the page includes it), run
 here as the page says, with the page's own conftest.py, and its printed output compared with
 the page's block: the page cannot drift from what the plugin prints."""
 
@@ -12,10 +12,10 @@ pytest_plugins = ["pytester"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE = os.path.join(ROOT, "docs", "testing.md")
-EXAMPLE = os.path.join(ROOT, "examples", "plugin", "test_gpu.py")
+EXAMPLE = os.path.join(ROOT, "docs", "_examples", "test_gpu.py")
 pytestmark = pytest.mark.skipif(
     not (os.path.isfile(PAGE) and os.path.isfile(EXAMPLE)),
-    reason="needs the source tree's docs/ and examples/",
+    reason="needs the source tree's docs/",
 )
 
 
@@ -41,8 +41,8 @@ def test_the_worked_example_prints_what_the_page_shows(pytester, monkeypatch):
     with open(PAGE) as f:
         page = f.read()
     example = _section(page, "### A worked example")
-    assert "```{literalinclude} ../examples/plugin/test_gpu.py" in example, (
-        "the worked example no longer includes examples/plugin/test_gpu.py"
+    assert "```{literalinclude} _examples/test_gpu.py" in example, (
+        "the worked example no longer includes docs/_examples/test_gpu.py"
     )
     command = re.search(r"^`(pytest [^`]*test_gpu\.py)`", example, re.M)
     assert command, "no `pytest ... test_gpu.py` command in the worked example"
