@@ -60,13 +60,11 @@ class Mapped:
 
     def file_now(self) -> str:
         """ "same", "deleted" or "replaced": whether the file at ``path`` is the mapped one."""
-        try:
-            now = os.stat(self.path)
-        except OSError:
-            return "deleted"
-        if self.deleted or (self.inode and now.st_ino != self.inode):
-            return "replaced"
-        return "same"
+        # (The kernel's mark, not an inode comparison: overlay file systems report other
+        # inode numbers to stat than to the memory map.)
+        if not self.deleted:
+            return "same"
+        return "replaced" if os.path.exists(self.path) else "deleted"
 
 
 def mapped_files() -> list[Mapped]:

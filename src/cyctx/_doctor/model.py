@@ -99,9 +99,9 @@ class LoadedLibrary:
         False  # mapped after diagnose() began: the doctor's own load, not the program's
     )
     note: str | None = None  # why the version is missing
-    # Whether the mapped file is still the one at ``path``: "same", "deleted" (no file there
-    # now, or /proc/self/maps says "(deleted)" and nothing is there) or "replaced" (another
-    # file there now, as `pip install -U` leaves it under a running process).
+    # Whether the mapped file is still the one at ``path``: "same", or, where /proc/self/maps
+    # marks it "(deleted)", "deleted" (no file there now) or "replaced" (another file there
+    # now, as `pip install -U` leaves it under a running process).
     file: str = "same"
     on_disk: str | None = None  # for deleted or replaced: what is at ``path`` now, in words
 
