@@ -45,7 +45,7 @@ from typing import Any
 
 import pytest
 
-from _cyctx_libcuda import loaded_libcuda
+from _cyctx_libcuda import loaded_libcuda, same_context
 
 __all__ = ["ContextState", "ContextStateChanged", "Observer", "changes", "check_thread"]
 
@@ -119,7 +119,7 @@ def _fields(state: ContextState, other: ContextState) -> dict[tuple[str, int], A
 
 def _differs(key: tuple[str, int], b: Any, a: Any) -> bool:
     if key[0] == "current":  # the same handle with another id is another context (a reset)
-        return b[0] != a[0] or (b[0] != 0 and b[2] != a[2])
+        return not same_context((b[0], b[2]), (a[0], a[2]))
     return b != a
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from _cyctx_libcuda import same_context
+
 # Exit statuses of `cyctx doctor` (2 is argparse's usage error).
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_NO_CUDA = 0, 1, 2, 3
 
@@ -205,9 +207,13 @@ class GuardInfo:
         """A primary context reset since the guard last saw it. Only a primary context is
         reset (and re-activated by the guard's next enter); a context the caller owns whose
         id changed or vanished was destroyed (see ``destroyed``)."""
-        return self.primary and self.driver_id != self.seen_id
+        return self.primary and not self._same()
 
     @property
     def destroyed(self) -> bool:
         """The caller's context (cuCtxCreate, green) behind a guard was destroyed."""
-        return not self.primary and self.driver_id != self.seen_id
+        return not self.primary and not self._same()
+
+    def _same(self) -> bool:
+        # The guard's handle with the id it saw, against the id the driver gives it now.
+        return same_context((self.handle, self.seen_id), (self.handle, self.driver_id))
