@@ -16,10 +16,15 @@ import pytest
 pytest_plugins = ["pytester"]
 
 # The inner suite's conftest: the driver chosen and never initialised (the suite does it).
+# "sim-bare" loads the simulated driver's library as a wrong LD_LIBRARY_PATH would, without
+# importing cyctx: the first fixture or test to use a guard is the first to import cyctx, and
+# the plugin sees neither stack depth nor retains, as on the real driver.
 CONFTEST = {
     "sim": "from cyctx.testing import use_simulated_driver\n\nuse_simulated_driver(2)\n",
+    "sim-bare": "import ctypes\n\nctypes.CDLL({path!r}, mode=ctypes.RTLD_GLOBAL).cyctxsim_configure(2)\n",
     "real": "",  # the real driver, loaded and initialised by whatever first needs it
 }
+
 
 # What the first user does at setup (the driver not yet initialised), and undoes at teardown.
 ACTIONS = {
@@ -40,7 +45,7 @@ ACTIONS = {
         "assert d.cuDevicePrimaryCtxRelease(0)[0] == 0",
     ),
     "guard": (
-        "ctx = cyctx.ContextGuard(0)\nctx.__enter__()",
+        "import cyctx\n\nctx = cyctx.ContextGuard(0)\nctx.__enter__()",
         "ctx.__exit__(None, None, None)\nctx.close()",
     ),
 }
@@ -72,7 +77,6 @@ LEFT = {
 LEFT["current"] = LEFT["push"]
 
 WHO = ["function", "class", "module", "session", "test"]
-DRIVERS = ["sim", pytest.param("real", marks=pytest.mark.gpu)]
 XDIST = ["-n", "2", "-p", "no:benchmark"]
 
 # The family, pairwise rather than the full product (each case is a pytest process): undone,
@@ -86,9 +90,17 @@ KEPT = (
 )
 
 
-def _ids(case):
-    action, who, xdist = case
-    return f"{action}-{who}-{'xdist' if xdist else 'serial'}"
+def _params(cases):
+    """Each case on the simulated driver and (gpu) the real one; a guard's also where cyctx is
+    first imported by it."""
+    out = []
+    for action, who, xdist in cases:
+        drivers = ["sim", "real"] + (["sim-bare"] if action == "guard" else [])
+        for driver in drivers:
+            marks = [pytest.mark.gpu] if driver == "real" else []
+            name = f"{action}-{who}-{'xdist' if xdist else 'serial'}-{driver}"
+            out.append(pytest.param((action, who, xdist), driver, marks=marks, id=name))
+    return out
 
 
 def _body(code: str, indent: str) -> str:
@@ -98,7 +110,7 @@ def _body(code: str, indent: str) -> str:
 def _inner(action: str, who: str, balanced: bool) -> str:
     begin, end = ACTIONS[action]
     end = end if balanced else "pass"
-    head = "import pytest, cyctx\nfrom cuda.bindings import driver as d\n\n\n"
+    head = "import pytest\nfrom cuda.bindings import driver as d\n\n\n"
     if who == "test":
         return (
             head
@@ -119,15 +131,16 @@ def _inner(action: str, who: str, balanced: bool) -> str:
 def _run(pytester, driver: str, action: str, who: str, balanced: bool, xdist: list):
     if xdist:
         pytest.importorskip("xdist")
-    pytester.makeconftest(CONFTEST[driver])
+    from cyctx.testing import sim_library_path
+
+    pytester.makeconftest(CONFTEST[driver].format(path=sim_library_path()))
     pytester.makepyfile(test_inner=_inner(action, who, balanced))
     args = xdist or ["-p", "no:xdist", "-p", "no:benchmark"]
     return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, "--cyctx-contexts-fail")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("driver", DRIVERS)
-@pytest.mark.parametrize("case", UNDONE, ids=_ids)
+@pytest.mark.parametrize(("case", "driver"), _params(UNDONE))
 def test_the_first_to_initialise_that_puts_it_back_changed_nothing(pytester, case, driver):
     action, who, xdist = case
     result = _run(pytester, driver, action, who, True, xdist)
@@ -148,8 +161,7 @@ def _title(who: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("driver", DRIVERS)
-@pytest.mark.parametrize("case", KEPT, ids=_ids)
+@pytest.mark.parametrize(("case", "driver"), _params(KEPT))
 def test_the_first_to_initialise_that_keeps_it_is_counted_from_zero(pytester, case, driver):
     action, who, xdist = case
     result = _run(pytester, driver, action, who, False, xdist)
