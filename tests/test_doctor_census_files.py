@@ -104,16 +104,24 @@ def _no_run_together(text):
 # --- a file deleted or replaced after it was loaded -------------------------------------------
 
 
-@pytest.mark.parametrize("lib", ["cudart", "nvrtc", "nvJitLink"])
+@pytest.mark.parametrize(
+    ("lib", "via"),
+    [("cudart", "path"), ("nvrtc", "path"), ("nvJitLink", "path"), ("cudart", "symlink")],
+)
 @pytest.mark.parametrize("how", ["deleted", "replaced", "renamed over"])
-def test_a_library_deleted_or_replaced_on_disk_is_still_listed_as_loaded(tmp_path, lib, how):
+def test_a_library_deleted_or_replaced_on_disk_is_still_listed_as_loaded(tmp_path, lib, via, how):
+    # via "symlink": loaded by its soname's link (libcudart.so.13 -> libcudart.so.13.0.96, as
+    # the wheels and toolkits ship it); the memory map names the file, the loader the link.
     from helpers.fakelibs import fake_distribution
 
     site = tmp_path / "site"
     where = site / "torch" / "lib"
     old = _build(str(where), lib, 13000, 13) if lib == "cudart" else _build(str(where), lib, 13, 0)
-    path = old[: -len(".new")]
+    load = old[: -len(".new")]
+    path = load + ".0.96" if via == "symlink" else load
     os.replace(old, path)
+    if via == "symlink":
+        os.symlink(os.path.basename(path), load)
     new = _build(str(tmp_path / "newer"), lib, 12090, 12) if lib == "cudart" else None
     if new is None:
         new = _build(str(tmp_path / "newer"), lib, 12, 9)
@@ -125,7 +133,7 @@ def test_a_library_deleted_or_replaced_on_disk_is_still_listed_as_loaded(tmp_pat
         "renamed over": f"import shutil; shutil.copy({new!r}, {path!r} + '.tmp'); "
         f"os.replace({path!r} + '.tmp', {path!r})",
     }[how]
-    d, text, calls = _diagnose(site, path, then)
+    d, text, calls = _diagnose(site, load, then)
     listed = [x for x in d["loaded"] if x["path"] == path]
     assert len(listed) == 1, f"{how} {lib}: the census lists {d['loaded']}"
     (entry,) = listed
