@@ -114,6 +114,14 @@ def test_doctor_exit_table_lists_exactly_the_codes_the_doctor_defines():
     [
         (["doctor", "--simulate"], "nothing wrong"),
         (["doctor", "--no-such-option"], "bad command line"),
+        pytest.param(
+            ["doctor"],
+            "no usable NVIDIA driver",
+            marks=pytest.mark.skipif(
+                "__import__('cyctx.testing').testing.real_driver_available()",
+                reason="this machine has an NVIDIA driver",
+            ),
+        ),
     ],
 )
 def test_doctor_exits_with_the_status_its_docs_give(args, row_says):
@@ -125,3 +133,66 @@ def test_doctor_exits_with_the_status_its_docs_give(args, row_says):
         [sys.executable, "-m", "cyctx", *args], capture_output=True, text=True, timeout=60
     )
     assert row_says in table[r.returncode], (r.returncode, r.stdout[-500:], r.stderr[-500:])
+
+
+def _raises(doc):
+    """{exception name: what the docstring says of it} of a numpydoc "Raises" section."""
+    section = doc.split("Raises\n", 1)[1].split("\n\n", 1)[0]
+    names = {}
+    lines = section.splitlines()[1:]  # under the ------ line
+    indent = min(len(x) - len(x.lstrip()) for x in lines if x.strip())
+    for line in lines:
+        if line.strip() and len(line) - len(line.lstrip()) == indent:
+            key = line.strip()
+            names[key] = ""
+        elif line.strip():
+            names[key] += line.strip() + " "
+    return names
+
+
+def _in_a_forked_child():
+    from helpers.forking import run_forked
+
+    def child():
+        import cyctx
+
+        try:
+            cyctx.ContextGuard(0)
+        except Exception as exc:  # noqa: BLE001 - its type is what is checked
+            return type(exc).__name__
+        return None
+
+    return run_forked(child)
+
+
+def _raised(make):
+    import cyctx
+
+    try:
+        cyctx.ContextGuard(make).close()
+    except Exception as exc:  # noqa: BLE001 - its type is what is checked
+        return type(exc).__name__
+    return None
+
+
+# What the API page says ContextGuard(...) raises (its Raises section, which autodoc shows) is
+# what it raises: each case's exception is listed by its own name.
+@pytest.mark.parametrize(
+    ("case", "raised"),
+    [
+        ("not an int", lambda: _raised("0")),
+        ("negative", lambda: _raised(-1)),
+        ("no such device", lambda: _raised(99)),
+        ("a forked child", _in_a_forked_child),
+    ],
+)
+def test_api_page_names_the_exception_contextguard_raises(case, raised):
+    import cyctx
+
+    listed = _raises(cyctx.ContextGuard.__doc__)
+    name = raised()
+    assert name is not None, f"ContextGuard raised nothing for {case}"
+    assert name in listed, f"for {case} ContextGuard raises {name}; its docs list {sorted(listed)}"
+    if case == "a forked child":
+        others = [n for n, says in listed.items() if n != name and "fork" in says.lower()]
+        assert not others, f"the docs also give {others} for a forked child"

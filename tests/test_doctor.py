@@ -1459,7 +1459,10 @@ def test_census_json_schema(stand_ins):
             "static",
             "by_doctor",
             "note",
+            "file",
+            "on_disk",
         }
+        assert lib["file"] == "same" and lib["on_disk"] is None
         assert lib["kind"] in ("driver", "runtime", "nvrtc", "nvjitlink", "library")
 
 

@@ -9,7 +9,7 @@ and loads nothing.
 
 from __future__ import annotations
 
-__all__ = ["loaded_libcuda"]
+__all__ = ["loaded_libcuda", "same_context"]
 
 
 def loaded_libcuda() -> str | None:
@@ -24,3 +24,11 @@ def loaded_libcuda() -> str | None:
     except OSError:
         pass
     return None
+
+
+def same_context(before: tuple[int, int | None], after: tuple[int, int | None]) -> bool:
+    """Whether two readings ``(handle, id)`` (``cuCtxGetId``; None where it fails) are one
+    context: the same handle and the same id. The same handle with a new id is another context:
+    a primary context reset (its handle stays, its id changes) or a context destroyed and
+    another made at its address. Shared by the doctor and the pytest plugin."""
+    return before[0] == after[0] and (before[0] == 0 or before[1] == after[1])

@@ -44,7 +44,7 @@ from typing import Any
 
 import pytest
 
-from _cyctx_libcuda import loaded_libcuda
+from _cyctx_libcuda import loaded_libcuda, same_context
 
 __all__ = ["ContextState", "ContextStateChanged", "Observer", "changes", "check_thread"]
 
@@ -95,26 +95,31 @@ _NO_DRIVER_YET = ("not loaded", "not initialised")
 _COUNTED = ("stack", "entries", "retains")
 
 
-def _fields(state: ContextState, devices: int) -> dict[tuple[str, int], Any]:
-    """The fields of ``state``; ``devices``: how many primary contexts the other state has (a
-    driver not yet initialised has none active and nothing current)."""
+def _fields(state: ContextState, other: ContextState) -> dict[tuple[str, int], Any]:
+    """The fields of ``state``, as compared with ``other``. A driver not yet loaded or
+    initialised has nothing current, no primary context active, no stack and no retains: each
+    field ``other`` has reads as zero there, so that the first setup to initialise the driver
+    counts its own retains and pushes, and its teardown's releases and pops cancel them. No
+    cyctx imported is no cyctx guard entry open."""
     out: dict[tuple[str, int], Any] = {("driver", 0): state.driver}
     out[("current", 0)] = (state.current, state.current_device, state.current_id)
-    if state.sim_stack_depth is not None:
-        out[("stack", 0)] = state.sim_stack_depth
-    if state.cyctx_entries is not None:
-        out[("entries", 0)] = state.cyctx_entries
-    primaries = state.primaries if state.driver not in _NO_DRIVER_YET else ((False, 0),) * devices
+    unread = state.driver in _NO_DRIVER_YET
+    depth = 0 if unread and other.sim_stack_depth is not None else state.sim_stack_depth
+    if depth is not None:
+        out[("stack", 0)] = depth
+    out[("entries", 0)] = state.cyctx_entries or 0
+    primaries = ((False, 0),) * len(other.primaries) if unread else state.primaries
     for dev, p in enumerate(primaries):
         out[("primary", dev)] = p
-    for dev, n in enumerate(state.sim_retains or ()):
+    retains = (0,) * len(other.sim_retains or ()) if unread else state.sim_retains
+    for dev, n in enumerate(retains or ()):
         out[("retains", dev)] = n
     return out
 
 
 def _differs(key: tuple[str, int], b: Any, a: Any) -> bool:
     if key[0] == "current":  # the same handle with another id is another context (a reset)
-        return b[0] != a[0] or (b[0] != 0 and b[2] != a[2])
+        return not same_context((b[0], b[2]), (a[0], a[2]))
     return b != a
 
 
@@ -157,7 +162,7 @@ def changes(before: ContextState, after: ContextState) -> list[tuple[str, str]]:
     context reset or re-flagged, a retain released. It is ``"note"`` for a primary context
     activated, or a retain taken and kept: what a framework does at its first use of a device.
     """
-    return _classify(_fields(before, len(after.primaries)), _fields(after, len(before.primaries)))
+    return _classify(_fields(before, after), _fields(after, before))
 
 
 def _primary(state: tuple[bool, int]) -> str:
@@ -421,13 +426,12 @@ class _Checker:
     def _mark(self) -> None:
         now = self.observer.read()
         if self.owners and self.last is not None:
-            n, m = len(now.primaries), len(self.last.primaries)
-            self.owners[-1].add(_fields(self.last, n), _fields(now, m))
+            self.owners[-1].add(_fields(self.last, now), _fields(now, self.last))
         self.last = now
 
     def _origin(self) -> dict:
         assert self.last is not None
-        return _fields(self.last, len(self.last.primaries))
+        return _fields(self.last, self.last)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: Any) -> Iterator[Any]:

@@ -159,7 +159,8 @@ class ContextGuard:
 
     Raises ``TypeError`` for what is not a device (``"0"``, ``None``, ``1.5``, ``True``),
     ``ValueError`` for a negative ordinal, :class:`InvalidDeviceError` for no such device,
-    :class:`DriverError` when the driver fails."""
+    :class:`ForkError` in a forked child of a process that used CUDA, :class:`DriverError`
+    when the driver fails."""
 
     def __init__(self, device: DeviceLike) -> None:
         """Retain ``device``'s primary context (for a context or stream object: refer to its

@@ -120,8 +120,10 @@ cdef class ContextGuard:
         ``device`` is negative.
     InvalidDeviceError
         No such device (a :class:`DriverError` and a ``ValueError``).
+    ForkError
+        This process is a forked child of one that used CUDA: the driver refuses it.
     DriverError
-        The driver failed (no GPU, forked child, ...).
+        The driver failed (no GPU, a driver in a bad state, ...).
 
     Examples
     --------

@@ -22,9 +22,10 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
-from cyctx._doctor.model import LoadedLibrary
+from cyctx._doctor.model import LoadedLibrary, plausible_version
 
 # The libraries of the census, by the start of their file name, with the version function
 # each answers (None: listed with its path and distribution only). Order: how they are shown.
@@ -44,20 +45,57 @@ KINDS: tuple[tuple[str, re.Pattern[str], str | None], ...] = (
 )
 
 
-def mapped_paths() -> list[str]:
-    """The shared objects mapped in this process, each once, in the order of the map."""
-    seen: dict[str, None] = {}
+_DELETED = " (deleted)"
+
+
+@dataclass
+class Mapped:
+    """One shared object of the memory map: its path (without the kernel's ``(deleted)``),
+    its inode, whether the kernel marked it deleted, and the address ranges it is mapped at."""
+
+    path: str
+    inode: int
+    deleted: bool
+    ranges: list[tuple[int, int]] = field(default_factory=list)
+
+    def file_now(self) -> str:
+        """ "same", "deleted" or "replaced": whether the file at ``path`` is the mapped one."""
+        # (The kernel's mark, not an inode comparison: overlay file systems report other
+        # inode numbers to stat than to the memory map.)
+        if not self.deleted:
+            return "same"
+        return "replaced" if os.path.exists(self.path) else "deleted"
+
+
+def mapped_files() -> list[Mapped]:
+    """The shared objects mapped in this process, each once, in the order of the map; a file
+    deleted or replaced since it was mapped included (the kernel lists it as ``PATH
+    (deleted)``)."""
+    seen: dict[tuple[str, int], Mapped] = {}
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
             for line in f:
                 parts = line.split(None, 5)
-                if len(parts) == 6 and parts[5].startswith("/"):
-                    path = parts[5].rstrip("\n")
-                    if ".so" in os.path.basename(path):
-                        seen.setdefault(path, None)
+                if len(parts) != 6 or not parts[5].startswith("/"):
+                    continue
+                path = parts[5].rstrip("\n")
+                deleted = path.endswith(_DELETED)
+                if deleted:
+                    path = path[: -len(_DELETED)]
+                if ".so" not in os.path.basename(path):
+                    continue
+                inode = int(parts[4]) if parts[4].isdigit() else 0
+                entry = seen.setdefault((path, inode), Mapped(path, inode, deleted))
+                start, _, end = parts[0].partition("-")
+                entry.ranges.append((int(start, 16), int(end, 16)))
     except OSError:  # not Linux, or /proc not mounted
         return []
-    return list(seen)
+    return list(seen.values())
+
+
+def mapped_paths() -> list[str]:
+    """The paths of :func:`mapped_files`, each once."""
+    return list(dict.fromkeys(m.path for m in mapped_files()))
 
 
 def kind_of(path: str) -> str | None:
@@ -79,6 +117,59 @@ class _Dl:
         self.sym.restype, self.sym.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]
         self.close = libc.dlclose
         self.close.argtypes = [ctypes.c_void_p]
+        self.info = getattr(libc, "dlinfo", None)  # in libdl before glibc 2.34
+        if self.info is not None:
+            self.info.restype = ctypes.c_int
+            self.info.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+
+    def loaded_names(self) -> list[tuple[str, int]]:
+        """(name, address of its dynamic section) of each object the loader has loaded, from
+        its link map (``dlinfo(RTLD_DI_LINKMAP)`` of the program: a list the loader keeps, read
+        without calling into it). The name is what the loader knows the object by, which a
+        NOLOAD open of that name finds whatever is on disk now."""
+        head = ctypes.POINTER(_LinkMap)()
+        program = self.open(None, os.RTLD_NOLOAD | os.RTLD_LAZY)
+        if self.info is None or not program:
+            return []
+        try:
+            if self.info(program, _RTLD_DI_LINKMAP, ctypes.byref(head)) != 0 or not head:
+                return []
+            out, node = [], head
+            while node:
+                entry = node.contents
+                if entry.l_name:
+                    out.append((entry.l_name.decode(errors="replace"), entry.l_ld or 0))
+                node = entry.l_next
+            return out
+        finally:
+            self.close(program)
+
+
+_RTLD_DI_LINKMAP = 2  # <dlfcn.h>
+
+
+class _LinkMap(ctypes.Structure):
+    pass
+
+
+# The public head of glibc's struct link_map (<link.h>); the loader's own fields follow it.
+_LinkMap._fields_ = [
+    ("l_addr", ctypes.c_void_p),
+    ("l_name", ctypes.c_char_p),
+    ("l_ld", ctypes.c_void_p),
+    ("l_next", ctypes.POINTER(_LinkMap)),
+    ("l_prev", ctypes.POINTER(_LinkMap)),
+]
+
+
+def loader_name(dl: _Dl, mapped: Mapped) -> str | None:
+    """The name the loader knows a mapped file by: the link-map entry whose dynamic section
+    lies in the file's mapped ranges (a deleted or replaced file can no longer be found by its
+    path on disk). None: mapped by other means than the loader."""
+    for name, dynamic in dl.loaded_names():
+        if any(start <= dynamic < end for start, end in mapped.ranges):
+            return name
+    return None
 
 
 _INT2 = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int))
@@ -87,17 +178,22 @@ _INT1 = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int))
 
 def _ask(fn_name: str, address: int) -> tuple[int | None, str | None]:
     """Call the version function at ``address``: (1000 * major + 10 * minor, None) or
-    (None, why not)."""
+    (None, why not): an error, or an answer that cannot be a CUDA version."""
     if fn_name in ("nvrtcVersion", "nvJitLinkVersion"):  # (major, minor); unsigned for nvJitLink
         major, minor = ctypes.c_int(0), ctypes.c_int(0)
         e = _INT2(address)(ctypes.byref(major), ctypes.byref(minor))
         value = 1000 * major.value + 10 * minor.value
+        raw = f"major {major.value}, minor {minor.value}"
+        ok = 0 <= minor.value <= 99 and plausible_version(value)
     else:  # cudaRuntimeGetVersion, cuDriverGetVersion: 1000 * major + 10 * minor already
         v = ctypes.c_int(0)
         e = _INT1(address)(ctypes.byref(v))
-        value = v.value
-    if e != 0 or value <= 0:
+        value, raw = v.value, str(v.value)
+        ok = plausible_version(value)
+    if e != 0:
         return None, f"{fn_name} returned {e}"
+    if not ok:
+        return None, f"{fn_name} returned an implausible version ({raw})"
     return value, None
 
 
@@ -209,12 +305,23 @@ def static_runtimes(owners: Owners) -> list[LoadedLibrary]:
         except Exception as exc:  # a version without the function, or a broken install
             lib.note = f"cudaRuntimeGetVersion: {type(exc).__name__}: {exc}"
         else:
-            if e == 0 and v > 0:
-                lib.version, lib.version_from = v, "cudaRuntimeGetVersion"
-            else:
+            if e != 0:
                 lib.note = f"cudaRuntimeGetVersion returned {e}"
+            elif not plausible_version(v):
+                lib.note = f"cudaRuntimeGetVersion returned an implausible version ({v})"
+            else:
+                lib.version, lib.version_from = v, "cudaRuntimeGetVersion"
         out.append(lib)
     return out
+
+
+def _on_disk(owners: Owners, path: str, file_now: str) -> str | None:
+    if file_now == "same":
+        return None
+    if file_now == "deleted":
+        return "no file at this path now"
+    dist = owners.owner(path)
+    return "another file at this path now" + (f", shipped by {dist}" if dist else "")
 
 
 def census(
@@ -234,13 +341,18 @@ def census(
     found: dict[str, list[LoadedLibrary]] = {kind: [] for kind, _, _ in KINDS}
     functions = {kind: fn for kind, _, fn in KINDS}
     seen: set[str] = set()
-    for path in mapped_paths():
+    for mapped in mapped_files():
+        path = mapped.path
         kind = kind_of(path)
-        real = os.path.realpath(path)
+        file_now = mapped.file_now()
+        real = os.path.realpath(path) if file_now == "same" else f"{path}\0{mapped.inode}"
         if kind is None or real in seen:
             continue
         seen.add(real)
-        loaded, version, note = query(dl, path, functions[kind])
+        # A file deleted or replaced since it was loaded is asked through the name the loader
+        # knows it by: its path now names another file, or none.
+        name = path if file_now == "same" else loader_name(dl, mapped)
+        loaded, version, note = query(dl, name, functions[kind]) if name else (False, None, None)
         if not loaded:
             continue
         lib = LoadedLibrary(
@@ -249,12 +361,17 @@ def census(
             path=path,
             version=version,
             version_from=functions[kind] if version is not None else None,
-            distribution=owners.owner(path),
+            # The distribution that ships the file at the path now need not be the one that
+            # shipped the file loaded: a replaced file's is told apart, as what is on disk.
+            distribution=owners.owner(path) if file_now == "same" else None,
             by_doctor=earlier is not None and path not in earlier,
             note=note,
+            file=file_now,
+            on_disk=_on_disk(owners, path, file_now),
         )
         if kind == "runtime" and version is None and fallback_version is not None:
-            lib.version, lib.version_from = fallback_version(path)
+            if file_now == "same":  # (a wheel's version describes the file on disk)
+                lib.version, lib.version_from = fallback_version(path)
         found[kind].append(lib)
     found["runtime"].extend(static_runtimes(owners))
     return [lib for kind, _, _ in KINDS for lib in found[kind]]

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from _cyctx_libcuda import same_context
+
 # Exit statuses of `cyctx doctor` (2 is argparse's usage error).
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_NO_CUDA = 0, 1, 2, 3
 
@@ -17,6 +19,13 @@ EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_NO_CUDA = 0, 1, 2, 3
 def version_str(v: int | None) -> str | None:
     # CUDA encodes 1000 * major + 10 * minor (13000 -> 13.0, 11080 -> 11.8).
     return None if v is None else f"{v // 1000}.{(v % 1000) // 10}"
+
+
+def plausible_version(v: int) -> bool:
+    """Whether ``v`` can be a CUDA version as the version functions encode it (1000 * major +
+    10 * minor, major 1 to 99, minor 0 to 99): anything else is a broken or foreign library's
+    answer, which the doctor reports as such and never takes for a version."""
+    return 1000 <= v <= 99990 and v % 10 == 0
 
 
 @dataclass
@@ -92,6 +101,11 @@ class LoadedLibrary:
         False  # mapped after diagnose() began: the doctor's own load, not the program's
     )
     note: str | None = None  # why the version is missing
+    # Whether the mapped file is still the one at ``path``: "same", or, where /proc/self/maps
+    # marks it "(deleted)", "deleted" (no file there now) or "replaced" (another file there
+    # now, as `pip install -U` leaves it under a running process).
+    file: str = "same"
+    on_disk: str | None = None  # for deleted or replaced: what is at ``path`` now, in words
 
 
 @dataclass
@@ -193,9 +207,13 @@ class GuardInfo:
         """A primary context reset since the guard last saw it. Only a primary context is
         reset (and re-activated by the guard's next enter); a context the caller owns whose
         id changed or vanished was destroyed (see ``destroyed``)."""
-        return self.primary and self.driver_id != self.seen_id
+        return self.primary and not self._same()
 
     @property
     def destroyed(self) -> bool:
         """The caller's context (cuCtxCreate, green) behind a guard was destroyed."""
-        return not self.primary and self.driver_id != self.seen_id
+        return not self.primary and not self._same()
+
+    def _same(self) -> bool:
+        # The guard's handle with the id it saw, against the id the driver gives it now.
+        return same_context((self.handle, self.seen_id), (self.handle, self.driver_id))

@@ -170,7 +170,11 @@ def render(r: Diagnosis, colour: bool = False, width: int = 88, cli: bool = Fals
             and r.driver_version
             and lib.version > r.driver_version
         )
-        notes = [lib.distribution or "no Python distribution"]
+        notes = [
+            lib.distribution
+            or ("its distribution is not known now" if lib.file != "same" else "")
+            or "no Python distribution"
+        ]
         if lib.by_doctor and not cli:
             notes.append("loaded by the doctor")
         if (
@@ -182,8 +186,11 @@ def render(r: Diagnosis, colour: bool = False, width: int = 88, cli: bool = Fals
             notes.append("newer minor than the driver: minor version compatibility")
         if lib.note:
             notes.append(lib.note)
+        if lib.file != "same":
+            notes.append(f"{lib.file} since it was loaded: {lib.on_disk}")
         where = f"{lib.name}  {lib.path}" if lib.static else lib.path
-        out.append(f"  {lib.kind:<10}{ver:<11}{where}  [{'; '.join(notes)}]")
+        # Two spaces at least between columns, whatever a column's width.
+        out.append(f"  {lib.kind:<9}  {ver:<9}  {where}  [{'; '.join(notes)}]")
 
     if r.driver_error is None:  # cuInit succeeded: there is a machine to describe
         head(f"Devices ({len(r.devices)})")

@@ -15,7 +15,7 @@ import sys
 from typing import Any, Protocol
 
 from cyctx._doctor.cu import call, driver, error_name
-from cyctx._doctor.model import RuntimeInfo, version_str
+from cyctx._doctor.model import RuntimeInfo, plausible_version, version_str
 from cyctx._doctor.report import Diagnosis
 
 
@@ -77,7 +77,8 @@ class Cudart(Runtime):
         self.lib.cudaGetErrorName.argtypes = [ctypes.c_int]
         v = ctypes.c_int(0)
         # An 11.x runtime answers cudaErrorInsufficientDriver here when no driver loads.
-        if self.lib.cudaRuntimeGetVersion(ctypes.byref(v)) == 0 and v.value:
+        # An answer that cannot be a version is not taken for one (the census notes it).
+        if self.lib.cudaRuntimeGetVersion(ctypes.byref(v)) == 0 and plausible_version(v.value):
             self.version: int | None = v.value
             self.version_from: str | None = "cudaRuntimeGetVersion"
         else:

@@ -1,0 +1,222 @@
+"""The doctor's census of what is mapped, as a long-running process meets it: a library whose
+file was deleted or replaced on disk after it was loaded (what `pip install -U` does under a
+running Jupyter kernel; /proc/self/maps lists it as ``PATH (deleted)``), and libraries whose
+version functions answer something that cannot be a CUDA version. Each case runs diagnose()
+in a fresh interpreter on this run's driver, with stand-in libraries compiled here."""
+
+import json
+import os
+import re
+import subprocess
+import textwrap
+
+import pytest
+from helpers.children import run_child
+
+# Stand-ins: each answers its version function with what the case gives and counts the calls.
+SOURCES = {
+    "cudart": (
+        "libcudart.so.13",
+        "int census_calls = 0;\n"
+        "int cudaRuntimeGetVersion(int *v) { census_calls++; *v = %(a)s; return 0; }\n",
+    ),
+    "nvrtc": (
+        "libnvrtc.so.13",
+        "int census_calls = 0;\n"
+        "int nvrtcVersion(int *ma, int *mi) { census_calls++; *ma = %(a)s; *mi = %(b)s; return 0; }\n",
+    ),
+    "nvJitLink": (
+        "libnvJitLink.so.13",
+        "int census_calls = 0;\nint nvJitLinkVersion(unsigned *ma, unsigned *mi) "
+        "{ census_calls++; *ma = %(a)s; *mi = %(b)s; return 0; }\n",
+    ),
+}
+KIND = {"cudart": "runtime", "nvrtc": "nvrtc", "nvJitLink": "nvjitlink"}
+FUNCTION = {
+    "cudart": "cudaRuntimeGetVersion",
+    "nvrtc": "nvrtcVersion",
+    "nvJitLink": "nvJitLinkVersion",
+}
+
+
+def _compiler():
+    from helpers.fakelibs import compiler
+
+    cc = compiler()
+    if cc is None:
+        pytest.skip("no C compiler")
+    return cc
+
+
+def _build(directory, lib, a, b=0):
+    name, src = SOURCES[lib]
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, name)
+    c = os.path.join(directory, f"{lib}-{a}-{b}.c")
+    with open(c, "w") as f:
+        f.write(src % {"a": a, "b": b})
+    out = path + ".new"
+    subprocess.run(
+        [_compiler(), "-shared", "-fPIC", f"-Wl,-soname,{name}", "-o", out, c],
+        check=True,
+        capture_output=True,
+    )
+    return out  # built beside its final place: the case puts it there
+
+
+def _diagnose(site, load, then):
+    """In a child: load ``load`` (a path), run ``then`` (code; LIB is the loaded library),
+    diagnose inside a guard; (to_dict(), str(), calls into the loaded library)."""
+    code = f"""
+    import ctypes, json, os, sys
+    sys.path.append({str(site)!r})
+    LIB = ctypes.CDLL({load!r})
+    {textwrap.indent(textwrap.dedent(then), "    ").strip()}
+    from cyctx import ContextGuard
+    from cyctx._doctor import diagnose
+    g = ContextGuard(0)
+    with g:
+        r = diagnose()
+    g.close()
+    print(json.dumps([r.to_dict(), str(r), ctypes.c_int.in_dll(LIB, "census_calls").value]))
+    """
+    proc = run_child(textwrap.dedent(code))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _census_lines(text):
+    section = text.split("\nLoaded", 1)[1].split("\n\n", 1)[0]
+    return [ln for ln in section.splitlines()[1:] if not ln.startswith("  (")]
+
+
+# Columns: kind, version (when there is one), path, [notes]; two spaces at least between.
+COLUMNS = re.compile(
+    r"  (driver|runtime|nvrtc|nvjitlink|library)  +(CUDA \d+\.\d+  +)?\S.*  \[.*\]$"
+)
+
+
+def _no_run_together(text):
+    for line in _census_lines(text):
+        assert COLUMNS.fullmatch(line), f"a census line whose columns run together: {line!r}"
+
+
+# --- a file deleted or replaced after it was loaded -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("lib", "via"),
+    [("cudart", "path"), ("nvrtc", "path"), ("nvJitLink", "path"), ("cudart", "symlink")],
+)
+@pytest.mark.parametrize("how", ["deleted", "replaced", "renamed over"])
+def test_a_library_deleted_or_replaced_on_disk_is_still_listed_as_loaded(tmp_path, lib, via, how):
+    # via "symlink": loaded by its soname's link (libcudart.so.13 -> libcudart.so.13.0.96, as
+    # the wheels and toolkits ship it); the memory map names the file, the loader the link.
+    from helpers.fakelibs import fake_distribution
+
+    site = tmp_path / "site"
+    where = site / "torch" / "lib"
+    old = _build(str(where), lib, 13000, 13) if lib == "cudart" else _build(str(where), lib, 13, 0)
+    load = old[: -len(".new")]
+    path = load + ".0.96" if via == "symlink" else load
+    os.replace(old, path)
+    if via == "symlink":
+        os.symlink(os.path.basename(path), load)
+    new = _build(str(tmp_path / "newer"), lib, 12090, 12) if lib == "cudart" else None
+    if new is None:
+        new = _build(str(tmp_path / "newer"), lib, 12, 9)
+    fake_distribution(site, "torch", "9.9.0", [path])
+    then = {
+        "deleted": f"os.remove({path!r})",
+        # pip's way: the old file removed, the new one written at the same path
+        "replaced": f"import shutil; os.remove({path!r}); shutil.copy({new!r}, {path!r})",
+        "renamed over": f"import shutil; shutil.copy({new!r}, {path!r} + '.tmp'); "
+        f"os.replace({path!r} + '.tmp', {path!r})",
+    }[how]
+    d, text, calls = _diagnose(site, load, then)
+    listed = [x for x in d["loaded"] if x["path"] == path]
+    assert len(listed) == 1, f"{how} {lib}: the census lists {d['loaded']}"
+    (entry,) = listed
+    state = "deleted" if how == "deleted" else "replaced"
+    # The loaded library's own answer (13.0), not the file on disk's (12.9), and asked once.
+    assert (entry["kind"], entry["version"], entry["version_from"]) == (
+        KIND[lib],
+        13000,
+        FUNCTION[lib],
+    ), entry
+    assert calls == 1, f"{lib}'s version function was called {calls} times"
+    assert (entry["file"], entry["distribution"]) == (state, None), entry
+    on_disk = {
+        "deleted": "no file at this path now",
+        "replaced": "another file at this path now, shipped by torch 9.9.0",
+    }[state]
+    assert entry["on_disk"] == on_disk, entry
+    (line,) = [ln for ln in _census_lines(text) if path in ln]
+    assert f"{state} since it was loaded: {on_disk}" in line and "CUDA 13.0" in line, line
+    _no_run_together(text)
+
+
+def test_a_library_unchanged_on_disk_is_the_same_file(tmp_path):
+    site = tmp_path / "site"
+    path = _build(str(site / "lib"), "cudart", 13000)[: -len(".new")]
+    os.replace(path + ".new", path)
+    d, text, _ = _diagnose(site, path, "pass")
+    (entry,) = [x for x in d["loaded"] if x["path"] == path]
+    assert (entry["file"], entry["on_disk"], entry["version"]) == ("same", None, 13000), entry
+    assert "since it was loaded" not in text
+
+
+# --- versions that cannot be versions ---------------------------------------------------------
+
+IMPLAUSIBLE = [
+    ("cudart", "2147483647", "0", "2147483647"),
+    ("cudart", "-12000", "0", "-12000"),
+    ("cudart", "12345", "0", "12345"),  # not 1000 * major + 10 * minor
+    ("cudart", "0", "0", "0"),
+    ("nvrtc", "-7", "2147483647", "major -7, minor 2147483647"),
+    ("nvrtc", "13", "-1", "major 13, minor -1"),
+    ("nvrtc", "0", "5", "major 0, minor 5"),
+    ("nvJitLink", "4294967295", "0", "major -1, minor 0"),  # unsigned, read as the int it is
+    ("nvJitLink", "13", "100", "major 13, minor 100"),
+]
+
+
+@pytest.mark.parametrize("lib, a, b, raw", IMPLAUSIBLE)
+def test_an_implausible_version_is_a_note_never_a_version_or_a_finding(tmp_path, lib, a, b, raw):
+    site = tmp_path / "site"
+    path = _build(str(site / "lib"), lib, a, b)[: -len(".new")]
+    os.replace(path + ".new", path)
+    d, text, calls = _diagnose(site, path, "pass")
+    (entry,) = [x for x in d["loaded"] if x["path"] == path]
+    assert (entry["version"], entry["version_str"], entry["version_from"]) == (None, None, None)
+    assert entry["note"] == f"{FUNCTION[lib]} returned an implausible version ({raw})", entry
+    assert calls == 1
+    # No finding rests on it: none names the library.
+    assert not [f for f in d["findings"] if path in json.dumps(f)], d["findings"]
+    (line,) = [ln for ln in _census_lines(text) if path in ln]
+    assert "CUDA" not in line.split(path)[0], f"a version shown for {raw}: {line!r}"
+    _no_run_together(text)
+
+
+# CuPy's runtime module (its runtime linked in): answering a garbage version.
+FAKE_CUPY = """
+import types
+_m = types.ModuleType("cupy_backends.cuda.api.runtime")
+_m.__file__ = {ext!r}
+_m.runtimeGetVersion = lambda: {value}
+sys.modules[_m.__name__] = _m
+"""
+
+
+@pytest.mark.parametrize("value", [2147483647, -1, 12001])
+def test_a_static_runtimes_implausible_version_is_a_note(tmp_path, value):
+    site = tmp_path / "site"
+    path = _build(str(site / "lib"), "cudart", 13000)[: -len(".new")]
+    os.replace(path + ".new", path)
+    ext = str(site / "runtime.so")
+    d, text, _ = _diagnose(site, path, FAKE_CUPY.format(ext=ext, value=value))
+    (cp,) = [x for x in d["loaded"] if x["static"] and "cupy_backends" in x["name"]]
+    assert cp["version"] is None, cp
+    assert cp["note"] == f"cudaRuntimeGetVersion returned an implausible version ({value})", cp
+    assert not [f for f in d["findings"] if f["code"] == "runtime_majors_mixed"], d["findings"]
+    _no_run_together(text)

@@ -1,0 +1,62 @@
+"""docs/testing.md's worked example is docs/_examples/test_gpu.py (the page includes it), run
+here as the page says, with the page's own conftest.py, and its printed output compared with
+the page's block: the page cannot drift from what the plugin prints."""
+
+import os
+import re
+import shutil
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAGE = os.path.join(ROOT, "docs", "testing.md")
+EXAMPLE = os.path.join(ROOT, "docs", "_examples", "test_gpu.py")
+pytestmark = pytest.mark.skipif(
+    not (os.path.isfile(PAGE) and os.path.isfile(EXAMPLE)),
+    reason="needs the source tree's docs/",
+)
+
+
+def _section(text: str, title: str) -> str:
+    start = text.index(title)
+    nxt = re.search(r"^#{2,3} ", text[start + len(title) :], re.M)
+    return text[start : start + len(title) + nxt.start()] if nxt else text[start:]
+
+
+def _normal(text: str) -> list[str]:
+    """What does not differ from run to run: no handles, timings, paths or environment."""
+    keep = []
+    for line in text.strip().splitlines():
+        if re.match(r"(platform |rootdir: |plugins: |\[gw\d+\] linux -- Python )", line):
+            continue
+        line = re.sub(r"0x[0-9a-f]+", "0x…", line)
+        keep.append(re.sub(r" in \d+\.\d+s ", " in …s ", line))
+    return keep
+
+
+def test_the_worked_example_prints_what_the_page_shows(pytester, monkeypatch):
+    pytest.importorskip("xdist")
+    with open(PAGE) as f:
+        page = f.read()
+    example = _section(page, "### A worked example")
+    assert "```{literalinclude} _examples/test_gpu.py" in example, (
+        "the worked example no longer includes docs/_examples/test_gpu.py"
+    )
+    command = re.search(r"^`(pytest [^`]*test_gpu\.py)`", example, re.M)
+    assert command, "no `pytest ... test_gpu.py` command in the worked example"
+    shown = re.search(r"```text\n(.*?)```", example, re.S).group(1)
+    conftest = re.search(r"```python\n(# conftest\.py\n.*?)```", page, re.S)
+    assert conftest, "no ```python block starting '# conftest.py' on the page"
+
+    pytester.makeconftest(conftest.group(1))
+    shutil.copy(EXAMPLE, pytester.path / "test_gpu.py")
+    args = command.group(1).split()[1:]
+    monkeypatch.setenv("COLUMNS", "100")  # the page's width
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
+    printed = result.stdout.str()
+    assert _normal(printed) == _normal(shown), (
+        f"docs/testing.md's worked example shows other output than `{command.group(1)}` prints "
+        f"now; it printed:\n{printed}"
+    )
