@@ -172,6 +172,14 @@ int main() {
     CHECK(cyctx::live_count() == 0);
     for (unsigned long long t : extremes) CHECK(!cyctx::live_has(t));
     for (unsigned long long t = 2; t < next; t++) CHECK(!cyctx::live_has(t));
+
+    // The token counter's extreme: past ULLONG_MAX it would wrap to 0, which the table refuses
+    // rather than take as a token.
+    cyctx::g_next_token.store(ULLONG_MAX);
+    unsigned long long last = cyctx::new_token(), wrapped = cyctx::new_token();
+    CHECK(last == ULLONG_MAX && wrapped == 0);
+    CHECK(cyctx::live_add(last) == 0 && cyctx::live_add(wrapped) == -2);
+    CHECK(cyctx::live_count() == 1 && cyctx::live_has(last) && !cyctx::live_has(wrapped));
     std::puts("ok");
     return 0;
 }

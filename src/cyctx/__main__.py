@@ -152,12 +152,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m cyctx") -> int:
         return _doctor.EXIT_USAGE
     if args.json and args.demo:
         parser.error("--json is for the report, not --demo")
-    if args.cudart and args.simulate:
+    if args.cudart is not None and args.simulate:
         parser.error(
             "--cudart needs the real driver; with --simulate the demo uses a stand-in "
             "runtime (choose its version with --sim-runtime)"
         )
-    if args.cudart and not os.path.isfile(args.cudart):
+    if args.cudart is not None and not os.path.isfile(args.cudart):
         parser.error(f"--cudart {args.cudart}: no such file")
     if args.device < 0:
         parser.error("--device must be >= 0")
