@@ -1,7 +1,10 @@
 """Process-wide state published on first use, raced deterministically: the simulated driver's
 stall holds the first thread inside the publication (its driver call releases the GIL) while
 others race past it and publish, so the held thread loses for certain, after the winner.
-(The shared guards and cyctx.device()'s array: tests/guard/test_shared.py.)"""
+(The shared guards and cyctx.device()'s array: tests/guard/test_shared.py.) Here: the driver
+table, the pytest plugin's driver reader (per Observer, not process-wide: shown below too) and
+the doctor's cache of which distribution owns a file (process-wide); the doctor's list of
+distributions and their RECORDs are per census, shown below."""
 
 from helpers.children import run_child
 
@@ -128,3 +131,20 @@ def test_doctor_file_owner_first_ask_raced_by_16_threads(tmp_path, monkeypatch):
     run_threads(*[lambda i=i: ask(i) for i in range(16)])
     (kept,) = census._OWNER_OF.values()
     assert all(a is kept for a in answers), f"{len({id(a) for a in answers})} answers: {answers}"
+
+
+def test_plugin_readers_are_per_observer_and_doctor_records_per_census(sim, monkeypatch):
+    # Not process-wide, so not raced across instances: each Observer builds its own reader
+    # (the plugin's and a check_thread's do not share one), and each census lists the
+    # distributions afresh (one installed meanwhile is seen by the next diagnosis).
+    import _cyctx_pytest as plugin
+    from cyctx._doctor import census
+
+    a, b = plugin.Observer(), plugin.Observer()
+    a.read(), b.read()
+    assert a._reader is not None and b._reader is not None and a._reader is not b._reader
+    listed = []
+    monkeypatch.setattr("importlib.metadata.distributions", lambda: listed.append(1) or iter(()))
+    one, two = census.Owners(), census.Owners()
+    one._all(), one._all(), two._all()
+    assert len(listed) == 2, f"distributions listed {len(listed)} times for two censuses"
