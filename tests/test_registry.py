@@ -107,12 +107,79 @@ int main() {
 def test_registry_matches_a_reference_set(tmp_path):
     # The table itself, compiled from the installed header: thousands of random tokens
     # collide, so removals exercise the backward shift that keeps probe runs unbroken.
+    out = _compile_and_run(tmp_path, MODEL_CHECK, "registry")
+    assert out.returncode == 0 and out.stdout.startswith("ok"), out.stdout + out.stderr
+
+
+BOUNDS_CHECK = r"""
+#include "_cpp/thread_entries.h"
+#include <climits>
+#include <cstdio>
+
+#define CHECK(cond) do { if (!(cond)) { std::printf("FAILED line %d: %s\n", __LINE__, #cond); return 1; } } while (0)
+
+int main() {
+    // Before the first add there is no table (capacity 0: a slot mask of SIZE_MAX): lookups
+    // and removals of any token, the extremes too, touch nothing.
+    const unsigned long long extremes[] = {0ull, 1ull, 1ull << 63, ULLONG_MAX - 1, ULLONG_MAX};
+    for (unsigned long long t : extremes) {
+        CHECK(!cyctx::live_has(t));
+        cyctx::live_remove(t);
+    }
+    CHECK(cyctx::live_capacity() == 0 && cyctx::live_count() == 0);
+
+    // Token 0 marks an empty slot: refused (-2) before the table exists and after, and never
+    // found or removed, however many empty slots the table has.
+    CHECK(cyctx::live_add(0) == -2);
+    CHECK(cyctx::live_capacity() == 0 && cyctx::live_count() == 0);
+    for (unsigned long long t : extremes)
+        if (t) CHECK(cyctx::live_add(t) == 0 && cyctx::live_has(t));
+    CHECK(cyctx::live_capacity() == 64 && cyctx::live_count() == 4);
+    CHECK(cyctx::live_add(0) == -2 && cyctx::live_count() == 4);
+    CHECK(!cyctx::live_has(0));
+    cyctx::live_remove(0);
+    CHECK(cyctx::live_count() == 4);
+    for (unsigned long long t : extremes)
+        if (t) CHECK(cyctx::live_has(t));
+    CHECK(cyctx::live_add(ULLONG_MAX) == 0 && cyctx::live_count() == 4);  // held once
+
+    // At most half full: the 32nd token is the last the 64 slots take, the 33rd doubles them.
+    unsigned long long next = 2;
+    while (cyctx::live_count() < 32) CHECK(cyctx::live_add(next++) == 0);
+    CHECK(cyctx::live_capacity() == 64);
+    CHECK(cyctx::live_add(next++) == 0);
+    CHECK(cyctx::live_capacity() == 128 && cyctx::live_count() == 33);
+    for (unsigned long long t = 2; t < next; t++) CHECK(cyctx::live_has(t));
+    for (unsigned long long t : extremes)
+        if (t) CHECK(cyctx::live_has(t));
+
+    // Removed down to empty, the extremes last: nothing is found, nothing is counted.
+    for (unsigned long long t = 2; t < next; t++) cyctx::live_remove(t);
+    for (unsigned long long t : extremes) cyctx::live_remove(t);
+    CHECK(cyctx::live_count() == 0);
+    for (unsigned long long t : extremes) CHECK(!cyctx::live_has(t));
+    for (unsigned long long t = 2; t < next; t++) CHECK(!cyctx::live_has(t));
+
+    // The token counter's extreme: past ULLONG_MAX it would wrap to 0, which the table refuses
+    // rather than take as a token.
+    cyctx::g_next_token.store(ULLONG_MAX);
+    unsigned long long last = cyctx::new_token(), wrapped = cyctx::new_token();
+    CHECK(last == ULLONG_MAX && wrapped == 0);
+    CHECK(cyctx::live_add(last) == 0 && cyctx::live_add(wrapped) == -2);
+    CHECK(cyctx::live_count() == 1 && cyctx::live_has(last) && !cyctx::live_has(wrapped));
+    std::puts("ok");
+    return 0;
+}
+"""
+
+
+def _compile_and_run(tmp_path, source, name):
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if not cxx:
         pytest.skip("no C++ compiler")
-    src = tmp_path / "registry.cpp"
-    src.write_text(MODEL_CHECK)
-    exe = tmp_path / "registry"
+    src = tmp_path / f"{name}.cpp"
+    src.write_text(source)
+    exe = tmp_path / name
     includes = [f"-I{d}" for d in [*cyctx.get_include_dirs(), os.path.dirname(cyctx.__file__)]]
     subprocess.run(
         [cxx, "-std=c++17", "-O1", *includes, str(src), "-o", str(exe), "-pthread"],
@@ -120,5 +187,14 @@ def test_registry_matches_a_reference_set(tmp_path):
         capture_output=True,
         timeout=300,
     )
-    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and out.stdout.startswith("ok"), out.stdout + out.stderr
+    return subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+
+
+def test_registry_bounds_empty_table_token_zero_extremes_and_half_full(tmp_path):
+    # The table's edges, each of which a weakened check turns into a crash (the first lookup
+    # before any add reads through a null table), a hang (a full table has no empty slot to
+    # stop a probe) or a wrong answer (token 0 matches an empty slot).
+    out = _compile_and_run(tmp_path, BOUNDS_CHECK, "bounds")
+    assert out.returncode == 0 and out.stdout.strip() == "ok", (
+        f"exit {out.returncode}: {out.stdout}{out.stderr}"
+    )

@@ -249,6 +249,7 @@ class _Reader:
         gpa = lib.cuGetProcAddress_v2
         gpa.restype = ctypes.c_int
         gpa.argtypes = [ctypes.c_char_p, p_void, ctypes.c_int, ctypes.c_uint64, p_int]
+        self.lib = lib
         self.fn: dict[str, Any] = {}
         for name, version, argtypes in specs:
             p, status = ctypes.c_void_p(), ctypes.c_int(0)
@@ -258,6 +259,13 @@ class _Reader:
                     f"{path}: cuGetProcAddress_v2({name}) returned {err}, status {status.value}"
                 )
             self.fn[name] = ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)(p.value)
+
+    def close(self) -> None:
+        """Give back the library reference the NOLOAD open took (a reader that lost the
+        publication race); the library stays mapped, held by whoever loaded it."""
+        import _ctypes
+
+        _ctypes.dlclose(self.lib._handle)
 
     def read(self) -> ContextState:
         ct, f = self.ct, self.fn
@@ -292,6 +300,9 @@ class Observer:
     def __init__(self) -> None:
         self._reader: _Reader | None = None
         self._reader_error: str | None = None
+        # Publishes the first reader built: threads that race the first read each build one
+        # (outside the lock: building calls into the driver), one is kept, the others closed.
+        self._publish = threading.Lock()
 
     def read(self) -> ContextState:
         """The calling thread's state now (queries only)."""
@@ -304,12 +315,21 @@ class Observer:
             else:
                 if self._reader_error is None:
                     try:
-                        self._reader = _Reader(path)
+                        built = _Reader(path)
                     except (OSError, AttributeError, RuntimeError) as exc:
-                        self._reader_error = str(exc)
+                        with self._publish:
+                            if self._reader is None:
+                                self._reader_error = str(exc)
+                    else:
+                        with self._publish:
+                            if self._reader is None:
+                                self._reader = built
+                        if self._reader is not built:
+                            built.close()
+                reader = self._reader
                 state = (
-                    self._reader.read()
-                    if self._reader
+                    reader.read()
+                    if reader is not None
                     else ContextState(f"unreadable: {self._reader_error}")
                 )
         # cyctx's own counters, only where the test process imported them (importing them here

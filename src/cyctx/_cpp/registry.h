@@ -40,8 +40,10 @@ static inline void live_put(unsigned long long *table, size_t cap, unsigned long
     table[i] = token;
 }
 
-// 0, or -1 when memory ran out (nothing changed).
+// 0, or -1 when memory ran out, -2 for token 0 (the empty-slot mark: never a token); either
+// way nothing changed.
 inline int live_add(unsigned long long token) noexcept {
+    if (token == 0) return -2;
     int rc = 0;
     pthread_mutex_lock(&g_live_mu);
     if (2 * (g_live_n + 1) > g_live_cap) {
@@ -72,6 +74,7 @@ inline int live_add(unsigned long long token) noexcept {
 // Safe at interpreter shutdown and from __dealloc__: no Python, no allocation. The table is
 // never freed, so a guard deallocated after static destructors ran still finds it.
 inline void live_remove(unsigned long long token) noexcept {
+    if (token == 0) return;  // would match an empty slot: never in the table
     pthread_mutex_lock(&g_live_mu);
     if (g_live) {
         size_t mask = g_live_cap - 1, i = live_slot(token, g_live_cap);
@@ -97,6 +100,7 @@ inline void live_remove(unsigned long long token) noexcept {
 }
 
 inline bool live_has(unsigned long long token) noexcept {
+    if (token == 0) return false;  // would match an empty slot: never in the table
     bool found = false;
     pthread_mutex_lock(&g_live_mu);
     if (g_live) {
@@ -106,6 +110,21 @@ inline bool live_has(unsigned long long token) noexcept {
     }
     pthread_mutex_unlock(&g_live_mu);
     return found;
+}
+
+// Slots in the table now (0 before the first add) and tokens held: for tests of its bounds.
+inline size_t live_capacity() noexcept {
+    pthread_mutex_lock(&g_live_mu);
+    size_t cap = g_live_cap;
+    pthread_mutex_unlock(&g_live_mu);
+    return cap;
+}
+
+inline size_t live_count() noexcept {
+    pthread_mutex_lock(&g_live_mu);
+    size_t n = g_live_n;
+    pthread_mutex_unlock(&g_live_mu);
+    return n;
 }
 
 inline void live_lock() noexcept { pthread_mutex_lock(&g_live_mu); }

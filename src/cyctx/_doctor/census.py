@@ -252,7 +252,9 @@ class Owners:
         except OSError:
             key = (real, 0)
         if key not in _OWNER_OF:
-            _OWNER_OF[key] = self._find(real)
+            # Threads that race the first ask each find it; the first answer kept is the one
+            # every one of them returns (dict.setdefault is atomic).
+            return _OWNER_OF.setdefault(key, self._find(real))
         return _OWNER_OF[key]
 
     def _find(self, real: str) -> str | None:

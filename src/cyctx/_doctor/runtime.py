@@ -241,9 +241,10 @@ def find_cudart(path: str | None = None) -> tuple[str | None, str, str | None]:
 
     Order: ``path`` if given; one already loaded in this process; cuda-pathfinder's (the
     ``nvidia-cuda-runtime`` wheel of CUDA 12/13 or a toolkit; loading it creates no context).
+    A path given is the one used or the error: an empty one is refused, not taken for none.
     """
-    if path:
-        return path, "given", None
+    if path is not None:
+        return (path, "given", None) if path else (None, "given", "the path is empty")
     loaded = loaded_cudart()
     if loaded:
         return loaded, "already loaded in this process", None

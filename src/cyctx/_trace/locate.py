@@ -2,9 +2,11 @@
 in the process first (torch loads the one of its ``nvidia-cuda-cupti`` wheel; a second copy
 would be a second CUPTI), then ``$CYCTX_CUPTI``, then the ``nvidia-cuda-cupti`` wheels on
 ``sys.path`` (CUDA 13: ``nvidia/cu13/lib/libcupti.so.13``; CUDA 12:
-``nvidia/cuda_cupti/lib/libcupti.so.12``), then the toolkit's ``extras/CUPTI/lib64``. Only a
-CUPTI of the driver's CUDA major or older is taken: a newer one refuses the driver. Nothing is
-loaded here.
+``nvidia/cuda_cupti/lib/libcupti.so.12``), then the toolkit's ``extras/CUPTI/lib64`` under
+``$CUDA_HOME``, ``$CUDA_PATH``, ``/usr/local/cuda`` (those without one are passed). Only a
+CUPTI of the driver's CUDA major or older is taken: a newer one refuses the driver, and is
+passed over, except the one ``$CYCTX_CUPTI`` names, which is refused (as is one that is not a
+file). Nothing is loaded here.
 """
 
 from __future__ import annotations
@@ -69,6 +71,17 @@ def find_cupti(driver_major: int | None) -> tuple[str | None, str]:
         )
     for path, how in found:
         major = cupti_major(path)
+        if how == "$CYCTX_CUPTI":
+            # Named on purpose: one that cannot be used is refused, never passed over for
+            # another the caller did not name.
+            if not os.path.isfile(path):
+                return None, f"$CYCTX_CUPTI names {path}, which is not a file"
+            if driver_major is not None and major is not None and major > driver_major:
+                return None, (
+                    f"$CYCTX_CUPTI names {path}, a CUPTI of CUDA {major}, newer than the driver "
+                    f"(CUDA {driver_major}), which it would refuse"
+                )
+            return path, how
         if how.startswith("already loaded") or driver_major is None or major is None:
             return path, how
         if major <= driver_major:
