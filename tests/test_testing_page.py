@@ -29,7 +29,13 @@ def _normal(text: str) -> list[str]:
     """What does not differ from run to run: no handles, timings, paths or environment."""
     keep = []
     for line in text.strip().splitlines():
-        if re.match(r"(platform |rootdir: |plugins: |\[gw\d+\] linux -- Python )", line):
+        # The session header's lines about the machine and the other plugins installed there
+        # (pytest-benchmark's, hypothesis's, pytest-timeout's on a GPU machine).
+        if re.match(
+            r"(platform |rootdir: |configfile: |cachedir: |plugins: |benchmark: |hypothesis |"
+            r"timeout: |\[gw\d+\] linux -- Python )",
+            line,
+        ):
             continue
         line = re.sub(r"0x[0-9a-f]+", "0x…", line)
         keep.append(re.sub(r" in \d+\.\d+s ", " in …s ", line))

@@ -166,3 +166,15 @@ def test_a_stack_cut_at_any_depth_is_said_to_be_cut_or_named_right(sim, limit):
         assert f"(called from {e.where}" in e.library, e
     # Enough frames always reach the eval loop.
     assert limit < 11 or e.native_state == "the eval loop", e
+
+
+def test_the_interpreter_is_known_however_the_loader_names_it():
+    # A Python linked statically (Debian's, Ubuntu's) has its C API in the program itself, which
+    # the loader names as it was started ("python3" from PATH); a frame there is the interpreter's
+    # own, passed through, never the library that made a call.
+    from cyctx._trace import _interpreter_object, _is_interpreter, _owner_of
+
+    name = _interpreter_object()
+    assert name, "dladdr found no object for CPython's C API"
+    assert _is_interpreter(name) and _owner_of(name, []) == "the interpreter"
+    assert not _is_interpreter("/opt/venv/lib/python3.12/site-packages/cupy/cuda/memory.so")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import os
 import sys
 import threading
@@ -212,6 +213,8 @@ def _package_dirs() -> list[tuple[str, str]]:
 def _owner_of(path: str | None, dirs: list[tuple[str, str]]) -> str | None:
     if not path:
         return None
+    if _is_interpreter(path):
+        return "the interpreter"
     real = os.path.realpath(path)
     for d, owner in dirs:
         if real.startswith(d):
@@ -243,13 +246,40 @@ def _is_driver_side(path: str | None, skip: tuple[str, ...]) -> bool:
     )
 
 
+@functools.cache
+def _interpreter_object() -> str | None:
+    """The name the loader gives the object holding CPython's C API: libpython where it is a
+    shared library, else the program itself, which the loader names as it was started
+    (a bare `python3` when run from PATH: no path to compare with sys.executable)."""
+
+    class _DlInfo(ctypes.Structure):
+        _fields_ = [
+            ("dli_fname", ctypes.c_char_p),
+            ("dli_fbase", ctypes.c_void_p),
+            ("dli_sname", ctypes.c_char_p),
+            ("dli_saddr", ctypes.c_void_p),
+        ]
+
+    try:
+        libc = ctypes.CDLL(None)
+        addr = ctypes.cast(ctypes.pythonapi.PyObject_Vectorcall, ctypes.c_void_p).value
+        info = _DlInfo()
+        if libc.dladdr(ctypes.c_void_p(addr), ctypes.byref(info)) and info.dli_fname:
+            return os.fsdecode(info.dli_fname)
+    except (AttributeError, OSError):
+        pass
+    return None
+
+
 def _is_interpreter(path: str | None) -> bool:
     """A frame of CPython itself: the caller's native stack ends below it."""
     if not path:
         return False
     base = os.path.basename(path)
-    return base.startswith("libpython") or os.path.realpath(path) == os.path.realpath(
-        sys.executable
+    return (
+        base.startswith("libpython")
+        or path == _interpreter_object()
+        or os.path.realpath(path) == os.path.realpath(sys.executable)
     )
 
 
