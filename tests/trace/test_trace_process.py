@@ -70,7 +70,10 @@ def work(k):
             d.cuCtxPushCurrent(p); d.cuCtxPopCurrent(); d.cuDevicePrimaryCtxRelease(dev)
             n += 4
         elif k % 4 == 2:          # created contexts: resource events under the driver's lock
-            err, c = d.cuCtxCreate(None, 0, dev)
+            try:                  # bindings 13 take (params, flags, dev), 12 (flags, dev)
+                err, c = d.cuCtxCreate(None, 0, dev)
+            except TypeError:
+                err, c = d.cuCtxCreate(0, dev)
             d.cuCtxDestroy(c)
             n += 2
         else:
