@@ -24,6 +24,8 @@ OBJECTS = [
     ("multiprocessing.get_context", "function", "library/multiprocessing.html"),
     ("multiprocessing.set_start_method", "function", "library/multiprocessing.html"),
     ("os.fork", "function", "library/os.html"),
+    ("os.PathLike", "class", "library/os.html"),
+    ("bytes", "class", "library/stdtypes.html"),
     ("warnings.simplefilter", "function", "library/warnings.html"),
     ("RuntimeWarning", "exception", "library/exceptions.html"),
     ("ResourceWarning", "exception", "library/exceptions.html"),

@@ -149,7 +149,12 @@ _RTLD_DI_LINKMAP = 2  # <dlfcn.h>
 
 
 class _LinkMap(ctypes.Structure):
-    pass
+    # The fields _fields_ below makes, declared for the type checkers.
+    l_addr: int | None
+    l_name: bytes | None
+    l_ld: int | None
+    l_next: ctypes._Pointer[_LinkMap]
+    l_prev: ctypes._Pointer[_LinkMap]
 
 
 # The public head of glibc's struct link_map (<link.h>); the loader's own fields follow it.

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import functools
 import os
 import sys
 import threading
@@ -246,29 +245,40 @@ def _is_driver_side(path: str | None, skip: tuple[str, ...]) -> bool:
     )
 
 
-@functools.cache
+_INTERPRETER_OBJECT: list[str | None] = []  # found once
+
+
+class _DlInfo(ctypes.Structure):  # <dlfcn.h>'s Dl_info, for dladdr
+    dli_fname: bytes | None
+    dli_fbase: int | None
+    dli_sname: bytes | None
+    dli_saddr: int | None
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    ]
+
+
 def _interpreter_object() -> str | None:
     """The name the loader gives the object holding CPython's C API: libpython where it is a
     shared library, else the program itself, which the loader names as it was started
     (a bare `python3` when run from PATH: no path to compare with sys.executable)."""
 
-    class _DlInfo(ctypes.Structure):
-        _fields_ = [
-            ("dli_fname", ctypes.c_char_p),
-            ("dli_fbase", ctypes.c_void_p),
-            ("dli_sname", ctypes.c_char_p),
-            ("dli_saddr", ctypes.c_void_p),
-        ]
-
+    if _INTERPRETER_OBJECT:
+        return _INTERPRETER_OBJECT[0]
+    name = None
     try:
         libc = ctypes.CDLL(None)
         addr = ctypes.cast(ctypes.pythonapi.PyObject_Vectorcall, ctypes.c_void_p).value
         info = _DlInfo()
         if libc.dladdr(ctypes.c_void_p(addr), ctypes.byref(info)) and info.dli_fname:
-            return os.fsdecode(info.dli_fname)
+            name = os.fsdecode(info.dli_fname)
     except (AttributeError, OSError):
         pass
-    return None
+    _INTERPRETER_OBJECT.append(name)
+    return name
 
 
 def _is_interpreter(path: str | None) -> bool:
