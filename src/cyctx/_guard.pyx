@@ -150,6 +150,7 @@ cdef class ContextGuard:
     """
 
     def __cinit__(self, *args, **kwargs):
+        cdef int added
         if kwargs or len(args) != 1 or type(self) is not ContextGuard:
             device = _device_argument(type(self), args, kwargs)
         else:
@@ -171,8 +172,11 @@ cdef class ContextGuard:
                 _init_primary(self, target.value, count)
             else:
                 _init_context(self, _context_of(target.kind, target.value), count)
-        if live_add(self._token) != 0:
+        added = live_add(self._token)
+        if added == -1:
             raise MemoryError("cyctx: no memory to register the guard")  # __dealloc__ releases
+        if added != 0:  # token 0, the registry's empty mark: the counter wrapped past 2**64
+            raise SystemError("cyctx: the guard token counter wrapped; no guard can be made")
         _all_guards[self._token] = <size_t><PyObject*>self
 
     @staticmethod
