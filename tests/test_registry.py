@@ -4,14 +4,12 @@ through that path after thousands of additions and removals in random order, whi
 table several times and delete from the middle of probe runs."""
 
 import gc
-import os
 import random
-import shutil
-import subprocess
 
 import pytest
 from helpers.drivers import retains_unchanged
 from helpers.finalizers import freed_on_purpose
+from helpers.native import compile_and_run
 from helpers.threads import in_thread
 
 import cyctx
@@ -107,7 +105,7 @@ int main() {
 def test_registry_matches_a_reference_set(tmp_path):
     # The table itself, compiled from the installed header: thousands of random tokens
     # collide, so removals exercise the backward shift that keeps probe runs unbroken.
-    out = _compile_and_run(tmp_path, MODEL_CHECK, "registry")
+    out = compile_and_run(tmp_path, MODEL_CHECK, "registry")
     assert out.returncode == 0 and out.stdout.startswith("ok"), out.stdout + out.stderr
 
 
@@ -173,28 +171,11 @@ int main() {
 """
 
 
-def _compile_and_run(tmp_path, source, name):
-    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if not cxx:
-        pytest.skip("no C++ compiler")
-    src = tmp_path / f"{name}.cpp"
-    src.write_text(source)
-    exe = tmp_path / name
-    includes = [f"-I{d}" for d in [*cyctx.get_include_dirs(), os.path.dirname(cyctx.__file__)]]
-    subprocess.run(
-        [cxx, "-std=c++17", "-O1", *includes, str(src), "-o", str(exe), "-pthread"],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
-
-
 def test_registry_bounds_empty_table_token_zero_extremes_and_half_full(tmp_path):
     # The table's edges, each of which a weakened check turns into a crash (the first lookup
     # before any add reads through a null table), a hang (a full table has no empty slot to
     # stop a probe) or a wrong answer (token 0 matches an empty slot).
-    out = _compile_and_run(tmp_path, BOUNDS_CHECK, "bounds")
+    out = compile_and_run(tmp_path, BOUNDS_CHECK, "bounds")
     assert out.returncode == 0 and out.stdout.strip() == "ok", (
         f"exit {out.returncode}: {out.stdout}{out.stderr}"
     )

@@ -89,9 +89,10 @@ cdef class ContextGuard:
 
     # Restore what was current before the matching enter() on this thread.
     # The nogil pair matches entries by guard: a thread's enter()/exit() of one guard nest.
-    # (Python's `with` also records its block, the running generator or the frame running the
-    # statement, so two open blocks of one guard on a thread, a suspended generator's and its
-    # caller's, are told apart.)
+    # (Python's `with` also records which block it is, by the `with` statement's exit binding
+    # or else the strand it runs in, so that interleaved blocks of one guard on a thread, two
+    # tasks', greenlets' or generators', are told apart or refused, never guessed:
+    # docs/guarantees.md, "Which block an exit belongs to".)
     # A context current before the enter that was destroyed or reset during the block is not
     # made current again: ContextDestroyedError (switch_back's rule).
     # Entries of guards freed while entered that lie above this guard's entry are dropped

@@ -1,6 +1,6 @@
-// Per-thread record of open guard entries, keyed by the guard's never-reused token: a POD
-// thread_local with kInline entries, spilling to the heap beyond (docs/design.md, "Per-thread
-// entries").
+// Per-thread record of open guard entries, keyed by the guard's never-reused token: a POD with
+// kInline entries made on the thread's first use, spilling to a second block beyond
+// (docs/design.md, "Per-thread entries").
 #pragma once
 #include <cuda.h>
 #include <atomic>
@@ -39,32 +39,50 @@ struct Stack {
     std::size_t depth;   // open entries
 };
 
-static thread_local Stack t_stack;  // zero-initialised: no constructor, no destructor
+// This thread's stack is on the heap, made on its first use; the thread-local is its address
+// alone, 8 bytes of initial-exec TLS, read with one load relative to the thread pointer. A loaded
+// module's TLS of the default (general-dynamic) model costs a __tls_get_addr call per access,
+// and initial-exec puts the module's whole TLS block in the static TLS that glibc keeps for
+// loaded modules (a few hundred bytes for the whole process): so nothing else of this module is
+// thread-local but the owner below (docs/design.md, "Per-thread entries").
+static thread_local Stack *t_stack __attribute__((tls_model("initial-exec")));
 
-// This thread's stack, its address computed once per operation: with TLS descriptors the
-// compiler would otherwise repeat the descriptor call for each field an operation touches
-// (three in tls_push); the empty asm hides where the pointer came from.
-inline Stack *my_stack() noexcept {
-    Stack *s = &t_stack;
-    __asm__("" : "+r"(s));
+// The stack of a thread whose own could not be allocated: no entries. Read-only (every write to
+// a stack is to an entry it holds, and tls_push refuses this one), so a write would fault.
+static const Stack k_no_stack = {};
+
+// Frees this thread's stack and its spill block at thread exit (no Python call).
+struct StackOwner {
+    ~StackOwner() {
+        Stack *s = t_stack;
+        t_stack = nullptr;
+        if (s) {
+            std::free(s->heap);
+            std::free(s);
+        }
+    }
+};
+
+__attribute__((noinline)) static Stack *make_stack() noexcept {
+    static thread_local StackOwner owner;  // registers the free at thread exit, once
+    (void)owner;
+    Stack *s = static_cast<Stack *>(std::calloc(1, sizeof(Stack)));
+    if (!s) return const_cast<Stack *>(&k_no_stack);  // tried again on the next access
+    t_stack = s;
     return s;
 }
 
-struct HeapOwner {
-    ~HeapOwner() {
-        std::free(t_stack.heap);
-        t_stack.heap = nullptr;
-        t_stack.cap = 0;
-    }
-};
+// This thread's stack, its address read once per operation.
+inline Stack *my_stack() noexcept {
+    Stack *s = t_stack;
+    return __builtin_expect(s != nullptr, 1) ? s : make_stack();
+}
 
 inline Entry *slot(Stack &s, std::size_t i) noexcept {
     return i < kInline ? &s.inline_[i] : &s.heap[i - kInline];
 }
 
 static int grow(Stack &s) noexcept {
-    static thread_local HeapOwner owner;  // registers the free at thread exit, once
-    (void)owner;
     std::size_t cap = s.cap ? 2 * s.cap : kInline;
     Entry *p = static_cast<Entry *>(std::realloc(s.heap, cap * sizeof(Entry)));
     if (!p) return -1;
@@ -78,6 +96,7 @@ static int grow(Stack &s) noexcept {
 // 0, or -1 when memory ran out (the caller raises MemoryError).
 inline int tls_push(unsigned long long token, const BlockId *id, const cyctx_Switch *sw) noexcept {
     Stack &s = *my_stack();
+    if (&s == &k_no_stack) return -1;  // no memory for this thread's stack
     if (s.depth >= kInline + s.cap && grow(s) != 0) return -1;
     Entry *e = slot(s, s.depth);
     e->token = token;
