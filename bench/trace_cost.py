@@ -4,11 +4,16 @@ Python `with guard:` that switches, traced and not.
 
     python bench/trace_cost.py [--simulate] [--n 200000] [--json FILE]
 
-Each figure is the best of 5 runs of n rounds, made in C without the GIL (the tracer module's
-`bench`), so the difference between traced and untraced rows is the tracer's cost per call: a
-push+pop round is two traced calls, each an entry and an exit callback. On the real driver the
-callbacks are CUPTI's; with --simulate the simulated driver's (no GPU). Prints a table and
-writes the figures as JSON. Not a test: nothing here asserts a time.
+Each push+pop figure is the best of 5 runs of n rounds, made in C without the GIL (the tracer
+module's `bench`), so the difference between traced and untraced rows is the tracer's cost per
+call: a push+pop round is two traced calls, each an entry and an exit callback. The switching
+guard's block is two traced changes (a push at its entry, a pop at its exit), made by cyctx's
+compiled module holding the GIL. Each is measured in parts: bare (the driver's questions and
+the record), native frames only, Python frames only, both. Every traced call is recorded (runs
+are cut into pieces the buffer holds; a run that lost an event is an error), and the last
+column says how many native walks the fast walker made and how many the unwinder did. On the
+real driver the callbacks are CUPTI's; with --simulate the simulated driver's (no GPU). Prints
+a table and writes the figures as JSON. Not a test: nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -44,53 +49,96 @@ def main() -> int:
     def best(mode: int) -> float:
         return min(_native.bench(ctx, n, mode) for _ in range(5)) / n * 1e9
 
+    # Every traced call must be recorded: a full buffer drops events, and a dropped event costs
+    # far less than a recorded one. So each run is made of chunks the buffer holds, collected
+    # in between (outside the timed part), and a run that dropped any is an error.
+    cap = 1 << 15
+    chunk = cap // 2 - 16
+
+    def traced_bench(t: cyctx.Trace) -> float:
+        total, left = 0.0, n
+        while left:
+            k = min(chunk, left)
+            total += _native.bench(ctx, k, 0)
+            left -= k
+            t.collect()
+            t._raw.clear()  # a benchmark keeps no events
+        return total
+
+    def guard_loop(blocks: int) -> float:
+        t0 = time.perf_counter_ns()
+        for _ in range(blocks):
+            with g:
+                pass
+        return (time.perf_counter_ns() - t0) / blocks
+
+    def traced_guard(t: cyctx.Trace) -> float:
+        vals = []
+        for _ in range(3):
+            vals.append(guard_loop(min(chunk // 2, max(1, n // 10))))
+            t.collect()
+            t._raw.clear()
+        return min(vals)
+
     rows: dict[str, float] = {}
+    walks: dict[str, list[int]] = {}
     rows["untraced push+pop"] = best(0)
     rows["untraced get_current+get_id"] = best(1)
     configs = {
         "bare (no frames)": dict(python_frames=0, native_frames=0),
-        "native-only (native frames to the eval loop)": dict(python_frames=0, native_frames=32),
+        "native-only (native frames to the eval loop)": dict(python_frames=0, native_frames=64),
+        "Python stack only (4 Python frames, no native)": dict(python_frames=4, native_frames=0),
         "with Python stack (4 Python frames, native to the eval loop)": dict(
-            python_frames=4, native_frames=32
+            python_frames=4, native_frames=64
         ),
     }
     for name, kw in configs.items():
-        with cyctx.trace(capacity=1 << 16, quiet=True, **kw) as t:
-            times = []
-            for _ in range(5):
-                times.append(_native.bench(ctx, n, 0))
-                t.collect()
-                t._raw.clear()  # a benchmark keeps no events
-            rows[f"traced push+pop, {name}"] = min(times) / n * 1e9
+        with cyctx.trace(capacity=cap, quiet=True, **kw) as t:
+            rows[f"traced push+pop, {name}"] = min(traced_bench(t) for _ in range(5)) / n * 1e9
             rows["traced run: get_current+get_id (not watched)"] = best(1)
+            walks[f"traced push+pop, {name}"] = list(_native.walk_stats())
         if t.reason:
             print(f"cannot trace: {t.reason}", file=sys.stderr)
             return 1
+        if t.dropped:
+            print(
+                f"the benchmark lost {t.dropped} events: its figures would be wrong",
+                file=sys.stderr,
+            )
+            return 1
     g = cyctx.ContextGuard(0)
-
-    def guard_loop() -> float:
-        t0 = time.perf_counter_ns()
-        for _ in range(n // 10):
-            with g:
-                pass
-        return (time.perf_counter_ns() - t0) / (n // 10)
-
-    rows["Python with guard (switching), untraced"] = min(guard_loop() for _ in range(3))
-    with cyctx.trace(capacity=1 << 16, quiet=True) as t:
-        vals = []
-        for _ in range(3):
-            vals.append(guard_loop())
-            t.collect()
-            t._raw.clear()
-        rows["Python with guard (switching), traced with Python stack"] = min(vals)
+    untraced_guard = min(guard_loop(max(1, n // 10)) for _ in range(3))
+    rows["Python with guard (switching), untraced"] = untraced_guard
+    for name, kw in configs.items():
+        with cyctx.trace(capacity=cap, quiet=True, **kw) as t:
+            rows[f"Python with guard (switching), traced, {name}"] = traced_guard(t)
+            walks[f"Python with guard (switching), traced, {name}"] = list(_native.walk_stats())
+        if t.dropped:
+            print(
+                f"the benchmark lost {t.dropped} events: its figures would be wrong",
+                file=sys.stderr,
+            )
+            return 1
     g.close()
     d.cuDevicePrimaryCtxRelease(0)
 
     base = rows["untraced push+pop"]
-    print(f"{'case':<70} {'ns/round':>10} {'per traced call':>16}")
+
+    def per_change(k: str, v: float) -> float | None:
+        # Two traced calls a round (push and pop), two traced changes a switching block.
+        if k.startswith("traced push+pop"):
+            return (v - base) / 2
+        if k.startswith("Python with guard (switching), traced"):
+            return (v - untraced_guard) / 2
+        return None
+
+    print(f"{'case':<92} {'ns/round':>9} {'per traced call':>16} {'walks fast/unwinder':>20}")
     for k, v in rows.items():
-        extra = f"{(v - base) / 2:16.1f}" if k.startswith("traced push+pop") else " " * 16
-        print(f"{k:<70} {v:10.1f} {extra}")
+        pc = per_change(k, v)
+        extra = f"{pc:16.1f}" if pc is not None else " " * 16
+        w = walks.get(k)
+        ws = f"{w[0]:>10}/{w[1]:<9}" if w else ""
+        print(f"{k:<92} {v:9.1f} {extra} {ws}")
     out = {
         "schema": "cyctx.bench.trace_cost/1",
         "driver": "simulated" if args.simulate else "real",
@@ -100,8 +148,9 @@ def main() -> int:
         "n": n,
         "ns_per_round": rows,
         "ns_per_traced_call": {
-            k: (v - base) / 2 for k, v in rows.items() if k.startswith("traced push+pop")
+            k: per_change(k, v) for k, v in rows.items() if per_change(k, v) is not None
         },
+        "walks_fast_unwinder": walks,
     }
     if args.json:
         with open(args.json, "w") as f:

@@ -125,7 +125,7 @@ def diagnose(cudart=None, *, before_fork=False):
     return _diagnose(cudart, before_fork=before_fork)
 
 
-def trace(*, python_frames=4, native_frames=32, capacity=16384, quiet=False):
+def trace(*, python_frames=4, native_frames=64, capacity=16384, quiet=False):
     """Record every context change in the process while the returned trace is on:
     ``with cyctx.trace() as t: ...``, then ``t.report()``, ``t.who_made_current()``,
     ``t.who_destroyed(handle)``, ``t.libraries_touching(device)``, ``t.to_json()``

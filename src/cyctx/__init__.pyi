@@ -230,7 +230,7 @@ class ContextGuard:
         """How many resets of the primary context enter detected and re-activated."""
 
 def trace(
-    *, python_frames: int = 4, native_frames: int = 32, capacity: int = 16384, quiet: bool = False
+    *, python_frames: int = 4, native_frames: int = 64, capacity: int = 16384, quiet: bool = False
 ) -> Trace:
     """Record every context change in the process while the returned trace is on
     (docs/tracing.md); loads nothing before it is called."""

@@ -428,7 +428,7 @@ class Trace:
         self,
         *,
         python_frames: int = 4,
-        native_frames: int = 32,
+        native_frames: int = 64,
         capacity: int = 16384,
         quiet: bool = False,
     ) -> None:
@@ -807,7 +807,7 @@ atexit.register(_stop_at_exit)
 
 
 def trace(
-    *, python_frames: int = 4, native_frames: int = 32, capacity: int = 16384, quiet: bool = False
+    *, python_frames: int = 4, native_frames: int = 64, capacity: int = 16384, quiet: bool = False
 ) -> Trace:
     """Record every context change of the process while the returned :class:`Trace` is on
     (``with cyctx.trace() as t:``). See docs/tracing.md."""

@@ -49,7 +49,16 @@
 #define CYCTX_TRACE_FRAMES 0
 #endif
 
+/* The fast native walk reads x86-64 registers and libgcc's FDE lookup; elsewhere every walk is
+ * the unwinder's. */
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+#define FAST_WALK 1
+#else
+#define FAST_WALK 0
+#endif
+
 #include <dlfcn.h>
+#include <link.h>
 #include <unwind.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -125,7 +134,7 @@ static int args_of(int domain, unsigned cbid) {
  * Events and the ring
  * ------------------------------------------------------------------------------------------ */
 #define MAX_PY 6
-#define MAX_NATIVE 64
+#define MAX_NATIVE 256
 #define FILE_LEN 200
 #define FUNC_LEN 72
 #define NAME_LEN 48
@@ -151,11 +160,12 @@ typedef struct {
     uint64_t before_id, after_id, arg_ctx_id;
     int before_dev, after_dev, arg_dev;
     PyFrameRec py[MAX_PY];
-    uintptr_t native[MAX_NATIVE];
+    uintptr_t native[];              /* native_frames of them: a slot is Event plus those */
 } Event;
 
-static Event *g_ring;
+static char *g_ring;
 static uint64_t g_cap;
+static size_t g_slot;                /* bytes per slot */
 static _Atomic uint64_t g_head, g_tail, g_dropped;
 static _Atomic int g_on;             /* the callback records */
 static _Atomic int g_inflight;       /* callbacks inside record code now */
@@ -195,7 +205,7 @@ static Event *claim(void) {
             return NULL;
         }
     } while (!atomic_compare_exchange_weak(&g_head, &h, h + 1));
-    Event *e = &g_ring[h % g_cap];
+    Event *e = (Event *)(g_ring + (h % g_cap) * g_slot);
     e->seq = h;
     return e;
 }
@@ -309,24 +319,323 @@ static int finalizing(void) {
 }
 
 
-typedef struct { Event *e; int max; uintptr_t boundary; } Walk;
+/* The objects whose frames are the tracer's, CUPTI's and the driver's own (found at start):
+ * the walk does not keep a run of them below the caller, nor count it against the limit, so
+ * native_frames bounds the caller's frames only however deep the driver's are. */
+#define N_SKIP 3
+static uintptr_t g_skip_lo[N_SKIP], g_skip_hi[N_SKIP];
+
+static int driver_side(uintptr_t ip) {
+    for (int i = 0; i < N_SKIP; i++)
+        if (ip - 1 >= g_skip_lo[i] && ip - 1 < g_skip_hi[i]) return 1;
+    return 0;
+}
+
+/* At most this many frames are walked, kept or not: a longer stack is cut. */
+#define MAX_STEPS 1024
+typedef struct { Event *e; int max; uintptr_t boundary; int below; int steps; } Walk;
+
+/* One frame of a walk (either walker), given its return address and its stack pointer (the
+ * CFA of the frame it called): says whether the walk goes on. A stack pointer beyond the
+ * boundary ends the walk: the frame kept last, whose stack area holds the boundary, was the
+ * eval loop's activation. The run of driver-side frames below the caller is not kept. */
+static int walk_keep(Walk *w, uintptr_t ip, uintptr_t sp) {
+    if (w->boundary && sp > w->boundary) {
+        w->e->native_state = NATIVE_EVAL_LOOP;
+        return 0;
+    }
+    if (++w->steps > MAX_STEPS) {          /* a stack that never ends: said so, not trusted */
+        w->e->native_state = NATIVE_CUT;
+        return 0;
+    }
+    if (w->below && driver_side(ip)) return 1;
+    w->below = 0;
+    if (w->e->n_native >= w->max) {
+        w->e->native_state = NATIVE_CUT;
+        return 0;
+    }
+    w->e->native[w->e->n_native++] = ip;
+    return 1;
+}
 
 static _Unwind_Reason_Code walk_step(struct _Unwind_Context *ctx, void *arg) {
     Walk *w = (Walk *)arg;
     uintptr_t ip = (uintptr_t)_Unwind_GetIP(ctx);
     if (!ip) return _URC_END_OF_STACK;
-    if (w->e->n_native >= w->max) {
-        w->e->native_state = NATIVE_CUT;
-        return _URC_END_OF_STACK;
-    }
-    w->e->native[w->e->n_native++] = ip;
-    /* The frame whose stack area holds the boundary is the eval loop's activation. */
-    if (w->boundary && (uintptr_t)_Unwind_GetCFA(ctx) > w->boundary) {
-        w->e->native_state = NATIVE_EVAL_LOOP;
-        return _URC_END_OF_STACK;
-    }
-    return _URC_NO_REASON;
+    return walk_keep(w, ip, (uintptr_t)_Unwind_GetCFA(ctx)) ? _URC_NO_REASON : _URC_END_OF_STACK;
 }
+
+#if FAST_WALK
+/* ------------------------------------------------------------------------------------------
+ * The fast walk (x86-64): the unwinder's work per frame (find the FDE, parse its CIE, run its
+ * CFA program) done once per return address and kept as a rule: where the CFA is (rsp or rbp
+ * plus an offset), where the caller's rbp was saved, the return address at CFA-8. A walk is
+ * then a few loads per frame. Only the forms an ordinary frame uses are taken; anything else
+ * (an expression, a signal frame, a register rule the walk would need and does not keep, no
+ * FDE) makes the whole walk the unwinder's, _Unwind_Backtrace, as are walks without a
+ * boundary (a thread no Python started: no known end of its stack to bound the reads). Every
+ * load is of this thread's stack between the walk's own frame and the boundary.
+ * ------------------------------------------------------------------------------------------ */
+struct eh_bases { void *tbase; void *dbase; void *func; };
+typedef const void *(*pfn_find_fde)(void *, struct eh_bases *);
+static pfn_find_fde u_find_fde;           /* libgcc's _Unwind_Find_FDE, found at start */
+
+/* A rule in one word: bit 0 valid, bit 1 CFA from rbp (else rsp), bit 2 rbp saved,
+ * bits 16-31 rbp's save offset from the CFA (signed), bits 32-63 the CFA offset (signed). */
+#define RULE_OK 1u
+#define RULE_CFA_BP 2u
+#define RULE_BP_SAVED 4u
+#define N_RULES 2048
+typedef struct { _Atomic uint64_t seq, ip, rule; } RuleSlot;
+static RuleSlot g_rules[N_RULES];
+static _Atomic uint64_t g_walks_fast, g_walks_slow;
+
+static uint64_t uleb(const unsigned char **pp, const unsigned char *end, int *bad) {
+    uint64_t v = 0;
+    unsigned shift = 0;
+    const unsigned char *p = *pp;
+    for (;;) {
+        if (p >= end || shift > 63) { *bad = 1; *pp = end; return 0; }
+        unsigned char b = *p++;
+        v |= (uint64_t)(b & 0x7f) << shift;
+        shift += 7;
+        if (!(b & 0x80)) break;
+    }
+    *pp = p;
+    return v;
+}
+
+static int64_t sleb(const unsigned char **pp, const unsigned char *end, int *bad) {
+    int64_t v = 0;
+    unsigned shift = 0;
+    const unsigned char *p = *pp;
+    unsigned char b;
+    do {
+        if (p >= end || shift > 63) { *bad = 1; *pp = end; return 0; }
+        b = *p++;
+        v |= (int64_t)(b & 0x7f) << shift;
+        shift += 7;
+    } while (b & 0x80);
+    if (shift < 64 && (b & 0x40)) v |= -((int64_t)1 << shift);
+    *pp = p;
+    return v;
+}
+
+/* Bytes a pointer of this DW_EH_PE encoding takes (-1: not a form the walk reads). */
+static int enc_size(unsigned char enc) {
+    if (enc == 0xff) return 0;            /* DW_EH_PE_omit */
+    if ((enc & 0x70) == 0x50) return -1;  /* aligned */
+    switch (enc & 0x0f) {
+    case 0x00: case 0x04: case 0x0c: return 8;
+    case 0x02: case 0x0a: return 2;
+    case 0x03: case 0x0b: return 4;
+    default: return -1;                   /* leb128 and unknown forms */
+    }
+}
+
+enum { R_SAME, R_OFFSET, R_BAD };
+typedef struct { int cfa_reg, cfa_bad; int64_t cfa_off; int bp, ra; int64_t bp_off, ra_off; } CfaState;
+
+/* Runs a CFA program as libgcc's execute_cfa_program does, up to (not including) `until`,
+ * keeping the CFA, rbp (6), rsp (7) and the return address (16); 0 on a form it does not take. */
+static int run_cfa(const unsigned char *p, const unsigned char *end, uintptr_t *pc, uintptr_t until,
+                   uint64_t code_align, int64_t data_align, CfaState *st) {
+    CfaState stack[8];
+    int depth = 0, bad = 0;
+    while (p < end && *pc < until && !bad) {
+        unsigned char op = *p++;
+        uint64_t reg = 0;
+        int64_t off = 0;
+        int how = -1;
+        switch (op & 0xc0) {
+        case 0x40: *pc += (op & 0x3f) * code_align; continue;
+        case 0x80:
+            reg = op & 0x3f;
+            off = (int64_t)uleb(&p, end, &bad) * data_align;
+            how = R_OFFSET;
+            break;
+        case 0xc0: reg = op & 0x3f; how = R_SAME; break;
+        default:
+            switch (op) {
+            case 0x00: continue;                                   /* nop */
+            case 0x02: if (p + 1 > end) return 0; *pc += p[0] * code_align; p += 1; continue;
+            case 0x03: { uint16_t v; if (p + 2 > end) return 0; memcpy(&v, p, 2); p += 2;
+                         *pc += v * code_align; continue; }
+            case 0x04: { uint32_t v; if (p + 4 > end) return 0; memcpy(&v, p, 4); p += 4;
+                         *pc += v * code_align; continue; }
+            case 0x05: reg = uleb(&p, end, &bad); off = (int64_t)uleb(&p, end, &bad) * data_align;
+                       how = R_OFFSET; break;
+            case 0x06: case 0x08: reg = uleb(&p, end, &bad); how = R_SAME; break;
+            case 0x07: reg = uleb(&p, end, &bad); how = R_BAD; break;  /* undefined */
+            case 0x09: reg = uleb(&p, end, &bad); (void)uleb(&p, end, &bad); how = R_BAD; break;
+            case 0x0a: if (depth == 8) return 0; stack[depth++] = *st; continue;
+            case 0x0b: if (depth == 0) return 0; *st = stack[--depth]; continue;
+            case 0x0c: st->cfa_reg = (int)uleb(&p, end, &bad);
+                       st->cfa_off = (int64_t)uleb(&p, end, &bad); st->cfa_bad = 0; continue;
+            case 0x0d: st->cfa_reg = (int)uleb(&p, end, &bad); st->cfa_bad = 0; continue;
+            case 0x0e: st->cfa_off = (int64_t)uleb(&p, end, &bad); continue;
+            case 0x0f: { uint64_t n = uleb(&p, end, &bad); if (n > (uint64_t)(end - p)) return 0;
+                         p += n; st->cfa_bad = 1; continue; }
+            case 0x10: case 0x16: {
+                reg = uleb(&p, end, &bad);
+                uint64_t n = uleb(&p, end, &bad);
+                if (n > (uint64_t)(end - p)) return 0;
+                p += n;
+                how = R_BAD;
+                break;
+            }
+            case 0x11: reg = uleb(&p, end, &bad); off = sleb(&p, end, &bad) * data_align;
+                       how = R_OFFSET; break;
+            case 0x12: st->cfa_reg = (int)uleb(&p, end, &bad);
+                       st->cfa_off = sleb(&p, end, &bad) * data_align; st->cfa_bad = 0; continue;
+            case 0x13: st->cfa_off = sleb(&p, end, &bad) * data_align; continue;
+            case 0x14: reg = uleb(&p, end, &bad); (void)uleb(&p, end, &bad); how = R_BAD; break;
+            case 0x15: reg = uleb(&p, end, &bad); (void)sleb(&p, end, &bad); how = R_BAD; break;
+            case 0x2e: (void)uleb(&p, end, &bad); continue;          /* GNU_args_size */
+            case 0x2f: reg = uleb(&p, end, &bad); off = -(int64_t)uleb(&p, end, &bad) * data_align;
+                       how = R_OFFSET; break;
+            default: return 0;                /* set_loc, a vendor's form: not taken */
+            }
+        }
+        /* A register rule: kept for rbp and the return address, refused for rsp (whose value
+         * the walk takes to be the CFA), other registers' rules do not matter to the walk. */
+        if (reg == 6) { st->bp = how; st->bp_off = off; }
+        else if (reg == 16) { st->ra = how; st->ra_off = off; }
+        else if (reg == 7) return 0;
+    }
+    return !bad;
+}
+
+/* The rule of the frame whose code is at pc (a return address minus one, or the walk's own
+ * point), 0 where the walk does not take it. */
+static uint64_t rule_at(uintptr_t pc, uintptr_t until) {
+    struct eh_bases bases;
+    const unsigned char *fde = (const unsigned char *)u_find_fde((void *)pc, &bases);
+    if (!fde) return 0;
+    uint32_t flen, delta;
+    memcpy(&flen, fde, 4);
+    if (flen == 0 || flen == 0xffffffffu) return 0;
+    memcpy(&delta, fde + 4, 4);
+    const unsigned char *cie = fde + 4 - delta;
+    uint32_t clen;
+    memcpy(&clen, cie, 4);
+    if (clen == 0 || clen == 0xffffffffu) return 0;
+    const unsigned char *cend = cie + 4 + clen, *p = cie + 8;
+    int bad = 0;
+    unsigned char version = *p++;
+    if (version != 1 && version != 3) return 0;
+    const char *aug = (const char *)p;
+    size_t alen = strnlen(aug, (size_t)(cend - p));
+    p += alen + 1;
+    uint64_t code_align = uleb(&p, cend, &bad);
+    int64_t data_align = sleb(&p, cend, &bad);
+    uint64_t ra_reg = version == 1 ? (p < cend ? *p++ : (bad = 1, 0)) : uleb(&p, cend, &bad);
+    if (bad || ra_reg != 16) return 0;
+    unsigned char fenc = 0;
+    int z = 0;
+    if (aug[0] == 'z') {
+        z = 1;
+        uint64_t n = uleb(&p, cend, &bad);
+        if (bad || n > (uint64_t)(cend - p)) return 0;
+        const unsigned char *aend = p + n;
+        for (const char *a = aug + 1; *a; a++) {
+            if (*a == 'R') { if (p >= aend) return 0; fenc = *p++; }
+            else if (*a == 'L') { if (p >= aend) return 0; p++; }
+            else if (*a == 'P') {
+                if (p >= aend) return 0;
+                int k = enc_size(*p++);
+                if (k < 0 || p + k > aend) return 0;
+                p += k;
+            } else return 0;                  /* 'S' (a signal frame) and others */
+        }
+        p = aend;
+    } else if (aug[0]) {
+        return 0;
+    }
+    CfaState st = {-1, 1, 0, R_SAME, R_SAME, 0, 0};
+    uintptr_t loc = 0;
+    if (!run_cfa(p, cend, &loc, UINTPTR_MAX, code_align, data_align, &st)) return 0;
+    const unsigned char *fend = fde + 4 + flen, *q = fde + 8;
+    int k = enc_size(fenc);
+    if (k <= 0 || q + 2 * k > fend) return 0;
+    q += 2 * k;                               /* pc_begin, pc_range: bases.func is the start */
+    if (z) {
+        uint64_t n = uleb(&q, fend, &bad);
+        if (bad || n > (uint64_t)(fend - q)) return 0;
+        q += n;
+    }
+    loc = (uintptr_t)bases.func;
+    if (!run_cfa(q, fend, &loc, until, code_align, data_align, &st)) return 0;
+    if (st.cfa_bad || (st.cfa_reg != 6 && st.cfa_reg != 7) || st.ra != R_OFFSET || st.ra_off != -8 ||
+        st.bp == R_BAD || st.cfa_off < INT32_MIN || st.cfa_off > INT32_MAX ||
+        (st.bp == R_OFFSET && (st.bp_off < INT16_MIN || st.bp_off > INT16_MAX)))
+        return 0;
+    return RULE_OK | (st.cfa_reg == 6 ? RULE_CFA_BP : 0) | (st.bp == R_OFFSET ? RULE_BP_SAVED : 0) |
+           ((uint64_t)(uint16_t)(int16_t)st.bp_off << 16) | ((uint64_t)(uint32_t)(int32_t)st.cfa_off << 32);
+}
+
+/* The rules are shared by every thread: a slot is a seqlock (odd while written); a reader that
+ * sees it change, or a writer that finds it busy, goes without. */
+static uint64_t rule_of(uintptr_t pc, uintptr_t until) {
+    RuleSlot *s = &g_rules[(pc ^ (pc >> 11)) % N_RULES];
+    uint64_t q = atomic_load_explicit(&s->seq, memory_order_acquire);
+    if (!(q & 1)) {
+        uint64_t ip = atomic_load_explicit(&s->ip, memory_order_relaxed);
+        uint64_t rule = atomic_load_explicit(&s->rule, memory_order_relaxed);
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&s->seq, memory_order_relaxed) == q && ip == until && rule)
+            return rule;
+    }
+    uint64_t rule = rule_at(pc, until);
+    if (rule && !(q & 1) &&
+        atomic_compare_exchange_strong_explicit(&s->seq, &q, q + 1, memory_order_acq_rel,
+                                                memory_order_relaxed)) {
+        atomic_store_explicit(&s->ip, until, memory_order_relaxed);
+        atomic_store_explicit(&s->rule, rule, memory_order_relaxed);
+        atomic_store_explicit(&s->seq, q + 2, memory_order_release);
+    }
+    return rule;
+}
+
+/* 1: walked; 0: a frame the rules do not take (the caller then resets the event and walks
+ * with the unwinder: the frames kept so far are the same either way). */
+static __attribute__((noinline)) int fast_walk(Walk *w, uintptr_t hi) {
+    uintptr_t sp, bp, here;
+    __asm__ volatile("movq %%rsp, %0\n\tmovq %%rbp, %1\n\tleaq 0(%%rip), %2"
+                     : "=r"(sp), "=r"(bp), "=r"(here));
+    const uintptr_t lo = sp;
+    /* This frame first, at the point just read (its rule there: `until` one past it), then
+     * each caller at its return address. */
+    uintptr_t pc = here, until = here + 1;
+    int own = 1;
+    for (;;) {
+        if (!own && !walk_keep(w, until, sp)) return 1;
+        uint64_t r = rule_of(pc, until);
+        if (!r) return 0;
+        uintptr_t cfa = ((r & RULE_CFA_BP) ? bp : sp) + (uintptr_t)(int64_t)(int32_t)(r >> 32);
+        if (cfa <= sp) return 0;
+        if (cfa > hi) {
+            if (own) return 0;
+            return walk_keep(w, 0, cfa), 1;    /* beyond the boundary: the eval loop's frame */
+        }
+        own = 0;
+        if (r & RULE_BP_SAVED) {
+            uintptr_t at = cfa + (uintptr_t)(int64_t)(int16_t)(r >> 16);
+            if (at < lo || at + 8 > hi) return 0;
+            memcpy(&bp, (const void *)at, 8);
+        }
+        if (cfa - 8 < lo) return 0;
+        uintptr_t ra;
+        memcpy(&ra, (const void *)(cfa - 8), 8);
+        if (!ra) return 0;
+        sp = cfa;
+        pc = ra - 1;
+        until = ra;
+    }
+}
+#endif
+
+static _Atomic int g_walker;                 /* 0: fast where it can; 1: the unwinder's only */
 
 static void walk_native(Event *e, uintptr_t boundary) {
     e->n_native = 0;
@@ -337,7 +646,19 @@ static void walk_native(Event *e, uintptr_t boundary) {
     e->native_state = NATIVE_END;
     /* Only an address on this thread's stack, above (outward of) this frame, can be one. */
     uintptr_t here = (uintptr_t)&boundary;
-    Walk w = {e, g_native_max, boundary > here ? boundary : 0};
+    Walk w = {e, g_native_max, boundary > here ? boundary : 0, 1, 0};
+#if FAST_WALK
+    if (w.boundary && u_find_fde && !atomic_load_explicit(&g_walker, memory_order_relaxed)) {
+        if (fast_walk(&w, w.boundary)) {
+            atomic_fetch_add_explicit(&g_walks_fast, 1, memory_order_relaxed);
+            return;
+        }
+        atomic_fetch_add_explicit(&g_walks_slow, 1, memory_order_relaxed);
+        e->n_native = 0;
+        e->native_state = NATIVE_END;
+        w = (Walk){e, g_native_max, w.boundary, 1, 0};
+    }
+#endif
     _Unwind_Backtrace(walk_step, &w);
 }
 
@@ -517,6 +838,39 @@ static const char *result_name(int r) {
     return "an unknown CUPTI result";
 }
 
+/* The address span of the loaded object holding each of these addresses (the driver-side
+ * objects of driver_side()); found under the GIL at start, never in a callback. */
+typedef struct { uintptr_t addr, lo, hi; } Span;
+
+static int span_of(struct dl_phdr_info *info, size_t size, void *arg) {
+    (void)size;
+    Span *sp = (Span *)arg;
+    uintptr_t lo = UINTPTR_MAX, hi = 0;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD) continue;
+        uintptr_t a = info->dlpi_addr + ph->p_vaddr;
+        if (a < lo) lo = a;
+        if (a + ph->p_memsz > hi) hi = a + ph->p_memsz;
+    }
+    if (sp->addr >= lo && sp->addr < hi) {
+        sp->lo = lo;
+        sp->hi = hi;
+        return 1;
+    }
+    return 0;
+}
+
+static void find_spans(void *a, void *b, void *c) {
+    void *addrs[N_SKIP] = {a, b, c};
+    for (int i = 0; i < N_SKIP; i++) {
+        Span sp = {(uintptr_t)addrs[i], 0, 0};
+        if (sp.addr) dl_iterate_phdr(span_of, &sp);
+        g_skip_lo[i] = sp.lo;
+        g_skip_hi[i] = sp.hi;
+    }
+}
+
 /* start(cupti_path, simulated, python_frames, native_frames, capacity) -> None or the reason
  * (one line) it could not subscribe; nothing is left changed then. */
 static PyObject *t_start(PyObject *self, PyObject *args) {
@@ -580,14 +934,22 @@ static PyObject *t_start(PyObject *self, PyObject *args) {
     d_get_device = (pfn_get_device)f3;
 
     /* Touched here, every page: a first touch in the callback would be a page fault there. */
-    Event *ring = PyMem_RawMalloc((size_t)cap * sizeof(Event));
+    size_t slot = (sizeof(Event) + (size_t)native_max * sizeof(uintptr_t) + 63) & ~(size_t)63;
+    char *ring = PyMem_RawMalloc((size_t)cap * slot);
     if (!ring) return PyErr_NoMemory();
-    memset(ring, 0, (size_t)cap * sizeof(Event));
+    memset(ring, 0, (size_t)cap * slot);
+    find_spans((void *)callback, (void *)c_subscribe, (void *)d_get_current);
+#if FAST_WALK
+    u_find_fde = (pfn_find_fde)dlsym(RTLD_DEFAULT, "_Unwind_Find_FDE");
+    memset((void *)g_rules, 0, sizeof g_rules);   /* no rule outlives its trace */
+    atomic_store(&g_walks_fast, 0);
+    atomic_store(&g_walks_slow, 0);
+#endif
     {   /* the unwinder's first use reads its tables: here, not in a callback */
-        Event warm;
+        _Alignas(Event) char warm[sizeof(Event) + 4 * sizeof(uintptr_t)];
         int saved = g_native_max;
         g_native_max = 4;
-        walk_native(&warm, 0);
+        walk_native((Event *)warm, 0);
         g_native_max = saved;
     }
 
@@ -607,6 +969,7 @@ static PyObject *t_start(PyObject *self, PyObject *args) {
     }
     g_ring = ring;
     g_cap = cap;
+    g_slot = slot;
     atomic_store(&g_head, 0);
     atomic_store(&g_tail, 0);
     atomic_store(&g_dropped, 0);
@@ -676,7 +1039,7 @@ static PyObject *t_drain(PyObject *self, PyObject *noargs) {
         for (;;) {
             uint64_t t = atomic_load(&g_tail);
             if (t == atomic_load(&g_head)) break;
-            Event *e = &g_ring[t % g_cap];
+            Event *e = (Event *)(g_ring + (t % g_cap) * g_slot);
             if (atomic_load_explicit(&e->ready, memory_order_acquire) != t + 1) break;
             PyObject *d = event_tuple(e);
             if (!d || PyList_Append(out, d) < 0) { Py_XDECREF(d); Py_DECREF(out); return NULL; }
@@ -791,6 +1154,26 @@ static PyObject *t_bench(PyObject *self, PyObject *args) {
     return PyFloat_FromDouble((double)(t1 - t0) * 1e-9);
 }
 
+/* walk_stats() -> (fast, unwinder's): how many walks of this trace each walker made, of
+ * those with a known boundary (bench/trace_cost.py, the tests). */
+static PyObject *t_walk_stats(PyObject *self, PyObject *noargs) {
+    (void)self; (void)noargs;
+#if FAST_WALK
+    return Py_BuildValue("(KK)", (unsigned long long)atomic_load(&g_walks_fast),
+                         (unsigned long long)atomic_load(&g_walks_slow));
+#else
+    return Py_BuildValue("(ii)", 0, 0);
+#endif
+}
+
+/* set_walker(unwinder_only) -> the previous setting: the tests compare the two walkers. */
+static PyObject *t_set_walker(PyObject *self, PyObject *arg) {
+    (void)self;
+    int v = PyObject_IsTrue(arg);
+    if (v < 0) return NULL;
+    return PyBool_FromLong(atomic_exchange(&g_walker, v));
+}
+
 static PyMethodDef methods[] = {
     {"start", t_start, METH_VARARGS, "start(cupti_path, simulated, py_frames, native_frames, capacity)"},
     {"stop", t_stop, METH_NOARGS, "unsubscribe; returns once no callback runs"},
@@ -800,6 +1183,8 @@ static PyMethodDef methods[] = {
     {"active", t_active, METH_NOARGS, "whether a trace is subscribed"},
     {"self_address", t_self_address, METH_NOARGS, "an address inside this module"},
     {"bench", t_bench, METH_VARARGS, "seconds for n rounds of driver calls without the GIL"},
+    {"walk_stats", t_walk_stats, METH_NOARGS, "(fast walks, unwinder's walks) of this trace"},
+    {"set_walker", t_set_walker, METH_O, "set_walker(unwinder_only) -> previous"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -812,7 +1197,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (!m) return NULL;
     if (PyModule_AddIntConstant(m, "FRAMES_SUPPORTED", CYCTX_TRACE_FRAMES) < 0 ||
         PyModule_AddIntConstant(m, "MAX_PY", MAX_PY) < 0 ||
-        PyModule_AddIntConstant(m, "MAX_NATIVE", MAX_NATIVE) < 0) {
+        PyModule_AddIntConstant(m, "MAX_NATIVE", MAX_NATIVE) < 0 ||
+        PyModule_AddIntConstant(m, "FAST_WALK", FAST_WALK) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1,0 +1,168 @@
+"""The native walk (docs/tracing.md, "How it works"; tracer.c, "The fast walk"): the fast walker
+gives exactly the unwinder's frames and end; the driver's and the tracer's own frames below the
+caller are not counted against native_frames; a native chain deeper than the default limit
+still reaches the eval loop, and one past the hard maximum says it was cut, at the right line.
+
+The deep chains come from a recursive C function that the test compiles (frames of a library
+of its own between the line and the driver, as CuPy's runtime calls are)."""
+
+import ctypes
+import inspect
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+from helpers import drivers, fakelibs
+
+import cyctx
+from cyctx._trace import _native
+
+DEEP_C = r"""
+typedef int (*set_fn)(void *);
+/* Not a tail call (the result is used): each level is a frame of its own. */
+__attribute__((noinline)) int cyctx_test_deep(int n, set_fn f) {
+    if (n <= 0) return f((void *)0);
+    int r = cyctx_test_deep(n - 1, f);
+    return r + (n & 0);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def deep_lib(tmp_path_factory):
+    cc = fakelibs.compiler()
+    if cc is None:
+        pytest.skip("no C compiler")
+    d = tmp_path_factory.mktemp("deep")
+    so = d / "libcyctxdeep.so"
+    (d / "libcyctxdeep.so.c").write_text(DEEP_C)
+    subprocess.run(
+        [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-fno-optimize-sibling-calls",
+            "-o",
+            str(so),
+            str(so) + ".c",
+        ],
+        check=True,
+    )
+    lib = ctypes.CDLL(str(so))
+    lib.cyctx_test_deep.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    lib.cyctx_test_deep.restype = ctypes.c_int
+    return lib, str(so)
+
+
+@pytest.fixture
+def set_current_ptr(sim):
+    fn = drivers.sim_set_current(sim)
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+def _line(marker):
+    src = inspect.getsource(sys.modules[__name__]).splitlines()
+    (n,) = [i + 1 for i, text in enumerate(src) if text.rstrip().endswith(f"# {marker}")]
+    return n
+
+
+def _deep_event(lib, fn, depth, **kw):
+    with cyctx.trace(**kw) as t:
+        assert lib.cyctx_test_deep(depth, fn) == 0  # deep-call
+    (e,) = [e for e in t.events if e.call == "cuCtxSetCurrent"]
+    return e
+
+
+def test_a_chain_deeper_than_the_old_limit_reaches_the_eval_loop_by_default(
+    deep_lib, set_current_ptr
+):
+    lib, path = deep_lib
+    e = _deep_event(lib, set_current_ptr, 40)
+    assert e.native_state == "the eval loop", e
+    assert e.where is not None and e.where.line == _line("deep-call"), e
+    assert sum(n.library == path for n in e.native) == 41, [n.library for n in e.native]
+    # The library the line called: ctypes' compiled module (libffi is passed through).
+    import _ctypes
+
+    assert e.library == os.path.basename(_ctypes.__file__), e.library
+
+
+def test_the_driver_side_frames_are_not_counted_against_the_limit(deep_lib, set_current_ptr):
+    # 3 frames of the test's library, libffi, _ctypes, the interpreter's up to the eval loop:
+    # the limit is the caller's frames; the tracer's, CUPTI's and the driver's are not kept.
+    lib, path = deep_lib
+    e = _deep_event(lib, set_current_ptr, 2)
+    assert e.native[0].library == path, e.native
+    n = len(e.native)
+    assert e.native_state == "the eval loop"
+    exact = _deep_event(lib, set_current_ptr, 2, native_frames=n)
+    assert exact.native_state == "the eval loop", exact
+    assert [f.library for f in exact.native] == [f.library for f in e.native]
+    short = _deep_event(lib, set_current_ptr, 2, native_frames=n - 1)
+    assert short.native_state == "cut", short
+
+
+def test_a_chain_past_the_hard_maximum_says_cut_at_the_right_line(deep_lib, set_current_ptr):
+    lib, path = deep_lib
+    e = _deep_event(lib, set_current_ptr, 300, native_frames=_native.MAX_NATIVE)
+    assert _native.MAX_NATIVE == 256
+    assert e.native_state == "cut", e
+    assert len(e.native) == 256 and all(n.library == path for n in e.native)
+    assert e.where is not None and e.where.line == _line("deep-call"), e
+    assert e.library == (
+        f"libcyctxdeep.so (called from {e.where}, through native code beyond cyctx_test_deep: "
+        "the native stack was cut at native_frames=256)"
+    ), e.library
+    assert e.describe() == f"cuCtxSetCurrent by {e.library} at {e.where}"
+
+
+def _raw(slow, make):
+    prev = _native.set_walker(slow)
+    try:
+        with cyctx.trace(native_frames=256) as t:
+            for _ in range(2):
+                make()
+        stats = _native.walk_stats()
+    finally:
+        _native.set_walker(prev)
+    return [(r["func"], r["native"], r["native_state"]) for r in t._raw], stats
+
+
+@pytest.mark.skipif(
+    not _native.FAST_WALK, reason="the fast walk is x86-64 Linux only (elsewhere: the unwinder's)"
+)
+def test_the_fast_walk_gives_the_unwinders_frames_and_end(deep_lib, set_current_ptr, sim):
+    lib, _ = deep_lib
+    d = drivers.driver()
+    g = cyctx.ContextGuard(0)
+
+    def make():
+        with g:  # a guard: cyctx's compiled module, holding the GIL
+            pass
+        drivers.ok(d.cuCtxSetCurrent(None))  # cuda-bindings, without the GIL
+        lib.cyctx_test_deep(40, set_current_ptr)  # a deep chain through ctypes
+        lib.cyctx_test_deep(300, set_current_ptr)  # one cut
+
+    try:
+        slow, slow_stats = _raw(True, make)
+        fast, fast_stats = _raw(False, make)
+    finally:
+        g.close()
+    assert slow_stats == (0, 0)
+    # Every walk of these was the fast one, and it found what the unwinder found.
+    assert fast_stats[0] == len(fast) and fast_stats[1] == 0, fast_stats
+    assert fast == slow
+    assert {s for _, _, s in fast} == {0, 2}  # the eval loop, and the cut one
+
+
+def test_set_walker_says_the_previous_setting():
+    assert _native.set_walker(True) is False
+    assert _native.set_walker(False) is True
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 only")
+def test_the_fast_walk_is_built_on_x86_64_linux():
+    assert _native.FAST_WALK == (sys.platform == "linux")
