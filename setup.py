@@ -63,7 +63,6 @@ def _write_build_info():
         else HDR.found_via,
         "cython": Cython.__version__,
         "python": sys.version.split()[0],
-        "tls_descriptors": bool(TLS_ARGS),
     }
     with open(os.path.join(PKG, "_build_info.py"), "w") as f:
         f.write(
@@ -87,32 +86,6 @@ DIRECTIVES = {
 LINK_ARGS = [] if os.environ.get("CYCTX_DEBUG") == "1" else ["-Wl,-s"]
 
 
-# The guard's per-thread stack (_cpp/thread_entries.h) is reached on every enter and exit. In a shared object
-# x86-64 compilers default to the general-dynamic TLS model, a __tls_get_addr call per access;
-# TLS descriptors (gnu2) let glibc hand out a static-TLS offset instead, a few instructions.
-# (aarch64 uses descriptors already.) Its effect is measured by bench/ (the guard fast path).
-# But before glibc 2.40 the descriptors' slow path (a module whose TLS is not in static TLS)
-# did not preserve the caller's vector registers (glibc bug 31372), which would silently
-# corrupt whatever the compiler kept in one across the access. So they are used only where
-# the glibc the build runs on, which a build from source also runs on, has the fix; a
-# portable wheel, which older glibcs load, is built without them (scripts/release/build_wheels.sh
-# sets CYCTX_TLS_DESCRIPTORS=0). CYCTX_TLS_DESCRIPTORS=1/0 decides explicitly.
-
-
-def _tls_descriptors():
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return False
-    asked = os.environ.get("CYCTX_TLS_DESCRIPTORS")
-    if asked is not None:
-        return asked == "1"
-    libc, version = platform.libc_ver()
-    try:
-        return libc == "glibc" and tuple(int(x) for x in version.split(".")[:2]) >= (2, 40)
-    except ValueError:
-        return False
-
-
-TLS_ARGS = ["-mtls-dialect=gnu2"] if _tls_descriptors() else []
 _write_build_info()
 
 
@@ -141,7 +114,7 @@ def _ext(name):
         # The guard's enter/exit share their implementation with the Python-level __enter__/
         # __exit__ (`cdef inline`); GCC's default limit leaves it out of line behind an extra
         # call on every enter and exit. A larger limit inlines it (objdump shows no call).
-        extra_compile_args=["-std=c++17", "-O2"] + INLINE_ARGS + ["-fvisibility=hidden"] + TLS_ARGS,
+        extra_compile_args=["-std=c++17", "-O2"] + INLINE_ARGS + ["-fvisibility=hidden"],
         extra_link_args=LINK_ARGS,
         libraries=["dl"],  # dlopen of libcuda.so.1 (_cpp/driver.h); in libc since glibc 2.34
     )
@@ -161,7 +134,6 @@ COMPAT_STUBS = {
     "libdl.so.2": ["dlopen", "dlsym", "dlclose", "dlerror", "dladdr"],
     "libpthread.so.0": ["pthread_key_create", "pthread_setspecific"],
 }
-NO_TLS_TAG = ["-Wl,--no-gnu2-tls-tag"]
 USE_COMPAT_STUBS = (
     sys.platform.startswith("linux")
     and platform.machine() == "x86_64"
@@ -204,38 +176,7 @@ class BuildExtWithSim(build_ext):
             )
             for ext in self.extensions:
                 ext.extra_compile_args = [a for a in ext.extra_compile_args if a not in INLINE_ARGS]
-        if TLS_ARGS and not self._compiles_with(TLS_ARGS):
-            # An older clang (before LLVM 19) has no TLS descriptors on x86-64: build without
-            # them (correct, the per-thread stack is just a little slower to reach).
-            print(
-                f"cyctx build: the compiler does not take {TLS_ARGS}; building without", flush=True
-            )
-            for ext in self.extensions:
-                ext.extra_compile_args = [a for a in ext.extra_compile_args if a not in TLS_ARGS]
-        elif TLS_ARGS and USE_COMPAT_STUBS and self._links_with(NO_TLS_TAG):
-            # A linker of binutils 2.45+ on glibc 2.42+ tags a module that uses TLS descriptors
-            # as needing GLIBC_ABI_GNU2_TLS, which only glibc 2.42+ defines, so the wheel would
-            # not load on an older glibc. Builds on an older glibc never add the tag; leaving it
-            # out here makes these modules the same as theirs (docs/install.md, "Wheels").
-            for ext in self.extensions:
-                ext.extra_link_args = list(ext.extra_link_args) + NO_TLS_TAG
         super().build_extensions()
-
-    def _links_with(self, args):
-        import tempfile
-
-        with tempfile.TemporaryDirectory() as tmp:
-            src = os.path.join(tmp, "t.c")
-            with open(src, "w") as f:
-                f.write("int f(void) { return 0; }\n")
-            try:
-                objects = self.compiler.compile([src], output_dir=tmp, extra_postargs=["-fPIC"])
-                self.compiler.link_shared_object(
-                    objects, "t.so", output_dir=tmp, extra_postargs=args
-                )
-            except Exception:  # CompileError, LinkError: the linker does not know the option
-                return False
-        return True
 
     def _build_compat_stubs(self):
         # Each stub: empty functions in a version node GLIBC_2.2.5, soname the real library's,

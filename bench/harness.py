@@ -225,15 +225,12 @@ def build_here(build_dir):
 
     shutil.copy(os.path.join(HERE, "_bench.pyx"), build_dir)
     os.chdir(build_dir)
-    # The TLS row compiles _cpp/thread_entries.h as cyctx itself was compiled (with TLS descriptors or not:
-    # setup.py, BUILD_INFO), so it measures the per-thread stack a guard really uses.
-    tls_flags = ["-mtls-dialect=gnu2"] if cyctx.BUILD_INFO.get("tls_descriptors") else []
     ext = Extension(
         "_bench",
         ["_bench.pyx"],
         include_dirs=[*cyctx.get_include_dirs(), os.path.dirname(cyctx.__file__)],
         language="c++",
-        extra_compile_args=["-std=c++17", "-O2", "-fopenmp"] + tls_flags,
+        extra_compile_args=["-std=c++17", "-O2", "-fopenmp"],
         extra_link_args=["-fopenmp"],
     )
     setup(

@@ -21,10 +21,6 @@ OUT=wheelhouse
 RAW=build/wheels-raw
 TOOLS=build/wheel-tools
 PLAT=${CYCTX_MANYLINUX:-manylinux_2_28_x86_64}
-# A portable wheel runs on glibcs older than the one it is built on, where TLS descriptors'
-# slow path could clobber vector registers (glibc bug 31372, fixed in 2.40): built without
-# them unless the caller decides (setup.py says more).
-export CYCTX_TLS_DESCRIPTORS=${CYCTX_TLS_DESCRIPTORS:-0}
 SUPPORTED="3.11 3.12 3.13 3.14 3.15"
 
 # shellcheck source=scripts/release/_python.sh
@@ -63,7 +59,7 @@ for py in "${pythons[@]}"; do
             python$v -m venv /tmp/build-venv
             /tmp/build-venv/bin/python -m pip install -q --upgrade pip build
             echo \"Python \$(/tmp/build-venv/bin/python -c 'import sys; print(sys.version.split()[0])')\"
-            CYCTX_TLS_DESCRIPTORS=$CYCTX_TLS_DESCRIPTORS /tmp/build-venv/bin/python -m build --wheel --outdir $RAW . >$RAW/build.log 2>&1
+            /tmp/build-venv/bin/python -m build --wheel --outdir $RAW . >$RAW/build.log 2>&1
         " || { cat "$RAW/build.log" 2>/dev/null; exit 1; }
         ;;
     *)
