@@ -937,16 +937,16 @@ def test_packages_line_lists_the_installed_frameworks(tmp_path):
     assert versions["torch"] == "9.8.7" and versions["cupy-cuda13x"] == "99.1.0"
     from importlib.metadata import PackageNotFoundError, version
 
-    for name in set(_doctor.findings.FRAMEWORK_DISTRIBUTIONS) - set(versions):
+    for name in set(_doctor.gather.FRAMEWORK_DISTRIBUTIONS) - set(versions):
         with pytest.raises(PackageNotFoundError):  # only what is installed is listed
             version(name)
 
 
 def test_advice_names_the_console_script():
     # The README teaches `cyctx doctor`; the doctor's advice says the same.
-    from cyctx._doctor import findings
+    from cyctx._doctor import words
 
-    for f in (findings._f_no_driver("OSError: x"), findings._f_no_device()):
+    for f in (words.no_driver("OSError: x"), words.no_device()):
         assert "`cyctx doctor --simulate`" in f.fix and "python -m" not in f.fix, f.fix
 
 
@@ -1422,15 +1422,17 @@ def test_census_marks_what_the_doctor_loaded(stand_ins):
         f"""
     import ctypes, sys
     sys.path.append({stand_ins["site"]!r})
-    from cyctx._doctor import census, findings
+    from cyctx._doctor import census, rules
+    from cyctx._doctor.gather import Seen
     ctypes.CDLL({stand_ins["torch13"]!r})
     before = census.mapped_paths()
     ctypes.CDLL({stand_ins["cu12"]!r})
     libs = census.census(before)
     r = diagnose()
     r.loaded = libs
+    mix = [x for x in rules.RULES if x.code in ("runtime_majors_mixed", "cuda11_runtime_loaded")]
     print(json.dumps([[(l.path, l.by_doctor) for l in libs if l.kind == "runtime"],
-                      [f.code for f in findings.census_findings(r)], str(r)]))
+                      [f.code for f in rules.findings_of(Seen(r, "described"), mix)], str(r)]))
     """
     )
     runtimes, codes, text = last_json(out)
