@@ -1,7 +1,7 @@
 """The records a report holds: plain data classes, and the exit statuses.
 
 No driver access, and no other module of the doctor: :mod:`.probe` and :mod:`.runtime` fill
-these records, :mod:`.findings` judges them, :mod:`.render` prints them, and
+these records, :mod:`.rules` judges them, :mod:`.render` prints them, and
 :class:`~.report.Diagnosis` holds them.
 """
 
@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from _cyctx_libcuda import same_context
+
+# How bad a finding is (Finding.severity); the doctor's table of rules declares one for each.
+Severity = Literal["error", "warning", "info", "unavailable"]
 
 # Exit statuses of `cyctx doctor` (2 is argparse's usage error).
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_NO_CUDA = 0, 1, 2, 3
@@ -52,7 +55,7 @@ class Finding:
     """
 
     code: str
-    severity: Literal["error", "warning", "info", "unavailable"]
+    severity: Severity
     title: str
     explanation: str
     fix: str

@@ -12,12 +12,19 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from cyctx._doctor import words
 from cyctx._doctor.cu import NO_DEVICE, NOT_FOUND, NOT_SUPPORTED, STUB_LIBRARY, error_name
 from cyctx._doctor.gather import Seen
-from cyctx._doctor.model import ContextInfo, DeviceInfo, Finding, GuardInfo, LoadedLibrary
+from cyctx._doctor.model import (
+    ContextInfo,
+    DeviceInfo,
+    Finding,
+    GuardInfo,
+    LoadedLibrary,
+    Severity,
+)
 from cyctx._doctor.words import Said
 
 
@@ -26,7 +33,7 @@ class Rule:
     """One finding the doctor can make, and when."""
 
     code: str
-    severity: Literal["error", "warning", "info", "unavailable"]
+    severity: Severity
     finds: Callable[..., Said | None]  # (seen), or with ``each`` (seen, item)
     # The items a rule looks at one by one (each guard, each device): None, the record whole.
     each: Callable[[Seen], Sequence[Any]] | None = None
