@@ -43,17 +43,6 @@ FRAMEWORK_DISTRIBUTIONS = (
     "jax-cuda12-plugin",
 )
 
-# How far the driver answered, in order:
-#   library_unusable  cyctx's loader refuses the libcuda.so.1 that loads (a stub, too old, ...)
-#   no_driver         cuda.bindings cannot load any libcuda.so.1
-#   not_initialised   asked before a fork where nobody initialised CUDA: the doctor did not
-#   forked            cuInit answers NOT_INITIALIZED: a forked child of a CUDA process
-#   init_failed       cuInit fails otherwise (no device, a broken driver)
-#   described         devices, guards and the current context are described
-Stage = Literal[
-    "library_unusable", "no_driver", "not_initialised", "forked", "init_failed", "described"
-]
-
 
 @dataclass
 class Seen:
@@ -61,7 +50,16 @@ class Seen:
     answered, and what the rules read that the report does not hold."""
 
     report: Diagnosis
-    stage: Stage
+    # How far the driver answered, in order:
+    #   library_unusable  cyctx's loader refuses the libcuda.so.1 that loads (a stub, too old, ...)
+    #   no_driver         cuda.bindings cannot load any libcuda.so.1
+    #   not_initialised   asked before a fork where nobody initialised CUDA: the doctor did not
+    #   forked            cuInit answers NOT_INITIALIZED: a forked child of a CUDA process
+    #   init_failed       cuInit fails otherwise (no device, a broken driver)
+    #   described         devices, guards and the current context are described
+    stage: Literal[
+        "library_unusable", "no_driver", "not_initialised", "forked", "init_failed", "described"
+    ]
     load_problem: tuple[int, str] | None = None  # library_unusable: the loader's CUresult, why
     init_error: int | None = None  # forked, init_failed: cuInit's CUresult
     # Asked before a fork: whether anyone had initialised CUDA (None: not asked, or the driver

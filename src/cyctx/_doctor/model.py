@@ -12,9 +12,6 @@ from typing import Literal
 
 from _cyctx_libcuda import same_context
 
-# How bad a finding is (Finding.severity); the doctor's table of rules declares one for each.
-Severity = Literal["error", "warning", "info", "unavailable"]
-
 # Exit statuses of `cyctx doctor` (2 is argparse's usage error).
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_NO_CUDA = 0, 1, 2, 3
 
@@ -55,7 +52,7 @@ class Finding:
     """
 
     code: str
-    severity: Severity
+    severity: Literal["error", "warning", "info", "unavailable"]
     title: str
     explanation: str
     fix: str
