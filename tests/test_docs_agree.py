@@ -196,3 +196,31 @@ def test_api_page_names_the_exception_contextguard_raises(case, raised):
     if case == "a forked child":
         others = [n for n, says in listed.items() if n != name and "fork" in says.lower()]
         assert not others, f"the docs also give {others} for a forked child"
+
+
+def _findings_table():
+    """docs/doctor.md's table of findings: {code: severity}; a row may name several codes."""
+    section = _read("docs", "doctor.md").split("## Findings", 1)[1].split("\n## ", 1)[0]
+    table = {}
+    for codes, severity in re.findall(r"^\| ((?:`\w+`(?:, )?)+) \| (\w+) \|", section, re.M):
+        for code in re.findall(r"`(\w+)`", codes):
+            assert code not in table, f"{code} has two rows"
+            table[code] = severity
+    return table
+
+
+def test_doctor_findings_table_lists_exactly_the_rules_codes_and_severities():
+    from cyctx._doctor import bindings, rules
+
+    declared = {}
+    for rule in rules.RULES:
+        # One code, one severity: a code's rules may be several (driver_error has two).
+        assert declared.setdefault(rule.code, rule.severity) == rule.severity, rule
+    # The report of unusable cuda-bindings makes its one finding without the rules (their
+    # words need cuda.bindings).
+    declared[bindings.CODE] = bindings.SEVERITY
+    documented = _findings_table()
+    assert len(documented) > 15, "the table was not read?"
+    assert sorted(set(declared) - set(documented)) == [], "codes the page does not list"
+    assert sorted(set(documented) - set(declared)) == [], "codes the page lists that no rule makes"
+    assert documented == declared

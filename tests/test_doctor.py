@@ -937,16 +937,16 @@ def test_packages_line_lists_the_installed_frameworks(tmp_path):
     assert versions["torch"] == "9.8.7" and versions["cupy-cuda13x"] == "99.1.0"
     from importlib.metadata import PackageNotFoundError, version
 
-    for name in set(_doctor.findings.FRAMEWORK_DISTRIBUTIONS) - set(versions):
+    for name in set(_doctor.gather.FRAMEWORK_DISTRIBUTIONS) - set(versions):
         with pytest.raises(PackageNotFoundError):  # only what is installed is listed
             version(name)
 
 
 def test_advice_names_the_console_script():
     # The README teaches `cyctx doctor`; the doctor's advice says the same.
-    from cyctx._doctor import findings
+    from cyctx._doctor import words
 
-    for f in (findings._f_no_driver("OSError: x"), findings._f_no_device()):
+    for f in (words.no_driver("OSError: x"), words.no_device()):
         assert "`cyctx doctor --simulate`" in f.fix and "python -m" not in f.fix, f.fix
 
 
@@ -1011,6 +1011,60 @@ def test_no_device_on_the_simulator():
     (f,) = d["findings"]
     assert f["code"] == "no_device" and "CUDA_VISIBLE_DEVICES is ''" in f["explanation"]
     assert "[SIMULATED]" in text.splitlines()[0]
+
+
+@pytest.mark.parametrize("function", ["cuInit", "cuCtxGetCurrent"])
+def test_a_driver_query_that_fails_is_a_driver_error(sim, function):
+    # The driver fails a query with an error the doctor has no other words for: the finding
+    # names the call and the error. A failed cuInit ends the report's driver part (no devices,
+    # no context); a failed cuCtxGetCurrent is not taken for "no current context".
+    from helpers.threads import in_thread
+
+    def body():
+        sim.inject_fault(function, 999, count=1000)
+        try:
+            r = diagnose(cudart=False)
+        finally:
+            sim.clear_faults()
+        return r.to_dict(), str(r)
+
+    d, text = in_thread(body)
+    (f,) = [f for f in d["findings"] if f["code"] == "driver_error"]
+    assert f["severity"] == "error", f
+    assert f["title"] == f"{function} failed with CUDA_ERROR_UNKNOWN (999)", f
+    assert f["explanation"].startswith(
+        f"The driver answered {function} with CUDA_ERROR_UNKNOWN (999);"
+    ), f
+    assert d["exit_status"] == 1 and d["ok"] is False
+    assert f"ERROR  {function} failed with CUDA_ERROR_UNKNOWN (999)" in text, text
+    codes = [x["code"] for x in d["findings"]]
+    if function == "cuInit":
+        assert codes == ["driver_error"], codes
+        assert d["driver"]["error"] == "CUDA_ERROR_UNKNOWN (999)", d["driver"]
+        assert d["devices"] == [] and d["thread"]["current_context"] is None, d
+        assert "Devices (" not in text
+    else:
+        assert "no_current_context" not in codes, codes
+        assert d["devices"] and d["driver"]["error"] is None, d
+        assert d["thread"]["current_context"]["error"] == "CUDA_ERROR_UNKNOWN (999)", d
+
+
+def test_a_driver_library_refused_for_another_reason_is_driver_unusable(monkeypatch):
+    # cyctx's loader refuses a library with a CUresult of no finding of its own (it runs out of
+    # memory resolving the table, CUDA_ERROR_OUT_OF_MEMORY): the general finding, with the
+    # reason and fix of cyctx's own error; nothing past the library is described.
+    from cyctx._doctor import gather
+    from cyctx._errors import load_fix
+
+    monkeypatch.setattr(gather, "load_problem", lambda: (2, "Out of memory"))
+    r = diagnose(cudart=False)
+    (f,) = r.findings
+    assert (f.code, f.severity) == ("driver_unusable", "unavailable"), f
+    assert f.title == "The CUDA driver library cannot be used", f
+    assert "fails with CUDA_ERROR_OUT_OF_MEMORY (2). Out of memory." in f.explanation, f
+    assert f.fix == load_fix(2) + ".", f
+    assert r.exit_status == 3 and r.driver_error == "CUDA_ERROR_OUT_OF_MEMORY (2): Out of memory"
+    assert r.devices == [] and r.context is None and r.guards == []
 
 
 # A wrong libcuda.so.1 first on the library path: the doctor says what cyctx's own error says
@@ -1173,6 +1227,31 @@ def test_guard_of_a_created_context_destroyed_by_its_owner_is_not_a_reset():
     (f,) = [f for f in r["findings"] if f["code"] == "guard_context_destroyed"]
     assert "cuCtxDestroy" in f["explanation"] and "reset" not in f["title"].lower()
     assert "close the guard" in f["fix"].lower() and "ContextResetWarning" not in f["fix"]
+
+
+def test_guard_findings_follow_the_guards_order():
+    # Two kinds of guard finding, a reset primary context and a destroyed created one: they are
+    # listed guard by guard, in the order of the report's guards, not grouped by kind.
+    out = child("""
+    import cyctx
+    created = [_drv.create_context(current=False) for _ in range(2)]
+    guards = [cyctx.ContextGuard(created[0]), cyctx.ContextGuard(0), cyctx.ContextGuard(created[1])]
+    for ctx in created:
+        d.cuCtxDestroy(ctx)
+    d.cuDevicePrimaryCtxReset(0)
+    r = diagnose(cudart=False).to_dict()
+    for g in guards:
+        g.close()
+    print(json.dumps(r))
+    """)
+    r = last_json(out)
+    kinds = [("context_reset" if g["primary"] else "guard_context_destroyed") for g in r["guards"]]
+    assert sorted(kinds) == ["context_reset"] + ["guard_context_destroyed"] * 2, r["guards"]
+    assert kinds[0] == "guard_context_destroyed", kinds  # else grouping by kind would not show
+    found = [f for f in r["findings"] if f["code"] in set(kinds)]
+    assert [f["code"] for f in found] == kinds, found
+    for f, g in zip(found, r["guards"], strict=True):
+        assert f"handle 0x{g['handle']:x})" in f["explanation"], (f, g)
 
 
 def test_current_created_context_held_by_a_guard_is_not_called_primary():
@@ -1422,15 +1501,17 @@ def test_census_marks_what_the_doctor_loaded(stand_ins):
         f"""
     import ctypes, sys
     sys.path.append({stand_ins["site"]!r})
-    from cyctx._doctor import census, findings
+    from cyctx._doctor import census, rules
+    from cyctx._doctor.gather import Seen
     ctypes.CDLL({stand_ins["torch13"]!r})
     before = census.mapped_paths()
     ctypes.CDLL({stand_ins["cu12"]!r})
     libs = census.census(before)
     r = diagnose()
     r.loaded = libs
+    mix = [x for x in rules.RULES if x.code in ("runtime_majors_mixed", "cuda11_runtime_loaded")]
     print(json.dumps([[(l.path, l.by_doctor) for l in libs if l.kind == "runtime"],
-                      [f.code for f in findings.census_findings(r)], str(r)]))
+                      [f.code for f in rules.findings_of(Seen(r, "described"), mix)], str(r)]))
     """
     )
     runtimes, codes, text = last_json(out)

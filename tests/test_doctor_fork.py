@@ -9,7 +9,7 @@ import pytest
 from helpers.children import run_child
 
 import cyctx
-from cyctx._doctor.findings import _f_fork_ahead
+from cyctx._doctor.words import fork_ahead
 
 TITLE = "CUDA is initialised; a forked child cannot use it"
 
@@ -94,9 +94,9 @@ def test_before_fork_must_be_a_bool(bad):
 
 
 def test_the_warning_names_the_cuda_libraries_or_says_there_are_none():
-    named = _f_fork_ahead(["/x/libcublas.so.12", "/y/libcudart.so.13"])
+    named = fork_ahead(["/x/libcublas.so.12", "/y/libcudart.so.13"])
     assert "libcublas.so.12, libcudart.so.13" in named.explanation
-    bare = _f_fork_ahead([])
+    bare = fork_ahead([])
     assert "No CUDA library but the driver" in bare.explanation
     assert named.title == bare.title == TITLE
 

@@ -22,7 +22,11 @@ One module per job; each imports only those above it in this list:
 * ``report``: :class:`Diagnosis`, with its JSON form and (through ``render``) its human one;
 * ``runtime``: the CUDA runtime protocol and its two implementations, :class:`Cudart` (a real
   ``libcudart`` through ctypes) and :class:`StandInRuntime` (on the simulated driver);
-* ``findings``: :func:`diagnose`, and the words of each finding;
+* ``gather``: what the doctor looks at, gathered once into a report, and how far the driver
+  answered (``Seen``);
+* ``words``: the words of each finding, its title, explanation and fix;
+* ``rules``: the table of rules (``RULES``): each finding's code, severity, and when it is made;
+* ``findings``: :func:`diagnose`: gather, then the rules' findings, worst first;
 * ``demo``: ``python -m cyctx doctor --demo``, the classic failure step by step.
 
 ``bindings`` (the report when cuda-bindings is missing or unusable) imports model and report

@@ -1,55 +1,43 @@
 """The report when cuda-bindings is missing or unusable: the doctor cannot query the driver
 (it does so through cuda.bindings.driver), so it says that, with the command that fixes it.
 
-It imports :mod:`.model` and :mod:`.report` only, neither of which needs cuda.bindings.
+It imports :mod:`.model` and :mod:`.report` only, neither of which needs cuda.bindings; so its
+one finding is declared here, not in :data:`.rules.RULES` (whose words need cuda.bindings).
 """
 
 from __future__ import annotations
 
 import platform
-import threading
+from typing import Final
 
 from cyctx._doctor.model import Finding
-from cyctx._doctor.report import Diagnosis
+from cyctx._doctor.report import Diagnosis, empty_report
 
 CODE = "bindings_unusable"
+SEVERITY: Final = "error"  # exit status 1: a problem found, and one that the fix solves
 
 
 def bindings_report(problem: str, fix: str, installed: str | None, cyctx_version: str) -> Diagnosis:
     """The doctor's report of a cuda-bindings that cannot be used: one error finding (exit
     status 1, a problem found); the driver is not queried."""
-    t = threading.current_thread()
-    return Diagnosis(
-        simulated=False,
-        driver_library=None,
-        driver_version=None,
+    report = empty_report(
+        {"python": platform.python_version(), "cyctx": cyctx_version, "cuda-bindings": installed},
         driver_error="not queried: cuda-bindings is not usable",
-        runtime=None,
-        other_runtimes=[],
-        devices=[],
-        thread_name=t.name,
-        thread_native_id=threading.get_native_id(),
-        context=None,
-        guards=[],
-        findings=[
-            Finding(
-                code=CODE,
-                severity="error",
-                title=(
-                    "cuda-bindings is not installed"
-                    if installed is None
-                    else f"cuda-bindings {installed} cannot be used"
-                ),
-                explanation=(
-                    f"{problem}. The doctor queries the driver through cuda.bindings, so it "
-                    "checked nothing else."
-                ),
-                fix=fix,
-            )
-        ],
-        versions={
-            "python": platform.python_version(),
-            "cyctx": cyctx_version,
-            "cuda-bindings": installed,
-        },
     )
+    report.findings.append(
+        Finding(
+            code=CODE,
+            severity=SEVERITY,
+            title=(
+                "cuda-bindings is not installed"
+                if installed is None
+                else f"cuda-bindings {installed} cannot be used"
+            ),
+            explanation=(
+                f"{problem}. The doctor queries the driver through cuda.bindings, so it "
+                "checked nothing else."
+            ),
+            fix=fix,
+        )
+    )
+    return report

@@ -16,8 +16,11 @@ from cuda.bindings import driver
 __all__ = [
     "CONTEXT_IS_DESTROYED",
     "INVALID_CONTEXT",
+    "NOT_FOUND",
     "NOT_INITIALIZED",
+    "NOT_SUPPORTED",
     "NO_DEVICE",
+    "STUB_LIBRARY",
     "call",
     "cstr",
     "driver",
@@ -29,6 +32,10 @@ NOT_INITIALIZED = int(driver.CUresult.CUDA_ERROR_NOT_INITIALIZED)
 NO_DEVICE = int(driver.CUresult.CUDA_ERROR_NO_DEVICE)
 INVALID_CONTEXT = int(driver.CUresult.CUDA_ERROR_INVALID_CONTEXT)
 CONTEXT_IS_DESTROYED = int(driver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED)
+# What cyctx's driver loader answers for a library it cannot use (_cpp/driver.h, driver_load).
+STUB_LIBRARY = int(driver.CUresult.CUDA_ERROR_STUB_LIBRARY)
+NOT_SUPPORTED = int(driver.CUresult.CUDA_ERROR_NOT_SUPPORTED)
+NOT_FOUND = int(driver.CUresult.CUDA_ERROR_NOT_FOUND)
 
 
 def call(fn: Callable[..., Any], *args: Any) -> tuple[int, Any]:

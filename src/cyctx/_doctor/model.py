@@ -1,7 +1,7 @@
 """The records a report holds: plain data classes, and the exit statuses.
 
 No driver access, and no other module of the doctor: :mod:`.probe` and :mod:`.runtime` fill
-these records, :mod:`.findings` judges them, :mod:`.render` prints them, and
+these records, :mod:`.rules` judges them, :mod:`.render` prints them, and
 :class:`~.report.Diagnosis` holds them.
 """
 

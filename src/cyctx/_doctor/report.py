@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,3 +140,30 @@ class Diagnosis:
 
     def __str__(self) -> str:
         return self.render()
+
+
+def empty_report(
+    versions: dict[str, str | None],
+    *,
+    driver_error: str | None = None,
+    forked_from: int | None = None,
+) -> Diagnosis:
+    """A report of the calling thread that has seen nothing yet: no driver, device, context,
+    guard, runtime or finding. Both the doctor and the report of unusable cuda-bindings (which
+    never asks the driver) start from it."""
+    return Diagnosis(
+        simulated=False,
+        driver_library=None,
+        driver_version=None,
+        driver_error=driver_error,
+        runtime=None,
+        other_runtimes=[],
+        devices=[],
+        thread_name=threading.current_thread().name,
+        thread_native_id=threading.get_native_id(),
+        context=None,
+        guards=[],
+        findings=[],
+        forked_from=forked_from,
+        versions=versions,
+    )
