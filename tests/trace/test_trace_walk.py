@@ -276,7 +276,9 @@ def test_loads_without_an_unload_put_nothing_in_doubt(deep_so, set_current_ptr, 
     events = _calls(t)
     assert len(events) == 3
     assert [e.native_state for e in events] == ["the eval loop"] * 3, events
-    assert [sum(n.library == p for n in e.native) for e, p in zip(events, [deep_so, c_path, deep_so])] == [4] * 3
+    paths = [deep_so, c_path, deep_so]
+    counts = [sum(n.library == p for n in e.native) for e, p in zip(events, paths, strict=True)]
+    assert counts == [4, 4, 4], events
     assert t.unloaded == 0 and "may be wrong" not in t.report()
     assert "unloaded" not in capfd.readouterr().err
 
