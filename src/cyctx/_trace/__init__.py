@@ -475,6 +475,7 @@ class Trace:
         # Names of return addresses (dladdr), kept while no library is unloaded (collect()).
         self._names: dict[int, tuple[str | None, str | None]] = {}
         self._epoch = -1
+        self._collecting = threading.Lock()  # a collection's naming and its check, together
         self.unloaded = 0  # events whose native frames may be wrong (a library was unloaded)
 
     # -- start / stop --
@@ -546,9 +547,16 @@ class Trace:
 
     def collect(self) -> None:
         """Move what the buffer holds now into this trace, while it runs (a long trace drains
-        itself this way, so that its buffer need only hold what happens in between)."""
+        itself this way, so that its buffer need only hold what happens in between). The events'
+        native frames are named now, then the loader is asked whether a library was unloaded
+        since the last collection: if so, those events say their native frames may be wrong
+        (docs/tracing.md, "A library unloaded while tracing")."""
         if not self.active:
             return
+        with self._collecting:
+            self._collect()
+
+    def _collect(self) -> None:
         batch = self._native.drain()[0]
         # Named now, not when the trace stops: a library unloaded later, and another loaded at
         # its addresses, would give them the other's names.
