@@ -10,6 +10,7 @@ import ctypes
 import inspect
 import os
 import platform
+import shutil
 import subprocess
 import sys
 
@@ -31,7 +32,8 @@ __attribute__((noinline)) int cyctx_test_deep(int n, set_fn f) {
 
 
 @pytest.fixture(scope="module")
-def deep_lib(tmp_path_factory):
+def deep_so(tmp_path_factory):
+    """The compiled library's path (not loaded)."""
     cc = fakelibs.compiler()
     if cc is None:
         pytest.skip("no C compiler")
@@ -51,10 +53,19 @@ def deep_lib(tmp_path_factory):
         ],
         check=True,
     )
-    lib = ctypes.CDLL(str(so))
+    return str(so)
+
+
+def _load(path):
+    lib = ctypes.CDLL(path)
     lib.cyctx_test_deep.argtypes = [ctypes.c_int, ctypes.c_void_p]
     lib.cyctx_test_deep.restype = ctypes.c_int
-    return lib, str(so)
+    return lib
+
+
+@pytest.fixture(scope="module")
+def deep_lib(deep_so):
+    return _load(deep_so), deep_so
 
 
 @pytest.fixture
@@ -166,3 +177,122 @@ def test_set_walker_says_the_previous_setting():
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 only")
 def test_the_fast_walk_is_built_on_x86_64_linux():
     assert _native.FAST_WALK == (sys.platform == "linux")
+
+
+# --- a library unloaded while a trace runs -------------------------------------------------------
+
+UNLOADED = "a library was unloaded in this walk's interval: its native frames may be wrong"
+
+
+def _maps():
+    with open("/proc/self/maps") as f:
+        return f.read()
+
+
+def _unload(lib, path):
+    import _ctypes
+
+    _ctypes.dlclose(lib._handle)
+    assert path not in _maps(), "the test's library stayed loaded"
+
+
+def _calls(t):
+    return [e for e in t.events if e.call == "cuCtxSetCurrent"]
+
+
+@pytest.mark.parametrize("unwinder_only", [False, True], ids=["fast", "unwinder"])
+def test_an_unload_puts_the_events_of_its_interval_in_doubt_and_no_others(
+    deep_so, set_current_ptr, tmp_path, unwinder_only, capfd
+):
+    # B is A's copy: loaded where A was (the loader reuses the hole), the same code at the same
+    # addresses, so A's rules would even walk it; the names would be A's. The mark does not
+    # depend on that: it follows the loader's count of unloads.
+    a_path, b_path = str(tmp_path / "libcyctxdeep_a.so"), str(tmp_path / "libcyctxdeep_b.so")
+    shutil.copy(deep_so, a_path)  # not the module's loaded copy: this one can go
+    shutil.copy(deep_so, b_path)
+    prev = _native.set_walker(unwinder_only)
+    try:
+        with cyctx.trace(quiet=False) as t:
+            a = _load(a_path)
+            assert a.cyctx_test_deep(3, set_current_ptr) == 0  # before-unload
+            t.collect()
+            rules = _native.rule_count()
+            _unload(a, a_path)
+            b = _load(b_path)
+            assert b.cyctx_test_deep(3, set_current_ptr) == 0  # after-unload
+            t.collect()  # sees the unload: the table is emptied, the interval marked
+            cleared = _native.rule_count()
+            assert b.cyctx_test_deep(3, set_current_ptr) == 0  # after-check
+    finally:
+        _native.set_walker(prev)
+    _unload(b, b_path)
+    if _native.FAST_WALK and not unwinder_only:
+        assert rules > 0 and cleared == 0, (rules, cleared)
+    before, during, after = _calls(t)
+    where = lambda e, marker: e.where is not None and e.where.line == _line(marker)  # noqa: E731
+    assert where(before, "before-unload") and where(during, "after-unload")
+    assert where(after, "after-check")
+    # Before: walked and named while A was loaded (named at its collection, not at the stop).
+    assert before.native_state == "the eval loop", before
+    assert sum(n.library == a_path for n in before.native) == 4, before.native
+    # After the check that saw the unload: B's own rules and names, nothing in doubt.
+    assert after.native_state == "the eval loop", after
+    assert sum(n.library == b_path for n in after.native) == 4, after.native
+    # In between: said to be in doubt, and its library is not given as known.
+    import _ctypes
+
+    assert during.native_state == UNLOADED, during
+    assert during.library.startswith(f"{os.path.basename(_ctypes.__file__)} (called from "), (
+        during.library
+    )
+    assert during.library.endswith(f": {UNLOADED})"), during.library
+    assert t.unloaded == 1
+    report = t.report()
+    assert "; 1 with native frames that may be wrong (a library was unloaded)" in report
+    assert sum(UNLOADED in line for line in report.splitlines()) == 1, report
+    data = t.to_json()
+    states = [e["native_state"] for e in data["events"] if e["call"] == "cuCtxSetCurrent"]
+    assert states == ["the eval loop", UNLOADED, "the eval loop"]
+    err = capfd.readouterr().err
+    assert "a library was unloaded while tracing: the native frames of 1 events may be wrong" in (
+        err
+    ), err
+
+
+def test_loads_without_an_unload_put_nothing_in_doubt(deep_so, set_current_ptr, tmp_path, capfd):
+    c_path = str(tmp_path / "libcyctxdeep_c.so")
+    shutil.copy(deep_so, c_path)
+    with cyctx.trace(quiet=False) as t:
+        a = _load(deep_so)
+        assert a.cyctx_test_deep(3, set_current_ptr) == 0
+        t.collect()
+        c = _load(c_path)  # a load during the trace: no unload
+        assert c.cyctx_test_deep(3, set_current_ptr) == 0
+        t.collect()
+        kept = _native.rule_count()
+        assert a.cyctx_test_deep(3, set_current_ptr) == 0
+    if _native.FAST_WALK:
+        assert kept > 0
+    events = _calls(t)
+    assert len(events) == 3
+    assert [e.native_state for e in events] == ["the eval loop"] * 3, events
+    paths = [deep_so, c_path, deep_so]
+    counts = [sum(n.library == p for n in e.native) for e, p in zip(events, paths, strict=True)]
+    assert counts == [4, 4, 4], events
+    assert t.unloaded == 0 and "may be wrong" not in t.report()
+    assert "unloaded" not in capfd.readouterr().err
+
+
+def test_a_cyctx_frame_in_doubt_is_not_called_a_guard():
+    from cyctx._trace import Frame, NativeFrame, _attribute
+
+    cyctx_py = os.path.join(os.path.dirname(cyctx.__file__), "x.py")
+    native = [NativeFrame(cyctx.__file__, "f", "cyctx")]
+    dirs = [(os.path.dirname(os.path.realpath(cyctx.__file__)) + os.sep, "cyctx")]
+    python = [Frame(cyctx_py, 1, "f"), Frame("/app/main.py", 3, "main")]
+    assert _attribute(python, False, native, 0, dirs) == ("cyctx", True, python[1])
+    assert _attribute(python, False, native, 4, dirs) == (
+        f"cyctx (whether a cyctx guard made the call is not known: {UNLOADED})",
+        False,
+        python[1],
+    )

@@ -46,7 +46,11 @@ _NATIVE_STATES = {
     1: "the end of the stack",  # a thread no Python code started
     2: "cut",  # the native_frames limit: who called the outermost frame is not known
     3: "native frames off",
+    # A library was unloaded (dlclose) between the checks around this event: its walk may have
+    # used that library's unwind rules, or its addresses been named after another took them.
+    4: "a library was unloaded in this walk's interval: its native frames may be wrong",
 }
+_UNLOADED = 4
 _PY_STATES = {
     0: "read",
     1: "not a Python thread",
@@ -363,6 +367,14 @@ def _attribute(
     # A cyctx guard's own call: cyctx's code called the driver and the line called cyctx.
     if entry_py is not None:
         library = entry_py
+        if native_state == _UNLOADED and entry_py == "cyctx":
+            # Whether cyctx's compiled code made the call (a guard's) is the native frames' say.
+            return (
+                f"cyctx (whether a cyctx guard made the call is not known: "
+                f"{_NATIVE_STATES[_UNLOADED]})",
+                False,
+                where,
+            )
         if where is None and python_cut:
             library = (
                 f"{entry_py} (called from beyond {entry_frame}, the outermost of the "
@@ -377,12 +389,14 @@ def _attribute(
         if entry_native_frame is not None:
             sym = entry_native_frame.symbol or os.path.basename(entry_native_frame.library or "?")
             beyond = f", through native code beyond {sym}"
-        cut = (
-            "the native stack was cut"
-            + (f" at native_frames={native_limit}" if native_limit is not None else "")
-            if native_state == 2
-            else "the eval loop that ran it was not found"
-        )
+        if native_state == 2:
+            cut = "the native stack was cut" + (
+                f" at native_frames={native_limit}" if native_limit is not None else ""
+            )
+        elif native_state == _UNLOADED:
+            cut = _NATIVE_STATES[_UNLOADED]
+        else:
+            cut = "the eval loop that ran it was not found"
         return (
             f"{entry_native or '?'} (called from {caller}{beyond}: {cut})",
             False,
@@ -458,6 +472,11 @@ class Trace:
         self._t0 = 0
         self._raw: list[dict[str, Any]] = []
         self._threads: dict[int, str] = {}
+        # Names of return addresses (dladdr), kept while no library is unloaded (collect()).
+        self._names: dict[int, tuple[str | None, str | None]] = {}
+        self._epoch = -1
+        self._collecting = threading.Lock()  # a collection's naming and its check, together
+        self.unloaded = 0  # events whose native frames may be wrong (a library was unloaded)
 
     # -- start / stop --
     def start(self) -> Trace:
@@ -513,18 +532,49 @@ class Trace:
         self.dropped = dropped
         self._raw = raw
         self.events = self._build(raw)
+        self.unloaded = sum(r["unloaded"] for r in raw)
         if dropped and not self.quiet:
             sys.stderr.write(
                 f"cyctx trace: {dropped} events were lost (the buffer of {self.capacity} was full;"
                 f" pass capacity=)\n"
             )
+        if self.unloaded and not self.quiet:
+            sys.stderr.write(
+                f"cyctx trace: a library was unloaded while tracing: the native frames of "
+                f"{self.unloaded} events may be wrong (their native_state says so)\n"
+            )
         return self
 
     def collect(self) -> None:
         """Move what the buffer holds now into this trace, while it runs (a long trace drains
-        itself this way, so that its buffer need only hold what happens in between)."""
-        if self.active:
-            self._raw.extend(self._native.drain()[0])
+        itself this way, so that its buffer need only hold what happens in between). The events'
+        native frames are named now, then the loader is asked whether a library was unloaded
+        since the last collection: if so, those events say their native frames may be wrong
+        (docs/tracing.md, "A library unloaded while tracing")."""
+        if not self.active:
+            return
+        with self._collecting:
+            self._collect()
+
+    def _collect(self) -> None:
+        batch = self._native.drain()[0]
+        # Named now, not when the trace stops: a library unloaded later, and another loaded at
+        # its addresses, would give them the other's names.
+        todo = sorted({a for r in batch for a in r["native"] if a not in self._names})
+        for a, res in zip(todo, self._native.resolve(todo), strict=True):
+            self._names[a] = (res[0], res[1])
+        for r in batch:
+            r["names"] = [self._names[a] for a in r["native"]]
+        # Then asked whether a library was unloaded since the last check (tracer.c,
+        # check_unloads): if so, an event walked before this check's epoch may have been walked
+        # with the gone library's unwind rules or named after it was gone.
+        epoch = self._native.check_unloads()
+        if epoch != self._epoch:
+            self._names.clear()
+            self._epoch = epoch
+        for r in batch:
+            r["unloaded"] = r["native_state"] != 3 and r["epoch"] < epoch
+        self._raw.extend(batch)
 
     def snapshot(self) -> list[ContextEvent]:
         """The events so far of a running trace (all of a stopped one's), for a caller that
@@ -550,26 +600,22 @@ class Trace:
         with, kept by a caller that builds a trace's records in pieces, in order."""
         dirs = _package_dirs()
         skip = (os.path.realpath(self._native.__file__),)
-        cache: dict[int, tuple[str | None, str | None]] = {}
-        todo = sorted({a for r in raw for a in r["native"] if a not in cache})
-        for a, res in zip(todo, self._native.resolve(todo), strict=True):
-            cache[a] = (res[0], res[1])
         last_id, last_dev = seen if seen is not None else ({}, {})
         events = []
         for r in raw:
             native: list[NativeFrame] = []
-            for a in r["native"]:
-                lib, sym = cache.get(a, (None, None))
+            for lib, sym in r["names"]:
                 if _is_driver_side(lib, skip) and not native:
                     continue  # the tracer, libcupti, the driver: below the caller
                 owner = _owner_of(lib, dirs) or (os.path.basename(lib) if lib else "?")
                 native.append(NativeFrame(lib, sym, owner))
             python = [Frame(f, line, fn) for f, line, fn in r["python"]]
+            native_state = _UNLOADED if r["unloaded"] else r["native_state"]
             library, cyctx_guard, where = _attribute(
                 python,
                 len(python) >= self.python_frames,
                 native,
-                r["native_state"],
+                native_state,
                 dirs,
                 self.native_frames,
             )
@@ -616,7 +662,7 @@ class Trace:
                     python=python,
                     python_state=_PY_STATES.get(r["py_state"], "?"),
                     native=native,
-                    native_state=_NATIVE_STATES.get(r["native_state"], "?"),
+                    native_state=_NATIVE_STATES.get(native_state, "?"),
                     library=library,
                     where=where,
                     cyctx_guard=cyctx_guard,
@@ -718,6 +764,11 @@ class Trace:
             f"cyctx trace: {len(self.events)} events on {len(threads)} "
             f"thread{'' if len(threads) == 1 else 's'}, through {driver}"
             + (f"; {self.dropped} LOST (buffer full)" if self.dropped else "")
+            + (
+                f"; {self.unloaded} with native frames that may be wrong (a library was unloaded)"
+                if self.unloaded
+                else ""
+            )
         ]
         for e in self.events:
             name = e.thread_name or "?"

@@ -25,7 +25,8 @@
  * needs the interpreter's frame layout (internal/pycore_frame.h; pycore_interpframe.h from
  * 3.14), known for CPython 3.11-3.15; on other versions (and free-threaded builds) no Python
  * frame is read and the events say so.
- * The return addresses become library and symbol (dladdr) when Python drains the buffer.
+ * The return addresses become library and symbol (dladdr) when Python drains the buffer; a
+ * library unloaded meanwhile puts the events of that interval in doubt (check_unloads).
  *
  * The buffer is a fixed array of slots claimed with a compare-and-swap on the head (no lock);
  * a full buffer drops the event and counts it. stop() unsubscribes, then waits until no
@@ -62,6 +63,7 @@
 #include <unwind.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -159,6 +161,7 @@ typedef struct {
     uintptr_t before, after, arg_ctx;
     uint64_t before_id, after_id, arg_ctx_id;
     int before_dev, after_dev, arg_dev;
+    uint64_t epoch;                  /* g_epoch when the walk began (see check_unloads) */
     PyFrameRec py[MAX_PY];
     uintptr_t native[];              /* native_frames of them: a slot is Event plus those */
 } Event;
@@ -171,6 +174,10 @@ static _Atomic int g_on;             /* the callback records */
 static _Atomic int g_inflight;       /* callbacks inside record code now */
 static int g_subscribed;
 static int g_py_max = 4, g_native_max = 16;
+/* Bumped (after the rules are cleared) each time a check sees that a library was unloaded:
+ * an event whose epoch is older than the check that collects it may have been walked with a
+ * rule, or named by dladdr, after its library was gone (check_unloads). */
+static _Atomic uint64_t g_epoch;
 
 /* Driver calls the callback makes (never traced): resolved at start. */
 typedef int (*pfn_get_current)(void **);
@@ -597,6 +604,25 @@ static uint64_t rule_of(uintptr_t pc, uintptr_t until) {
     return rule;
 }
 
+/* Empties every slot, outside any callback, while walkers may read and write: a slot is
+ * taken as a writer takes it (even -> odd -> even), so a reader that overlaps sees it change
+ * and goes without. A slot being written now is left: its writer computed the rule in its
+ * callback for a return address on its own stack, whose library is mapped (that rule is
+ * right until an unload that a later check sees). */
+static void clear_rules(void) {
+    for (int i = 0; i < N_RULES; i++) {
+        RuleSlot *s = &g_rules[i];
+        uint64_t q = atomic_load_explicit(&s->seq, memory_order_acquire);
+        if ((q & 1) || !atomic_load_explicit(&s->rule, memory_order_relaxed)) continue;
+        if (!atomic_compare_exchange_strong_explicit(&s->seq, &q, q + 1, memory_order_acq_rel,
+                                                     memory_order_relaxed))
+            continue;
+        atomic_store_explicit(&s->ip, 0, memory_order_relaxed);
+        atomic_store_explicit(&s->rule, 0, memory_order_relaxed);
+        atomic_store_explicit(&s->seq, q + 2, memory_order_release);
+    }
+}
+
 /* 1: walked; 0: a frame the rules do not take (the caller then resets the event and walks
  * with the unwinder: the frames kept so far are the same either way). */
 static __attribute__((noinline)) int fast_walk(Walk *w, uintptr_t hi) {
@@ -681,6 +707,8 @@ static void capture(Event *e) {
         if (g_py_max) e->n_py = read_frames(ts, e->py, g_py_max);
 #endif
     }
+    /* Before any rule is read: a clear that completed earlier is seen (its epoch too). */
+    e->epoch = atomic_load_explicit(&g_epoch, memory_order_acquire);
     walk_native(e, boundary);
 }
 
@@ -871,6 +899,42 @@ static void find_spans(void *a, void *b, void *c) {
     }
 }
 
+/* How many objects the process has unloaded (glibc's and musl's dlpi_subs); -1 where the
+ * loader does not say. Under the GIL, never in a callback (dl_iterate_phdr takes the loader's
+ * lock). */
+static int subs_of(struct dl_phdr_info *info, size_t size, void *arg) {
+    long long *out = (long long *)arg;
+    if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof info->dlpi_subs)
+        *out = (long long)info->dlpi_subs;
+    return 1;
+}
+
+static long long unloads_now(void) {
+    long long n = -1;
+    dl_iterate_phdr(subs_of, &n);
+    return n;
+}
+
+static long long g_subs_seen = -1;  /* at the last clear (the trace's start, or a check) */
+
+/* A check, after the events of a collection were drained and their addresses named: if no
+ * object was unloaded since the last clear, no rule a walk of the current epoch read, and no
+ * name given to its addresses since, can be of a library that is gone. Otherwise the rules are
+ * cleared and the epoch bumped, in that order; every event of an older epoch in the collection
+ * is then in doubt (check_unloads() says the epoch; Python marks them). A loader that does not
+ * count unloads gives no such proof: every check clears. */
+static uint64_t check_unloads(void) {
+    long long n = unloads_now();
+    if (n < 0 || n != g_subs_seen) {
+        g_subs_seen = n;
+#if FAST_WALK
+        clear_rules();
+#endif
+        atomic_fetch_add_explicit(&g_epoch, 1, memory_order_release);
+    }
+    return atomic_load_explicit(&g_epoch, memory_order_relaxed);
+}
+
 /* start(cupti_path, simulated, python_frames, native_frames, capacity) -> None or the reason
  * (one line) it could not subscribe; nothing is left changed then. */
 static PyObject *t_start(PyObject *self, PyObject *args) {
@@ -945,6 +1009,8 @@ static PyObject *t_start(PyObject *self, PyObject *args) {
     atomic_store(&g_walks_fast, 0);
     atomic_store(&g_walks_slow, 0);
 #endif
+    g_subs_seen = unloads_now();                   /* the unloads before the trace don't count */
+    atomic_fetch_add(&g_epoch, 1);
     {   /* the unwinder's first use reads its tables: here, not in a callback */
         _Alignas(Event) char warm[sizeof(Event) + 4 * sizeof(uintptr_t)];
         int saved = g_native_max;
@@ -1018,7 +1084,7 @@ static PyObject *event_tuple(const Event *e) {
     if (!nat) { Py_DECREF(py); return NULL; }
     for (int i = 0; i < e->n_native; i++) PyList_SET_ITEM(nat, i, PyLong_FromSize_t(e->native[i]));
     return Py_BuildValue(
-        "{sKsKsKslsisisNsNsisisisisisKsKsisKsKsisKsKsisNsN}", "seq", (unsigned long long)e->seq,
+        "{sKsKsKslsisisNsNsisisisisisKsKsisKsKsisKsKsisKsNsN}", "seq", (unsigned long long)e->seq,
         "t_ns", (unsigned long long)e->t_ns, "t_enter_ns", (unsigned long long)e->t_enter_ns,
         "tid", e->tid, "domain", e->domain, "cbid", e->cbid, "func", str_or_empty(e->func), "via",
         str_or_empty(e->via), "result", e->result, "gil", e->gil, "py_state", e->py_state, "native_state",
@@ -1027,7 +1093,8 @@ static PyObject *event_tuple(const Event *e) {
         "before_id", (unsigned long long)e->before_id, "before_dev", e->before_dev, "after",
         (unsigned long long)e->after, "after_id", (unsigned long long)e->after_id, "after_dev",
         e->after_dev, "arg_ctx", (unsigned long long)e->arg_ctx, "arg_ctx_id",
-        (unsigned long long)e->arg_ctx_id, "arg_dev", e->arg_dev, "python", py, "native", nat);
+        (unsigned long long)e->arg_ctx_id, "arg_dev", e->arg_dev, "epoch",
+        (unsigned long long)e->epoch, "python", py, "native", nat);
 }
 
 /* drain() -> (events, dropped): every event written so far, in the order of the buffer. */
@@ -1048,6 +1115,24 @@ static PyObject *t_drain(PyObject *self, PyObject *noargs) {
         }
     }
     return Py_BuildValue("(NK)", out, (unsigned long long)atomic_load(&g_dropped));
+}
+
+/* check_unloads() -> the epoch (see check_unloads): called by Python after each drain, once
+ * the drained events' addresses are named. */
+static PyObject *t_check_unloads(PyObject *self, PyObject *noargs) {
+    (void)self; (void)noargs;
+    return PyLong_FromUnsignedLongLong((unsigned long long)check_unloads());
+}
+
+/* rule_count() -> how many slots of the rule table hold a rule (the tests). */
+static PyObject *t_rule_count(PyObject *self, PyObject *noargs) {
+    (void)self; (void)noargs;
+    long n = 0;
+#if FAST_WALK
+    for (int i = 0; i < N_RULES; i++)
+        n += atomic_load_explicit(&g_rules[i].rule, memory_order_relaxed) != 0;
+#endif
+    return PyLong_FromLong(n);
 }
 
 /* release(): frees the buffer once the trace is stopped and drained. */
@@ -1179,6 +1264,8 @@ static PyMethodDef methods[] = {
     {"stop", t_stop, METH_NOARGS, "unsubscribe; returns once no callback runs"},
     {"drain", t_drain, METH_NOARGS, "(events, dropped)"},
     {"release", t_release, METH_NOARGS, "free the buffer of a stopped trace"},
+    {"check_unloads", t_check_unloads, METH_NOARGS, "after a drain: the epoch (see tracer.c)"},
+    {"rule_count", t_rule_count, METH_NOARGS, "slots of the rule table that hold a rule"},
     {"resolve", t_resolve, METH_O, "dladdr of return addresses"},
     {"active", t_active, METH_NOARGS, "whether a trace is subscribed"},
     {"self_address", t_self_address, METH_NOARGS, "an address inside this module"},
