@@ -461,14 +461,14 @@ class Trace:
         self.native_frames = native_frames
         self.capacity = capacity
         self.quiet = quiet
-        self.active = False
-        self.finished = False
+        self.active: bool = False
+        self.finished: bool = False
         self.reason: str | None = None
         self.simulated: bool | None = None
         self.cupti: str | None = None
         self.cupti_found_via: str | None = None
         self.events: list[ContextEvent] = []
-        self.dropped = 0
+        self.dropped: int = 0
         self._t0 = 0
         self._raw: list[dict[str, Any]] = []
         self._threads: dict[int, str] = {}
@@ -476,7 +476,7 @@ class Trace:
         self._names: dict[int, tuple[str | None, str | None]] = {}
         self._epoch = -1
         self._collecting = threading.Lock()  # a collection's naming and its check, together
-        self.unloaded = 0  # events whose native frames may be wrong (a library was unloaded)
+        self.unloaded: int = 0  # events whose native frames may be wrong (a library was unloaded)
 
     # -- start / stop --
     def start(self) -> Trace:
