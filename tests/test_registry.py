@@ -12,7 +12,6 @@ from helpers.finalizers import freed_on_purpose
 from helpers.native import compile_and_run
 from helpers.threads import in_thread
 
-import cyctx
 from cyctx import ContextGuard, GuardError
 from cyctx._guard import open_entries
 

@@ -11,8 +11,9 @@ For each, the loops are compiled against it and run on the simulated driver unde
 `valgrind --tool=callgrind` for N and 2N iterations; the difference, divided by N, is what one
 enter+exit costs. The nogil loop is split by the object that executes it: cyctx's `_guard`
 module, the simulated libcuda (the driver calls themselves) and ld.so (where `__tls_get_addr`
-runs for a general-dynamic thread-local: the simulated driver's, and older builds' stack). The Python loops are counted whole
-(interpreter included): `with guard` and `with Empty()`, and their ratio. Needs valgrind, a C++
+runs for a general-dynamic thread-local: the simulated driver's, and older builds' stack). The
+Python loops are counted whole (interpreter included): `with guard` and `with Empty()`, and
+their ratio. Needs valgrind, a C++
 compiler and Cython.
 """
 
