@@ -9,6 +9,8 @@
 #include "cyctx/switch.h"
 #include <cstdlib>
 #include <cstring>
+#include <climits>
+#include <pthread.h>
 
 namespace cyctx {
 
@@ -37,6 +39,7 @@ struct Stack {
     Entry *heap;         // entries kInline.. when nesting is deeper
     std::size_t cap;     // capacity of heap
     std::size_t depth;   // open entries
+    unsigned kept;       // thread-exit rounds it was kept for open entries (free_stack)
 };
 
 // This thread's stack is on the heap, made on its first use; the thread-local is its address
@@ -44,30 +47,56 @@ struct Stack {
 // module's TLS of the default (general-dynamic) model costs a __tls_get_addr call per access,
 // and initial-exec puts the module's whole TLS block in the static TLS that glibc keeps for
 // loaded modules (a few hundred bytes for the whole process): so nothing else of this module is
-// thread-local but the owner below (docs/design.md, "Per-thread entries").
+// thread-local (docs/design.md, "Per-thread entries").
 static thread_local Stack *t_stack __attribute__((tls_model("initial-exec")));
 
-// The stack of a thread whose own could not be allocated: no entries. Read-only (every write to
-// a stack is to an entry it holds, and tls_push refuses this one), so a write would fault.
+// The stack of a thread whose own could not be allocated, or that is past its end: no entries.
+// Read-only (every write to a stack is to an entry it holds, and tls_push refuses this one), so
+// a write would fault.
 static const Stack k_no_stack = {};
 
-// Frees this thread's stack and its spill block at thread exit (no Python call).
-struct StackOwner {
-    ~StackOwner() {
-        Stack *s = t_stack;
-        t_stack = nullptr;
-        if (s) {
-            std::free(s->heap);
-            std::free(s);
-        }
-    }
+// Frees a thread's stack at its exit, as a pthread key's destructor: those run after every C++
+// thread_local's destructor (a binding that leaves a guard from one still finds its entry), and
+// while blocks are still open the stack is kept for the next round, so that another key's
+// destructor can leave them (glibc makes PTHREAD_DESTRUCTOR_ITERATIONS rounds at most). Freed,
+// the thread reads k_no_stack: nothing is allocated again for a thread that is ending.
+struct StackKey {
+    pthread_key_t key;
+    bool ok;
 };
 
+static void free_stack(void *p) noexcept;
+
+static StackKey &stack_key() noexcept {
+    static StackKey k = [] {
+        StackKey made{};
+        made.ok = pthread_key_create(&made.key, free_stack) == 0;
+        return made;
+    }();
+    return k;
+}
+
+static void free_stack(void *p) noexcept {
+    Stack *s = static_cast<Stack *>(p);
+    if (s->depth && s->kept < PTHREAD_DESTRUCTOR_ITERATIONS - 1 &&
+        pthread_setspecific(stack_key().key, s) == 0) {
+        s->kept++;
+        return;
+    }
+    t_stack = const_cast<Stack *>(&k_no_stack);
+    std::free(s->heap);
+    std::free(s);
+}
+
 __attribute__((noinline)) static Stack *make_stack() noexcept {
-    static thread_local StackOwner owner;  // registers the free at thread exit, once
-    (void)owner;
+    StackKey &k = stack_key();
+    if (!k.ok) return const_cast<Stack *>(&k_no_stack);  // no key: a stack could never be freed
     Stack *s = static_cast<Stack *>(std::calloc(1, sizeof(Stack)));
     if (!s) return const_cast<Stack *>(&k_no_stack);  // tried again on the next access
+    if (pthread_setspecific(k.key, s) != 0) {          // out of memory for the key's slot
+        std::free(s);
+        return const_cast<Stack *>(&k_no_stack);
+    }
     t_stack = s;
     return s;
 }

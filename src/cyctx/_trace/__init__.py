@@ -49,6 +49,9 @@ _NATIVE_STATES = {
     # A library was unloaded (dlclose) between the checks around this event: its walk may have
     # used that library's unwind rules, or its addresses been named after another took them.
     4: "a library was unloaded in this walk's interval: its native frames may be wrong",
+    # The thread has an eval loop the walk did not reach: a frame without unwind information
+    # (JIT code, hand-written assembly) stopped it, so who called that frame is not known.
+    5: "stopped before the eval loop (a frame without unwind information)",
 }
 _UNLOADED = 4
 _PY_STATES = {
@@ -393,8 +396,8 @@ def _attribute(
             cut = "the native stack was cut" + (
                 f" at native_frames={native_limit}" if native_limit is not None else ""
             )
-        elif native_state == _UNLOADED:
-            cut = _NATIVE_STATES[_UNLOADED]
+        elif native_state in (_UNLOADED, 5):
+            cut = _NATIVE_STATES[native_state]
         else:
             cut = "the eval loop that ran it was not found"
         return (

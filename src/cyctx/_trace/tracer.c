@@ -145,7 +145,9 @@ enum { PY_OK, PY_NO_THREAD_STATE, PY_UNSUPPORTED, PY_FINALIZING, PY_OFF };
 /* How the native walk ended: in the interpreter's eval loop (the native code between it and
  * the driver is all there), at the stack's end (a thread no Python started), or at its limit
  * (cut short: whoever called the outermost frame seen is not known). */
-enum { NATIVE_EVAL_LOOP, NATIVE_END, NATIVE_CUT, NATIVE_OFF };
+/* 4 is given in Python (a library unloaded in the walk's interval). NATIVE_STOPPED: the walk
+ * ended before the eval loop of a thread that has one (a frame without unwind information). */
+enum { NATIVE_EVAL_LOOP, NATIVE_END, NATIVE_CUT, NATIVE_OFF, NATIVE_STOPPED = 5 };
 
 typedef struct { char file[FILE_LEN]; char func[FUNC_LEN]; int line; } PyFrameRec;
 
@@ -686,6 +688,7 @@ static void walk_native(Event *e, uintptr_t boundary) {
     }
 #endif
     _Unwind_Backtrace(walk_step, &w);
+    if (w.boundary && e->native_state == NATIVE_END) e->native_state = NATIVE_STOPPED;
 }
 
 
