@@ -41,23 +41,48 @@ struct Late {
     }
 };
 static thread_local Late late;
-static pthread_key_t key;
+static pthread_key_t key, key_after, key_twice;
 static void key_dtor(void *) {  // a pthread key destructor: after every C++ thread_local's
     cyctx_Switch out; std::size_t d = 0;
     key_pop = cyctx::tls_pop_own(43, &out, &d);
 }
+// Keys made after cyctx's (which its first use made): their destructors run after its own in
+// each round. One leaves a block still open when cyctx's destructor first ran; the other comes
+// back a second round, after the stack was freed, and looks at it.
+static std::atomic<int> after_pop{99}, twice_depth{99};
+static void key_after_dtor(void *) {
+    cyctx_Switch out; std::size_t d = 0;
+    after_pop = cyctx::tls_pop_own(44, &out, &d);
+}
+static void key_twice_dtor(void *round) {
+    if (round == (void *)1) {
+        pthread_setspecific(key_twice, (void *)2);
+        return;
+    }
+    twice_depth = (int)cyctx::tls_depth();
+}
 
 int main() {
     pthread_key_create(&key, key_dtor);
+    cyctx_Switch sw = {nullptr, 0, 0}, out;
+    std::size_t d = 0;
+    cyctx::tls_push(1, nullptr, &sw);  // the first use in the process: cyctx's key is made
+    cyctx::tls_pop_own(1, &out, &d);
+    pthread_key_create(&key_after, key_after_dtor);
+    pthread_key_create(&key_twice, key_twice_dtor);
     std::thread([] {
         (void)late.entered;            // the thread_local made first
         cyctx_Switch sw = {nullptr, 0, 0};
+        cyctx::tls_push(44, nullptr, &sw);
         cyctx::tls_push(43, nullptr, &sw);
         cyctx::tls_push(42, nullptr, &sw);
         late.entered = true;
         pthread_setspecific(key, (void *)1);
+        pthread_setspecific(key_after, (void *)1);
+        pthread_setspecific(key_twice, (void *)1);
     }).join();
-    std::printf("late=%d key=%d made=%d freed=%d\n", late_pop.load(), key_pop.load(), n_made.load(),
+    std::printf("late=%d key=%d after=%d twice=%d made=%d freed=%d\n", late_pop.load(),
+                key_pop.load(), after_pop.load(), twice_depth.load(), n_made.load() - 1,
                 n_freed.load());
     return 0;
 }
@@ -67,8 +92,10 @@ int main() {
 def test_exits_in_later_thread_exit_destructors_find_their_entries_and_leak_nothing(tmp_path):
     out = compile_and_run(tmp_path, LATE, "late")
     assert out.returncode == 0, out.stderr
-    # 0: each late exit found its entry; every stack made was freed.
-    assert out.stdout.strip() == "late=0 key=0 made=1 freed=1", out.stdout
+    # 0: each late exit found its entry, the one after cyctx's destructor first ran too; after
+    # the free, the ending thread reads an empty stack; the thread's one stack was freed (made
+    # and freed count the thread's alone: the main thread's stack lives on).
+    assert out.stdout.strip() == "late=0 key=0 after=0 twice=0 made=1 freed=1", out.stdout
 
 
 OOM = r"""
