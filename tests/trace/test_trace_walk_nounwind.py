@@ -33,9 +33,19 @@ def nounwind(tmp_path_factory):
     so = d / "libcyctxnounwind.so"
     (d / "n.c").write_text(SRC)
     subprocess.run(
-        [cc, "-shared", "-fPIC", "-O1", "-fno-optimize-sibling-calls",
-         "-fno-asynchronous-unwind-tables", "-fno-unwind-tables", "-fno-exceptions",
-         "-o", str(so), str(d / "n.c")],
+        [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-fno-optimize-sibling-calls",
+            "-fno-asynchronous-unwind-tables",
+            "-fno-unwind-tables",
+            "-fno-exceptions",
+            "-o",
+            str(so),
+            str(d / "n.c"),
+        ],
         check=True,
     )
     lib = ctypes.CDLL(str(so))
