@@ -116,14 +116,17 @@ def _ext(name):
         # call on every enter and exit. A larger limit inlines it (objdump shows no call).
         extra_compile_args=["-std=c++17", "-O2"] + INLINE_ARGS + ["-fvisibility=hidden"],
         extra_link_args=LINK_ARGS,
-        libraries=["dl"],  # dlopen of libcuda.so.1 (_cpp/driver.h); in libc since glibc 2.34
+        # dlopen of libcuda.so.1 (_cpp/driver.h) and the per-thread stack's key
+        # (_cpp/thread_entries.h): in libc since glibc 2.34, linked at the old versions
+        # (COMPAT_STUBS).
+        libraries=["dl", "pthread"],
     )
 
 
 # The oldest glibc the wheels run on: manylinux_2_28 (RHEL 8, Ubuntu 20.04, Debian 11; the
 # baseline of cuda-bindings' and torch's wheels). A build on a newer glibc binds dlopen,
 # dlsym, dlclose, dlerror, dladdr (the extensions) and pthread_key_create,
-# pthread_setspecific (the simulated driver) to their GLIBC_2.34 versions, made when glibc
+# pthread_setspecific (the simulated driver, the guard's per-thread stack) to their GLIBC_2.34 versions, made when glibc
 # merged libdl and libpthread into libc, and 2.34 cannot load them. So the links see link-only stubs first: a libdl.so.2
 # and a libpthread.so.0 defining those functions at version GLIBC_2.2.5, where glibc before
 # 2.34 has them. The result references them exactly as a build on such a glibc does
