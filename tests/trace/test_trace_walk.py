@@ -176,7 +176,8 @@ def test_set_walker_says_the_previous_setting():
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 only")
 def test_the_fast_walk_is_built_on_x86_64_linux():
-    assert _native.FAST_WALK == (sys.platform == "linux")
+    # CPython 3.11-3.13 only: on 3.15 its frames differed from the unwinder's in the interpreter.
+    assert _native.FAST_WALK == (sys.platform == "linux" and sys.version_info < (3, 14))
 
 
 # --- a library unloaded while a trace runs -------------------------------------------------------

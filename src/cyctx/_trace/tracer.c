@@ -51,8 +51,10 @@
 #endif
 
 /* The fast native walk reads x86-64 registers and libgcc's FDE lookup; elsewhere every walk is
- * the unwinder's. */
-#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+ * the unwinder's. Only on the CPython versions where its frames were checked equal to the
+ * unwinder's: on 3.15 (Debian's build) they differed inside the interpreter. */
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__)) && \
+    PY_VERSION_HEX < 0x030E0000
 #define FAST_WALK 1
 #else
 #define FAST_WALK 0
