@@ -31,29 +31,26 @@ __attribute__((noinline)) int cyctx_test_deep(int n, set_fn f) {
 """
 
 
-@pytest.fixture(scope="module")
-def deep_so(tmp_path_factory):
-    """The compiled library's path (not loaded)."""
+def _compile_deep(tmp_path_factory, name, flags=()):
+    """DEEP_C compiled as lib<name>.so (not loaded): its path."""
     cc = fakelibs.compiler()
     if cc is None:
         pytest.skip("no C compiler")
-    d = tmp_path_factory.mktemp("deep")
-    so = d / "libcyctxdeep.so"
-    (d / "libcyctxdeep.so.c").write_text(DEEP_C)
+    d = tmp_path_factory.mktemp(name)
+    so = d / f"lib{name}.so"
+    (d / f"lib{name}.so.c").write_text(DEEP_C)
     subprocess.run(
-        [
-            cc,
-            "-shared",
-            "-fPIC",
-            "-O1",
-            "-fno-optimize-sibling-calls",
-            "-o",
-            str(so),
-            str(so) + ".c",
-        ],
+        [cc, "-shared", "-fPIC", "-O1", "-fno-optimize-sibling-calls", *flags]
+        + ["-o", str(so), str(so) + ".c"],
         check=True,
     )
     return str(so)
+
+
+@pytest.fixture(scope="module")
+def deep_so(tmp_path_factory):
+    """The compiled library's path (not loaded)."""
+    return _compile_deep(tmp_path_factory, "cyctxdeep")
 
 
 def _load(path):
@@ -297,3 +294,36 @@ def test_a_cyctx_frame_in_doubt_is_not_called_a_guard():
         False,
         python[1],
     )
+
+
+# --- a frame without unwind information ----------------------------------------------------------
+# The walk cannot step past it (no FDE: the fast walk hands over to the unwinder, which stops
+# there), so it never reaches the eval loop although the thread has one. The event must not
+# present that as a complete walk nor name the frame's library as the one the line called: the
+# line called _ctypes, which called the library without unwind information.
+
+
+@pytest.mark.parametrize("unwinder_only", [False, True], ids=["fast", "unwinder"])
+def test_a_walk_stopped_by_a_frame_without_unwind_info_is_not_called_complete(
+    tmp_path_factory, sim, unwinder_only
+):
+    flags = ("-fno-asynchronous-unwind-tables", "-fno-unwind-tables", "-fno-exceptions")
+    lib = _load(_compile_deep(tmp_path_factory, "cyctxnounwind", flags))
+    fn = ctypes.cast(drivers.sim_set_current(sim), ctypes.c_void_p).value
+    prev = _native.set_walker(unwinder_only)
+    try:
+        with cyctx.trace() as t:
+            assert lib.cyctx_test_deep(3, fn) == 0
+    finally:
+        _native.set_walker(prev)
+    (e,) = [e for e in t.events if e.call == "cuCtxSetCurrent"]
+    import _ctypes
+
+    # Either the walk says it did not reach the eval loop and the library is not given as
+    # known, or it reached it and names _ctypes.
+    if e.native_state == "the eval loop":
+        assert e.library == os.path.basename(_ctypes.__file__), e
+    else:
+        assert e.native_state == "stopped before the eval loop (a frame without unwind information)"
+        assert "libcyctxnounwind.so (called from" in e.library, e.library
+        assert "stopped before the eval loop" in e.library, e.library
