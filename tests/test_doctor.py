@@ -1247,11 +1247,36 @@ def test_guard_findings_follow_the_guards_order():
     r = last_json(out)
     kinds = [("context_reset" if g["primary"] else "guard_context_destroyed") for g in r["guards"]]
     assert sorted(kinds) == ["context_reset"] + ["guard_context_destroyed"] * 2, r["guards"]
-    assert kinds[0] == "guard_context_destroyed", kinds  # else grouping by kind would not show
+    # The guards' order is their handles' (the driver's to choose): whether it interleaves the
+    # kinds is the next test's, which picks the order.
     found = [f for f in r["findings"] if f["code"] in set(kinds)]
     assert [f["code"] for f in found] == kinds, found
     for f, g in zip(found, r["guards"], strict=True):
         assert f"handle 0x{g['handle']:x})" in f["explanation"], (f, g)
+
+
+def test_guard_findings_are_not_grouped_by_kind():
+    # The report's guards in an order that interleaves the two kinds of guard finding: the
+    # findings keep it (grouped by the rules' order, the reset one would come first).
+    from cyctx._doctor import rules
+    from cyctx._doctor.gather import Seen
+    from cyctx._doctor.model import GuardInfo
+    from cyctx._doctor.report import empty_report
+
+    def guard(handle, primary):  # the driver gives no id now: reset or destroyed, by kind
+        return GuardInfo(0, handle, 1, None, "CUDA_ERROR_CONTEXT_IS_DESTROYED", False, primary)
+
+    r = empty_report({})
+    r.guards = [guard(0x30, False), guard(0x10, True), guard(0x20, False)]
+    pair = [x for x in rules.RULES if x.code in ("context_reset", "guard_context_destroyed")]
+    found = rules.findings_of(Seen(r, "described"), pair)
+    assert [f.code for f in found] == [
+        "guard_context_destroyed",
+        "context_reset",
+        "guard_context_destroyed",
+    ], found
+    for f, handle in zip(found, (0x30, 0x10, 0x20), strict=True):
+        assert f"handle 0x{handle:x})" in f.explanation, f
 
 
 def test_current_created_context_held_by_a_guard_is_not_called_primary():
