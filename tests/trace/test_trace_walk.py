@@ -179,7 +179,7 @@ def test_the_fast_walk_is_built_on_x86_64_linux():
 
 # --- a library unloaded while a trace runs -------------------------------------------------------
 
-UNLOADED = "a library was unloaded in this walk's interval: its native frames may be wrong"
+UNLOADED = "a library was unloaded between this walk and its naming: its native frames may be wrong"
 
 
 def _maps():
@@ -199,12 +199,13 @@ def _calls(t):
 
 
 @pytest.mark.parametrize("unwinder_only", [False, True], ids=["fast", "unwinder"])
-def test_an_unload_puts_the_events_of_its_interval_in_doubt_and_no_others(
+def test_an_unload_puts_in_doubt_only_the_events_walked_before_it_and_named_after(
     deep_so, set_current_ptr, tmp_path, unwinder_only, capfd
 ):
     # B is A's copy: loaded where A was (the loader reuses the hole), the same code at the same
     # addresses, so A's rules would even walk it; the names would be A's. The mark does not
-    # depend on that: it follows the loader's count of unloads.
+    # depend on that: it follows the loader's count of unloads, read at each walk and at the
+    # naming.
     a_path, b_path = str(tmp_path / "libcyctxdeep_a.so"), str(tmp_path / "libcyctxdeep_b.so")
     shutil.copy(deep_so, a_path)  # not the module's loaded copy: this one can go
     shutil.copy(deep_so, b_path)
@@ -212,49 +213,83 @@ def test_an_unload_puts_the_events_of_its_interval_in_doubt_and_no_others(
     try:
         with cyctx.trace(quiet=False) as t:
             a = _load(a_path)
-            assert a.cyctx_test_deep(3, set_current_ptr) == 0  # before-unload
+            assert a.cyctx_test_deep(3, set_current_ptr) == 0  # named-before
             t.collect()
+            assert a.cyctx_test_deep(3, set_current_ptr) == 0  # walked-before
             rules = _native.rule_count()
             _unload(a, a_path)
             b = _load(b_path)
-            assert b.cyctx_test_deep(3, set_current_ptr) == 0  # after-unload
-            t.collect()  # sees the unload: the table is emptied, the interval marked
+            fast0, slow0 = _native.walk_stats()
+            assert b.cyctx_test_deep(3, set_current_ptr) == 0  # walked-after
+            fast1, slow1 = _native.walk_stats()
+            t.collect()  # sees the unload: the table is emptied
             cleared = _native.rule_count()
             assert b.cyctx_test_deep(3, set_current_ptr) == 0  # after-check
+            fast2, slow2 = _native.walk_stats()
     finally:
         _native.set_walker(prev)
     _unload(b, b_path)
     if _native.FAST_WALK and not unwinder_only:
         assert rules > 0 and cleared == 0, (rules, cleared)
-    before, during, after = _calls(t)
+        # After the unload, A's rules are not used on B's addresses until a check emptied the
+        # table: the unwinder walks; after the check the fast walk is back.
+        assert (fast1 - fast0, slow1 - slow0) == (0, 1), (fast0, slow0, fast1, slow1)
+        assert (fast2 - fast1, slow2 - slow1) == (1, 0), (fast1, slow1, fast2, slow2)
+    named, walked, after, checked = _calls(t)
     where = lambda e, marker: e.where is not None and e.where.line == _line(marker)  # noqa: E731
-    assert where(before, "before-unload") and where(during, "after-unload")
-    assert where(after, "after-check")
-    # Before: walked and named while A was loaded (named at its collection, not at the stop).
-    assert before.native_state == "the eval loop", before
-    assert sum(n.library == a_path for n in before.native) == 4, before.native
-    # After the check that saw the unload: B's own rules and names, nothing in doubt.
-    assert after.native_state == "the eval loop", after
-    assert sum(n.library == b_path for n in after.native) == 4, after.native
-    # In between: said to be in doubt, and its library is not given as known.
+    assert where(named, "named-before") and where(walked, "walked-before")
+    assert where(after, "walked-after") and where(checked, "after-check")
+    # Walked and named while A was loaded (named at its collection, not at the stop).
+    assert named.native_state == "the eval loop", named
+    assert sum(n.library == a_path for n in named.native) == 4, named.native
+    # Walked after the unload (B loaded), named with B loaded: exact, B's frames.
+    for e in (after, checked):
+        assert e.native_state == "the eval loop", e
+        assert sum(n.library == b_path for n in e.native) == 4, e.native
+    # Walked in A, named after A went: said to be in doubt, its library not given as known.
     import _ctypes
 
-    assert during.native_state == UNLOADED, during
-    assert during.library.startswith(f"{os.path.basename(_ctypes.__file__)} (called from "), (
-        during.library
+    assert walked.native_state == UNLOADED, walked
+    assert walked.library.startswith(f"{os.path.basename(_ctypes.__file__)} (called from "), (
+        walked.library
     )
-    assert during.library.endswith(f": {UNLOADED})"), during.library
+    assert walked.library.endswith(f": {UNLOADED})"), walked.library
     assert t.unloaded == 1
     report = t.report()
     assert "; 1 with native frames that may be wrong (a library was unloaded)" in report
     assert sum(UNLOADED in line for line in report.splitlines()) == 1, report
     data = t.to_json()
     states = [e["native_state"] for e in data["events"] if e["call"] == "cuCtxSetCurrent"]
-    assert states == ["the eval loop", UNLOADED, "the eval loop"]
+    assert states == ["the eval loop", UNLOADED, "the eval loop", "the eval loop"]
     err = capfd.readouterr().err
     assert "a library was unloaded while tracing: the native frames of 1 events may be wrong" in (
         err
     ), err
+
+
+def test_an_unload_of_another_library_puts_nothing_in_doubt(
+    deep_so, set_current_ptr, tmp_path, capfd
+):
+    # A library the walks never touch, loaded and unloaded between two collections, as an
+    # import's probe does: the events walked after it are exact, fast walks resume after the
+    # next check. (The ones walked before it and named after are in doubt: the count cannot
+    # say which library went.)
+    other = str(tmp_path / "libcyctxdeep_other.so")
+    shutil.copy(deep_so, other)
+    with cyctx.trace(quiet=False) as t:
+        a = _load(deep_so)
+        assert a.cyctx_test_deep(3, set_current_ptr) == 0
+        t.collect()
+        o = _load(other)
+        _unload(o, other)
+        assert a.cyctx_test_deep(3, set_current_ptr) == 0
+        t.collect()
+        assert a.cyctx_test_deep(3, set_current_ptr) == 0
+    events = _calls(t)
+    assert [e.native_state for e in events] == ["the eval loop"] * 3, events
+    assert [sum(n.library == deep_so for n in e.native) for e in events] == [4, 4, 4], events
+    assert t.unloaded == 0 and "may be wrong" not in t.report()
+    assert "unloaded" not in capfd.readouterr().err
 
 
 def test_loads_without_an_unload_put_nothing_in_doubt(deep_so, set_current_ptr, tmp_path, capfd):

@@ -46,9 +46,10 @@ _NATIVE_STATES = {
     1: "the end of the stack",  # a thread no Python code started
     2: "cut",  # the native_frames limit: who called the outermost frame is not known
     3: "native frames off",
-    # A library was unloaded (dlclose) between the checks around this event: its walk may have
-    # used that library's unwind rules, or its addresses been named after another took them.
-    4: "a library was unloaded in this walk's interval: its native frames may be wrong",
+    # A library was unloaded (dlclose) after this event's walk began, before its frames were
+    # named: the walk may have used that library's unwind rules, or its addresses been named
+    # after another library took them.
+    4: "a library was unloaded between this walk and its naming: its native frames may be wrong",
     # The thread has an eval loop the walk did not reach: a frame without unwind information
     # (JIT code, hand-written assembly) stopped it, so who called that frame is not known.
     5: "stopped before the eval loop (a frame without unwind information)",
@@ -475,9 +476,10 @@ class Trace:
         self._t0 = 0
         self._raw: list[dict[str, Any]] = []
         self._threads: dict[int, str] = {}
-        # Names of return addresses (dladdr), kept while no library is unloaded (collect()).
+        # Names of return addresses (dladdr), kept while no library is unloaded (collect()):
+        # given under the loader's count of unloads _names_subs.
         self._names: dict[int, tuple[str | None, str | None]] = {}
-        self._epoch = -1
+        self._names_subs = -1
         self._collecting = threading.Lock()  # a collection's naming and its check, together
         self.unloaded: int = 0  # events whose native frames may be wrong (a library was unloaded)
 
@@ -562,21 +564,27 @@ class Trace:
     def _collect(self) -> None:
         batch = self._native.drain()[0]
         # Named now, not when the trace stops: a library unloaded later, and another loaded at
-        # its addresses, would give them the other's names.
+        # its addresses, would give them the other's names. A name kept from an earlier
+        # collection is right while nothing was unloaded since.
+        subs = self._native.unloads()
+        if subs < 0 or subs != self._names_subs:
+            self._names.clear()
+            self._names_subs = subs
         todo = sorted({a for r in batch for a in r["native"] if a not in self._names})
         for a, res in zip(todo, self._native.resolve(todo), strict=True):
             self._names[a] = (res[0], res[1])
         for r in batch:
             r["names"] = [self._names[a] for a in r["native"]]
-        # Then asked whether a library was unloaded since the last check (tracer.c,
-        # check_unloads): if so, an event walked before this check's epoch may have been walked
-        # with the gone library's unwind rules or named after it was gone.
-        epoch = self._native.check_unloads()
-        if epoch != self._epoch:
+        # Then the loader's count of unloads (tracer.c, check_unloads): an event whose walk
+        # began under the same count was walked and named with nothing unloaded in between;
+        # one walked under an earlier count may have been walked with a gone library's unwind
+        # rules, or named after it was gone. A loader that does not count proves nothing.
+        now = self._native.check_unloads()
+        if now != subs:
             self._names.clear()
-            self._epoch = epoch
+            self._names_subs = -1
         for r in batch:
-            r["unloaded"] = r["native_state"] != 3 and r["epoch"] < epoch
+            r["unloaded"] = r["native_state"] != 3 and (now < 0 or r["subs"] != now)
         self._raw.extend(batch)
 
     def snapshot(self) -> list[ContextEvent]:

@@ -26,7 +26,8 @@
  * 3.14), known for CPython 3.11-3.15; on other versions (and free-threaded builds) no Python
  * frame is read and the events say so.
  * The return addresses become library and symbol (dladdr) when Python drains the buffer; a
- * library unloaded meanwhile puts the events of that interval in doubt (check_unloads).
+ * library unloaded between an event's walk and that naming puts the event in doubt (each walk
+ * records the loader's count of unloads; check_unloads).
  *
  * The buffer is a fixed array of slots claimed with a compare-and-swap on the head (no lock);
  * a full buffer drops the event and counts it. stop() unsubscribes, then waits until no
@@ -147,7 +148,7 @@ enum { PY_OK, PY_NO_THREAD_STATE, PY_UNSUPPORTED, PY_FINALIZING, PY_OFF };
 /* How the native walk ended: in the interpreter's eval loop (the native code between it and
  * the driver is all there), at the stack's end (a thread no Python started), or at its limit
  * (cut short: whoever called the outermost frame seen is not known). */
-/* 4 is given in Python (a library unloaded in the walk's interval). NATIVE_STOPPED: the walk
+/* 4 is given in Python (a library unloaded after the walk, before its naming). NATIVE_STOPPED: the walk
  * ended before the eval loop of a thread that has one (a frame without unwind information). */
 enum { NATIVE_EVAL_LOOP, NATIVE_END, NATIVE_CUT, NATIVE_OFF, NATIVE_STOPPED = 5 };
 
@@ -165,7 +166,7 @@ typedef struct {
     uintptr_t before, after, arg_ctx;
     uint64_t before_id, after_id, arg_ctx_id;
     int before_dev, after_dev, arg_dev;
-    uint64_t epoch;                  /* g_epoch when the walk began (see check_unloads) */
+    long long subs;                  /* the loader's count of unloads as the walk began */
     PyFrameRec py[MAX_PY];
     uintptr_t native[];              /* native_frames of them: a slot is Event plus those */
 } Event;
@@ -178,10 +179,10 @@ static _Atomic int g_on;             /* the callback records */
 static _Atomic int g_inflight;       /* callbacks inside record code now */
 static int g_subscribed;
 static int g_py_max = 4, g_native_max = 16;
-/* Bumped (after the rules are cleared) each time a check sees that a library was unloaded:
- * an event whose epoch is older than the check that collects it may have been walked with a
- * rule, or named by dladdr, after its library was gone (check_unloads). */
-static _Atomic uint64_t g_epoch;
+/* The loader's count of unloads that the rule table holds rules for (set after a clear; -2:
+ * none yet). A walk that finds another count at its start walks with the unwinder (see
+ * check_unloads). */
+static _Atomic long long g_rules_subs = -2;
 
 /* Driver calls the callback makes (never traced): resolved at start. */
 typedef int (*pfn_get_current)(void **);
@@ -665,6 +666,24 @@ static __attribute__((noinline)) int fast_walk(Walk *w, uintptr_t hi) {
 }
 #endif
 
+/* How many objects the process has unloaded (glibc's and musl's dlpi_subs); -1 where the
+ * loader does not say. Safe in a callback: dl_iterate_phdr takes the loader's list lock
+ * (glibc's dl_load_write_lock, held only while the list changes, never while a library's
+ * constructors run, unlike the lock dlopen holds; musl runs them after its lock), and reads the
+ * first object only. The unwinder asks it too. */
+static int subs_of(struct dl_phdr_info *info, size_t size, void *arg) {
+    long long *out = (long long *)arg;
+    if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof info->dlpi_subs)
+        *out = (long long)info->dlpi_subs;
+    return 1;
+}
+
+static long long unloads_now(void) {
+    long long n = -1;
+    dl_iterate_phdr(subs_of, &n);
+    return n;
+}
+
 static _Atomic int g_walker;                 /* 0: fast where it can; 1: the unwinder's only */
 
 static void walk_native(Event *e, uintptr_t boundary) {
@@ -679,7 +698,11 @@ static void walk_native(Event *e, uintptr_t boundary) {
     Walk w = {e, g_native_max, boundary > here ? boundary : 0, 1, 0};
 #if FAST_WALK
     if (w.boundary && u_find_fde && !atomic_load_explicit(&g_walker, memory_order_relaxed)) {
-        if (fast_walk(&w, w.boundary)) {
+        /* The kept rules are of the libraries loaded when they were read: right while nothing
+         * was unloaded since (a library loaded later takes addresses no rule was read for).
+         * Otherwise the unwinder walks until a check has emptied the table. */
+        if (e->subs >= 0 && e->subs == atomic_load_explicit(&g_rules_subs, memory_order_acquire) &&
+            fast_walk(&w, w.boundary)) {
             atomic_fetch_add_explicit(&g_walks_fast, 1, memory_order_relaxed);
             return;
         }
@@ -712,8 +735,11 @@ static void capture(Event *e) {
         if (g_py_max) e->n_py = read_frames(ts, e->py, g_py_max);
 #endif
     }
-    /* Before any rule is read: a clear that completed earlier is seen (its epoch too). */
-    e->epoch = atomic_load_explicit(&g_epoch, memory_order_acquire);
+    /* Before any rule is read. An unload completes (the loader's lock held throughout) before
+     * another library can be loaded at its addresses, so a walk that starts with the count the
+     * rules were read under walks no address of a library loaded since; and one whose count
+     * the naming (later) still finds was named after the libraries it walked. */
+    e->subs = g_native_max ? unloads_now() : -1;
     walk_native(e, boundary);
 }
 
@@ -904,40 +930,22 @@ static void find_spans(void *a, void *b, void *c) {
     }
 }
 
-/* How many objects the process has unloaded (glibc's and musl's dlpi_subs); -1 where the
- * loader does not say. Under the GIL, never in a callback (dl_iterate_phdr takes the loader's
- * lock). */
-static int subs_of(struct dl_phdr_info *info, size_t size, void *arg) {
-    long long *out = (long long *)arg;
-    if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof info->dlpi_subs)
-        *out = (long long)info->dlpi_subs;
-    return 1;
-}
-
-static long long unloads_now(void) {
-    long long n = -1;
-    dl_iterate_phdr(subs_of, &n);
-    return n;
-}
-
-static long long g_subs_seen = -1;  /* at the last clear (the trace's start, or a check) */
-
-/* A check, after the events of a collection were drained and their addresses named: if no
- * object was unloaded since the last clear, no rule a walk of the current epoch read, and no
- * name given to its addresses since, can be of a library that is gone. Otherwise the rules are
- * cleared and the epoch bumped, in that order; every event of an older epoch in the collection
- * is then in doubt (check_unloads() says the epoch; Python marks them). A loader that does not
- * count unloads gives no such proof: every check clears. */
-static uint64_t check_unloads(void) {
+/* A check, after the events of a collection were drained and their addresses named: the
+ * loader's count of unloads now. An event whose walk began under this count walked and was
+ * named with no library unloaded in between: exact; any other is in doubt (Python marks it).
+ * When the count moved since the rules were read, the rules are cleared, then the count they
+ * now hold is set, in that order: walks that start before the set use the unwinder. A loader
+ * that does not count unloads gives no such proof (-1): every walk is the unwinder's and every
+ * event in doubt. */
+static long long check_unloads(void) {
     long long n = unloads_now();
-    if (n < 0 || n != g_subs_seen) {
-        g_subs_seen = n;
+    if (n < 0 || n != atomic_load_explicit(&g_rules_subs, memory_order_relaxed)) {
 #if FAST_WALK
         clear_rules();
 #endif
-        atomic_fetch_add_explicit(&g_epoch, 1, memory_order_release);
+        atomic_store_explicit(&g_rules_subs, n < 0 ? -2 : n, memory_order_release);
     }
-    return atomic_load_explicit(&g_epoch, memory_order_relaxed);
+    return n;
 }
 
 /* start(cupti_path, simulated, python_frames, native_frames, capacity) -> None or the reason
@@ -1014,12 +1022,11 @@ static PyObject *t_start(PyObject *self, PyObject *args) {
     atomic_store(&g_walks_fast, 0);
     atomic_store(&g_walks_slow, 0);
 #endif
-    g_subs_seen = unloads_now();                   /* the unloads before the trace don't count */
-    atomic_fetch_add(&g_epoch, 1);
     {   /* the unwinder's first use reads its tables: here, not in a callback */
         _Alignas(Event) char warm[sizeof(Event) + 4 * sizeof(uintptr_t)];
         int saved = g_native_max;
         g_native_max = 4;
+        ((Event *)warm)->subs = -1;
         walk_native((Event *)warm, 0);
         g_native_max = saved;
     }
@@ -1048,6 +1055,9 @@ static PyObject *t_start(PyObject *self, PyObject *args) {
     g_native_max = native_max;
     g_subscriber = sub;
     g_subscribed = 1;
+    /* The table is empty: its rules are of what is loaded from here on. */
+    long long subs_now = unloads_now();
+    atomic_store(&g_rules_subs, subs_now < 0 ? -2 : subs_now);
     atomic_store(&g_on, 1);
     for (int i = 0; i < N_TRACED; i++) {
         r = c_enable(1, sub, g_traced[i].domain, g_traced[i].cbid);
@@ -1089,7 +1099,7 @@ static PyObject *event_tuple(const Event *e) {
     if (!nat) { Py_DECREF(py); return NULL; }
     for (int i = 0; i < e->n_native; i++) PyList_SET_ITEM(nat, i, PyLong_FromSize_t(e->native[i]));
     return Py_BuildValue(
-        "{sKsKsKslsisisNsNsisisisisisKsKsisKsKsisKsKsisKsNsN}", "seq", (unsigned long long)e->seq,
+        "{sKsKsKslsisisNsNsisisisisisKsKsisKsKsisKsKsisLsNsN}", "seq", (unsigned long long)e->seq,
         "t_ns", (unsigned long long)e->t_ns, "t_enter_ns", (unsigned long long)e->t_enter_ns,
         "tid", e->tid, "domain", e->domain, "cbid", e->cbid, "func", str_or_empty(e->func), "via",
         str_or_empty(e->via), "result", e->result, "gil", e->gil, "py_state", e->py_state, "native_state",
@@ -1098,8 +1108,8 @@ static PyObject *event_tuple(const Event *e) {
         "before_id", (unsigned long long)e->before_id, "before_dev", e->before_dev, "after",
         (unsigned long long)e->after, "after_id", (unsigned long long)e->after_id, "after_dev",
         e->after_dev, "arg_ctx", (unsigned long long)e->arg_ctx, "arg_ctx_id",
-        (unsigned long long)e->arg_ctx_id, "arg_dev", e->arg_dev, "epoch",
-        (unsigned long long)e->epoch, "python", py, "native", nat);
+        (unsigned long long)e->arg_ctx_id, "arg_dev", e->arg_dev, "subs",
+        e->subs, "python", py, "native", nat);
 }
 
 /* drain() -> (events, dropped): every event written so far, in the order of the buffer. */
@@ -1122,11 +1132,17 @@ static PyObject *t_drain(PyObject *self, PyObject *noargs) {
     return Py_BuildValue("(NK)", out, (unsigned long long)atomic_load(&g_dropped));
 }
 
-/* check_unloads() -> the epoch (see check_unloads): called by Python after each drain, once
- * the drained events' addresses are named. */
+/* check_unloads() -> the loader's count of unloads now, -1 where it does not count (see
+ * check_unloads): called by Python after each drain, once the drained events are named. */
 static PyObject *t_check_unloads(PyObject *self, PyObject *noargs) {
     (void)self; (void)noargs;
-    return PyLong_FromUnsignedLongLong((unsigned long long)check_unloads());
+    return PyLong_FromLongLong(check_unloads());
+}
+
+/* unloads() -> the loader's count of unloads now (-1: it does not count). */
+static PyObject *t_unloads(PyObject *self, PyObject *noargs) {
+    (void)self; (void)noargs;
+    return PyLong_FromLongLong(unloads_now());
 }
 
 /* rule_count() -> how many slots of the rule table hold a rule (the tests). */
@@ -1269,7 +1285,9 @@ static PyMethodDef methods[] = {
     {"stop", t_stop, METH_NOARGS, "unsubscribe; returns once no callback runs"},
     {"drain", t_drain, METH_NOARGS, "(events, dropped)"},
     {"release", t_release, METH_NOARGS, "free the buffer of a stopped trace"},
-    {"check_unloads", t_check_unloads, METH_NOARGS, "after a drain: the epoch (see tracer.c)"},
+    {"check_unloads", t_check_unloads, METH_NOARGS,
+     "after a drain and its naming: the count of unloads now (see tracer.c)"},
+    {"unloads", t_unloads, METH_NOARGS, "the loader's count of unloads now (-1: not counted)"},
     {"rule_count", t_rule_count, METH_NOARGS, "slots of the rule table that hold a rule"},
     {"resolve", t_resolve, METH_O, "dladdr of return addresses"},
     {"active", t_active, METH_NOARGS, "whether a trace is subscribed"},
