@@ -52,10 +52,8 @@
 #endif
 
 /* The fast native walk reads x86-64 registers and libgcc's FDE lookup; elsewhere every walk is
- * the unwinder's. Only on the CPython versions where its frames were checked equal to the
- * unwinder's: on 3.15 (Debian's build) they differed inside the interpreter. */
-#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__)) && \
-    PY_VERSION_HEX < 0x030E0000
+ * the unwinder's. */
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
 #define FAST_WALK 1
 #else
 #define FAST_WALK 0
@@ -685,6 +683,27 @@ static long long unloads_now(void) {
 }
 
 static _Atomic int g_walker;                 /* 0: fast where it can; 1: the unwinder's only */
+static _Atomic int g_verify;                 /* the tests: each fast walk redone by the unwinder */
+static _Atomic uint64_t g_walk_mismatches;   /* ... and how many of those found other frames */
+
+#if FAST_WALK
+/* Walks again with the unwinder what the fast walk just walked, from the same callback (the
+ * same stack: a comparison across calls would see the interpreter's own code change as it
+ * specialises), keeps the unwinder's frames and counts a difference. The tests only. */
+static void verify_walk(Event *e, uintptr_t boundary) {
+    uintptr_t fast[MAX_NATIVE];
+    int n = e->n_native, state = e->native_state;
+    memcpy(fast, e->native, (size_t)n * sizeof *fast);
+    e->n_native = 0;
+    e->native_state = NATIVE_END;
+    Walk w = {e, g_native_max, boundary, 1, 0};
+    _Unwind_Backtrace(walk_step, &w);
+    if (e->native_state == NATIVE_END) e->native_state = NATIVE_STOPPED;
+    if (e->n_native != n || e->native_state != state ||
+        memcmp(fast, e->native, (size_t)n * sizeof *fast) != 0)
+        atomic_fetch_add_explicit(&g_walk_mismatches, 1, memory_order_relaxed);
+}
+#endif
 
 static void walk_native(Event *e, uintptr_t boundary) {
     e->n_native = 0;
@@ -704,6 +723,7 @@ static void walk_native(Event *e, uintptr_t boundary) {
         if (e->subs >= 0 && e->subs == atomic_load_explicit(&g_rules_subs, memory_order_acquire) &&
             fast_walk(&w, w.boundary)) {
             atomic_fetch_add_explicit(&g_walks_fast, 1, memory_order_relaxed);
+            if (atomic_load_explicit(&g_verify, memory_order_relaxed)) verify_walk(e, w.boundary);
             return;
         }
         atomic_fetch_add_explicit(&g_walks_slow, 1, memory_order_relaxed);
@@ -1021,6 +1041,7 @@ static PyObject *t_start(PyObject *self, PyObject *args) {
     memset((void *)g_rules, 0, sizeof g_rules);   /* no rule outlives its trace */
     atomic_store(&g_walks_fast, 0);
     atomic_store(&g_walks_slow, 0);
+    atomic_store(&g_walk_mismatches, 0);
 #endif
     {   /* the unwinder's first use reads its tables: here, not in a callback */
         _Alignas(Event) char warm[sizeof(Event) + 4 * sizeof(uintptr_t)];
@@ -1280,6 +1301,20 @@ static PyObject *t_set_walker(PyObject *self, PyObject *arg) {
     return PyBool_FromLong(atomic_exchange(&g_walker, v));
 }
 
+/* set_verify(on) -> the previous setting: each fast walk redone by the unwinder (the tests). */
+static PyObject *t_set_verify(PyObject *self, PyObject *arg) {
+    (void)self;
+    int v = PyObject_IsTrue(arg);
+    if (v < 0) return NULL;
+    return PyBool_FromLong(atomic_exchange(&g_verify, v));
+}
+
+/* walk_mismatches() -> of this trace's fast walks redone by the unwinder, how many differed. */
+static PyObject *t_walk_mismatches(PyObject *self, PyObject *noargs) {
+    (void)self; (void)noargs;
+    return PyLong_FromUnsignedLongLong((unsigned long long)atomic_load(&g_walk_mismatches));
+}
+
 static PyMethodDef methods[] = {
     {"start", t_start, METH_VARARGS, "start(cupti_path, simulated, py_frames, native_frames, capacity)"},
     {"stop", t_stop, METH_NOARGS, "unsubscribe; returns once no callback runs"},
@@ -1295,6 +1330,8 @@ static PyMethodDef methods[] = {
     {"bench", t_bench, METH_VARARGS, "seconds for n rounds of driver calls without the GIL"},
     {"walk_stats", t_walk_stats, METH_NOARGS, "(fast walks, unwinder's walks) of this trace"},
     {"set_walker", t_set_walker, METH_O, "set_walker(unwinder_only) -> previous"},
+    {"set_verify", t_set_verify, METH_O, "set_verify(on) -> previous (the tests)"},
+    {"walk_mismatches", t_walk_mismatches, METH_NOARGS, "fast walks the unwinder redid differently"},
     {NULL, NULL, 0, NULL},
 };
 
