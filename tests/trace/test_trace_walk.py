@@ -31,14 +31,14 @@ __attribute__((noinline)) int cyctx_test_deep(int n, set_fn f) {
 """
 
 
-def _compile_deep(tmp_path_factory, name, flags=()):
-    """DEEP_C compiled as lib<name>.so (not loaded): its path."""
+def _compile_deep(tmp_path_factory, name, flags=(), source=DEEP_C):
+    """``source`` (DEEP_C) compiled as lib<name>.so (not loaded): its path."""
     cc = fakelibs.compiler()
     if cc is None:
         pytest.skip("no C compiler")
     d = tmp_path_factory.mktemp(name)
     so = d / f"lib{name}.so"
-    (d / f"lib{name}.so.c").write_text(DEEP_C)
+    (d / f"lib{name}.so.c").write_text(source)
     subprocess.run(
         [cc, "-shared", "-fPIC", "-O1", "-fno-optimize-sibling-calls", *flags]
         + ["-o", str(so), str(so) + ".c"],
@@ -159,6 +159,63 @@ def test_the_fast_walk_gives_the_unwinders_frames_and_end(deep_lib, set_current_
     assert stats == (len(raw), 0), stats
     assert mismatches == 0
     assert {r["native_state"] for r in raw} == {0, 2}  # the eval loop, and the cut one
+
+
+def _chain_c(n):
+    """n functions, each calling the next from its own frame of one of 13 sizes: n return
+    addresses with rules that differ, more than share the rule table's slots by chance."""
+    out = ["typedef int (*set_fn)(void *);"]
+    for i in range(n, -1, -1):  # each one after the one it calls
+        call = "f((void *)0)" if i == n else f"cyctx_chain_{i + 1}(f)"
+        out.append(
+            f"__attribute__((noinline)) int cyctx_chain_{i}(set_fn f) {{"
+            f" volatile char pad[{8 + 16 * (i % 13)}]; pad[0] = 0;"
+            f" int r = {call}; return r + pad[0]; }}"
+        )
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.skipif(
+    not _native.FAST_WALK, reason="the fast walk is x86-64 Linux only (elsewhere: the unwinder's)"
+)
+def test_return_addresses_that_share_a_rule_slot_keep_their_own_rules(
+    tmp_path_factory, set_current_ptr, sim
+):
+    # 240 return addresses in 2048 slots: a dozen share a slot, whatever the load address; a
+    # slot must answer only for the address it was filled for.
+    so = _compile_deep(tmp_path_factory, "cyctxchain", ["-O2"], _chain_c(240))
+    lib = ctypes.CDLL(so)
+    lib.cyctx_chain_0.argtypes = [ctypes.c_void_p]
+    prev = _native.set_verify(True)
+    try:
+        with cyctx.trace(native_frames=256) as t:
+            for _ in range(3):
+                assert lib.cyctx_chain_0(set_current_ptr) == 0
+            stats, mismatches = _native.walk_stats(), _native.walk_mismatches()
+    finally:
+        _native.set_verify(prev)
+    (e, *_) = [e for e in t.events if e.call == "cuCtxSetCurrent"]
+    assert e.native_state == "the eval loop", e
+    assert sum(n.library == so for n in e.native) == 241, e.native
+    assert stats == (len(t._raw), 0) and mismatches == 0, (stats, mismatches)
+
+
+def test_the_comparison_with_the_unwinder_counts_a_difference(deep_lib, set_current_ptr, sim):
+    # The comparison's own check: set_verify(2) alters each fast walk's outermost frame before
+    # comparing, so every one must be counted.
+    lib, _ = deep_lib
+    prev = _native.set_verify(2)
+    try:
+        with cyctx.trace(native_frames=64) as t:
+            for _ in range(2):
+                assert lib.cyctx_test_deep(3, set_current_ptr) == 0
+            stats, mismatches = _native.walk_stats(), _native.walk_mismatches()
+    finally:
+        _native.set_verify(prev)
+    if not _native.FAST_WALK:
+        assert mismatches == 0
+        return
+    assert stats[0] == len(t._raw) == 2 and mismatches == 2, (stats, mismatches)
 
 
 def test_set_walker_says_the_previous_setting():

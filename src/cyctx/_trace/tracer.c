@@ -694,6 +694,7 @@ static void verify_walk(Event *e, uintptr_t boundary) {
     uintptr_t fast[MAX_NATIVE];
     int n = e->n_native, state = e->native_state;
     memcpy(fast, e->native, (size_t)n * sizeof *fast);
+    if (n && atomic_load_explicit(&g_verify, memory_order_relaxed) == 2) fast[n - 1] ^= 1;
     e->n_native = 0;
     e->native_state = NATIVE_END;
     Walk w = {e, g_native_max, boundary, 1, 0};
@@ -1036,6 +1037,7 @@ static PyObject *t_start(PyObject *self, PyObject *args) {
     if (!ring) return PyErr_NoMemory();
     memset(ring, 0, (size_t)cap * slot);
     find_spans((void *)callback, (void *)c_subscribe, (void *)d_get_current);
+    atomic_store(&g_rules_subs, -2);              /* the table below holds no rule yet */
 #if FAST_WALK
     u_find_fde = (pfn_find_fde)dlsym(RTLD_DEFAULT, "_Unwind_Find_FDE");
     memset((void *)g_rules, 0, sizeof g_rules);   /* no rule outlives its trace */
@@ -1304,9 +1306,16 @@ static PyObject *t_set_walker(PyObject *self, PyObject *arg) {
 /* set_verify(on) -> the previous setting: each fast walk redone by the unwinder (the tests). */
 static PyObject *t_set_verify(PyObject *self, PyObject *arg) {
     (void)self;
-    int v = PyObject_IsTrue(arg);
-    if (v < 0) return NULL;
-    return PyBool_FromLong(atomic_exchange(&g_verify, v));
+    /* 2: the check of the comparison itself, which then alters each fast walk's outermost
+     * frame before comparing. */
+    long v = PyLong_Check(arg) && !PyBool_Check(arg) ? PyLong_AsLong(arg) : PyObject_IsTrue(arg);
+    if (v == -1 && PyErr_Occurred()) return NULL;
+    if (v < 0 || v > 2) {
+        PyErr_SetString(PyExc_ValueError, "set_verify takes 0, 1 or 2");
+        return NULL;
+    }
+    int was = atomic_exchange(&g_verify, (int)v);
+    return was == 2 ? PyLong_FromLong(2) : PyBool_FromLong(was);
 }
 
 /* walk_mismatches() -> of this trace's fast walks redone by the unwinder, how many differed. */
