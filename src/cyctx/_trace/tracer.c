@@ -178,8 +178,8 @@ static _Atomic int g_inflight;       /* callbacks inside record code now */
 static int g_subscribed;
 static int g_py_max = 4, g_native_max = 16;
 /* The loader's count of unloads that the rule table holds rules for (set after a clear; -2:
- * none yet). A walk that finds another count at its start walks with the unwinder (see
- * check_unloads). */
+ * none; -3: being cleared). A walk that finds a later count at its start empties the table
+ * first (refresh_rules). */
 static _Atomic long long g_rules_subs = -2;
 
 /* Driver calls the callback makes (never traced): resolved at start. */
@@ -626,6 +626,24 @@ static void clear_rules(void) {
     }
 }
 
+/* Whether the table holds rules for the loader's count of unloads `n` (read now): when it holds
+ * an earlier count, the first caller to see it empties it and sets `n`. Walks that see the
+ * table being emptied, or a later count than theirs (they began before an unload), use the
+ * unwinder. A walk that began before the emptying and inserts a rule after it read that rule
+ * for a return address on its own stack, whose library is mapped: right until an unload, which
+ * a later count shows. From a callback too: the clear is lock-free, one pass per unload. */
+static int refresh_rules(long long n) {
+    long long have = atomic_load_explicit(&g_rules_subs, memory_order_acquire);
+    if (have == n) return 1;
+    if (have == -3 || n < have) return 0;
+    if (!atomic_compare_exchange_strong_explicit(&g_rules_subs, &have, -3, memory_order_acq_rel,
+                                                 memory_order_acquire))
+        return 0;
+    clear_rules();
+    atomic_store_explicit(&g_rules_subs, n, memory_order_release);
+    return 1;
+}
+
 /* 1: walked; 0: a frame the rules do not take (the caller then resets the event and walks
  * with the unwinder: the frames kept so far are the same either way). */
 static __attribute__((noinline)) int fast_walk(Walk *w, uintptr_t hi) {
@@ -719,10 +737,8 @@ static void walk_native(Event *e, uintptr_t boundary) {
 #if FAST_WALK
     if (w.boundary && u_find_fde && !atomic_load_explicit(&g_walker, memory_order_relaxed)) {
         /* The kept rules are of the libraries loaded when they were read: right while nothing
-         * was unloaded since (a library loaded later takes addresses no rule was read for).
-         * Otherwise the unwinder walks until a check has emptied the table. */
-        if (e->subs >= 0 && e->subs == atomic_load_explicit(&g_rules_subs, memory_order_acquire) &&
-            fast_walk(&w, w.boundary)) {
+         * was unloaded since (a library loaded later takes addresses no rule was read for). */
+        if (e->subs >= 0 && refresh_rules(e->subs) && fast_walk(&w, w.boundary)) {
             atomic_fetch_add_explicit(&g_walks_fast, 1, memory_order_relaxed);
             if (atomic_load_explicit(&g_verify, memory_order_relaxed)) verify_walk(e, w.boundary);
             return;
@@ -954,18 +970,14 @@ static void find_spans(void *a, void *b, void *c) {
 /* A check, after the events of a collection were drained and their addresses named: the
  * loader's count of unloads now. An event whose walk began under this count walked and was
  * named with no library unloaded in between: exact; any other is in doubt (Python marks it).
- * When the count moved since the rules were read, the rules are cleared, then the count they
- * now hold is set, in that order: walks that start before the set use the unwinder. A loader
+ * The rule table is brought to the count too (refresh_rules), as the next walk would. A loader
  * that does not count unloads gives no such proof (-1): every walk is the unwinder's and every
  * event in doubt. */
 static long long check_unloads(void) {
     long long n = unloads_now();
-    if (n < 0 || n != atomic_load_explicit(&g_rules_subs, memory_order_relaxed)) {
 #if FAST_WALK
-        clear_rules();
+    if (n >= 0) refresh_rules(n);
 #endif
-        atomic_store_explicit(&g_rules_subs, n < 0 ? -2 : n, memory_order_release);
-    }
     return n;
 }
 
@@ -1037,7 +1049,7 @@ static PyObject *t_start(PyObject *self, PyObject *args) {
     if (!ring) return PyErr_NoMemory();
     memset(ring, 0, (size_t)cap * slot);
     find_spans((void *)callback, (void *)c_subscribe, (void *)d_get_current);
-    atomic_store(&g_rules_subs, -2);              /* the table below holds no rule yet */
+    atomic_store(&g_rules_subs, -2);   /* the table below holds no rule: the first walk sets it */
 #if FAST_WALK
     u_find_fde = (pfn_find_fde)dlsym(RTLD_DEFAULT, "_Unwind_Find_FDE");
     memset((void *)g_rules, 0, sizeof g_rules);   /* no rule outlives its trace */
@@ -1078,9 +1090,6 @@ static PyObject *t_start(PyObject *self, PyObject *args) {
     g_native_max = native_max;
     g_subscriber = sub;
     g_subscribed = 1;
-    /* The table is empty: its rules are of what is loaded from here on. */
-    long long subs_now = unloads_now();
-    atomic_store(&g_rules_subs, subs_now < 0 ? -2 : subs_now);
     atomic_store(&g_on, 1);
     for (int i = 0; i < N_TRACED; i++) {
         r = c_enable(1, sub, g_traced[i].domain, g_traced[i].cbid);
