@@ -223,6 +223,9 @@ def test_set_walker_says_the_previous_setting():
     assert _native.set_walker(False) is True
     assert _native.set_verify(True) is False
     assert _native.set_verify(False) is True
+    if _native.FAST_WALK:
+        assert _native.use_find_object(False) is True
+        assert _native.use_find_object(True) is False
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 only")
@@ -427,3 +430,121 @@ def test_a_walk_stopped_by_a_frame_without_unwind_info_is_not_called_complete(
         assert e.native_state == "stopped before the eval loop (a frame without unwind information)"
         assert "libcyctxnounwind.so (called from" in e.library, e.library
         assert "stopped before the eval loop" in e.library, e.library
+
+
+# Code a JIT writes into an anonymous mapping, with its unwind information registered at run
+# time (__register_frame), then replaced by other code with other rules at the same address:
+# two functions whose call returns at the same offset (12), one keeping its frame in rbp, the
+# other in rsp. The tracer keeps rules for loaded objects' code only, so the second is walked
+# with its own rule; with the first one's kept, the walk computes the frame from the caller's
+# rbp and skips the caller (cyctx_jit_call, compiled with a frame pointer), unseen.
+JIT_C = r"""
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+extern void __register_frame(void *);
+extern void __deregister_frame(void *);
+typedef int (*set_fn)(void *);
+typedef int (*jit_fn)(set_fn, void *);
+
+/* A: push rbp; mov rbp,rsp; mov rax,rdi; mov rdi,rsi; call rax; pop rbp; ret */
+static const unsigned char CODE_A[] = {0x55, 0x48, 0x89, 0xe5, 0x48, 0x89, 0xf8, 0x48, 0x89,
+                                       0xf7, 0xff, 0xd0, 0x5d, 0xc3};
+/* B: sub rsp,8; mov rax,rdi; mov rdi,rsi; call rax; add rsp,8; ret */
+static const unsigned char CODE_B[] = {0x48, 0x83, 0xec, 0x08, 0x48, 0x89, 0xf8, 0x48, 0x89,
+                                       0xf7, 0xff, 0xd0, 0x48, 0x83, 0xc4, 0x08, 0xc3};
+/* CFA programs: A's frame moves to rbp after its prologue; B's stays on rsp. */
+static const unsigned char CFA_A[] = {0x41, 0x0e, 0x10, 0x86, 0x02, 0x43, 0x0d, 0x06,
+                                      0x49, 0x0c, 0x07, 0x08};
+static const unsigned char CFA_B[] = {0x44, 0x0e, 0x10, 0x4c, 0x0e, 0x08};
+
+static unsigned char *g_code;
+static unsigned char g_eh[2][128] __attribute__((aligned(8)));
+static int g_registered = -1;
+
+/* A CIE (zR, pointers absolute, CFA rsp+8, return address at CFA-8), one FDE, a terminator. */
+static void build(unsigned char *eh, const unsigned char *cfa, size_t ncfa, size_t ncode) {
+    static const unsigned char cie[] = {20, 0, 0, 0, 0, 0, 0, 0, 1, 'z', 'R', 0, 1, 0x78, 16,
+                                        1, 0, 0x0c, 7, 8, 0x90, 1, 0, 0};
+    memset(eh, 0, 128);
+    memcpy(eh, cie, sizeof cie);
+    unsigned char *f = eh + sizeof cie;
+    uint32_t len = (uint32_t)((4 + 8 + 8 + 1 + ncfa + 3) & ~(size_t)3);
+    uint32_t back = (uint32_t)(f + 4 - eh);
+    uint64_t begin = (uint64_t)(uintptr_t)g_code, range = ncode;
+    memcpy(f, &len, 4);
+    memcpy(f + 4, &back, 4);
+    memcpy(f + 8, &begin, 8);
+    memcpy(f + 16, &range, 8);
+    f[24] = 0;
+    memcpy(f + 25, cfa, ncfa);
+}
+
+/* Writes variant v (0: A, 1: B) at the one address and registers its unwind information in
+ * place of the other's. 0 on success. */
+int cyctx_jit_make(int v) {
+    if (!g_code) {
+        void *p = mmap(0, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) return -1;
+        g_code = p;
+    }
+    if (g_registered >= 0) __deregister_frame(g_eh[g_registered]);
+    g_registered = -1;
+    if (mprotect(g_code, 4096, PROT_READ | PROT_WRITE)) return -2;
+    memset(g_code, 0xcc, 64);
+    memcpy(g_code, v ? CODE_B : CODE_A, v ? sizeof CODE_B : sizeof CODE_A);
+    if (mprotect(g_code, 4096, PROT_READ | PROT_EXEC)) return -3;
+    __builtin___clear_cache((char *)g_code, (char *)g_code + 64);
+    build(g_eh[v], v ? CFA_B : CFA_A, v ? sizeof CFA_B : sizeof CFA_A,
+          v ? sizeof CODE_B : sizeof CODE_A);
+    __register_frame(g_eh[v]);
+    g_registered = v;
+    return 0;
+}
+
+void cyctx_jit_drop(void) {
+    if (g_registered >= 0) __deregister_frame(g_eh[g_registered]);
+    g_registered = -1;
+}
+
+uintptr_t cyctx_jit_address(void) { return (uintptr_t)g_code; }
+
+__attribute__((noinline)) int cyctx_jit_call(set_fn f) {
+    int r = ((jit_fn)g_code)(f, (void *)0);
+    return r + (int)((uintptr_t)f & 0);
+}
+"""
+
+
+@pytest.mark.skipif(
+    not _native.FAST_WALK, reason="the fast walk is x86-64 Linux only (elsewhere: the unwinder's)"
+)
+@pytest.mark.parametrize("find_object", [True, False], ids=["_dl_find_object", "dl_iterate_phdr"])
+def test_code_replaced_at_a_jit_address_is_walked_with_its_own_rule(
+    tmp_path_factory, set_current_ptr, sim, find_object
+):
+    so = _compile_deep(tmp_path_factory, "cyctxjit", ["-fno-omit-frame-pointer"], JIT_C)
+    lib = ctypes.CDLL(so)
+    lib.cyctx_jit_call.argtypes = [ctypes.c_void_p]
+    lib.cyctx_jit_address.restype = ctypes.c_size_t
+    prev = _native.use_find_object(find_object)
+    try:
+        with cyctx.trace(native_frames=64) as t:
+            for variant in (0, 1, 0, 1):
+                assert lib.cyctx_jit_make(variant) == 0
+                assert lib.cyctx_jit_call(set_current_ptr) == 0
+            stats = _native.walk_stats()
+    finally:
+        _native.use_find_object(prev)
+        lib.cyctx_jit_drop()
+    jit = lib.cyctx_jit_address()
+    assert [e.call for e in t.events] == ["cuCtxSetCurrent"] * 4
+    for variant, e, raw in zip((0, 1, 0, 1), t.events, t._raw):
+        # The JIT frame (in no library), then its caller: the test's library.
+        (i,) = [k for k, a in enumerate(raw["native"]) if jit <= a < jit + 64]
+        assert raw["native"][i] == jit + 12, (variant, hex(raw["native"][i]))
+        assert raw["names"][i][0] is None, raw["names"][i]
+        assert raw["names"][i + 1] == (so, "cyctx_jit_call"), (variant, raw["names"][i + 1])
+        assert e.native_state == "the eval loop", e
+    # Every walk was the fast one: the rules were read, not the walks handed over.
+    assert stats == (len(t._raw), 0), stats

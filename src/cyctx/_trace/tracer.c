@@ -584,6 +584,36 @@ static uint64_t rule_at(uintptr_t pc, uintptr_t until) {
            ((uint64_t)(uint16_t)(int16_t)st.bp_off << 16) | ((uint64_t)(uint32_t)(int32_t)st.cfa_off << 32);
 }
 
+/* Whether pc is in a loaded object. A rule is kept only for such code: a loaded object's code
+ * and unwind information change only through the loader, whose unloads the table follows
+ * (refresh_rules). Code outside every object (a JIT's, its unwind information registered with
+ * __register_frame) can be freed and its addresses reused by other code with other rules,
+ * unseen: its rule is read anew at each walk. Asked only when the table has no rule for pc:
+ * of glibc's _dl_find_object (2.35+, lock-free; found at start), else of dl_iterate_phdr, safe
+ * in a callback (unloads_now). */
+typedef int (*pfn_find_object)(void *, void *);
+static pfn_find_object g_find_object;       /* _dl_find_object, or NULL */
+static _Atomic int g_no_find_object;        /* the tests: the dl_iterate_phdr path */
+
+static int in_segment_of(struct dl_phdr_info *info, size_t size, void *arg) {
+    (void)size;
+    uintptr_t pc = *(const uintptr_t *)arg;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type == PT_LOAD && pc - (info->dlpi_addr + ph->p_vaddr) < ph->p_memsz) return 1;
+    }
+    return 0;
+}
+
+static int in_loaded_object(uintptr_t pc) {
+    if (g_find_object && !atomic_load_explicit(&g_no_find_object, memory_order_relaxed)) {
+        /* glibc's struct dl_find_object is 32 bytes today and may grow: room for that. */
+        _Alignas(16) unsigned char result[256];
+        return g_find_object((void *)pc, result) == 0;
+    }
+    return dl_iterate_phdr(in_segment_of, &pc) == 1;
+}
+
 /* The rules are shared by every thread: a slot is a seqlock (odd while written); a reader that
  * sees it change, or a writer that finds it busy, goes without. */
 static uint64_t rule_of(uintptr_t pc, uintptr_t until) {
@@ -597,7 +627,7 @@ static uint64_t rule_of(uintptr_t pc, uintptr_t until) {
             return rule;
     }
     uint64_t rule = rule_at(pc, until);
-    if (rule && !(q & 1) &&
+    if (rule && !(q & 1) && in_loaded_object(pc) &&
         atomic_compare_exchange_strong_explicit(&s->seq, &q, q + 1, memory_order_acq_rel,
                                                 memory_order_relaxed)) {
         atomic_store_explicit(&s->ip, until, memory_order_relaxed);
@@ -1052,6 +1082,7 @@ static PyObject *t_start(PyObject *self, PyObject *args) {
     atomic_store(&g_rules_subs, -2);   /* the table below holds no rule: the first walk sets it */
 #if FAST_WALK
     u_find_fde = (pfn_find_fde)dlsym(RTLD_DEFAULT, "_Unwind_Find_FDE");
+    g_find_object = (pfn_find_object)dlsym(RTLD_DEFAULT, "_dl_find_object");
     memset((void *)g_rules, 0, sizeof g_rules);   /* no rule outlives its trace */
     atomic_store(&g_walks_fast, 0);
     atomic_store(&g_walks_slow, 0);
@@ -1327,6 +1358,19 @@ static PyObject *t_set_verify(PyObject *self, PyObject *arg) {
     return was == 2 ? PyLong_FromLong(2) : PyBool_FromLong(was);
 }
 
+/* use_find_object(on) -> the previous setting: off, whether code is in a loaded object is
+ * asked of dl_iterate_phdr, as on a glibc without _dl_find_object (the tests). */
+static PyObject *t_use_find_object(PyObject *self, PyObject *arg) {
+    (void)self;
+    int v = PyObject_IsTrue(arg);
+    if (v < 0) return NULL;
+#if FAST_WALK
+    return PyBool_FromLong(!atomic_exchange(&g_no_find_object, !v));
+#else
+    return PyBool_FromLong(0);
+#endif
+}
+
 /* walk_mismatches() -> of this trace's fast walks redone by the unwinder, how many differed. */
 static PyObject *t_walk_mismatches(PyObject *self, PyObject *noargs) {
     (void)self; (void)noargs;
@@ -1349,6 +1393,7 @@ static PyMethodDef methods[] = {
     {"walk_stats", t_walk_stats, METH_NOARGS, "(fast walks, unwinder's walks) of this trace"},
     {"set_walker", t_set_walker, METH_O, "set_walker(unwinder_only) -> previous"},
     {"set_verify", t_set_verify, METH_O, "set_verify(on) -> previous (the tests)"},
+    {"use_find_object", t_use_find_object, METH_O, "use_find_object(on) -> previous (the tests)"},
     {"walk_mismatches", t_walk_mismatches, METH_NOARGS, "fast walks the unwinder redid differently"},
     {NULL, NULL, 0, NULL},
 };
