@@ -539,7 +539,7 @@ def test_code_replaced_at_a_jit_address_is_walked_with_its_own_rule(
         lib.cyctx_jit_drop()
     jit = lib.cyctx_jit_address()
     assert [e.call for e in t.events] == ["cuCtxSetCurrent"] * 4
-    for variant, e, raw in zip((0, 1, 0, 1), t.events, t._raw):
+    for variant, e, raw in zip((0, 1, 0, 1), t.events, t._raw, strict=True):
         # The JIT frame (in no library), then its caller: the test's library.
         (i,) = [k for k, a in enumerate(raw["native"]) if jit <= a < jit + 64]
         assert raw["native"][i] == jit + 12, (variant, hex(raw["native"][i]))
