@@ -121,39 +121,58 @@ def test_report_content():
     assert "\x1b[" not in text, "no colour unless asked"
 
 
+# A report's findings are about the whole process: these two run in a fresh one, where nothing
+# but the guard was done (a test process that imported a framework built for another CUDA
+# major than its cuda-bindings has, rightly, a finding about that).
+
+
 def test_report_inside_a_guard_is_healthy():
-    g = ContextGuard(0)
-    try:
-        with g:
-            r = diagnose(cudart=False)
-        c = r.context
-        assert c.handle == g.handle and c.device == 0
-        assert c.primary is True and "ContextGuard" in c.primary_why
-        assert c.usable and c.api_version and c.id == g.context_id
-        assert r.ok and r.exit_status == 0 and r.findings == []
-        mine = [x for x in r.guards if x.handle == g.handle]
-        assert mine and not mine[0].reset and mine[0].seen_id == mine[0].driver_id
-        assert "nothing wrong" in str(r)
-    finally:
-        g.close()
+    proc = child(
+        """
+        from cyctx import ContextGuard
+        g = ContextGuard(0)
+        try:
+            with g:
+                r = diagnose(cudart=False)
+            c = r.context
+            assert c.handle == g.handle and c.device == 0
+            assert c.primary is True and "ContextGuard" in c.primary_why
+            assert c.usable and c.api_version and c.id == g.context_id
+            assert r.ok and r.exit_status == 0 and r.findings == [], r.findings
+            mine = [x for x in r.guards if x.handle == g.handle]
+            assert mine and not mine[0].reset and mine[0].seen_id == mine[0].driver_id
+            assert "nothing wrong" in str(r)
+        finally:
+            g.close()
+        print("checked")
+        """
+    )
+    assert proc.stdout.split() == ["checked"], proc.stdout
 
 
 def test_new_thread_has_no_current_context():
-    g = ContextGuard(0)
-    out = {}
-    try:
-        with g:  # another thread holding a context does not give this one a context
-            t = threading.Thread(target=lambda: out.update(r=diagnose(cudart=False)))
-            t.start()
-            t.join()
-    finally:
-        g.close()
-    r = out["r"]
-    assert r.context.handle == 0 and r.thread_name != threading.current_thread().name
-    (f,) = r.findings
-    assert f.code == "no_current_context" and f.severity == "info"
-    assert "new thread" in f.explanation and "ContextGuard" in f.fix
-    assert r.ok and r.exit_status == 0
+    proc = child(
+        """
+        from cyctx import ContextGuard
+        g = ContextGuard(0)
+        out = {}
+        try:
+            with g:  # another thread holding a context does not give this one a context
+                t = threading.Thread(target=lambda: out.update(r=diagnose(cudart=False)))
+                t.start()
+                t.join()
+        finally:
+            g.close()
+        r = out["r"]
+        assert r.context.handle == 0 and r.thread_name != threading.current_thread().name
+        (f,) = r.findings
+        assert f.code == "no_current_context" and f.severity == "info"
+        assert "new thread" in f.explanation and "ContextGuard" in f.fix
+        assert r.ok and r.exit_status == 0
+        print("checked")
+        """
+    )
+    assert proc.stdout.split() == ["checked"], proc.stdout
 
 
 def test_json_schema():

@@ -26,7 +26,11 @@ g = cyctx.ContextGuard(0)
 with g:
     pass
 g.close()
-err, c = d.cuCtxCreate(None, 0, 0)
+import cuda.bindings
+if int(cuda.bindings.__version__.split(".")[0]) >= 13:
+    err, c = d.cuCtxCreate(None, 0, 0)  # bindings 13: (params, flags, device)
+else:
+    err, c = d.cuCtxCreate(0, 0)        # bindings 12: (flags, device)
 d.cuCtxDestroy(c)
 d.cuCtxSetCurrent(p)
 d.cuDevicePrimaryCtxReset(0)
