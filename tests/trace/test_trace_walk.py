@@ -543,8 +543,50 @@ def test_code_replaced_at_a_jit_address_is_walked_with_its_own_rule(
         # The JIT frame (in no library), then its caller: the test's library.
         (i,) = [k for k, a in enumerate(raw["native"]) if jit <= a < jit + 64]
         assert raw["native"][i] == jit + 12, (variant, hex(raw["native"][i]))
+        assert raw["outside"] == [i], raw["outside"]  # the only frame in no loaded object
         assert raw["names"][i][0] is None, raw["names"][i]
         assert raw["names"][i + 1] == (so, "cyctx_jit_call"), (variant, raw["names"][i + 1])
         assert e.native_state == "the eval loop", e
     # Every walk was the fast one: the rules were read, not the walks handed over.
     assert stats == (len(t._raw), 0), stats
+
+
+@pytest.mark.parametrize("unwinder_only", [False, True], ids=["fast", "unwinder"])
+def test_a_jit_frame_is_named_as_in_no_library_whatever_is_loaded_there_by_the_naming(
+    tmp_path_factory, set_current_ptr, sim, unwinder_only, monkeypatch
+):
+    # A JIT's code freed and a library loaded at its address before the events are collected:
+    # dladdr would then name that library. Here the loader's answer at the naming is made so
+    # (resolve names the JIT's address after a library); the walk saw no object there.
+    so = _compile_deep(tmp_path_factory, "cyctxjit", ["-fno-omit-frame-pointer"], JIT_C)
+    lib = ctypes.CDLL(so)
+    lib.cyctx_jit_call.argtypes = [ctypes.c_void_p]
+    lib.cyctx_jit_address.restype = ctypes.c_size_t
+    assert lib.cyctx_jit_make(1) == 0
+    jit = lib.cyctx_jit_address()
+    real = _native.resolve
+    asked = []
+
+    def resolve(addrs):
+        asked.extend(addrs)
+        return [
+            ("/tmp/libloaded-since.so", "f") if jit <= a < jit + 64 else r
+            for a, r in zip(addrs, real(addrs), strict=True)
+        ]
+
+    monkeypatch.setattr(_native, "resolve", resolve)
+    prev = _native.set_walker(unwinder_only)
+    try:
+        with cyctx.trace(native_frames=64) as t:
+            assert lib.cyctx_jit_call(set_current_ptr) == 0
+    finally:
+        _native.set_walker(prev)
+        lib.cyctx_jit_drop()
+    ((e, raw),) = zip(t.events, t._raw, strict=True)
+    (i,) = [k for k, a in enumerate(raw["native"]) if jit <= a < jit + 64]
+    assert raw["outside"] == [i], raw["outside"]
+    assert raw["names"][i] == (None, None), raw["names"][i]
+    assert raw["names"][i + 1] == (so, "cyctx_jit_call"), raw["names"][i + 1]
+    assert all(not jit <= a < jit + 64 for a in asked), "the JIT's address was looked up"
+    assert "libloaded-since" not in e.library, e.library
+    assert all(n.library != "/tmp/libloaded-since.so" for n in e.native), e.native

@@ -570,11 +570,23 @@ class Trace:
         if subs < 0 or subs != self._names_subs:
             self._names.clear()
             self._names_subs = subs
-        todo = sorted({a for r in batch for a in r["native"] if a not in self._names})
+        # A frame that was in no loaded object when it was walked (a JIT's code) is named so: a
+        # library loaded at its address since would otherwise give it its name.
+        todo = sorted(
+            {
+                a
+                for r in batch
+                for i, a in enumerate(r["native"])
+                if a not in self._names and i not in r["outside"]
+            }
+        )
         for a, res in zip(todo, self._native.resolve(todo), strict=True):
             self._names[a] = (res[0], res[1])
         for r in batch:
-            r["names"] = [self._names[a] for a in r["native"]]
+            outside = set(r["outside"])
+            r["names"] = [
+                (None, None) if i in outside else self._names[a] for i, a in enumerate(r["native"])
+            ]
         # Then the loader's count of unloads (tracer.c, check_unloads): an event whose walk
         # began under the same count was walked and named with nothing unloaded in between;
         # one walked under an earlier count may have been walked with a gone library's unwind

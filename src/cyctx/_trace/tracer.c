@@ -165,6 +165,7 @@ typedef struct {
     uint64_t before_id, after_id, arg_ctx_id;
     int before_dev, after_dev, arg_dev;
     long long subs;                  /* the loader's count of unloads as the walk began */
+    uint64_t outside[MAX_NATIVE / 64]; /* bit i: native[i] was in no loaded object when walked */
     PyFrameRec py[MAX_PY];
     uintptr_t native[];              /* native_frames of them: a slot is Event plus those */
 } Event;
@@ -341,6 +342,42 @@ static int driver_side(uintptr_t ip) {
     return 0;
 }
 
+/* Whether pc is in a loaded object. Code outside every object (a JIT's, its unwind information
+ * registered with __register_frame) can be freed and its addresses reused by other code, or a
+ * library loaded there, without an unload: so the fast walk keeps no rule for it (its rule is
+ * read anew at each walk; a loaded object's change only through the loader, whose unloads the
+ * table follows, refresh_rules), and its frame is marked so that the naming does not give it
+ * the name of a library loaded at its address since (mark_outside). Asked for each frame the
+ * fast walk has no rule for and for each frame of the unwinder's walks: of glibc's
+ * _dl_find_object (2.35+, lock-free; found at start), else of dl_iterate_phdr, safe in a
+ * callback (unloads_now). */
+typedef int (*pfn_find_object)(void *, void *);
+static pfn_find_object g_find_object;       /* _dl_find_object, or NULL */
+static _Atomic int g_no_find_object;        /* the tests: the dl_iterate_phdr path */
+
+static int in_segment_of(struct dl_phdr_info *info, size_t size, void *arg) {
+    (void)size;
+    uintptr_t pc = *(const uintptr_t *)arg;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type == PT_LOAD && pc - (info->dlpi_addr + ph->p_vaddr) < ph->p_memsz) return 1;
+    }
+    return 0;
+}
+
+static int in_loaded_object(uintptr_t pc) {
+    if (g_find_object && !atomic_load_explicit(&g_no_find_object, memory_order_relaxed)) {
+        /* Room for glibc's struct dl_find_object (reserved words included), were it to grow. */
+        _Alignas(16) unsigned char result[256];
+        return g_find_object((void *)pc, result) == 0;
+    }
+    return dl_iterate_phdr(in_segment_of, &pc) == 1;
+}
+
+/* A kept frame that was in no loaded object: named so at the naming, whatever a library
+ * loaded at its address by then (dladdr would name that library). */
+static void mark_outside(Event *e, int i) { e->outside[i >> 6] |= 1ull << (i & 63); }
+
 /* At most this many frames are walked, kept or not: a longer stack is cut. */
 #define MAX_STEPS 1024
 typedef struct { Event *e; int max; uintptr_t boundary; int below; int steps; } Walk;
@@ -372,7 +409,10 @@ static _Unwind_Reason_Code walk_step(struct _Unwind_Context *ctx, void *arg) {
     Walk *w = (Walk *)arg;
     uintptr_t ip = (uintptr_t)_Unwind_GetIP(ctx);
     if (!ip) return _URC_END_OF_STACK;
-    return walk_keep(w, ip, (uintptr_t)_Unwind_GetCFA(ctx)) ? _URC_NO_REASON : _URC_END_OF_STACK;
+    int n = w->e->n_native;
+    if (!walk_keep(w, ip, (uintptr_t)_Unwind_GetCFA(ctx))) return _URC_END_OF_STACK;
+    if (w->e->n_native > n && !in_loaded_object(ip - 1)) mark_outside(w->e, n);
+    return _URC_NO_REASON;
 }
 
 #if FAST_WALK
@@ -584,39 +624,9 @@ static uint64_t rule_at(uintptr_t pc, uintptr_t until) {
            ((uint64_t)(uint16_t)(int16_t)st.bp_off << 16) | ((uint64_t)(uint32_t)(int32_t)st.cfa_off << 32);
 }
 
-/* Whether pc is in a loaded object. A rule is kept only for such code: a loaded object's code
- * and unwind information change only through the loader, whose unloads the table follows
- * (refresh_rules). Code outside every object (a JIT's, its unwind information registered with
- * __register_frame) can be freed and its addresses reused by other code with other rules,
- * unseen: its rule is read anew at each walk. Asked only when the table has no rule for pc:
- * of glibc's _dl_find_object (2.35+, lock-free; found at start), else of dl_iterate_phdr, safe
- * in a callback (unloads_now). */
-typedef int (*pfn_find_object)(void *, void *);
-static pfn_find_object g_find_object;       /* _dl_find_object, or NULL */
-static _Atomic int g_no_find_object;        /* the tests: the dl_iterate_phdr path */
-
-static int in_segment_of(struct dl_phdr_info *info, size_t size, void *arg) {
-    (void)size;
-    uintptr_t pc = *(const uintptr_t *)arg;
-    for (int i = 0; i < info->dlpi_phnum; i++) {
-        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
-        if (ph->p_type == PT_LOAD && pc - (info->dlpi_addr + ph->p_vaddr) < ph->p_memsz) return 1;
-    }
-    return 0;
-}
-
-static int in_loaded_object(uintptr_t pc) {
-    if (g_find_object && !atomic_load_explicit(&g_no_find_object, memory_order_relaxed)) {
-        /* glibc's struct dl_find_object is 32 bytes today and may grow: room for that. */
-        _Alignas(16) unsigned char result[256];
-        return g_find_object((void *)pc, result) == 0;
-    }
-    return dl_iterate_phdr(in_segment_of, &pc) == 1;
-}
-
 /* The rules are shared by every thread: a slot is a seqlock (odd while written); a reader that
  * sees it change, or a writer that finds it busy, goes without. */
-static uint64_t rule_of(uintptr_t pc, uintptr_t until) {
+static uint64_t rule_of(uintptr_t pc, uintptr_t until, int *outside) {
     RuleSlot *s = &g_rules[(pc ^ (pc >> 11)) % N_RULES];
     uint64_t q = atomic_load_explicit(&s->seq, memory_order_acquire);
     if (!(q & 1)) {
@@ -627,7 +637,12 @@ static uint64_t rule_of(uintptr_t pc, uintptr_t until) {
             return rule;
     }
     uint64_t rule = rule_at(pc, until);
-    if (rule && !(q & 1) && in_loaded_object(pc) &&
+    if (!rule) return 0;
+    if (!in_loaded_object(pc)) {
+        *outside = 1;
+        return rule;
+    }
+    if (!(q & 1) &&
         atomic_compare_exchange_strong_explicit(&s->seq, &q, q + 1, memory_order_acq_rel,
                                                 memory_order_relaxed)) {
         atomic_store_explicit(&s->ip, until, memory_order_relaxed);
@@ -686,9 +701,11 @@ static __attribute__((noinline)) int fast_walk(Walk *w, uintptr_t hi) {
     uintptr_t pc = here, until = here + 1;
     int own = 1;
     for (;;) {
+        int n = w->e->n_native, outside = 0;
         if (!own && !walk_keep(w, until, sp)) return 1;
-        uint64_t r = rule_of(pc, until);
+        uint64_t r = rule_of(pc, until, &outside);
         if (!r) return 0;
+        if (outside && w->e->n_native > n) mark_outside(w->e, n);
         uintptr_t cfa = ((r & RULE_CFA_BP) ? bp : sp) + (uintptr_t)(int64_t)(int32_t)(r >> 32);
         if (cfa <= sp) return 0;
         if (cfa > hi) {
@@ -740,22 +757,27 @@ static _Atomic uint64_t g_walk_mismatches;   /* ... and how many of those found 
  * specialises), keeps the unwinder's frames and counts a difference. The tests only. */
 static void verify_walk(Event *e, uintptr_t boundary) {
     uintptr_t fast[MAX_NATIVE];
+    uint64_t fast_outside[MAX_NATIVE / 64];
     int n = e->n_native, state = e->native_state;
     memcpy(fast, e->native, (size_t)n * sizeof *fast);
+    memcpy(fast_outside, e->outside, sizeof fast_outside);
     if (n && atomic_load_explicit(&g_verify, memory_order_relaxed) == 2) fast[n - 1] ^= 1;
     e->n_native = 0;
+    memset(e->outside, 0, sizeof e->outside);
     e->native_state = NATIVE_END;
     Walk w = {e, g_native_max, boundary, 1, 0};
     _Unwind_Backtrace(walk_step, &w);
     if (e->native_state == NATIVE_END) e->native_state = NATIVE_STOPPED;
     if (e->n_native != n || e->native_state != state ||
-        memcmp(fast, e->native, (size_t)n * sizeof *fast) != 0)
+        memcmp(fast, e->native, (size_t)n * sizeof *fast) != 0 ||
+        memcmp(fast_outside, e->outside, sizeof fast_outside) != 0)
         atomic_fetch_add_explicit(&g_walk_mismatches, 1, memory_order_relaxed);
 }
 #endif
 
 static void walk_native(Event *e, uintptr_t boundary) {
     e->n_native = 0;
+    memset(e->outside, 0, sizeof e->outside);
     if (!g_native_max) {
         e->native_state = NATIVE_OFF;
         return;
@@ -775,6 +797,7 @@ static void walk_native(Event *e, uintptr_t boundary) {
         }
         atomic_fetch_add_explicit(&g_walks_slow, 1, memory_order_relaxed);
         e->n_native = 0;
+        memset(e->outside, 0, sizeof e->outside);
         e->native_state = NATIVE_END;
         w = (Walk){e, g_native_max, w.boundary, 1, 0};
     }
@@ -1079,10 +1102,10 @@ static PyObject *t_start(PyObject *self, PyObject *args) {
     if (!ring) return PyErr_NoMemory();
     memset(ring, 0, (size_t)cap * slot);
     find_spans((void *)callback, (void *)c_subscribe, (void *)d_get_current);
+    g_find_object = (pfn_find_object)dlsym(RTLD_DEFAULT, "_dl_find_object");
     atomic_store(&g_rules_subs, -2);   /* the table below holds no rule: the first walk sets it */
 #if FAST_WALK
     u_find_fde = (pfn_find_fde)dlsym(RTLD_DEFAULT, "_Unwind_Find_FDE");
-    g_find_object = (pfn_find_object)dlsym(RTLD_DEFAULT, "_dl_find_object");
     memset((void *)g_rules, 0, sizeof g_rules);   /* no rule outlives its trace */
     atomic_store(&g_walks_fast, 0);
     atomic_store(&g_walks_slow, 0);
@@ -1161,8 +1184,19 @@ static PyObject *event_tuple(const Event *e) {
     PyObject *nat = PyList_New(e->n_native);
     if (!nat) { Py_DECREF(py); return NULL; }
     for (int i = 0; i < e->n_native; i++) PyList_SET_ITEM(nat, i, PyLong_FromSize_t(e->native[i]));
+    PyObject *out = PyList_New(0);
+    if (!out) { Py_DECREF(py); Py_DECREF(nat); return NULL; }
+    for (int i = 0; i < e->n_native; i++) {
+        if (!(e->outside[i >> 6] >> (i & 63) & 1)) continue;
+        PyObject *k = PyLong_FromLong(i);
+        if (!k || PyList_Append(out, k) < 0) {
+            Py_XDECREF(k); Py_DECREF(py); Py_DECREF(nat); Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(k);
+    }
     return Py_BuildValue(
-        "{sKsKsKslsisisNsNsisisisisisKsKsisKsKsisKsKsisLsNsN}", "seq", (unsigned long long)e->seq,
+        "{sKsKsKslsisisNsNsisisisisisKsKsisKsKsisKsKsisLsNsNsN}", "seq", (unsigned long long)e->seq,
         "t_ns", (unsigned long long)e->t_ns, "t_enter_ns", (unsigned long long)e->t_enter_ns,
         "tid", e->tid, "domain", e->domain, "cbid", e->cbid, "func", str_or_empty(e->func), "via",
         str_or_empty(e->via), "result", e->result, "gil", e->gil, "py_state", e->py_state, "native_state",
@@ -1172,7 +1206,7 @@ static PyObject *event_tuple(const Event *e) {
         (unsigned long long)e->after, "after_id", (unsigned long long)e->after_id, "after_dev",
         e->after_dev, "arg_ctx", (unsigned long long)e->arg_ctx, "arg_ctx_id",
         (unsigned long long)e->arg_ctx_id, "arg_dev", e->arg_dev, "subs",
-        e->subs, "python", py, "native", nat);
+        e->subs, "python", py, "native", nat, "outside", out);
 }
 
 /* drain() -> (events, dropped): every event written so far, in the order of the buffer. */
@@ -1364,11 +1398,7 @@ static PyObject *t_use_find_object(PyObject *self, PyObject *arg) {
     (void)self;
     int v = PyObject_IsTrue(arg);
     if (v < 0) return NULL;
-#if FAST_WALK
     return PyBool_FromLong(!atomic_exchange(&g_no_find_object, !v));
-#else
-    return PyBool_FromLong(0);
-#endif
 }
 
 /* walk_mismatches() -> of this trace's fast walks redone by the unwinder, how many differed. */
