@@ -57,6 +57,31 @@ def test_a_set_current_names_the_line_the_thread_and_both_contexts(d):
         drivers.ok(d.cuDevicePrimaryCtxRelease(0))
 
 
+def test_a_thread_is_named_by_its_thread_state_not_by_its_os_id(d):
+    # The kernel gives an OS thread id again once the thread that had it ended (after pid_max
+    # others): an event is named after a living thread only if it was that thread's own. Here
+    # an ended thread's event is given the main thread's id, as the kernel could have.
+    named = {}
+
+    def worker():
+        drivers.ok(d.cuCtxSetCurrent(None))  # an event of a thread that ends before the stop
+        named["tid"] = threading.get_native_id()
+
+    with cyctx.trace() as t:
+        th = threading.Thread(target=worker, name="ended")
+        th.start()
+        th.join()
+        drivers.ok(d.cuCtxSetCurrent(None))  # the main thread's
+    gone, mine = t._raw
+    assert gone["tid"] == named["tid"] and mine["tid"] == threading.get_native_id()
+    assert gone["ts"] != mine["ts"] and gone["ts"][1] and mine["ts"][1]
+    assert [e.thread_name for e in t.events] == [None, "MainThread"]
+    gone["tid"] = mine["tid"]  # the ended thread's id given again, to the main thread
+    reused, main = t._build(t._raw)
+    assert reused.thread == main.thread == threading.get_native_id()
+    assert (reused.thread_name, main.thread_name) == (None, "MainThread")
+
+
 def test_a_guard_appears_as_cyctx_with_its_block(d):
     g = cyctx.ContextGuard(1)
     with cyctx.trace() as t:

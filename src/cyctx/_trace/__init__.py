@@ -240,6 +240,17 @@ def _owner_of(path: str | None, dirs: list[tuple[str, str]]) -> str | None:
     return None
 
 
+def _live_thread_names(native) -> dict[tuple[int, int], str]:
+    """The name of each living thread, by its thread state (interpreter, unique id): what an
+    event records of its thread besides the OS thread id, which the kernel can give again to a
+    later thread once the first ended. An event of a thread that ended is named by none."""
+    live = native.live_threads()
+    if live is None:
+        return {}
+    by_tid = {t.native_id: t.name for t in threading.enumerate() if t.native_id}
+    return {ts: by_tid[tid] for ts, tid in live if tid in by_tid}
+
+
 def _is_driver_side(path: str | None, skip: tuple[str, ...]) -> bool:
     """A frame of the tracer, of libcupti or of the driver: not a caller."""
     if not path:
@@ -475,7 +486,7 @@ class Trace:
         self.dropped: int = 0
         self._t0 = 0
         self._raw: list[dict[str, Any]] = []
-        self._threads: dict[int, str] = {}
+        self._threads: dict[tuple[int, int], str] = {}
         # Names of return addresses (dladdr), kept while no library is unloaded (collect()):
         # given under the loader's count of unloads _names_subs.
         self._names: dict[int, tuple[str | None, str | None]] = {}
@@ -529,7 +540,7 @@ class Trace:
         dropped = self._native.drain()[1]
         raw = self._raw
         self._native.release()
-        self._threads = {t.native_id: t.name for t in threading.enumerate() if t.native_id}
+        self._threads = _live_thread_names(self._native)
         with _lock:
             _running = None
         self.active = False
@@ -672,7 +683,7 @@ class Trace:
                     time_s=(r["t_ns"] - self._t0) * 1e-9,
                     duration_s=(r["t_ns"] - r["t_enter_ns"]) * 1e-9,
                     thread=r["tid"],
-                    thread_name=self._threads.get(r["tid"]),
+                    thread_name=self._threads.get(r["ts"]) if r["ts"][1] else None,
                     domain=dom,
                     call=r["func"],
                     via=r["via"] or None,

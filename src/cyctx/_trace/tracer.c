@@ -165,6 +165,8 @@ typedef struct {
     uint64_t before_id, after_id, arg_ctx_id;
     int before_dev, after_dev, arg_dev;
     long long subs;                  /* the loader's count of unloads as the walk began */
+    uintptr_t ts_interp;             /* the calling thread's thread state: its interpreter ... */
+    uint64_t ts_id;                  /* ... and unique id (0: none); names the thread at stop */
     uint64_t outside[MAX_NATIVE / 64]; /* bit i: native[i] was in no loaded object when walked */
     PyFrameRec py[MAX_PY];
     uintptr_t native[];              /* native_frames of them: a slot is Event plus those */
@@ -812,6 +814,12 @@ static void capture(Event *e) {
     e->n_py = 0;
     uintptr_t boundary = 0;
     PyThreadState *ts = NULL;
+    /* The thread is named at stop after the living thread whose thread state this is: its OS
+     * id alone could be one the kernel gave again to a later thread. Reading this thread's own
+     * state needs no GIL (PyGILState_GetThisThreadState is a thread-local read). */
+    PyThreadState *own = finalizing() ? NULL : PyGILState_GetThisThreadState();
+    e->ts_interp = own ? (uintptr_t)own->interp : 0;
+    e->ts_id = own ? own->id : 0;
     if (!CYCTX_TRACE_FRAMES) {
         e->py_state = g_py_max ? PY_UNSUPPORTED : PY_OFF;
     } else if (finalizing()) {
@@ -1196,7 +1204,7 @@ static PyObject *event_tuple(const Event *e) {
         Py_DECREF(k);
     }
     return Py_BuildValue(
-        "{sKsKsKslsisisNsNsisisisisisKsKsisKsKsisKsKsisLsNsNsN}", "seq", (unsigned long long)e->seq,
+        "{sKsKsKslsisisNsNsisisisisisKsKsisKsKsisKsKsisLsNsNsNsN}", "seq", (unsigned long long)e->seq,
         "t_ns", (unsigned long long)e->t_ns, "t_enter_ns", (unsigned long long)e->t_enter_ns,
         "tid", e->tid, "domain", e->domain, "cbid", e->cbid, "func", str_or_empty(e->func), "via",
         str_or_empty(e->via), "result", e->result, "gil", e->gil, "py_state", e->py_state, "native_state",
@@ -1206,7 +1214,8 @@ static PyObject *event_tuple(const Event *e) {
         (unsigned long long)e->after, "after_id", (unsigned long long)e->after_id, "after_dev",
         e->after_dev, "arg_ctx", (unsigned long long)e->arg_ctx, "arg_ctx_id",
         (unsigned long long)e->arg_ctx_id, "arg_dev", e->arg_dev, "subs",
-        e->subs, "python", py, "native", nat, "outside", out);
+        e->subs, "python", py, "native", nat, "outside", out, "ts",
+        Py_BuildValue("(KK)", (unsigned long long)e->ts_interp, (unsigned long long)e->ts_id));
 }
 
 /* drain() -> (events, dropped): every event written so far, in the order of the buffer. */
@@ -1392,6 +1401,32 @@ static PyObject *t_set_verify(PyObject *self, PyObject *arg) {
     return was == 2 ? PyLong_FromLong(2) : PyBool_FromLong(was);
 }
 
+/* live_threads() -> [((interpreter, thread state id), OS thread id)] of every thread state now,
+ * or None where they cannot be read safely (a build without the GIL). Under the GIL: a thread
+ * state is unlinked only under it; one being made without it may be missed (it then names no
+ * event, which is said as an unknown name, not a wrong one). */
+static PyObject *t_live_threads(PyObject *self, PyObject *noargs) {
+    (void)self; (void)noargs;
+#ifdef Py_GIL_DISABLED
+    Py_RETURN_NONE;
+#else
+    PyObject *out = PyList_New(0);
+    if (!out) return NULL;
+    for (PyInterpreterState *i = PyInterpreterState_Head(); i; i = PyInterpreterState_Next(i))
+        for (PyThreadState *t = PyInterpreterState_ThreadHead(i); t; t = PyThreadState_Next(t)) {
+            PyObject *x = Py_BuildValue("((KK)k)", (unsigned long long)(uintptr_t)i,
+                                        (unsigned long long)t->id, t->native_thread_id);
+            if (!x || PyList_Append(out, x) < 0) {
+                Py_XDECREF(x);
+                Py_DECREF(out);
+                return NULL;
+            }
+            Py_DECREF(x);
+        }
+    return out;
+#endif
+}
+
 /* use_find_object(on) -> the previous setting: off, whether code is in a loaded object is
  * asked of dl_iterate_phdr, as on a glibc without _dl_find_object (the tests). */
 static PyObject *t_use_find_object(PyObject *self, PyObject *arg) {
@@ -1423,6 +1458,7 @@ static PyMethodDef methods[] = {
     {"walk_stats", t_walk_stats, METH_NOARGS, "(fast walks, unwinder's walks) of this trace"},
     {"set_walker", t_set_walker, METH_O, "set_walker(unwinder_only) -> previous"},
     {"set_verify", t_set_verify, METH_O, "set_verify(on) -> previous (the tests)"},
+    {"live_threads", t_live_threads, METH_NOARGS, "[((interp, thread state id), OS thread id)]"},
     {"use_find_object", t_use_find_object, METH_O, "use_find_object(on) -> previous (the tests)"},
     {"walk_mismatches", t_walk_mismatches, METH_NOARGS, "fast walks the unwinder redid differently"},
     {NULL, NULL, 0, NULL},
