@@ -516,17 +516,24 @@ __attribute__((noinline)) int cyctx_jit_call(set_fn f) {
 """
 
 
+@pytest.fixture(scope="module")
+def jit_lib(tmp_path_factory):
+    """JIT_C compiled (with a frame pointer) and loaded: (the library, its path)."""
+    so = _compile_deep(tmp_path_factory, "cyctxjit", ["-fno-omit-frame-pointer"], JIT_C)
+    lib = ctypes.CDLL(so)
+    lib.cyctx_jit_call.argtypes = [ctypes.c_void_p]
+    lib.cyctx_jit_address.restype = ctypes.c_size_t
+    return lib, so
+
+
 @pytest.mark.skipif(
     not _native.FAST_WALK, reason="the fast walk is x86-64 Linux only (elsewhere: the unwinder's)"
 )
 @pytest.mark.parametrize("find_object", [True, False], ids=["_dl_find_object", "dl_iterate_phdr"])
 def test_code_replaced_at_a_jit_address_is_walked_with_its_own_rule(
-    tmp_path_factory, set_current_ptr, sim, find_object
+    jit_lib, set_current_ptr, sim, find_object
 ):
-    so = _compile_deep(tmp_path_factory, "cyctxjit", ["-fno-omit-frame-pointer"], JIT_C)
-    lib = ctypes.CDLL(so)
-    lib.cyctx_jit_call.argtypes = [ctypes.c_void_p]
-    lib.cyctx_jit_address.restype = ctypes.c_size_t
+    lib, so = jit_lib
     prev = _native.use_find_object(find_object)
     try:
         with cyctx.trace(native_frames=64) as t:
@@ -551,17 +558,18 @@ def test_code_replaced_at_a_jit_address_is_walked_with_its_own_rule(
     assert stats == (len(t._raw), 0), stats
 
 
+@pytest.mark.skipif(
+    platform.machine() != "x86_64" or sys.platform != "linux",
+    reason="the test's JIT code is x86-64 machine code",
+)
 @pytest.mark.parametrize("unwinder_only", [False, True], ids=["fast", "unwinder"])
 def test_a_jit_frame_is_named_as_in_no_library_whatever_is_loaded_there_by_the_naming(
-    tmp_path_factory, set_current_ptr, sim, unwinder_only, monkeypatch
+    jit_lib, set_current_ptr, sim, unwinder_only, monkeypatch
 ):
     # A JIT's code freed and a library loaded at its address before the events are collected:
     # dladdr would then name that library. Here the loader's answer at the naming is made so
     # (resolve names the JIT's address after a library); the walk saw no object there.
-    so = _compile_deep(tmp_path_factory, "cyctxjit", ["-fno-omit-frame-pointer"], JIT_C)
-    lib = ctypes.CDLL(so)
-    lib.cyctx_jit_call.argtypes = [ctypes.c_void_p]
-    lib.cyctx_jit_address.restype = ctypes.c_size_t
+    lib, so = jit_lib
     assert lib.cyctx_jit_make(1) == 0
     jit = lib.cyctx_jit_address()
     real = _native.resolve

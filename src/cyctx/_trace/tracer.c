@@ -380,6 +380,13 @@ static int in_loaded_object(uintptr_t pc) {
  * loaded at its address by then (dladdr would name that library). */
 static void mark_outside(Event *e, int i) { e->outside[i >> 6] |= 1ull << (i & 63); }
 
+/* An event before a walk: no frame, none marked, ended where the stack ends. */
+static void walk_reset(Event *e) {
+    e->n_native = 0;
+    memset(e->outside, 0, sizeof e->outside);
+    e->native_state = NATIVE_END;
+}
+
 /* At most this many frames are walked, kept or not: a longer stack is cut. */
 #define MAX_STEPS 1024
 typedef struct { Event *e; int max; uintptr_t boundary; int below; int steps; } Walk;
@@ -764,9 +771,7 @@ static void verify_walk(Event *e, uintptr_t boundary) {
     memcpy(fast, e->native, (size_t)n * sizeof *fast);
     memcpy(fast_outside, e->outside, sizeof fast_outside);
     if (n && atomic_load_explicit(&g_verify, memory_order_relaxed) == 2) fast[n - 1] ^= 1;
-    e->n_native = 0;
-    memset(e->outside, 0, sizeof e->outside);
-    e->native_state = NATIVE_END;
+    walk_reset(e);
     Walk w = {e, g_native_max, boundary, 1, 0};
     _Unwind_Backtrace(walk_step, &w);
     if (e->native_state == NATIVE_END) e->native_state = NATIVE_STOPPED;
@@ -778,13 +783,11 @@ static void verify_walk(Event *e, uintptr_t boundary) {
 #endif
 
 static void walk_native(Event *e, uintptr_t boundary) {
-    e->n_native = 0;
-    memset(e->outside, 0, sizeof e->outside);
+    walk_reset(e);
     if (!g_native_max) {
         e->native_state = NATIVE_OFF;
         return;
     }
-    e->native_state = NATIVE_END;
     /* Only an address on this thread's stack, above (outward of) this frame, can be one. */
     uintptr_t here = (uintptr_t)&boundary;
     Walk w = {e, g_native_max, boundary > here ? boundary : 0, 1, 0};
@@ -798,9 +801,7 @@ static void walk_native(Event *e, uintptr_t boundary) {
             return;
         }
         atomic_fetch_add_explicit(&g_walks_slow, 1, memory_order_relaxed);
-        e->n_native = 0;
-        memset(e->outside, 0, sizeof e->outside);
-        e->native_state = NATIVE_END;
+        walk_reset(e);
         w = (Walk){e, g_native_max, w.boundary, 1, 0};
     }
 #endif
@@ -813,18 +814,18 @@ static void capture(Event *e) {
     e->gil = PyGILState_Check();
     e->n_py = 0;
     uintptr_t boundary = 0;
-    PyThreadState *ts = NULL;
     /* The thread is named at stop after the living thread whose thread state this is: its OS
      * id alone could be one the kernel gave again to a later thread. Reading this thread's own
      * state needs no GIL (PyGILState_GetThisThreadState is a thread-local read). */
-    PyThreadState *own = finalizing() ? NULL : PyGILState_GetThisThreadState();
-    e->ts_interp = own ? (uintptr_t)own->interp : 0;
-    e->ts_id = own ? own->id : 0;
+    int fin = finalizing();
+    PyThreadState *ts = fin ? NULL : PyGILState_GetThisThreadState();
+    e->ts_interp = ts ? (uintptr_t)ts->interp : 0;
+    e->ts_id = ts ? ts->id : 0;
     if (!CYCTX_TRACE_FRAMES) {
         e->py_state = g_py_max ? PY_UNSUPPORTED : PY_OFF;
-    } else if (finalizing()) {
+    } else if (fin) {
         e->py_state = PY_FINALIZING;
-    } else if (!(ts = PyGILState_GetThisThreadState())) {
+    } else if (!ts) {
         e->py_state = PY_NO_THREAD_STATE;
     } else {
         boundary = eval_boundary(ts);
