@@ -69,32 +69,46 @@ def test_many_short_lived_threads_racing_first_use_in_a_fresh_process(sim):
 
 
 def test_signal_handler_using_guards_during_enter_exit_loops():
-    # SIGALRM every 50 us runs a handler that uses a guard and shared() (first use included)
-    # between any two bytecodes of a loop of other guards' blocks, including warnings code.
+    # A handler that uses a guard and shared() (first use included) runs at every instruction
+    # boundary of a loop of other guards' blocks, and of any Python code those blocks run: where
+    # a signal handler can run, each one visited once, deterministically (an opcode trace, not a
+    # timer, so that load cannot change what is covered).
     out = run_child(
         """
-        import signal, cyctx
+        import sys, cyctx
         g0, g1 = cyctx.ContextGuard(0), cyctx.ContextGuard(D1)
-        hits = [0]
-        def handler(sig, frame):
-            with cyctx.ContextGuard.shared(D1):
-                with g0:
-                    hits[0] += 1
-        signal.signal(signal.SIGALRM, handler)
-        signal.setitimer(signal.ITIMER_REAL, 0.00005, 0.00005)
-        for i in range(100000):
-            with g1:
-                with g0:
-                    pass
-            if hits[0] > 500 and i > 20000:
-                break
-        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+        hits, busy = [0], [False]
+        def handler():
+            busy[0] = True
+            try:
+                with cyctx.ContextGuard.shared(D1):
+                    with g0:
+                        hits[0] += 1
+            finally:
+                busy[0] = False
+        def trace(frame, event, arg):
+            if busy[0]:
+                return None
+            frame.f_trace_opcodes = True
+            if event == "opcode":
+                handler()
+            return trace
+        def loop(n):
+            for i in range(n):
+                with g1:
+                    with g0:
+                        pass
+        sys.settrace(trace)
+        loop(3)
+        sys.settrace(None)
         from cyctx._guard import open_entries
-        print("HITS", hits[0] > 0, "STATE", drivers.current(), open_entries())
+        print("HITS", hits[0], "STATE", drivers.current(), open_entries())
         g0.close(); g1.close()
     """,
         timeout=120,
         check=False,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "HITS True STATE 0 0" in out.stdout, out.stdout
+    hits, state = out.stdout.split("HITS ")[1].split(" STATE ")
+    assert int(hits) >= 3 * 10, out.stdout  # every boundary of three iterations of two blocks
+    assert state.strip() == "0 0", out.stdout
