@@ -150,3 +150,30 @@ def test_real_construct_from_contexts_keeps_the_stack():
         timeout=120,
     )
     assert "TOP True PRIMARY False True False" in out.stdout and "DEPTH 2" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("below", ["nothing", "primary"])
+def test_construction_from_a_context_not_current_leaves_the_stack_as_it_was(below):
+    # Construction pushes the context briefly to read its device; the thread's stack after it
+    # is the stack before it, whatever was current (nothing, or another context).
+    from helpers.drivers import create_context
+
+    def body():
+        d = driver()
+        holder = ContextGuard(0)
+        ctx = create_context(0, current=False)
+        if below == "primary":
+            ok(d.cuCtxPushCurrent(holder.context))
+        before = current()
+        g = ContextGuard(ctx)
+        try:
+            assert current() == before
+            if below == "primary":
+                assert int(ok(d.cuCtxPopCurrent())) == holder.handle
+            assert current() == 0  # nothing else was left pushed below
+        finally:
+            g.close()
+            ok(d.cuCtxDestroy(ctx))
+            holder.close()
+
+    in_thread(body)
