@@ -1,52 +1,53 @@
 """How the benchmarks measure, apart from what they measure (bench/groups/).
 
-  Timer           rounds sized by calibration, interleaved across the rows of a process,
-                  the median of each row after a warm-up round
-  probe, measure  each row run once and checked (does it do a guard's work?), then all the
-                  rows of a process timed together
-  build           compile bench/_bench.pyx against the installed cyctx, into a scratch folder
-  spawn, merge    one group's process (a worker, below), and the median over its processes
-  assemble, write the result: machine, GPU, driver, package versions, the method, every row;
-                  bench-TAG.json, .txt, .md and the plots
+Two timers, one record. Python-level rows (cyctx's `with`, the peers) go through pyperf
+(bench/python_group.py): their cost moves from one process to the next (up to 2.3x on the
+H200 VM), so each row runs in worker processes of its own, with pyperf's calibration and
+statistics. The compiled rows (the nogil loops of bench/_bench.pyx) keep their own timer, in
+one process per group: their ratios are taken between rows that must share the machine's
+conditions, so the rows' rounds are interleaved (Timer). Both are written as pyperf
+benchmarks, one suite, which the report, the plot and `pyperf compare_to` read.
 
-run_all.py drives it. A worker is one group in its own process:
+  Timer           the compiled rows' rounds: sized by calibration, interleaved across rows
+  probe, check    each row run once and checked (does it do a guard's work?) before timing
+  rows, benchmark the compiled rows of a group as pyperf benchmarks, each run's metadata
+                  naming its row (group, row, path, layer, label) and its checks
+  build_here      compile bench/_bench.pyx against the installed cyctx, into a scratch folder
+  gpu_info, packages  the machine's GPU, driver and package versions, for the report
+
+A compiled group is a worker process of run_all.py:
 
     python bench/harness.py run GROUP --out FILE.json --build-dir DIR [--sim] [--quick] [--cpu N]
     python bench/harness.py build DIR
 
-GROUP is a name in groups.PROCESSES. The result goes to FILE.json, not to stdout, which the
-peers' libraries may write to. Why a process per group: a peer library (torch, CuPy, numba)
-must not share a process with the floor measurements (it loads its own runtime, threads and
-allocator), the memory group checks that no primary context is left active, which only means
-something in a process that nothing else retained in, and idle OpenMP threads of the thread
-group must not run beside single-thread timings.
+GROUP is a name in groups.COMPILED; its result goes to FILE.json (a pyperf suite, or the
+memory group's JSON), not to stdout, which the peers' libraries may write to. Why processes
+of their own: a peer library (torch, CuPy, numba) must not share a process with the floor
+measurements (it loads its own runtime, threads and allocator), the memory group checks that
+no primary context is left active, which only means something in a process that nothing else
+retained in, and idle OpenMP threads of the thread group must not run beside single-thread
+timings.
 """
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import time
-import traceback
 import types
 from collections.abc import Callable
 from functools import partial
 from typing import Any, NamedTuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-HARNESS = os.path.join(HERE, "harness.py")
-SCHEMA = "cyctx-bench/1"
 
 
 class Timer:
-    """Median of repeated rounds after a warm-up; each round's size is calibrated so that it
-    lasts about `round_s` seconds, whatever the operation costs (10 ns or 10 us)."""
+    """The compiled rows' rounds, each sized by calibration to last about `round_s` seconds,
+    whatever the operation costs (10 ns or 10 us)."""
 
     def __init__(self, quick):
         # Many short rounds rather than a few long ones: on a shared machine the slow spells
@@ -58,57 +59,33 @@ class Timer:
     def _time(fn, n, setup):
         if setup:
             setup()
-        t0 = time.perf_counter_ns()
+        t0 = time.perf_counter()
         fn(n)
-        return time.perf_counter_ns() - t0
+        return time.perf_counter() - t0
 
     def calibrate(self, fn, setup=None, round_s=None):
         round_s = round_s or self.round_s
         n = 1
         while True:
             t = self._time(fn, n, setup)
-            if t >= round_s * 1e9 / 10 or n >= 1 << 32:
-                return max(1, int(n * round_s * 1e9 / max(t, 1)))
+            if t >= round_s / 10 or n >= 1 << 32:
+                return max(1, int(n * round_s / max(t, 1e-9)))
             n *= 8
 
-    def measure_many(self, specs):
-        """ns per operation of each fn(n) (which runs n operations) in specs [(fn, setup)].
+    def rounds_of(self, specs):
+        """[(n, warm-up, [seconds per operation of each round])] of each fn(n) (which runs n
+        operations) in specs [(fn, setup)].
 
         Rounds are interleaved: round r of every spec runs before round r+1 of any, after a
         warm-up round of each. Slow drift (clock ramp-up at the start of a process, a noisy
-        neighbour) then spreads over all rows alike instead of landing on whichever ran first;
-        ratios are taken between rows of one such set. A spec that raises gets an "error".
+        neighbour) then spreads over all rows alike instead of landing on whichever ran first.
         """
-        out = [{} for _ in specs]
-        ns = []
-        for (fn, setup), res in zip(specs, out, strict=True):
-            try:
-                ns.append(self.calibrate(fn, setup))
-            except Exception as exc:
-                ns.append(None)
-                res["error"] = f"{type(exc).__name__}: {exc}"
-        samples = [[] for _ in specs]
-        for r in range(self.rounds + 1):  # round 0 is the warm-up
-            for i, ((fn, setup), n) in enumerate(zip(specs, ns, strict=True)):
-                if "error" in out[i]:
-                    continue
-                try:
-                    t = self._time(fn, n, setup)
-                except Exception as exc:
-                    out[i]["error"] = f"{type(exc).__name__}: {exc}"
-                    continue
-                if r:
-                    samples[i].append(t / n)
-        for res, smp, n in zip(out, samples, ns, strict=True):
-            if "error" not in res:
-                res.update(
-                    ns=round(statistics.median(smp), 2),
-                    min=round(min(smp), 2),
-                    max=round(max(smp), 2),
-                    n=n,
-                    rounds=self.rounds,
-                )
-        return out
+        ns = [self.calibrate(fn, setup) for fn, setup in specs]
+        values = [[] for _ in specs]
+        for _ in range(self.rounds + 1):  # the first is the warm-up
+            for (fn, setup), n, vals in zip(specs, ns, values, strict=True):
+                vals.append(self._time(fn, n, setup) / n)
+        return [(n, vals[0], vals[1:]) for n, vals in zip(ns, values, strict=True)]
 
 
 def probe(loop, current):
@@ -148,62 +125,74 @@ def probe(loop, current):
     return seen[0]
 
 
-def measure(timer, env, cases):
-    """The rows of `cases` (groups.Case), each on every path env has a start context for.
+def check(env, case, loop, start):
+    """Run a row once from its start context; what its checks found, as metadata (1: yes).
 
-    Each is run once from its start context and checked: `restored`, the start context is
-    current after it; `current_inside`, device 0's context (env.h0) is current inside the
-    block (probe). Then all are timed together (Timer.measure_many), so that the rows compared
-    with each other share the conditions. A Python-level row that raises (a peer failing) is
-    a result to report; anything else that raises stops the process.
+    `restored`: the start context is current after it; `current_inside`: device 0's context
+    (env.h0) is current inside the block (probe). A row that raises stops its group.
     """
-    rows, timed = [], []
+    env.set_start(start)
+    try:
+        found = {}
+        if "current_inside" in case.checks:
+            found["current_inside"] = int(probe(loop, env.current) == env.h0)
+        else:
+            loop(1)
+        if "restored" in case.checks:
+            found["restored"] = int(env.current() == start)
+        return found
+    finally:
+        env.set_start(0)
+
+
+def describe(group, case, path):
+    """A row's metadata: which row of which group, on which start path."""
+    meta = {"group": group, "row": case.id, "path": path, "layer": case.layer}
+    meta.update({k: v for k, v in (("label", case.label), ("note", case.note)) if v})
+    return meta
+
+
+def benchmark(name, values, loops, metadata, warmup=None):
+    """One process's values (seconds per operation) as a pyperf benchmark."""
+    import pyperf
+
+    meta = dict(metadata, name=name, loops=loops, unit="second")
+    warmups = [(loops, warmup)] if warmup is not None else None
+    return pyperf.Benchmark([pyperf.Run(values, warmups=warmups, metadata=meta)])
+
+
+def rows(timer, env, cases, group):
+    """The compiled rows of `cases`, each on every path env has a start context for: checked
+    one by one, then timed together (Timer.rounds_of); pyperf benchmarks."""
+    specs, names = [], []
     for c in cases:
         for path in c.paths:
             if path not in env.starts:
                 continue
             start = env.starts[path]
-            row = {"id": c.id, "label": c.label, "path": path, "layer": c.layer, "note": c.note}
-            rows.append(row)
-            try:
-                loop = c.make(env, path)
-                env.set_start(start)
-                if "current_inside" in c.checks:
-                    row["current_inside"] = probe(loop, env.current) == env.h0
-                else:
-                    loop(1)
-                if "restored" in c.checks:
-                    row["restored"] = env.current() == start
-            except Exception as exc:
-                if not c.python:
-                    raise
-                row.update(ns=None, status=f"error: {type(exc).__name__}: {exc}")
-                continue
-            finally:
-                env.set_start(0)
-            timed.append((row, loop, start))
-    results = timer.measure_many(
-        [(loop, partial(env.set_start, start)) for _, loop, start in timed]
-    )
-    for (row, _, _), res in zip(timed, results, strict=True):
-        if "error" in res:
-            row.update(ns=None, status=f"error: {res['error']}")
-        else:
-            row.update(res, status="ok")
+            loop = c.make(env, path)
+            meta = describe(group, c, path) | check(env, c, loop, start) | env.info
+            names.append((f"{group}/{c.id}/{path}", meta))
+            specs.append((loop, partial(env.set_start, start)))
+    timed = timer.rounds_of(specs)
     env.set_start(0)
-    return rows
+    return [
+        benchmark(name, values, n, meta, warm)
+        for (name, meta), (n, warm, values) in zip(names, timed, strict=True)
+    ]
 
 
 class Process(NamedTuple):
-    """What the harness lends one group's process (groups.PROCESSES)."""
+    """What the harness lends one compiled group's process (groups.COMPILED)."""
 
     bench: Any  # the compiled loops, bench/_bench.pyx
     timer: Timer
     quick: bool
-    measure: Callable  # measure(env, cases) -> rows
+    rows: Callable  # rows(env, cases, group) -> [pyperf.Benchmark]
+    benchmark: Callable  # benchmark(name, values, loops, metadata, warmup=None)
 
 
-# --- the worker: one group in this process --------------------------------------------------
+# --- a compiled group's worker process ---------------------------------------------------------
 
 
 def build_here(build_dir):
@@ -241,42 +230,35 @@ def build_here(build_dir):
 
 
 def run_group(args):
-    pinned = None
+    import pyperf
+
     if args.cpu is not None and args.group != "threads" and hasattr(os, "sched_setaffinity"):
-        # Every single-threaded group on the same CPU: no migrations mid-round, and the
-        # processes compared with each other ran where each other ran.
+        # Every single-threaded process on the same CPU (pyperf's workers too: --affinity):
+        # no migrations mid-round, and the processes compared ran where each other ran.
         os.sched_setaffinity(0, {args.cpu})
-        pinned = args.cpu
     if args.sim:
         from cyctx.testing import use_simulated_driver
 
         use_simulated_driver(2)  # before any driver call in this process
     sys.path.insert(0, args.build_dir)
-    timer = Timer(args.quick)
-    t0 = time.perf_counter()
-    try:
-        import _bench
-        import groups
+    import _bench
+    import groups
 
-        run = groups.PROCESSES[args.group]
-        result = run(Process(_bench, timer, args.quick, partial(measure, timer)))
-        result.setdefault("status", "ok")
-    except Exception as exc:
-        result = {
-            "status": f"error: {type(exc).__name__}: {exc}",
-            "traceback": traceback.format_exc(),
-        }
-    result.update(
-        group=args.group, pid=os.getpid(), cpu=pinned, seconds=round(time.perf_counter() - t0, 2)
+    timer = Timer(args.quick)
+    result = groups.COMPILED[args.group](
+        Process(_bench, timer, args.quick, partial(rows, timer), benchmark)
     )
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    return 0 if result["status"] == "ok" or result["status"].startswith("missing") else 1
+    if isinstance(result, dict):
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    else:
+        pyperf.BenchmarkSuite(result).dump(args.out, replace=True)
+    return 0
 
 
 def worker(argv=None):
     ap = argparse.ArgumentParser(
-        description="One benchmark group in this process (bench/run_all.py runs these)."
+        description="One compiled benchmark group in this process (bench/run_all.py runs these)."
     )
     sub = ap.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="compile bench/_bench.pyx into DIR")
@@ -295,108 +277,15 @@ def worker(argv=None):
     return run_group(args)
 
 
-# --- run_all.py's side --------------------------------------------------------------------
+# --- run_all.py's side: what the report says of the machine -------------------------------------
 
 
-def build(build_dir):
-    proc = subprocess.run(
-        [sys.executable, HARNESS, "build", build_dir], capture_output=True, text=True
-    )
-    if proc.returncode != 0:
-        sys.exit(
-            f"run_all: building bench/_bench.pyx failed:\n{(proc.stdout + proc.stderr)[-6000:]}"
-        )
-
-
-def spawn(group, args, build_dir, work, rep=0):
-    """Run `group` in a worker process; its result, with the output's tail when it failed."""
-    out = os.path.join(work, f"{re.sub(r'[^a-z_]', '_', group)}-{rep}.json")
-    cmd = [sys.executable, HARNESS, "run", group, "--out", out, "--build-dir", build_dir]
-    cmd += (
-        ["--sim"] * args.sim
-        + ["--quick"] * args.quick
-        + ([f"--cpu={args.cpu}"] if args.cpu >= 0 else [])
-    )
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.group_timeout)
-        tail = (proc.stdout + proc.stderr)[-3000:]
-    except subprocess.TimeoutExpired:
-        proc, tail = None, f"timed out after {args.group_timeout} s"
-    if os.path.isfile(out):
-        with open(out) as f:
-            res = json.load(f)
-    else:
-        code = proc.returncode if proc else "timeout"
-        res = {"status": f"error: the worker wrote no result (exit {code})", "group": group}
-    if res["status"] != "ok" and not res["status"].startswith("missing"):
-        res["output_tail"] = tail
-    print(f"  {group:20s} {time.perf_counter() - t0:6.1f} s  {res['status']}", flush=True)
-    return res
-
-
-def merge(results):
-    """One group's result from its repeated processes: each row's ns is the median over the
-    processes (each a median of rounds); per_process_ns keeps them, in process order, so that
-    ratios can be taken within each process first (report.py)."""
-    merged = dict(results[0])
-    merged["status"] = next((r["status"] for r in results if r["status"] != "ok"), "ok")
-    merged["pid"] = [r.get("pid") for r in results]
-    merged["seconds"] = round(sum(r.get("seconds") or 0 for r in results), 2)
-    by_key = [
-        {(row["layer"], row["id"], row["path"]): row for row in r.get("rows", [])} for r in results
-    ]
-    rows = []
-    for row in results[0].get("rows", []):
-        key = (row["layer"], row["id"], row["path"])
-        same = [b.get(key) or {} for b in by_key]
-        vals = [r.get("ns") for r in same]
-        good = [v for v in vals if v is not None]
-        m = dict(row, per_process_ns=vals)
-        if good:
-            m.update(
-                ns=round(statistics.median(good), 2),
-                status="ok",
-                min=min(r["min"] for r in same if r.get("ns") is not None),
-                max=max(r["max"] for r in same if r.get("ns") is not None),
-            )
-        for check in ("current_inside", "restored"):
-            if check in row:
-                m[check] = all(r.get(check, True) for r in same)
-        rows.append(m)
-    merged["rows"] = rows
-    return merged
-
-
-def machine():
-    info = {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "python": sys.version.split()[0],
-        "python_implementation": platform.python_implementation(),
-        "cpu_count": os.cpu_count(),
-    }
-    try:
-        with open("/proc/cpuinfo") as f:
-            info["cpu"] = next(
-                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None
-            )
-    except OSError:
-        info["cpu"] = None
-    return info
-
-
-def gpu_info(sim, core):
+def gpu_info(sim):
     """GPU and driver as the machine reports them (nvidia-smi, /proc), not through the driver
     library: this process never loads libcuda, so it cannot pick the wrong one."""
-    info = {
-        "driver": "simulated" if sim else "real",
-        "devices": core.get("devices"),
-        "device_names": core.get("device_names"),
-        "cuda_driver_api_version": core.get("driver_api_version"),
-    }
     if sim:
-        return info
+        return {"driver": "simulated"}
+    info = {"driver": "real"}
     try:
         smi = subprocess.run(
             [
@@ -436,6 +325,7 @@ def packages():
         "nvidia-cuda-runtime",
         "Cython",
         "setuptools",
+        "pyperf",
         "torch",
         "numba",
         "numba-cuda",
@@ -463,128 +353,6 @@ def packages():
     except ImportError:
         out["cyctx_build_info"] = None
     return out
-
-
-def assemble(args, groups_run, seconds):
-    """The result of a run: what was measured, how, where, and every row."""
-    from groups import PATHS, peers
-
-    core = groups_run["core"] if groups_run["core"]["status"] == "ok" else {}
-    paths = [
-        p
-        for p in PATHS
-        if p != "from_other" or core.get("other_context") or (core.get("devices") or 0) > 1
-    ]
-    cost = []
-    for name, res in groups_run.items():
-        for row in res.get("rows", []) if name != "threads" else []:
-            cost.append(dict(row, group=name))
-        if name.startswith("peer:") and not res.get("rows"):
-            # Listed, with the reason, so a missing peer can never read as zero.
-            for row_id, label in peers.rows(name[5:]):
-                cost += [
-                    {
-                        "id": row_id,
-                        "label": label,
-                        "path": p,
-                        "layer": "peer",
-                        "group": name,
-                        "ns": None,
-                        "status": res["status"],
-                    }
-                    for p in paths
-                ]
-    timer = Timer(args.quick)
-    return {
-        "schema": SCHEMA,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-        "tag": args.tag,
-        "mode": {"driver": "simulated" if args.sim else "real", "quick": args.quick},
-        "machine": machine(),
-        "gpu": gpu_info(args.sim, core),
-        "packages": packages(),
-        "method": {
-            "timer": "time.perf_counter_ns around a loop of n operations",
-            "statistic": "median ns per operation over rounds, after one discarded warm-up round",
-            "rounds": timer.rounds,
-            "processes": args.repeat,
-            "across_processes": "core and each peer ran in `processes` processes one after another; a "
-            "row's ns is the median over them, per_process_ns lists each; ratios "
-            "are taken within each process, then the median",
-            "pinned_cpu": args.cpu if args.cpu >= 0 else None,
-            "round_seconds": timer.round_s,
-            "paths": {
-                "fast": "the target context already current",
-                "from_none": "no context current before the enter",
-                "from_other": "another context current before the enter: "
-                + (core.get("other_context") or "device 1's primary context"),
-            },
-            "python_loop": "a plain Python function per row (bench/groups/): for _ in range(n): <the "
-            "enter+exit>, its objects passed in as arguments; `python.loop` is that "
-            "loop's own cost",
-            "compiled_loop": "a nogil Cython loop (bench/_bench.pyx); raw driver loops do not check "
-            "return codes, cyctx does",
-            "isolation": "each group ran in its own subprocess of run_all.py, in this run, on this "
-            "machine: core (driver floor, cyctx from Cython and Python, empty with), "
-            "threads, memory, and one process per peer. No peer shares a process with "
-            "the floor or with another peer. Each peer process re-measures cyctx's own "
-            "rows (layer 'control': the empty with, `with guard:`, nogil enter/exit) to "
-            "show the spread between processes; a peer target must be met against the "
-            "core group's `with guard:` and against the one in the peer's process. "
-            "The single-threaded groups are pinned to one CPU (pinned_cpu).",
-            "checks": "each Python-level row ran once first, traced: current_inside (device 0's "
-            "context current inside the block) and restored (the starting context "
-            "current after it); a peer that fails them does different work and is flagged",
-            "restore": peers.RESTORE_NOTES,
-        },
-        "groups": {
-            n: {k: r.get(k) for k in ("status", "pid", "cpu", "seconds", "output_tail") if k in r}
-            for n, r in groups_run.items()
-        },
-        "seconds": round(seconds, 1),
-        "cost": cost,
-        "threads": groups_run["threads"],
-        "memory": groups_run["memory"],
-    }
-
-
-def write(result, out_dir):
-    """Evaluate the targets (report.py), print the table and write bench-TAG.json, .txt, .md
-    and, with matplotlib, the plots into out_dir; returns the names written."""
-    import report
-
-    report.evaluate(result)
-    text = report.text(result)
-    print("\n" + text)
-    name = f"bench-{result['tag']}"
-    with open(os.path.join(out_dir, name + ".txt"), "w") as f:
-        f.write(text + "\n")
-    with open(os.path.join(out_dir, name + ".md"), "w") as f:
-        f.write(report.markdown(result))
-    try:
-        import plot
-
-        plots = [os.path.basename(p) for p in plot.plot(result, out_dir, result["tag"])]
-    except ImportError as exc:
-        plots = (
-            f"skipped: matplotlib is not installed ({exc}); to draw them later: "
-            f"pip install matplotlib && python bench/plot.py {os.path.join(out_dir, name + '.json')}"
-        )
-        print(f"run_all: plots {plots}")
-    # File names, relative to the output directory.
-    result["outputs"] = {
-        "json": name + ".json",
-        "table": name + ".txt",
-        "markdown": name + ".md",
-        "plots": plots,
-    }
-    with open(os.path.join(out_dir, name + ".json"), "w") as f:
-        json.dump(result, f, indent=1)
-        f.write("\n")
-    return [name + ext for ext in (".json", ".txt", ".md")] + (
-        plots if isinstance(plots, list) else []
-    )
 
 
 if __name__ == "__main__":

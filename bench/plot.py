@@ -2,17 +2,19 @@
 
     python bench/plot.py bench/results/bench-TAG.json [--out-dir DIR]
 
+(the pyperf suite, with the bench-TAG-report.json beside it: report.load)
+
 matplotlib draws them: the standard plotting library of scientific Python, maintained, with
 wheels for every platform, drawing without a display (Agg). It is optional: run_all.py skips
 this step, saying why, when it is not installed, and the JSON holds every number.
 """
 
 import argparse
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report  # noqa: E402
 from report import THREADS16_SPEEDUP_GOAL  # noqa: E402  the report's goal, drawn as is
 
 PATH_STYLE = {
@@ -119,11 +121,9 @@ def plot(result, out_dir, tag):
     fig.savefig(cost_png, dpi=110)
     plt.close(fig)
 
-    from report import THREAD_LABELS
-
     rows = result["threads"].get("rows", [])
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for kind, label in THREAD_LABELS.items():
+    for kind, label in report.THREAD_LABELS.items():
         pts = sorted((r["threads"], r["aggregate_ns_per_op"]) for r in rows if r["id"] == kind)
         if not pts:
             continue
@@ -169,7 +169,7 @@ def _title(result):
         else f"driver {g.get('driver_version')}"
     )
     return (
-        f"cyctx {p.get('cyctx')} | {', '.join(g.get('device_names') or [])} | {drv} | "
+        f"cyctx {p.get('cyctx')} | {g.get('device_names')} | {drv} | "
         f"Python {result['machine']['python']} | {result['date']}"
     )
 
@@ -179,8 +179,7 @@ def main():
     ap.add_argument("result")
     ap.add_argument("--out-dir")
     args = ap.parse_args()
-    with open(args.result) as f:
-        result = json.load(f)
+    result = report.load(args.result)
     for path in plot(
         result, args.out_dir or os.path.dirname(os.path.abspath(args.result)), result["tag"]
     ):
@@ -188,7 +187,4 @@ def main():
 
 
 if __name__ == "__main__":
-    import sys
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     main()

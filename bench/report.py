@@ -1,7 +1,13 @@
 """The performance targets (bench/README.md), the breakdown of the guard's cost, and the tables of a run_all.py
-result, as plain text for the terminal and as Markdown for the README."""
+result, as plain text for the terminal and as Markdown for the README; read from the run's pyperf
+suite (bench-TAG.json) and what run_all.py recorded beside it (bench-TAG-report.json).
 
-import statistics
+    python bench/report.py bench/results/bench-TAG.json     (the table again)
+"""
+
+import json
+import os
+import sys
 
 # The 16-thread fast-path speed-up the report requires; bench/plot.py draws this same line.
 THREADS16_SPEEDUP_GOAL = 14
@@ -107,13 +113,7 @@ def _status(result, key):
 
 
 def _ratio(a, b):
-    """a / b: within each process first, then the median, when both rows ran in the same
-    processes (so a process that is slow as a whole cancels out); else of the medians."""
-    pa, pb = a.get("per_process_ns") or [], b.get("per_process_ns") or []
-    if a["group"] == b["group"] and pa and len(pa) == len(pb):
-        ratios = [x / y for x, y in zip(pa, pb, strict=True) if x and y]
-        if ratios:
-            return round(statistics.median(ratios), 3)
+    """a / b, of the medians."""
     return round(a["ns"] / b["ns"], 3)
 
 
@@ -334,6 +334,22 @@ def _fmt(ns):
     return "-" if ns is None else f"{ns:.0f}" if ns >= 1000 else f"{ns:.1f}"
 
 
+def _how(result):
+    """How the rows were timed, read from the values they hold."""
+    timed = [r for r in result["cost"] if r.get("values")]
+    compiled = {r["values"] for r in timed if r["group"] == "nogil"}
+    python = {(r["values"], r["processes"]) for r in timed if r["group"] != "nogil"}
+    how = []
+    if compiled:
+        how.append(f"compiled rows: {max(compiled)} rounds, interleaved, in one process")
+    if python:
+        values, procs = max(python)
+        how.append(
+            f"Python-level rows: pyperf, {values} values from {procs} worker processes per row"
+        )
+    return "; ".join(how)
+
+
 def tables(result):
     """[(title, headers, rows, notes)]: the content both renderings share."""
     out = []
@@ -373,15 +389,13 @@ def tables(result):
         if r.get("status", "").startswith("missing"):
             missing.setdefault(r["status"][len("missing: ") :], set()).add(r["group"][5:])
     missing = [f"missing ({why}): {', '.join(sorted(peers))}" for why, peers in missing.items()]
-    meta = result["method"]
     out.append(
         (
-            f"Per enter+exit, ns: median over {meta.get('processes', 1)} process(es) of the median of "
-            f"{meta['rounds']} rounds; paths: target already current / no context before / another "
-            f"context before",
+            f"Per enter+exit, ns: the median of each row's values ({_how(result)}); paths: target "
+            f"already current / no context before / another context before",
             ["layer", "what"] + [PATH_TITLES[p] for p in paths],
             rows,
-            legend + missing + [f"{k}: {v}" for k, v in meta["restore"].items()],
+            legend + missing + [f"{k}: {v}" for k, v in result.get("restore", {}).items()],
         )
     )
 
@@ -477,15 +491,15 @@ def tables(result):
 
 
 def _header(result):
-    g, p, m = result["gpu"], result["packages"], result["mode"]
-    gpus = ", ".join(g.get("device_names") or []) or "?"
+    g, p, m, mach = result["gpu"], result["packages"], result["mode"], result["machine"]
+    gpus = g.get("device_names") or "?"
     drv = "simulated driver" if m["driver"] == "simulated" else f"driver {g.get('driver_version')}"
     return (
         f"cyctx benchmarks ({result['date']}): {drv}, {g.get('devices')} device(s): {gpus}; "
-        f"CUDA driver API {g.get('cuda_driver_api_version')}; Python {result['machine']['python']}, "
-        f"cyctx {p.get('cyctx')}, cuda-bindings {p.get('cuda-bindings')}, Cython {p.get('Cython')}"
-        f"{'; QUICK run' if m['quick'] else ''}. CPU: {result['machine'].get('cpu')} "
-        f"({result['machine']['cpu_count']} CPUs)"
+        f"CUDA driver API {g.get('driver_api')}; Python {mach.get('python')}, "
+        f"cyctx {p.get('cyctx')}, cuda-bindings {p.get('cuda-bindings')}, Cython {p.get('Cython')}, "
+        f"pyperf {p.get('pyperf')}{'; QUICK run' if m['quick'] else ''}. CPU: {mach.get('cpu')} "
+        f"({mach.get('cpu_count')} CPUs)"
     )
 
 
@@ -522,3 +536,121 @@ def markdown(result):
         lines += [f"* {n}" for n in notes if n]
         lines.append("")
     return "\n".join(lines)
+
+
+# --- a run: pyperf's suite and run_all's record -----------------------------------------------
+
+
+def build(suite, info):
+    """The report's view of a run: each row's median from the pyperf suite (ns), beside what
+    run_all.py recorded (info: the groups' statuses, the memory group, the machine's GPU and
+    packages). A group that did not run lists its rows with its status, never as zero."""
+    result = dict(info, cost=[], threads={"rows": [], "main_thread_no_openmp_ns": {}})
+    benches = suite.get_benchmarks() if suite else []
+    first = benches[0].get_metadata() if benches else {}
+    result["machine"] = {
+        "python": first.get("python_version", "?").split()[0],
+        "cpu": first.get("cpu_model_name"),
+        "cpu_count": first.get("cpu_count"),
+    }
+    th = result["threads"]
+    for b in benches:
+        md = b.get_metadata()
+        ns = round(b.median() * 1e9, 3)
+        if "cuda_devices" in md:
+            result["gpu"] = result["gpu"] | {
+                "devices": md["cuda_devices"],
+                "device_names": md["cuda_device_names"],
+                "driver_api": md["cuda_driver_api"],
+                "other_context": md["other_context"],
+            }
+        if md["group"] == "threads":
+            th["cpu_affinity"] = md["usable_cpus"]
+            if md.get("openmp") == "no":
+                th["main_thread_no_openmp_ns"][md["row"]] = round(ns, 2)
+            else:
+                th["rows"].append(
+                    {
+                        "id": md["row"],
+                        "threads": md["threads"],
+                        "team": md["team"],
+                        "aggregate_ns_per_op": ns,
+                    }
+                )
+            continue
+        row = {k: md.get(k) for k in ("group", "path", "layer", "label")}
+        runs = [r for r in b.get_runs() if r.values]
+        row.update(
+            id=md["row"], ns=ns, status="ok", values=len(runs[0].values), processes=len(runs)
+        )
+        row.update({k: bool(md[k]) for k in ("current_inside", "restored") if k in md})
+        result["cost"].append(row)
+    paths = [p for p in PATH_TITLES if any(r["path"] == p for r in result["cost"])]
+    for name, g in info["groups"].items():
+        if name == "threads" and g["status"] != "ok":
+            th["status"] = g["status"]
+        for row_id, layer, label in g.get("rows", []) if g["status"] != "ok" else []:
+            result["cost"] += [
+                {
+                    "id": row_id,
+                    "label": label,
+                    "path": p,
+                    "layer": layer,
+                    "group": name,
+                    "ns": None,
+                    "status": g["status"],
+                }
+                for p in paths
+            ]
+    return result
+
+
+def write(suite, info, out_dir):
+    """Evaluate the targets, print the table and write bench-TAG.json (the pyperf suite),
+    bench-TAG-report.json, .txt, .md and, with matplotlib, the plots into out_dir; returns
+    the names written."""
+    result = build(suite, info)
+    evaluate(result)
+    table = text(result)
+    print("\n" + table)
+    name = f"bench-{info['tag']}"
+    written = [name + ".json", name + "-report.json", name + ".txt", name + ".md"]
+    if suite:
+        suite.dump(os.path.join(out_dir, written[0]), replace=True)
+    with open(os.path.join(out_dir, written[2]), "w") as f:
+        f.write(table + "\n")
+    with open(os.path.join(out_dir, written[3]), "w") as f:
+        f.write(markdown(result))
+    try:
+        import plot
+
+        plots = [os.path.basename(p) for p in plot.plot(result, out_dir, info["tag"])]
+        written += plots
+    except ImportError as exc:
+        plots = (
+            f"skipped: matplotlib is not installed ({exc}); to draw them later: "
+            f"pip install matplotlib && python bench/plot.py {os.path.join(out_dir, written[0])}"
+        )
+        print(f"run_all: plots {plots}")
+    out = dict(info, targets=result["targets"], breakdown=result["breakdown"])
+    out["outputs"] = dict(zip(("json", "report", "table", "markdown"), written, strict=False))
+    out["outputs"]["plots"] = plots
+    with open(os.path.join(out_dir, written[1]), "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+    return written
+
+
+def load(path):
+    """The result of a run from its bench-TAG.json and the bench-TAG-report.json beside it."""
+    import pyperf
+
+    with open(path.removesuffix(".json") + "-report.json") as f:
+        info = json.load(f)
+    result = build(pyperf.BenchmarkSuite.load(path), info)
+    evaluate(result)
+    return result
+
+
+if __name__ == "__main__":
+    print(text(load(sys.argv[1])))

@@ -1,36 +1,44 @@
 """cyctx's benchmark suite, one command:
 
-    python bench/run_all.py [--quick] [--sim] [--out-dir bench/results] [--tag NAME]
+    python bench/run_all.py [--quick] [--sim] [--out-dir bench/results] [--tag NAME] [pyperf options]
 
 Builds bench/_bench.pyx (compiled nogil loops) against the installed cyctx in a scratch
-directory, then runs each group of bench/groups/ in its own process of this run, on this
-machine, through bench/harness.py (how it measures):
+directory, then runs each group of bench/groups/ in processes of its own, in this run, on this
+machine (bench/harness.py says how it measures):
 
-  core     per enter+exit, groups floor, nogil and from_python in one process: driver floor
-           (push+pop, retain+push+pop+release), cyctx from Cython (nogil enter()/exit(), the
-           raw switch_to()/switch_back() with and without the reset check, the _cpp/thread_entries.h stack),
-           cyctx from Python (`with guard:`) and an empty extension-type `with`
+  nogil    per enter+exit, compiled loops timed in one process, rounds interleaved: driver
+           floor (push+pop, retain+push+pop+release), cyctx from Cython (nogil enter()/exit(),
+           the raw switch_to()/switch_back() with and without the reset check, the
+           _cpp/thread_entries.h stack)
   threads  1..16 OpenMP threads: guard fast path and switching path, raw push+pop
   memory   10 million nogil enter/exit cycles per path and 1 million `with guard:`: RSS
            before/after, every retain released
-  peer:*   CuPy, cuda.core, torch, numba, cuda.bindings from Python, where installed
+  python   cyctx from Python (`with guard:`) and an empty extension-type `with`, through pyperf
+           (bench/python_group.py): each row in worker processes of its own
+  peer:*   CuPy, cuda.core, torch, numba, cuda.bindings from Python, where installed, through
+           pyperf likewise, each beside cyctx's control rows in the peer's processes
 
-and writes to --out-dir: bench-TAG.json (numbers, machine, GPU, driver, package versions),
-bench-TAG.txt (the table printed here), bench-TAG.md (the same as Markdown) and, when
-matplotlib is installed, bench-TAG-cost.png and bench-TAG-threads.png (or later:
-`python bench/plot.py bench-TAG.json`).
+and writes to --out-dir: bench-TAG.json (every timing, a pyperf suite: `python -m pyperf
+show|stats|compare_to` read it), bench-TAG-report.json (the machine, GPU, driver, package
+versions, the memory group, the targets), bench-TAG.txt (the table printed here), bench-TAG.md
+(the same as Markdown) and, when matplotlib is installed, bench-TAG-cost.png and
+bench-TAG-threads.png (or later: `python bench/plot.py bench-TAG.json`).
 
-core and each peer run in --repeat processes (default 3) and report the median; the
-single-threaded groups are pinned to one CPU (--cpu). --sim runs on cyctx's simulated driver
-(smoke runs without a GPU; its numbers mean nothing, and the peers other than cuda.bindings are
-reported as missing). --quick: few iterations, one process per group.
+Options this command does not know go to pyperf, for the Python-level groups: --fast,
+--rigorous, --processes N, --values N, --min-time S, ... The single-threaded processes are
+pinned to one CPU (--cpu; pyperf's --affinity for its workers). --sim runs on cyctx's simulated
+driver (smoke runs without a GPU; its numbers mean nothing, and the peers other than
+cuda.bindings are reported as missing). --quick: few rounds, one pyperf worker per row.
 Exit status: 0 when every group ran (a missing peer is not a failure), 1 otherwise. Missed
 performance targets are reported, not turned into a failure: benchmarks are not tests.
 """
 
 import argparse
+import datetime
+import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,12 +49,68 @@ sys.path.insert(0, HERE)
 import groups  # noqa: E402
 import harness  # noqa: E402
 
+# pyperf's options for --quick: one worker per row, a fixed loop count (no calibration run).
+QUICK_PYPERF = ["--processes", "1", "--values", "2", "--warmups", "1", "--loops", "1000"]
+
+
+def spawn(cmd, out, timeout):
+    """Run one group's process; its status, and its output's tail when it did not run."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"status": f"error: timed out after {timeout} s"}
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    if proc.returncode == 0 and os.path.isfile(out):
+        return {"status": "ok"}
+    if proc.returncode == 3:  # python_group.MISSING
+        return {"status": proc.stderr.strip().splitlines()[-1]}
+    return {"status": f"error: exit {proc.returncode}", "output_tail": tail}
+
+
+def run_groups(args, pyperf_args, build_dir, work):
+    """Each group in its processes; ({name: status}, [pyperf suite files], memory result)."""
+    names = list(groups.COMPILED) + list(groups.PYTHON_GROUPS)
+    if args.only:
+        names = [n for n in names if n in args.only.split(",")]
+    ran, suites, memory = {}, [], None
+    for name in names:
+        out = os.path.join(work, re.sub(r"[^a-z_]", "_", name) + ".json")
+        pin = [f"--cpu={args.cpu}"] if args.cpu >= 0 else []
+        if name in groups.COMPILED:
+            cmd = [sys.executable, os.path.join(HERE, "harness.py"), "run", name, "--out", out]
+            cmd += (
+                ["--build-dir", build_dir] + ["--sim"] * args.sim + ["--quick"] * args.quick + pin
+            )
+        elif args.sim and name.startswith("peer:") and name != "peer:cuda_bindings":
+            # They would load the real driver or runtime, not the simulated one.
+            ran[name] = {"status": "missing: simulated driver"}
+            print(f"  {name:20s}    -    missing: simulated driver", flush=True)
+            continue
+        else:
+            cmd = [sys.executable, os.path.join(HERE, "python_group.py"), name, "--result", out]
+            cmd += ["--build-dir", build_dir] + ["--sim"] * args.sim
+            cmd += (QUICK_PYPERF if args.quick else []) + pyperf_args
+            cmd += [f"--affinity={args.cpu}"] if args.cpu >= 0 else []
+        t0 = time.perf_counter()
+        ran[name] = spawn(cmd, out, args.group_timeout)
+        ran[name]["seconds"] = round(time.perf_counter() - t0, 1)
+        print(f"  {name:20s} {ran[name]['seconds']:6.1f} s  {ran[name]['status']}", flush=True)
+        if ran[name]["status"] == "ok":
+            if name == "memory":
+                with open(out) as f:
+                    memory = json.load(f)
+            else:
+                suites.append(out)
+    return ran, suites, memory
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # what it does not know goes to pyperf, whole
     )
-    ap.add_argument("--quick", action="store_true", help="few iterations (a smoke run)")
+    ap.add_argument("--quick", action="store_true", help="few rounds (a smoke run)")
     ap.add_argument("--sim", action="store_true", help="cyctx's simulated driver (no GPU needed)")
     ap.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     ap.add_argument("--tag", help="name of the output files (default: sim, or the GPU's name)")
@@ -56,65 +120,79 @@ def main(argv=None):
     ap.add_argument("--only", help="comma-separated groups to run (default: all)")
     ap.add_argument("--group-timeout", type=int, default=600, help="seconds per group")
     ap.add_argument(
-        "--repeat", type=int, help="processes per single-threaded group (default 3, --quick 1)"
-    )
-    ap.add_argument(
         "--cpu",
         type=int,
-        help="CPU to pin the single-threaded groups to (default: the "
+        help="CPU to pin the single-threaded processes to (default: the "
         "last one this process may use; -1: no pinning)",
     )
-    args = ap.parse_args(argv)
-    args.repeat = args.repeat or (1 if args.quick else 3)
+    args, pyperf_args = ap.parse_known_args(argv)
+    try:
+        import pyperf
+    except ImportError:
+        sys.exit("run_all: pyperf is needed (pip install 'cyctx[bench]', or pip install pyperf)")
     if args.cpu is None:
         args.cpu = max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else -1
     t0 = time.perf_counter()
     os.makedirs(args.out_dir, exist_ok=True)
-    names = list(groups.PROCESSES)  # core, threads, memory, then one per peer
-    if args.only:
-        wanted = set(args.only.split(","))
-        names = [n for n in names if n in wanted or n in ("core",)]
     with tempfile.TemporaryDirectory(prefix="cyctx-bench-") as work:
         build_dir = args.build_dir or os.path.join(work, "build")
         os.makedirs(build_dir, exist_ok=True)
         print(f"run_all: building _bench in {build_dir}", flush=True)
-        harness.build(build_dir)
+        build = [sys.executable, os.path.join(HERE, "harness.py"), "build", build_dir]
+        proc = subprocess.run(build, capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(
+                f"run_all: building bench/_bench.pyx failed:\n{(proc.stdout + proc.stderr)[-6000:]}"
+            )
         print(
             f"run_all: {'simulated' if args.sim else 'real'} driver{', quick' if args.quick else ''}; "
-            f"each group in its own process",
+            f"each group in processes of its own",
             flush=True,
         )
-        ran = {}
-        for name in names:
-            if args.sim and name.startswith("peer:") and name != "peer:cuda_bindings":
-                # They would load the real driver or runtime, not the simulated one.
-                ran[name] = {"status": "missing: simulated driver", "rows": []}
-                print(f"  {name:20s}    -    missing: simulated driver", flush=True)
-                continue
-            # Python-level timings differ from one process to the next on some machines (the
-            # H200 VM: up to 1.8x, steady within a process): the single-threaded groups run in
-            # several processes and report the median.
-            reps = [harness.spawn(name, args, build_dir, work)]
-            while (
-                name not in ("threads", "memory")
-                and len(reps) < args.repeat
-                and reps[-1]["status"] == "ok"
-            ):
-                reps.append(harness.spawn(name, args, build_dir, work, len(reps)))
-            ran[name] = harness.merge(reps) if name not in ("threads", "memory") else reps[0]
-        for name in ("threads", "memory"):
-            ran.setdefault(name, {"status": "not run (--only)", "rows": []})
-    result = harness.assemble(args, ran, time.perf_counter() - t0)
+        ran, files, memory = run_groups(args, pyperf_args, build_dir, work)
+        for name in set(ran) & set(groups.PYTHON_GROUPS):
+            if ran[name]["status"] != "ok":  # its rows are listed with why, so none reads as zero
+                cases = groups.python_cases(name)
+                ran[name]["rows"] = [
+                    [c.id, c.layer, c.label] for c in cases if c.layer != "control"
+                ]
+        suite = None
+        for path in files:
+            part = pyperf.BenchmarkSuite.load(path)
+            if suite is None:
+                suite = part
+            else:
+                for bench in part.get_benchmarks():
+                    suite.add_benchmark(bench)
+    info = {
+        "schema": "cyctx-bench/2",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "mode": {"driver": "simulated" if args.sim else "real", "quick": args.quick},
+        "gpu": harness.gpu_info(args.sim),
+        "packages": harness.packages(),
+        "pyperf_options": (QUICK_PYPERF if args.quick else []) + pyperf_args,
+        "pinned_cpu": args.cpu if args.cpu >= 0 else None,
+        "restore": groups.peers.RESTORE_NOTES,
+        "groups": ran,
+        "memory": memory,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
     if not args.tag:
-        first = (result["gpu"].get("device_names") or [None])[0]
-        args.tag = "sim" if args.sim else re.sub(r"\W+", "-", first or "gpu").strip("-").lower()
-    result["tag"] = args.tag
-    written = harness.write(result, args.out_dir)
+        names = (
+            [b.get_metadata().get("cuda_device_names") for b in suite.get_benchmarks()]
+            if suite
+            else []
+        )
+        first = next((n for n in names if n), "gpu").split(";")[0]
+        args.tag = "sim" if args.sim else re.sub(r"\W+", "-", first).strip("-").lower()
+    info["tag"] = args.tag
+    import report
+
+    written = report.write(suite, info, args.out_dir)
     print(f"run_all: wrote {', '.join(written)} in {args.out_dir}")
     failed = [
-        n
-        for n, r in ran.items()
-        if r["status"] != "ok" and not r["status"].startswith(("missing", "not run"))
+        n for n, r in ran.items() if r["status"] != "ok" and not r["status"].startswith("missing")
     ]
     if failed:
         print(f"run_all: groups that failed: {', '.join(failed)}", file=sys.stderr)

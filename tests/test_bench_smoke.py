@@ -2,7 +2,8 @@
 
 It runs on cyctx's simulated driver whatever driver this test session uses (the suite picks
 it in its own processes), with few iterations, and checks that every benchmark ran and wrote
-its output: every group of bench/groups/, through bench/harness.py. It never checks a speed:
+its output: every group of bench/groups/, the compiled ones through bench/harness.py and the
+Python-level ones through pyperf (bench/python_group.py). It never checks a speed:
 benchmarks are not timed assertions (bench/README.md).
 """
 
@@ -24,20 +25,29 @@ pytestmark = pytest.mark.skipif(
 PATHS = ("fast", "from_none", "from_other")  # the simulated driver has two devices
 EXPECTED_ROWS = (
     [
-        (k, p)
+        ("nogil", k, p)
         for k in ("driver.pushpop", "driver.pushpop_cydriver", "driver.setset")
         for p in PATHS[1:]
     ]
     + [
-        ("driver.full", "from_none"),
-        ("driver.getcurrent", "fast"),
-        ("driver.getid", "fast"),
-        ("cython.tls", "fast"),
+        ("nogil", "driver.full", "from_none"),
+        ("nogil", "driver.getcurrent", "fast"),
+        ("nogil", "driver.getid", "fast"),
+        ("nogil", "cython.tls", "fast"),
     ]
-    + [(k, p) for k in ("cython.guard", "cython.switch", "cython.switch_id") for p in PATHS]
-    + [("python.loop", "fast"), ("python.empty_with", "fast")]
-    + [("python.guard", p) for p in PATHS]
-    + [(k, p) for k in ("cuda_bindings.pushpop", "cuda_bindings.full") for p in PATHS]
+    + [
+        ("nogil", k, p)
+        for k in ("cython.guard", "cython.switch", "cython.switch_id")
+        for p in PATHS
+    ]
+    + [("python", k, "fast") for k in ("python.loop", "python.empty_with", "python.call")]
+    + [("python", "python.guard_call", "fast")]
+    + [("python", "python.guard", p) for p in PATHS]
+    + [
+        ("peer:cuda_bindings", k, p)
+        for k in ("cuda_bindings.pushpop", "cuda_bindings.full")
+        for p in PATHS
+    ]
 )
 MISSING_ON_SIM = ("cupy", "cuda_core", "torch", "numba")
 THREAD_KINDS = ("guard.fast", "guard.switch", "driver.pushpop", "switch.fast", "driver.getid")
@@ -50,6 +60,8 @@ def build_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, build_dir):
+    """(stdout, out dir, the pyperf suite {name: benchmark}, the report's JSON)."""
+    pyperf = pytest.importorskip("pyperf", reason="the benchmarks need pyperf (the bench extra)")
     out = tmp_path_factory.mktemp("bench-results")
     proc = subprocess.run(
         [
@@ -57,8 +69,6 @@ def run(tmp_path_factory, build_dir):
             os.path.join(BENCH, "run_all.py"),
             "--sim",
             "--quick",
-            "--repeat",
-            "2",
             "--out-dir",
             str(out),
             "--build-dir",
@@ -69,13 +79,14 @@ def run(tmp_path_factory, build_dir):
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
-    with open(out / "bench-sim.json") as f:
-        return proc.stdout, out, json.load(f)
+    suite = pyperf.BenchmarkSuite.load(str(out / "bench-sim.json"))
+    with open(out / "bench-sim-report.json") as f:
+        return proc.stdout, out, {b.get_name(): b for b in suite.get_benchmarks()}, json.load(f)
 
 
 @pytest.fixture(scope="module")
 def bench_modules():
-    """bench/harness.py and bench/groups/, imported as run_all.py imports them."""
+    """bench/harness.py, bench/groups/ and bench/run_all.py, imported as run_all.py imports them."""
     sys.path.insert(0, BENCH)
     try:
         import groups
@@ -87,60 +98,65 @@ def bench_modules():
 
 
 def test_every_group_ran(run):
-    _, _, res = run
-    assert res["schema"] == "cyctx-bench/1"
-    assert res["mode"] == {"driver": "simulated", "quick": True}
-    status = {name: g["status"] for name, g in res["groups"].items()}
-    for name in ("core", "threads", "memory", "peer:cuda_bindings"):
-        assert status.pop(name) == "ok", res["groups"][name]
+    _, _, suite, info = run
+    assert info["schema"] == "cyctx-bench/2"
+    assert info["mode"] == {"driver": "simulated", "quick": True}
+    status = {name: g["status"] for name, g in info["groups"].items()}
+    for name in ("nogil", "threads", "memory", "python", "peer:cuda_bindings"):
+        assert status.pop(name) == "ok", info["groups"][name]
     assert status == {f"peer:{p}": "missing: simulated driver" for p in MISSING_ON_SIM}
-    pids = [
-        g["pid"] if isinstance(g["pid"], list) else [g["pid"]]
-        for g in res["groups"].values()
-        if "pid" in g
-    ]
-    assert [len(p) for p in pids] == [2, 1, 1, 2], (
-        "core and peers repeat in 2 processes, threads and memory not"
-    )
-    pids = sum(pids, [])
-    assert len(set(pids)) == len(pids), "each group runs in its own process"
-    cpu = res["method"]["pinned_cpu"]
-    assert (
-        cpu is not None
-        and res["groups"]["core"]["cpu"] == cpu
-        and res["groups"]["threads"]["cpu"] is None
-    )
+    cpu = info["pinned_cpu"]
+    assert cpu is not None
+    for name, b in suite.items():
+        # pyperf records an affinity narrower than the machine's: every single-threaded
+        # process, pyperf's workers included, ran on the pinned CPU; the threads group did not.
+        pinned = b.get_metadata().get("cpu_affinity")
+        if name.startswith("threads/"):
+            assert pinned is None or len(os.sched_getaffinity(0)) == 1, (name, pinned)
+        else:
+            assert pinned == str(cpu) or len(os.sched_getaffinity(0)) == 1, (name, pinned)
 
 
 def test_every_cost_row_measured(run):
-    _, _, res = run
-    rows = {(r["id"], r["path"]): r for r in res["cost"] if r["layer"] != "control"}
-    for key in EXPECTED_ROWS:
-        r = rows.get(key)
-        assert r is not None, f"{key} not measured"
-        assert r["status"] == "ok" and r["ns"] > 0 and r["n"] >= 1 and r["rounds"] >= 1, r
-        assert len(r["per_process_ns"]) == 2 and all(v > 0 for v in r["per_process_ns"]), r
-        assert r.get("restored", True), f"{key} left another context current"
-        assert r.get("current_inside", True), f"{key}: device 0's context was not current inside"
-    controls = {(r["group"], r["id"]): r for r in res["cost"] if r["layer"] == "control"}
+    _, _, suite, _ = run
+    for group, row, path in EXPECTED_ROWS:
+        b = suite.get(f"{group}/{row}/{path}")
+        assert b is not None, f"{group}/{row}/{path} not measured"
+        md = b.get_metadata()
+        assert (md["group"], md["row"], md["path"]) == (group, row, path)
+        assert b.median() > 0 and md["unit"] == "second"
+        assert md.get("restored", 1) == 1, f"{row} left another context current"
+        assert md.get("current_inside", 1) == 1, f"{row}: device 0's context was not current inside"
+        timed = [r for r in b.get_runs() if r.values]
+        if group == "nogil":
+            # The compiled timer: one process, 3 rounds (--quick) after a warm-up round.
+            assert len(timed) == 1 and len(timed[0].values) == 3 and len(timed[0].warmups) == 1
+        else:
+            # pyperf's worker, as --quick sets it: one process of 2 values of 1000 loops.
+            assert len(timed) == 1 and len(timed[0].values) == 2 and md["loops"] == 1000, b
+    controls = {n for n in suite if suite[n].get_metadata().get("layer") == "control"}
     assert sorted(controls) == [
-        ("peer:cuda_bindings", k) for k in ("cython.guard", "python.empty_with", "python.guard")
+        f"peer:cuda_bindings/{k}/fast"
+        for k in ("cython.guard", "python.empty_with", "python.guard")
     ]
-    assert all(r["status"] == "ok" and r["ns"] > 0 for r in controls.values())
 
 
 def test_every_registered_case_and_process_ran(run, bench_modules):
     # A group added to bench/groups/ is run, or this fails: each registered case has its row
     # on every path the simulated driver's two devices give, and each process reported.
-    _, _, res = run
+    _, _, suite, info = run
     _, groups = bench_modules
-    assert sorted(res["groups"]) == sorted(groups.PROCESSES)
-    rows = {(r["group"], r["layer"], r["id"], r["path"]) for r in res["cost"]}
+    assert sorted(info["groups"]) == sorted([*groups.COMPILED, *groups.PYTHON_GROUPS])
     for group, cases in groups.CASES.items():
-        process = group if group.startswith("peer:") else "core"
+        process = {"floor": "nogil", "nogil": "nogil", "from_python": "python"}.get(group, group)
+        if info["groups"][process]["status"] != "ok":
+            continue
         for c in cases:
             for path in c.paths:
-                assert (process, c.layer, c.id, path) in rows, (group, c.id, path)
+                b = suite.get(f"{process}/{c.id}/{path}")
+                assert b is not None and b.get_metadata()["layer"] == c.layer, (group, c.id, path)
+                # Its checks ran (before it was timed) and travel with its values.
+                assert set(c.checks) <= set(b.get_metadata()), (group, c.id, path)
 
 
 def test_the_tls_row_times_cyctx_own_header(run, build_dir):
@@ -190,35 +206,56 @@ def test_probe_reads_the_context_inside_the_block(bench_modules):
         harness.probe(lambda n: None, current)
 
 
-def test_missing_peers_are_reported_as_missing_never_zero(run):
-    stdout, _, res = run
+def test_missing_peers_are_reported_as_missing_never_zero(run, bench_modules):
+    stdout, out, _, info = run
+    import report
+
+    res = report.load(
+        str(out / "bench-sim.json")
+    )  # the report's view of the run, as plot.py reads it
     for peer in MISSING_ON_SIM:
         rows = [r for r in res["cost"] if r["group"] == f"peer:{peer}"]
         assert rows, f"{peer} has no rows"
         for r in rows:
             assert r["ns"] is None and r["status"] == "missing: simulated driver", r
     assert "missing (simulated driver): cuda_core, cupy, numba, torch" in stdout
-    by_id = {t["id"]: t for t in res["targets"]}
+    by_id = {t["id"]: t for t in info["targets"]}
     for tid in ("cupy_vs_python", "cuda_core_vs_python", "torch_vs_python"):
         assert by_id[tid]["value"] is None and by_id[tid]["met"] is None
         assert "missing" in by_id[tid]["detail"]
 
 
+def test_a_peer_not_installed_is_missing_not_an_error(
+    bench_modules, build_dir, run, tmp_path, monkeypatch
+):
+    # Its set-up raises ImportError: the group reports it missing, with the import's words.
+    monkeypatch.setattr(sys, "path", list(sys.path))  # run_all puts bench/ on it
+    import run_all
+
+    peer = next((p for p in MISSING_ON_SIM if not importlib.util.find_spec(p)), None)
+    if peer is None:
+        pytest.skip("every peer is installed here")
+    out = str(tmp_path / "peer.json")
+    cmd = [sys.executable, os.path.join(BENCH, "python_group.py"), f"peer:{peer}", "--sim"]
+    status = run_all.spawn(cmd + ["--build-dir", str(build_dir), "--result", out], out, 120)
+    assert status == {"status": f"missing: No module named '{peer}'"}
+    assert not os.path.exists(out)
+
+
 def test_thread_scaling_ran_at_every_count(run):
-    _, _, res = run
-    rows = res["threads"]["rows"]
+    _, _, suite, _ = run
     for kind in THREAD_KINDS:
-        got = {r["threads"]: r for r in rows if r["id"] == kind}
-        assert sorted(got) == [1, 2, 4, 8, 16], kind
-        for t, r in got.items():
-            assert r["aggregate_ns_per_op"] > 0 and r["team"] == t, r
-    assert res["threads"]["restored"]
-    assert all(v > 0 for v in res["threads"]["main_thread_no_openmp_ns"].values())
+        for t in (1, 2, 4, 8, 16):
+            md = suite[f"threads/{kind}/{t}"].get_metadata()
+            assert md["threads"] == md["team"] == md["inner_loops"] == t, md
+    for kind in ("guard.fast", "driver.pushpop"):  # the main thread, outside OpenMP
+        assert suite[f"threads/{kind}/main"].get_metadata()["openmp"] == "no"
+    assert len([n for n in suite if n.startswith("threads/")]) == 5 * 5 + 2
 
 
 def test_memory_run_balanced(run):
-    _, _, res = run
-    mem = res["memory"]
+    _, _, _, info = run
+    mem = info["memory"]
     assert [r["cycles"] for r in mem["runs"]] == [100_000, 100_000, 10_000]
     for r in mem["runs"]:
         assert r["rss_kib_before"] > 0 and r["rss_kib_after"] > 0 and r["restored"], r
@@ -229,7 +266,7 @@ def test_memory_run_balanced(run):
 
 
 def test_targets_and_breakdown_computed(run):
-    _, _, res = run
+    _, _, _, res = run
     ids = [t["id"] for t in res["targets"]]
     assert ids == [
         "python_vs_empty_with",
@@ -257,7 +294,7 @@ def test_targets_and_breakdown_computed(run):
 
 
 def test_outputs_written(run):
-    stdout, out, res = run
+    stdout, out, _, res = run
     with open(out / "bench-sim.txt") as f:
         table = f.read()
     for title in ("Per enter+exit", "Threads:", "Memory", "Targets"):
@@ -270,9 +307,11 @@ def test_outputs_written(run):
         (row,) = [ln for ln in section.splitlines() if ln.lstrip().startswith(t["what"])]
         want = "met" if t["id"] == "memory_flat" else "not measured here"
         assert want in row.split(t["goal"], 1)[1], (t["id"], row)
-    assert res["packages"]["cyctx"] and res["packages"]["cuda-bindings"]
-    assert res["gpu"]["driver"] == "simulated" and res["gpu"]["devices"] == 2
-    assert res["machine"]["python"] == sys.version.split()[0]
+    assert (
+        res["packages"]["cyctx"] and res["packages"]["cuda-bindings"] and res["packages"]["pyperf"]
+    )
+    assert res["gpu"]["driver"] == "simulated"
+    assert f"Python {sys.version.split()[0]}," in table and "2 device(s)" in table
     assert res["outputs"]["json"] == "bench-sim.json"
     plots = res["outputs"]["plots"]
     if importlib.util.find_spec("matplotlib"):

@@ -14,11 +14,12 @@ functools.partial, so a row times exactly the function that is written out here.
   threads.py      1 to 16 OpenMP threads
   memory.py       millions of cycles: RSS and the retain balance
 
-PROCESSES names what run_all.py runs, each in its own process (harness.py says why): `core`
-(floor, nogil and from_python together, so that ratios between them are taken within one
-process), `threads`, `memory`, and `peer:NAME` for each peer. Nothing here imports the
-harness: it hands each process what it needs (harness.Process: the compiled loops, the timer,
---quick, and measure(env, cases)).
+What run_all.py runs, each in processes of its own (harness.py says why):
+COMPILED, timed by the compiled loops in one process each: `nogil` (floor and nogil together,
+so that ratios between them are taken within one process), `threads`, `memory`; and
+PYTHON_GROUPS, timed through pyperf (bench/python_group.py): `python` (from_python) and
+`peer:NAME` for each peer. Nothing here imports the harness: it hands each compiled process
+what it needs (harness.Process).
 """
 
 from collections.abc import Callable
@@ -65,22 +66,31 @@ def cases(*names):
     return [c for name in names for c in CASES[name]]
 
 
-def core_cases():
-    return cases("floor", "nogil", "from_python")
-
-
 def control_cases():
-    """cyctx's own rows re-measured beside a peer, in its process: the empty `with`, `with
+    """cyctx's own rows re-measured beside a peer, in its processes: the empty `with`, `with
     guard:` and the nogil enter()/exit(), on the fast path. They show whether a process with
     the peer loaded is slower at the Python level, at the driver, or not at all."""
     wanted = ("python.empty_with", "python.guard", "cython.guard")
-    by_id = {c.id: c for c in core_cases() if c.id in wanted}
+    by_id = {c.id: c for c in cases("nogil", "from_python") if c.id in wanted}
     return [by_id[i]._replace(layer="control", paths=("fast",)) for i in wanted]
 
 
+def python_cases(group):
+    """The rows of a Python-level group: `python`, or `peer:NAME` with the control rows."""
+    return cases("from_python") if group == "python" else CASES[group] + control_cases()
+
+
+def open_python(group, bench):
+    """The process state of a Python-level group (ImportError when a peer is not installed)."""
+    if group == "python":
+        return open_core(bench)
+    return peers.open_peer(bench, group.removeprefix("peer:"))
+
+
 def open_core(bench):
-    """The core process's state: device 0's guard (and device 1's where there is one), the
-    start context of each path, cyctx's current-context reader."""
+    """The state of cyctx's own rows (the nogil and python groups): device 0's guard (and
+    device 1's where there is one), the start context of each path, cyctx's current-context
+    reader."""
     from types import SimpleNamespace
 
     from cuda.bindings import driver as d
@@ -104,6 +114,13 @@ def open_core(bench):
         other = "a context created on device 0 (cuCtxCreate; one GPU)"
     bench.set_current(0)
     bench.checked()  # also resolves the floor's entry points
+    # What the report's header says of the driver; it travels with each row's values.
+    info = {
+        "cuda_devices": ndev,
+        "cuda_driver_api": d.cuDriverGetVersion()[1],
+        "cuda_device_names": "; ".join(_device_name(d, i) or "?" for i in range(ndev)),
+        "other_context": other,
+    }
     return SimpleNamespace(
         bench=bench,
         driver=d,
@@ -112,30 +129,23 @@ def open_core(bench):
         g1=g1,
         h0=g0.handle,
         starts=starts,
-        other=other,
         created=created,
         empty=bench.Empty(),
         set_start=bench.set_current,
         current=cyctx.current_handle,
+        info=info,
     )
 
 
-def run_core(h):
+def run_nogil(h):
     env = open_core(h.bench)
-    d = env.driver
-    result = {
-        "rows": h.measure(env, core_cases()),
-        "devices": env.ndev,
-        "driver_api_version": d.cuDriverGetVersion()[1],
-        "device_names": [_device_name(d, i) for i in range(env.ndev)],
-        "other_context": env.other,
-    }
+    rows = h.rows(env, cases("floor", "nogil"), "nogil")
     for g in (env.g1, env.g0):
         if g:
             g.close()
     if env.created is not None:
-        d.cuCtxDestroy(env.created)
-    return result
+        env.driver.cuCtxDestroy(env.created)
+    return rows
 
 
 def _create_context(d):
@@ -162,8 +172,7 @@ def _device_name(d, i):
 # The modules register their cases as they are imported (after `registrar` is defined).
 from . import floor, from_python, memory, nogil, peers, threads  # noqa: E402,F401
 
-# name -> run(h): the result of one process (h: harness.Process, what the harness lends it).
-PROCESSES = {"core": run_core, "threads": threads.run, "memory": memory.run}
-PROCESSES.update(
-    {f"peer:{name}": (lambda h, name=name: peers.run(h, name)) for name in peers.PEERS}
-)
+# name -> run(h): the result of one process (h: harness.Process, what the harness lends it):
+# pyperf benchmarks (nogil, threads), or a dict (memory).
+COMPILED = {"nogil": run_nogil, "threads": threads.run, "memory": memory.run}
+PYTHON_GROUPS = ("python", *(f"peer:{name}" for name in peers.PEERS))

@@ -41,6 +41,37 @@ def guard(env, path):
     return partial(with_object, env.g0)
 
 
+def empty_function():
+    pass
+
+
+def call_each(fn, n):
+    """fn() n times: a block in a function called per step, in a new frame each call."""
+    for _ in range(n):
+        fn()
+
+
+@case("python.call", "call of an empty function (the floor of the row below)", checks=())
+def call(env, path):
+    return partial(call_each, empty_function)
+
+
+def guard_block(guard):
+    def block():
+        with guard:
+            pass
+
+    return block
+
+
+# A `with guard:` in a loop reuses one frame; a block in a function called per step gets a new
+# frame each call, and cyctx records the block's frame: that is where its cost shows. The
+# probe reads the loop's own frame, outside the called block, so only `restored` is checked.
+@case("python.guard_call", "with guard: in a function called per block", checks=("restored",))
+def guard_call(env, path):
+    return partial(call_each, guard_block(env.g0))
+
+
 def temporary_guards(ordinal, n):
     """`with ContextGuard(ordinal):` n times, a new guard per block, freed at the block's end:
     the spelling CuPy's users bring (the process keeps the retain, so nothing is destroyed)."""

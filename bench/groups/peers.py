@@ -1,6 +1,6 @@
 """Peers: other libraries' ways to make device 0's context current and restore the previous
-one, each measured from Python in its own process (harness.py says why), beside cyctx's own
-rows measured again there (control_cases).
+one, each measured from Python in processes of its own (harness.py says why), beside cyctx's
+own rows measured again there (control_cases).
 
 A peer is its set-up, registered with `@peer(NAME)` (imports, runtime initialisation, device
 objects: untimed; ImportError when the library is not installed), and its rows, registered
@@ -12,7 +12,7 @@ from_python.py.
 from functools import partial
 from types import SimpleNamespace
 
-from . import CASES, PATHS, control_cases, registrar
+from . import PATHS, registrar
 from .from_python import with_object
 
 PEERS = {}  # name -> set-up(env), in the order run_all.py runs them
@@ -36,11 +36,6 @@ def peer(name):
 
 def case(name, row_id, label):
     return registrar(f"peer:{name}", layer="peer", python=True)(row_id, label, paths=PATHS)
-
-
-def rows(name):
-    """The peer's rows, (id, label): listed even when it is missing, so it never reads as zero."""
-    return [(c.id, c.label) for c in CASES[f"peer:{name}"]]
 
 
 # --- cuda.bindings' driver module, from Python -----------------------------------------------
@@ -199,20 +194,19 @@ def numba_gpus(env, path):
 # --- the process -------------------------------------------------------------------------------
 
 
-def run(h, name):
-    """One peer's process: its set-up, then its rows and the control rows, timed together."""
+def open_peer(bench, name):
+    """One peer's process state: its set-up (ImportError when it is not installed), the start
+    context of each path (the primary contexts, which the peers use too), and cyctx's guard
+    and empty `with` for the control rows."""
     from cuda.bindings import driver as d
 
-    env = SimpleNamespace(bench=h.bench, driver=d, null=d.CUcontext(0))
-    try:
-        d.cuInit(0)
-        env.ndev = d.cuDeviceGetCount()[1]
-        PEERS[name](env)
-    except ImportError as exc:
-        return {"status": f"missing: {exc}", "rows": []}
     import cyctx
 
-    # The contexts each path starts from: the primary contexts, which the peers use too.
+    env = SimpleNamespace(bench=bench, driver=d, null=d.CUcontext(0), info={})
+    d.cuInit(0)
+    env.ndev = d.cuDeviceGetCount()[1]
+    PEERS[name](env)
+    # Retained until the process ends.
     ctx = [d.cuDevicePrimaryCtxRetain(d.cuDeviceGet(i)[1])[1] for i in range(min(env.ndev, 2))]
     env.starts = {"fast": int(ctx[0]), "from_none": 0}
     if env.ndev > 1:
@@ -227,9 +221,5 @@ def run(h, name):
 
     env.set_start, env.current, env.h0 = set_start, cyctx.current_handle, env.starts["fast"]
     set_start(0)
-    env.g0, env.empty = cyctx.ContextGuard(0), h.bench.Empty()
-    out = h.measure(env, CASES[f"peer:{name}"] + control_cases())
-    env.g0.close()
-    for i in range(len(ctx)):
-        d.cuDevicePrimaryCtxRelease(d.cuDeviceGet(i)[1])
-    return {"status": "ok", "rows": out}
+    env.g0, env.empty = cyctx.ContextGuard(0), bench.Empty()
+    return env

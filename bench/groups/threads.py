@@ -1,8 +1,7 @@
 """Thread scaling: each of 1 to 16 OpenMP threads runs the same nogil loop (weak scaling),
-from bench/_bench.pyx's threaded(); aggregate ns per operation at each thread count."""
+from bench/_bench.pyx's threaded(); aggregate time per operation at each thread count."""
 
 import os
-import statistics
 import time
 
 THREAD_COUNTS = (1, 2, 4, 8, 16)
@@ -24,7 +23,8 @@ def run(h):
     starts = {"fast": g0.handle, "from_none": 0}
     round_s = 0.0005 if h.quick else 0.01
     rounds = 2 if h.quick else 5
-    rows = []
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    out = []
     for kind_id, kind, path in THREAD_KINDS:
         start = starts[path]
 
@@ -36,42 +36,35 @@ def run(h):
         loop(n, THREAD_COUNTS[-1])  # warm-up: the whole team started, the clocks up
         for t in THREAD_COUNTS:
             loop(max(n // 10, 1), t)  # warm-up: starts the team, first-touch of each thread's state
-            samples = []
+            values = []
             for _ in range(rounds):
-                t0 = time.perf_counter_ns()
+                t0 = time.perf_counter()
                 loop(n, t)
-                samples.append((time.perf_counter_ns() - t0) / (n * t))
-            rows.append(
-                {
-                    "id": kind_id,
-                    "kind": kind,
-                    "path": path,
-                    "threads": t,
-                    "team": bench.team_size(t),
-                    "n_per_thread": n,
-                    "rounds": rounds,
-                    "aggregate_ns_per_op": round(statistics.median(samples), 3),
-                }
-            )
+                values.append((time.perf_counter() - t0) / (n * t))
+            meta = {
+                "group": "threads",
+                "row": kind_id,
+                "kind": kind,
+                "path": path,
+                "threads": t,
+                "team": bench.team_size(t),
+                "usable_cpus": usable,
+                "inner_loops": t,
+            }
+            out.append(h.benchmark(f"threads/{kind_id}/{t}", values, n, meta))
     # The same work on this process's main thread, outside any OpenMP region: tells a
-    # difference between the harness's one thread and the core group's loop apart from one
+    # difference between the harness's one thread and the nogil group's loop apart from one
     # between processes.
-    plain = timer.measure_many(
-        [
-            (lambda n: bench.guard_loop(g0, n), lambda: bench.set_current(starts["fast"])),
-            (lambda n: bench.pushpop(starts["fast"], n), lambda: bench.set_current(0)),
-        ]
+    plain = (
+        ("guard.fast", lambda n: bench.guard_loop(g0, n), starts["fast"]),
+        ("driver.pushpop", lambda n: bench.pushpop(starts["fast"], n), 0),
     )
+    timed = timer.rounds_of([(fn, lambda s=start: bench.set_current(s)) for _, fn, start in plain])
+    for (row, _, _), (n, warm, values) in zip(plain, timed, strict=True):
+        meta = {"group": "threads", "row": row, "threads": 1, "openmp": "no", "usable_cpus": usable}
+        out.append(h.benchmark(f"threads/{row}/main", values, n, meta, warm))
     bench.set_current(0)
-    restored = cyctx.current_handle() == 0
+    if cyctx.current_handle() != 0:
+        raise RuntimeError("the thread group left a context current on its main thread")
     g0.close()
-    return {
-        "rows": rows,
-        "restored": restored,
-        "cpu_count": os.cpu_count(),
-        "main_thread_no_openmp_ns": {
-            "guard.fast": plain[0].get("ns"),
-            "driver.pushpop": plain[1].get("ns"),
-        },
-        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-    }
+    return out

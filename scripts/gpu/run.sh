@@ -18,7 +18,8 @@
 # (the CUDA 12 suite); nvidia-cuda-runtime-cu11 11.8 (the doctor's demo); pytest-xdist and
 # execnet in .whl/xdist where the machine has no xdist (the suite on 8 workers); test
 # dependencies the machine lacks in .whl/extra (greenlet); dask[distributed] in .whl/dask
-# (`pools`, when the machine has no dask); peer_tests/ from `peer_leak_check.sh prepare`
+# (`pools`, when the machine has no dask); pyperf (the benchmarks' harness, `bench`, when the
+# machine has none; it needs no psutil on Linux); peer_tests/ from `peer_leak_check.sh prepare`
 # (`peers`).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -104,8 +105,15 @@ part_downstream() {
 }
 
 part_bench() {
-    CUDA_HOME=$HDR timeout 330 python3 bench/run_all.py --out-dir "$OUT/bench" 2>&1 \
-        | grep -v -E "^(copying|running|building|creating|/opt/gcc)" | tail -70
+    # About six minutes: pyperf runs each Python-level row in 7 processes (its calibration and
+    # 6 workers), and a worker that loads torch takes about 3 s.
+    local path=${PYTHONPATH:-}
+    if ! python3 -c "import pyperf" 2>/dev/null; then
+        python3 -m pip install -q --no-index --no-deps --target /tmp/pyperf .whl/pyperf-*.whl \
+            && path=/tmp/pyperf${path:+:$path}
+    fi
+    PYTHONPATH=$path CUDA_HOME=$HDR timeout 560 python3 bench/run_all.py --out-dir "$OUT/bench" 2>&1 \
+        | grep -v -E "^(copying|running|building|creating|/opt/gcc)" | tail -90
 }
 
 part_launch() {
