@@ -556,7 +556,7 @@ def build(suite, info):
     th = result["threads"]
     for b in benches:
         md = b.get_metadata()
-        ns = round(b.median() * 1e9, 3)
+        ns = round(b.median() * 1e9, 2)
         if "cuda_devices" in md:
             result["gpu"] = result["gpu"] | {
                 "devices": md["cuda_devices"],
