@@ -483,7 +483,7 @@ def tables(result):
             )
     tnotes.insert(
         0,
-        "same process: a peer against `with guard:` re-measured in the peer's own process "
+        "same process: a peer against `with guard:` re-measured in the peer's own processes "
         "(control rows); a peer target is met only when both values meet it",
     )
     out.append(("Targets", ["target", "value", "same process", "goal", "result"], trows, tnotes))
@@ -556,7 +556,7 @@ def build(suite, info):
     th = result["threads"]
     for b in benches:
         md = b.get_metadata()
-        ns = round(b.median() * 1e9, 2)
+        ns = b.median() * 1e9
         if "cuda_devices" in md:
             result["gpu"] = result["gpu"] | {
                 "devices": md["cuda_devices"],
@@ -574,14 +574,18 @@ def build(suite, info):
                         "id": md["row"],
                         "threads": md["threads"],
                         "team": md["team"],
-                        "aggregate_ns_per_op": ns,
+                        "aggregate_ns_per_op": round(ns, 3),
                     }
                 )
             continue
         row = {k: md.get(k) for k in ("group", "path", "layer", "label")}
         runs = [r for r in b.get_runs() if r.values]
         row.update(
-            id=md["row"], ns=ns, status="ok", values=len(runs[0].values), processes=len(runs)
+            id=md["row"],
+            ns=round(ns, 2),
+            status="ok",
+            values=len(runs[0].values),
+            processes=len(runs),
         )
         row.update({k: bool(md[k]) for k in ("current_inside", "restored") if k in md})
         result["cost"].append(row)
