@@ -9,8 +9,8 @@ processes of its own (this script again, with --worker; they set the group up an
 trace). pyperf calibrates the loop count, runs the processes and keeps every value; the
 manager writes the suite to FILE.json, each run's metadata naming its row and its checks.
 pyperf's options (--fast, --rigorous, --processes, --values, --min-time, --affinity, ...)
-apply; the defaults below are sized so that a peer that takes seconds to load (torch) is not
-loaded a hundred times.
+apply; the defaults below (6 processes, not pyperf's 20) keep a peer that takes seconds to
+load (torch) from being loaded a hundred times.
 
 Exit status 3: the group's library is not installed (its set-up raised ImportError).
 """

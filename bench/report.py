@@ -6,7 +6,6 @@ suite (bench-TAG.json) and what run_all.py recorded beside it (bench-TAG-report.
 """
 
 import json
-import os
 import sys
 
 # The 16-thread fast-path speed-up the report requires; bench/plot.py draws this same line.
@@ -607,42 +606,6 @@ def build(suite, info):
                 for p in paths
             ]
     return result
-
-
-def write(suite, info, out_dir):
-    """Evaluate the targets, print the table and write bench-TAG.json (the pyperf suite),
-    bench-TAG-report.json, .txt, .md and, with matplotlib, the plots into out_dir; returns
-    the names written."""
-    result = build(suite, info)
-    evaluate(result)
-    table = text(result)
-    print("\n" + table)
-    name = f"bench-{info['tag']}"
-    written = [name + ".json", name + "-report.json", name + ".txt", name + ".md"]
-    if suite:
-        suite.dump(os.path.join(out_dir, written[0]), replace=True)
-    with open(os.path.join(out_dir, written[2]), "w") as f:
-        f.write(table + "\n")
-    with open(os.path.join(out_dir, written[3]), "w") as f:
-        f.write(markdown(result))
-    try:
-        import plot
-
-        plots = [os.path.basename(p) for p in plot.plot(result, out_dir, info["tag"])]
-        written += plots
-    except ImportError as exc:
-        plots = (
-            f"skipped: matplotlib is not installed ({exc}); to draw them later: "
-            f"pip install matplotlib && python bench/plot.py {os.path.join(out_dir, written[0])}"
-        )
-        print(f"run_all: plots {plots}")
-    out = dict(info, targets=result["targets"], breakdown=result["breakdown"])
-    out["outputs"] = dict(zip(("json", "report", "table", "markdown"), written, strict=False))
-    out["outputs"]["plots"] = plots
-    with open(os.path.join(out_dir, written[1]), "w") as f:
-        json.dump(out, f, indent=1)
-        f.write("\n")
-    return written
 
 
 def load(path):

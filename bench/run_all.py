@@ -48,6 +48,7 @@ sys.path.insert(0, HERE)
 
 import groups  # noqa: E402
 import harness  # noqa: E402
+import report  # noqa: E402
 
 # pyperf's options for --quick: one worker per row, a fixed loop count (no calibration run).
 QUICK_PYPERF = ["--processes", "1", "--values", "2", "--warmups", "1", "--loops", "1000"]
@@ -102,6 +103,42 @@ def run_groups(args, pyperf_args, build_dir, work):
             else:
                 suites.append(out)
     return ran, suites, memory
+
+
+def write(suite, info, out_dir):
+    """Evaluate the targets, print the table and write bench-TAG.json (the pyperf suite),
+    bench-TAG-report.json, .txt, .md and, with matplotlib, the plots into out_dir; returns
+    the names written."""
+    result = report.build(suite, info)
+    report.evaluate(result)
+    table = report.text(result)
+    print("\n" + table)
+    name = f"bench-{info['tag']}"
+    written = [name + ".json", name + "-report.json", name + ".txt", name + ".md"]
+    if suite:
+        suite.dump(os.path.join(out_dir, written[0]), replace=True)
+    with open(os.path.join(out_dir, written[2]), "w") as f:
+        f.write(table + "\n")
+    with open(os.path.join(out_dir, written[3]), "w") as f:
+        f.write(report.markdown(result))
+    try:
+        import plot
+
+        plots = [os.path.basename(p) for p in plot.plot(result, out_dir, info["tag"])]
+        written += plots
+    except ImportError as exc:
+        plots = (
+            f"skipped: matplotlib is not installed ({exc}); to draw them later: "
+            f"pip install matplotlib && python bench/plot.py {os.path.join(out_dir, written[0])}"
+        )
+        print(f"run_all: plots {plots}")
+    out = dict(info, targets=result["targets"], breakdown=result["breakdown"])
+    out["outputs"] = dict(zip(("json", "report", "table", "markdown"), written, strict=False))
+    out["outputs"]["plots"] = plots
+    with open(os.path.join(out_dir, written[1]), "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+    return written
 
 
 def main(argv=None):
@@ -187,9 +224,7 @@ def main(argv=None):
         first = next((n for n in names if n), "gpu").split(";")[0]
         args.tag = "sim" if args.sim else re.sub(r"\W+", "-", first).strip("-").lower()
     info["tag"] = args.tag
-    import report
-
-    written = report.write(suite, info, args.out_dir)
+    written = write(suite, info, args.out_dir)
     print(f"run_all: wrote {', '.join(written)} in {args.out_dir}")
     failed = [
         n for n, r in ran.items() if r["status"] != "ok" and not r["status"].startswith("missing")
