@@ -27,12 +27,16 @@ extensions = [
     "sphinx.ext.intersphinx",
     "sphinx.ext.doctest",
     "stub_signatures",  # docs/_ext: signatures and types from cyctx/__init__.pyi
+    "code_tables",  # docs/_ext: tables and versions rendered from the code and pyproject.toml
 ]
 source_suffix = {".md": "markdown"}
 root_doc = "index"
 exclude_patterns = ["_build", "_intersphinx"]
 myst_heading_anchors = 3
-myst_enable_extensions = ["colon_fence", "deflist"]
+myst_enable_extensions = ["colon_fence", "deflist", "substitution"]
+from code_tables import substitutions  # noqa: E402 (docs/_ext, on the path above)
+
+myst_substitutions = substitutions()
 autodoc_member_order = "bysource"
 autosummary_generate = False
 autodoc_typehints = "signature"
@@ -81,4 +85,4 @@ html_theme_options = {
 }
 # Pages of this site are linked ([the evidence](evidence.md)); paths to other files of the
 # repository (src/..., tests/..., bench/results/...) are written as code, not as links, so the
-# documentation builds from the source tree alone (tests/test_citations.py checks they exist).
+# documentation builds from the source tree alone.

@@ -7,8 +7,7 @@
   entries, the live-guard registry, the driver table, the fork flags) that the first one never
   sees;
 * there are no import circles among cyctx's modules, lazy imports included (an import under
-  ``if TYPE_CHECKING:`` never runs and is left out);
-* every file under src/cyctx is one docs/design.md's layout names, and every file it names exists.
+  ``if TYPE_CHECKING:`` never runs and is left out).
 
 Each check is a function of the package directory, so the tests below also run it on a copy with
 the fact broken and see it fail.
@@ -25,7 +24,6 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "src", "cyctx")
-DESIGN = os.path.join(ROOT, "docs", "design.md")
 SETUP = os.path.join(ROOT, "setup.py")
 
 # Build outputs that live beside the sources after an in-place build.
@@ -321,29 +319,3 @@ def test_an_import_for_annotations_only_is_left_out(tmp_path):
         "if TYPE_CHECKING:\n    from cyctx import c\nelse:\n    from cyctx import d\n"
     )
     assert python_imports(str(copy), "a.py") == {"cyctx.b", "cyctx.d"}
-
-
-# --- the layout docs/design.md describes --------------------------------------------------------
-
-
-def documented_files(text: str | None = None) -> set[str]:
-    """The files named in the first column of design.md's layout table (paths in backticks,
-    relative to src/cyctx), between ``<!-- layout -->`` and ``<!-- /layout -->``."""
-    text = _read(DESIGN) if text is None else text
-    m = re.search(r"<!-- layout -->\n(.*?)<!-- /layout -->", text, re.S)
-    assert m, "docs/design.md has no <!-- layout --> table"
-    return set(re.findall(r"^\| `([^`]+)` \|", m.group(1), re.M))
-
-
-def test_the_tree_is_the_documented_layout():
-    files, doc = set(source_files()), documented_files()
-    assert not files - doc, (
-        f"files in src/cyctx that docs/design.md does not list: {sorted(files - doc)}"
-    )
-    assert not doc - files, f"docs/design.md lists files that do not exist: {sorted(doc - files)}"
-
-
-def test_an_unlisted_file_is_caught():
-    doc = documented_files()
-    text = _read(DESIGN).replace(f"| `{sorted(doc)[0]}` |", "| gone |", 1)
-    assert documented_files(text) == doc - {sorted(doc)[0]}

@@ -1,4 +1,13 @@
-# Sourced by scripts/release/build_wheels.sh and .ci/run: where a CPython of a given minor is.
+# Sourced by scripts/release/build_wheels.sh and .ci/run: which CPythons cyctx supports, and where
+# a CPython of a given minor is.
+
+# supported_pythons -> "3.11", "3.12", ..., one a line, lowest first: pyproject.toml's classifiers,
+# the one list of them.
+supported_pythons() {
+    sed -n 's/^ *"Programming Language :: Python :: \(3\.[0-9][0-9]*\)",\{0,1\}$/\1/p' \
+        "$(dirname "${BASH_SOURCE[0]}")/../../pyproject.toml" | sort -V
+}
+
 # find_python 3.11 -> the newest 3.11.x under pyenv, else python3.11 on PATH, else nothing.
 find_python() {
     local p

@@ -3,12 +3,12 @@
 #
 #   bash scripts/release/build_wheels.sh [PYTHON ...]
 #
-# PYTHONs default to CPython 3.11 to 3.15: each from pyenv (or PATH), else from Debian
-# unstable in a chroot (scripts/release/sid_chroot.sh; it packages 3.14 and 3.15, which need a newer
-# glibc than older hosts have). A PYTHON is a path, or sid:3.15 for the chroot's. Each wheel
+# PYTHONs default to the CPythons of pyproject.toml's classifiers: each from pyenv (or PATH), else
+# from Debian unstable in a chroot (scripts/release/sid_chroot.sh: the newest ones, which need a
+# newer glibc than older hosts have). A PYTHON is a path, or sid:3.N for the chroot's. Each wheel
 # is built in an isolated environment (the build requirements of pyproject.toml: cuda-bindings
-# and CUDA headers 13.0, 13.4 for 3.15, so the wheel serves every cuda-bindings 12.9+ and
-# 13.x), linked stripped, without run paths and against glibc 2.2.5-versioned link stubs
+# and CUDA headers 13.0, or 13.4 where 13.0 has no wheel, so the wheel serves every
+# cuda-bindings 12.9+ and 13.x), linked stripped, without run paths and against glibc 2.2.5-versioned link stubs
 # (setup.py), then repaired and tagged by auditwheel for $CYCTX_MANYLINUX (default
 # manylinux_2_28_x86_64, the baseline of cuda-bindings' own wheels): the script fails when a
 # wheel needs anything newer. Then every artefact is checked: `twine check`, `auditwheel
@@ -21,13 +21,12 @@ OUT=wheelhouse
 RAW=build/wheels-raw
 TOOLS=build/wheel-tools
 PLAT=${CYCTX_MANYLINUX:-manylinux_2_28_x86_64}
-SUPPORTED="3.11 3.12 3.13 3.14 3.15"
 
 # shellcheck source=scripts/release/_python.sh
 . scripts/release/_python.sh
 pythons=("$@")
 if [ ${#pythons[@]} -eq 0 ]; then
-    for v in $SUPPORTED; do
+    for v in $(supported_pythons); do
         p=$(find_python "$v")
         if [ -n "$p" ]; then pythons+=("$p"); else pythons+=("sid:$v"); fi
     done

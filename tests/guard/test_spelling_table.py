@@ -1,5 +1,6 @@
 """The device spellings are written once (cyctx._inputs.SPELLINGS): recognition tries them, the
-errors name them, and the stub's DeviceLike and docs/guarantees.md's table say the same."""
+errors name them, the stub's DeviceLike says the same (docs/guarantees.md renders its table from
+them)."""
 
 import os
 import re
@@ -12,7 +13,6 @@ from cyctx._inputs import KINDS, SPELLINGS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STUB = os.path.join(ROOT, "src", "cyctx", "__init__.pyi")
-GUARANTEES = os.path.join(ROOT, "docs", "guarantees.md")
 
 
 def test_every_spelling_has_a_kind_a_stub_and_docs():
@@ -30,49 +30,6 @@ def test_the_stub_union_is_the_tables():
     assert members == {sp.stub for sp in SPELLINGS}, members
     for name in members - {"SupportsIndex"}:  # each a Protocol the stub defines
         assert re.search(rf"^class {name}\(Protocol\):", text, re.M), name
-
-
-def _made_from_table():
-    with open(GUARANTEES, encoding="utf-8") as f:
-        text = f.read()
-    section = text.split("## What a guard can be made from", 1)[1].split("\n## ", 1)[0]
-    rows = []
-    for line in section.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 3 and cells[0] not in ("you pass",) and not set(cells[0]) <= {"-"}:
-            rows.append(cells)
-    return rows
-
-
-# How the table's "the guard uses" column names each kind.
-USES = {
-    "device": ("the device's primary context", "that device's primary context"),
-    "context": ("that context",),
-    "stream": ("its context (`cuStreamGetCtx`)",),
-    "green context": ("its context (`cuCtxFromGreenCtx`)",),
-}
-
-
-def _kind_of(uses):
-    (kind,) = [k for k, starts in USES.items() if uses.startswith(starts)]
-    return kind
-
-
-def test_the_docs_table_names_every_spelling_in_its_row():
-    rows = [(_kind_of(uses), you_pass) for you_pass, uses, _ in _made_from_table()]
-    assert {k for k, _ in rows} == set(KINDS), rows
-    for sp in SPELLINGS:
-        for words in sp.docs:
-            assert any(k == sp.kind and words in you_pass for k, you_pass in rows), (sp.what, words)
-
-
-def test_the_docs_table_names_nothing_the_table_does_not():
-    # ContextGuard.from_handle is a constructor, not a spelling ContextGuard() recognises.
-    for you_pass, uses, _ in _made_from_table():
-        kind = _kind_of(uses)
-        known = " ".join(w for sp in SPELLINGS if sp.kind == kind for w in sp.docs)
-        for span in re.findall(r"`[^`]+`", you_pass):
-            assert span in known or span == "`ContextGuard.from_handle(int)`", (kind, span)
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """The doctor's rules: each finding it can make is one small function over what was gathered
 (:class:`~.gather.Seen`), and :data:`RULES` lists them in order, each with the code and the
-severity of its finding; docs/doctor.md's table of findings is checked against it.
+severity of its finding; a rule's docstring says what it finds (docs/doctor.md's table of
+findings is rendered from these).
 
 A rule returns the finding's words (:class:`~.words.Said`) or None; :func:`findings_of` makes
 the :class:`~.model.Finding` from the rule's code and severity and the words, so a rule cannot
@@ -57,22 +58,27 @@ def _refused(s: Seen, code: int | None) -> Said | None:
 
 
 def driver_stub(s: Seen) -> Said | None:
+    """The ``libcuda.so.1`` that loads is the CUDA toolkit's stub, not a driver."""
     return _refused(s, STUB_LIBRARY)
 
 
 def driver_too_old(s: Seen) -> Said | None:
+    """The ``libcuda.so.1`` that loads is older than CUDA 12.0 (no ``cuGetProcAddress_v2``)."""
     return _refused(s, NOT_SUPPORTED)
 
 
 def driver_incomplete(s: Seen) -> Said | None:
+    """The ``libcuda.so.1`` that loads lacks a function every driver of CUDA 12.0+ has."""
     return _refused(s, NOT_FOUND)
 
 
 def driver_unusable(s: Seen) -> Said | None:
+    """The ``libcuda.so.1`` that loads is refused for another reason (cyctx's own error's)."""
     return _refused(s, None)
 
 
 def no_driver(s: Seen) -> Said | None:
+    """No NVIDIA driver: ``libcuda.so.1`` cannot be loaded."""
     if s.stage != "no_driver":
         return None
     assert s.report.driver_error is not None  # what loading it raised
@@ -80,14 +86,17 @@ def no_driver(s: Seen) -> Said | None:
 
 
 def forked_child(s: Seen) -> Said | None:
+    """A child forked after CUDA was used: nothing can run in it; use ``spawn``."""
     return words.fork(s.report.forked_from) if s.stage == "forked" else None
 
 
 def no_device(s: Seen) -> Said | None:
+    """The driver loads and sees no device."""
     return words.no_device() if s.stage == "init_failed" and s.init_error == NO_DEVICE else None
 
 
 def init_failed(s: Seen) -> Said | None:
+    """``cuInit`` failed with an error no other finding names."""
     if s.stage != "init_failed" or s.init_error is None or s.init_error == NO_DEVICE:
         return None
     return words.driver_error("cuInit", error_name(s.init_error))
@@ -98,11 +107,14 @@ def init_failed(s: Seen) -> Said | None:
 
 
 def current_unknown(s: Seen) -> Said | None:
+    """``cuCtxGetCurrent`` failed."""
     c = s.report.context
     return words.driver_error("cuCtxGetCurrent", c.error) if c and c.error else None
 
 
 def no_current_context(s: Seen) -> Said | None:
+    """This thread has no current context: normal for a new thread, and always so in the
+    doctor's own process."""
     c = s.report.context
     if c is None or c.error or c.handle != 0:
         return None
@@ -125,6 +137,8 @@ def _inactive_primary(s: Seen, c: ContextInfo) -> bool:
 
 
 def inactive_primary_current(s: Seen) -> Said | None:
+    """The current context is a primary context that is not active: the classic
+    ``CUDA_ERROR_INVALID_CONTEXT``."""
     c = _current(s)
     if c is None or c.usable or not _inactive_primary(s, c):
         return None
@@ -132,6 +146,7 @@ def inactive_primary_current(s: Seen) -> Said | None:
 
 
 def dead_current_context(s: Seen) -> Said | None:
+    """The current context was destroyed (``cuCtxDestroy``, on another thread)."""
     c = _current(s)
     if c is None or c.usable or _inactive_primary(s, c):
         return None
@@ -139,6 +154,8 @@ def dead_current_context(s: Seen) -> Said | None:
 
 
 def current_not_primary(s: Seen) -> Said | None:
+    """The current context is live and is not its device's primary context (made by
+    ``cuCtxCreate``), and no guard holds it."""
     # Live and told apart from the primary context without retaining it; a context the caller
     # gave a guard is theirs on purpose.
     c = _current(s)
@@ -181,6 +198,7 @@ def _guards(s: Seen) -> list[GuardInfo]:
 
 
 def context_reset(s: Seen, g: GuardInfo) -> Said | None:
+    """A guard's primary context was reset since the guard last saw it."""
     return words.reset(g) if g.reset else None
 
 
@@ -191,6 +209,7 @@ def reset_by(s: Seen, g: GuardInfo) -> str | None:
 
 
 def guard_context_destroyed(s: Seen, g: GuardInfo) -> Said | None:
+    """The caller's context behind a guard (created or green) was destroyed."""
     return words.guard_context_destroyed(g) if g.destroyed else None
 
 
@@ -199,6 +218,7 @@ def _devices(s: Seen) -> list[DeviceInfo]:
 
 
 def primary_flags(s: Seen, dev: DeviceInfo) -> Said | None:
+    """A primary context is active with flags other than the default ``SCHED_AUTO``."""
     return words.primary_flags(dev) if dev.primary_active and dev.primary_flags else None
 
 
@@ -206,10 +226,13 @@ def primary_flags(s: Seen, dev: DeviceInfo) -> Said | None:
 
 
 def cuda_initialised_before_fork(s: Seen) -> Said | None:
+    """Asked with ``before_fork=True``: CUDA is initialised, so a forked child cannot
+    use it; names the CUDA libraries loaded."""
     return words.fork_ahead(s.fork_libraries) if s.initialised is True else None
 
 
 def fork_safe(s: Seen) -> Said | None:
+    """Asked with ``before_fork=True`` where nothing initialised CUDA: a forked child can use it."""
     return words.fork_safe() if s.initialised is False else None
 
 
@@ -228,6 +251,7 @@ def _own(s: Seen) -> list[tuple[LoadedLibrary, int]]:
 
 
 def runtime_newer_than_driver(s: Seen, lib: LoadedLibrary) -> Said | None:
+    """A loaded CUDA runtime of a newer major than the driver."""
     drv = s.report.driver_version
     if drv and (lib.version or 0) // 1000 > drv // 1000:
         return words.runtime_newer(lib, drv)
@@ -235,6 +259,8 @@ def runtime_newer_than_driver(s: Seen, lib: LoadedLibrary) -> Said | None:
 
 
 def runtime_majors_mixed(s: Seen) -> Said | None:
+    """CUDA runtimes of different majors in one process, each with the distribution that
+    brought it."""
     own = _own(s)
     if len({v // 1000 for _, v in own}) > 1:
         return words.mixed_majors([lib for lib, _ in own])
@@ -242,6 +268,7 @@ def runtime_majors_mixed(s: Seen) -> Said | None:
 
 
 def cuda11_runtime_loaded(s: Seen) -> Said | None:
+    """A CUDA runtime older than 12.0 is loaded: the classic failure's precondition."""
     old = [lib for lib, v in _own(s) if v < 12000]
     if not old:
         return None
