@@ -22,7 +22,6 @@ release = version = cyctx.__version__
 extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
-    "sphinx.ext.autosummary",  # the summary table of each class in api.md (no generated pages)
     "sphinx.ext.napoleon",
     "sphinx.ext.intersphinx",
     "sphinx.ext.doctest",
@@ -38,7 +37,6 @@ from code_tables import substitutions  # noqa: E402 (docs/_ext, on the path abov
 
 myst_substitutions = substitutions()
 autodoc_member_order = "bysource"
-autosummary_generate = False
 autodoc_typehints = "signature"
 napoleon_numpy_docstring = True
 napoleon_google_docstring = False

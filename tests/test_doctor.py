@@ -1189,7 +1189,7 @@ def test_runtime_in_the_report():
             and r.runtime.version_from == "cudaRuntimeGetVersion"
         )
         assert r.runtime.current_device == 0, (
-            "inside a guard for k, cudaGetDevice says k (docs/guarantees.md)"
+            "inside a guard for k, cudaGetDevice says k (docs/design.md: the runtime follows it)"
         )
     finally:
         g.close()

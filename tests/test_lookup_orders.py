@@ -1,5 +1,5 @@
 """The documented lookup orders, step by step, each variable also set to a bad value: which
-simulated driver (docs/simulator.md, "Which library"), how many devices it has, which libcudart
+simulated driver (docs/simulator.md, "How it plugs in"), how many devices it has, which libcudart
 the doctor asks (docs/doctor.md, `--cudart`), which libcupti a trace loads (docs/tracing.md).
 (libcuda.so.1 itself: tests/guard/test_errors.py, one test per way its loading fails; the
 headers: tests/test_cuda_headers.py.)"""

@@ -1,5 +1,5 @@
-"""Thread pools and Dask (examples/pools/, docs/guide/pools.md): tasks for several devices,
-each inside its device's ContextGuard.shared(k), on a concurrent.futures pool and on a
+"""Thread pools and Dask (examples/pools/, docs/thread-pools.md): tasks for several devices,
+each inside its device's guard, cyctx.device(k), on a concurrent.futures pool and on a
 dask.distributed LocalCluster of process workers with several threads each. Every pool thread
 is visited afterwards: none may be left with a context current or a guard entered, and no
 retain may leak. Each run is a child process (the shared guards live for the process)."""

@@ -2,8 +2,8 @@
 
     python examples/pools/dask_example.py [--workers N] [--threads N] [--tasks N] [--simulate]
 
-Two ways to give a task its device, both inside the device's ContextGuard.shared(k) of the
-worker process:
+Two ways to give a task its device, both inside the device's guard of the worker process,
+``cyctx.device(k)``:
 
 * the task names its device (``client.map(device_task, devices, ...)``);
 * the worker picks it: each worker takes device ``(worker number) % (device count)`` from its

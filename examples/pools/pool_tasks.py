@@ -3,7 +3,7 @@
 A pool thread runs tasks one after another and keeps whatever context the last one left
 current. A task that relies on "the current context" therefore runs on whichever device the
 previous task of that thread used. Each task here names its device and enters that device's
-process-wide guard, ``ContextGuard.shared(device)``: the primary context is retained once per
+process-wide guard, ``cyctx.device(device)``: the primary context is retained once per
 process and stays alive between tasks, the task's driver calls run on the right device, and
 on leaving the thread has again what it had before (no context, for a pool thread).
 
@@ -34,7 +34,7 @@ def device_task(device: int, i: int) -> dict:
     memory): check the current context's device. Returns what the thread
     had current before and after."""
     before = cyctx.current_handle()
-    with cyctx.ContextGuard.shared(device):
+    with cyctx.device(device):
         dev = int(_check(driver.cuCtxGetDevice(), "cuCtxGetDevice"))
         if dev != device:
             raise AssertionError(f"task for device {device} ran on device {dev}")
@@ -64,7 +64,7 @@ def _memory_roundtrip(device: int, i: int) -> None:
 def careless_task(device: int) -> int:
     """What not to do: make a context current and leave it (as ``cudaSetDevice`` or a push
     without a pop does). The next task on this thread finds it current."""
-    cyctx.ContextGuard.shared(device).__enter__()  # entered, never left
+    cyctx.device(device).__enter__()  # entered, never left
     return threading.get_ident()
 
 

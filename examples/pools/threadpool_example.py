@@ -1,5 +1,5 @@
 """GPU tasks for every device on a concurrent.futures.ThreadPoolExecutor, each task inside its
-device's ContextGuard.shared(k); then every pool thread is visited to show what it was left with.
+device's guard, cyctx.device(k); then every pool thread is visited to show what it was left with.
 
     python examples/pools/threadpool_example.py [--tasks N] [--workers N] [--simulate]
 

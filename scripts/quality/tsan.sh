@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# ThreadSanitizer over cyctx's native code on the simulated driver (docs/threads.md, "Checked
-# with ThreadSanitizer").
+# ThreadSanitizer over cyctx's native code on the simulated driver (docs/packaging.md, "What is
+# checked where").
 #
 # Builds a copy of the extension and of the simulated driver with -fsanitize=thread (in a
 # temporary directory; the tree and the installed cyctx are untouched), builds the harness

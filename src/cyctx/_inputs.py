@@ -222,7 +222,7 @@ class Spelling(NamedTuple):
     match: object  # (type, module, name, obj) -> bool; looked at in SPELLINGS' order
     read: object  # (obj, default_as_device) -> Target
     stub: str  # its member of DeviceLike in __init__.pyi
-    docs: tuple  # how docs/guarantees.md's table names it ("What a guard can be made from")
+    docs: tuple  # how docs/guarantees.md's table, rendered from these, names it
 
 
 def _core_stream(obj, default_as_device):
@@ -265,7 +265,8 @@ def _names(names):
 
 # Every spelling of a device, a context, a stream or a green context, written once: recognise()
 # (so ContextGuard(), shared() and cyctx.device()) tries them in this order, the errors list
-# them, and tests tie __init__.pyi's DeviceLike and docs/guarantees.md's table to them.
+# them, a test ties __init__.pyi's DeviceLike to them, and docs/guarantees.md renders its table
+# ("What a guard can be made from") from them.
 # Objects are recognised by their type's module and name: no framework is imported.
 SPELLINGS = (
     Spelling(

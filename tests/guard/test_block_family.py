@@ -7,8 +7,8 @@ enters a guard of device 1, then the shared guard through the same kind of wrapp
 suspends; A leaves first. A's exit must take its own entry (its block is left out of order on
 the thread: GuardError, "out of order", its entry removed) or be refused loudly ("cannot
 tell"); never take B's. B's block must still run on device 0, and leaving it must restore device
-1, then nothing. The expected outcome of each cell is the table below (docs/guarantees.md has
-the same table).
+1, then nothing. The expected outcome of each cell is the table below (docs/guarantees.md,
+"Which block an exit belongs to", points here).
 """
 
 import asyncio
