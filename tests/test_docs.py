@@ -91,7 +91,7 @@ def test_site_builds_without_warnings_and_its_links_hold(tmp_path):
     for page in (
         "api",
         "cython-api",
-        "threads",
+        "thread-pools",
         "testing",
         "doctor",
         "benchmarks",
