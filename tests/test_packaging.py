@@ -40,21 +40,29 @@ def test_license_metadata():
 
 
 def test_python_versions_are_declared_once_and_consistently():
-    # requires-python, the classifiers and the running interpreter agree: 3.11 to 3.15.
+    # The classifiers are the one list (the docs and the release scripts read it): an unbroken
+    # run of minors from requires-python's, the running interpreter among them.
     meta = md.metadata("cyctx")
     declared = sorted(
-        c.rsplit(" ", 1)[1]
+        int(c.rsplit(".", 1)[1])
         for c in meta.get_all("Classifier")
         if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
     )
-    assert declared == ["3.11", "3.12", "3.13", "3.14", "3.15"], declared
-    assert meta["Requires-Python"] == ">=3.11"
-    assert f"{sys.version_info[0]}.{sys.version_info[1]}" in declared
+    assert declared and declared == list(range(declared[0], declared[-1] + 1)), declared
+    assert meta["Requires-Python"] == f">=3.{declared[0]}"
+    assert sys.version_info[0] == 3 and sys.version_info[1] in declared
 
 
 def test_metadata_names_no_url_that_does_not_exist():
-    # No public repository or documentation site exists yet: no Project-URL may point at one.
-    assert not md.metadata("cyctx").get_all("Project-URL")
+    # No public repository or documentation site exists yet: each Project-URL is a file of the
+    # source distribution (a path from its root), never an address that may not exist.
+    urls = dict(u.split(", ", 1) for u in md.metadata("cyctx").get_all("Project-URL") or [])
+    assert set(urls) == {"Documentation", "Changelog", "Source"}, urls
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for label, target in urls.items():
+        assert "://" not in target, (label, target)
+        if os.path.isfile(os.path.join(root, "pyproject.toml")):  # a checkout or the sdist
+            assert os.path.exists(os.path.join(root, target)), (label, target)
 
 
 def test_build_info_names_no_path_of_the_build_machine():
