@@ -92,8 +92,8 @@ _write_build_info()
 INLINE_ARGS = ["--param=max-inline-insns-single=2000"]  # GCC's; dropped where not taken
 
 # The Python-protocol layer reads two thread-state fields on the CPython versions the suite runs
-# on (3.11-3.15); any other version gets the plain build, public API only
-# (src/cyctx/_protocol/strand.h). CYCTX_PLAIN_PROTOCOL=1 forces it, for testing it (.ci/run).
+# on (src/cyctx/_protocol/strand.h gates them); any other version gets the plain build, public
+# API only. CYCTX_PLAIN_PROTOCOL=1 forces it, for testing it (.ci/run).
 PROTOCOL_MACROS = (
     [("CYCTX_PLAIN_PROTOCOL", "1")] if os.environ.get("CYCTX_PLAIN_PROTOCOL") == "1" else []
 )
