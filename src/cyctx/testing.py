@@ -65,6 +65,7 @@ CONTROL_API: tuple[tuple[str, type | None, list[type]], ...] = (
     ("cyctxsim_primary_active", ctypes.c_int, [ctypes.c_int]),
     ("cyctxsim_stack_depth", ctypes.c_int, []),
     ("cyctxsim_live_contexts", ctypes.c_int, []),
+    ("cyctxsim_reuse_handles", ctypes.c_int, [ctypes.c_int]),
     (
         "cyctxsim_inject_fault",
         ctypes.c_int,
@@ -73,8 +74,11 @@ CONTROL_API: tuple[tuple[str, type | None, list[type]], ...] = (
     ("cyctxsim_clear_faults", None, []),
     ("cyctxsim_call_count", ctypes.c_longlong, [ctypes.c_char_p]),
     ("cyctxsim_stall", ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
+    ("cyctxsim_stall_at_return", ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
     ("cyctxsim_stalled", ctypes.c_int, []),
     ("cyctxsim_unstall", None, []),
+    ("cyctxsim_cudaSetDevice", ctypes.c_int, [ctypes.c_int]),
+    ("cyctxsim_cudaDeviceReset", ctypes.c_int, []),
 )
 
 
@@ -120,6 +124,13 @@ class Sim:
         """Contexts made by cuCtxCreate and not destroyed."""
         return self._lib.cyctxsim_live_contexts()
 
+    def reuse_handles(self, on: bool = True) -> bool:
+        """Whether ``cuCtxCreate`` gives a new context the handle of the created context
+        destroyed last (off by default, as on the H200; other drivers do it): the new context
+        has a new id, so only the id tells it from the old one. Returns the previous
+        setting."""
+        return bool(self._lib.cyctxsim_reuse_handles(int(bool(on))))
+
     def inject_fault(self, function: str, code: int, nth: int = 1, count: int = 1) -> None:
         """Make the ``nth`` next call of driver ``function`` (and ``count - 1`` after it)
         return ``code`` without any effect."""
@@ -130,11 +141,18 @@ class Sim:
         """Drop every fault injected and not yet delivered."""
         self._lib.cyctxsim_clear_faults()
 
-    def stall(self, function: str, nth: int = 1) -> None:
+    def stall(self, function: str, nth: int = 1, at_return: bool = False) -> None:
         """Make the ``nth`` next call of driver ``function`` wait, on whatever thread makes
-        it, until :meth:`unstall`; :meth:`stalled` says when a thread is held."""
-        if self._lib.cyctxsim_stall(function.encode(), nth) != 0:
-            raise ValueError(f"bad stall: {function!r} nth={nth} (or one is armed already)")
+        it, until :meth:`unstall`; :meth:`stalled` says when a thread is held. It waits before
+        it does anything, or with ``at_return`` once it has done its work, before it returns
+        (and before a CUPTI subscriber hears of its exit): for the context calls a subscriber
+        sees only."""
+        arm = self._lib.cyctxsim_stall_at_return if at_return else self._lib.cyctxsim_stall
+        if arm(function.encode(), nth) != 0:
+            raise ValueError(
+                f"bad stall: {function!r} nth={nth} at_return={at_return} (or one is armed "
+                f"already)"
+            )
 
     def stalled(self) -> int:
         """Threads held by a stall now."""
@@ -143,6 +161,19 @@ class Sim:
     def unstall(self) -> None:
         """Let the held call go on; disarm a stall that has not fired."""
         self._lib.cyctxsim_unstall()
+
+    def cuda_set_device(self, device: int) -> int:
+        """The runtime's ``cudaSetDevice(device)`` as a CUDA 12+ libcudart makes it, driver
+        calls and all: the device's primary context made current, and retained by the runtime
+        the first time. A trace sees the driver calls inside it. Returns the driver's code
+        (0: success)."""
+        return self._lib.cyctxsim_cudaSetDevice(device)
+
+    def cuda_device_reset(self) -> int:
+        """The runtime's ``cudaDeviceReset()``: the current device's primary context reset
+        (a trace sees its "destroy starting" inside the call), the runtime's retain given up.
+        Returns the driver's code (0: success)."""
+        return self._lib.cyctxsim_cudaDeviceReset()
 
     def call_count(self, function: str | None = None) -> int:
         """Calls of ``function`` (all driver calls when None) since the library loaded."""

@@ -135,7 +135,8 @@ enum { KIND_NONE, KIND_PRIMARY, KIND_CREATED };
 
 typedef struct SimCtx {
     _Atomic int kind;                  /* KIND_NONE: a slot no handle points to yet */
-    int device;                        /* set before kind is published, then fixed */
+    _Atomic int device;                /* set before kind is published; a reused handle's
+                                          new context sets it again (g_reusable) */
     _Atomic int live;                  /* primary: active; created: not destroyed */
     _Atomic unsigned long long id;     /* cuCtxGetId; a primary gets a new one per activation */
     _Atomic unsigned int flags;        /* the context's flags (cuCtxGetFlags/SetFlags) */
@@ -161,6 +162,14 @@ static SimCtx *_Atomic g_chunks[SIM_MAX_CHUNKS];
 static _Atomic int g_nchunks;
 static int g_chunk_used;                       /* slots taken in the last chunk */
 static _Atomic int g_live_created;
+/* Handle reuse, off unless asked (cyctxsim_reuse_handles): the H200 gave no destroyed
+ * context's handle value to a new one in 64 tries ("A destroyed context answers 709 to
+ * cuCtxGetId"), other reports say drivers do. On, the next cuCtxCreate takes the handle of the
+ * created context destroyed last, as a driver that frees its record and allocates the next
+ * one there would; not while some thread still has it on its stack (the driver keeps a
+ * destroyed context's record for those threads). Under g_lock. */
+static int g_reuse;
+static SimCtx *g_reusable;
 
 static _Atomic long long g_calls[F_COUNT];
 
@@ -207,18 +216,22 @@ static CUresult fault_take(int fn) {
  * Stalls (cyctxsim_stall): the nth next call of one function waits, counted but before
  * it does anything, until cyctxsim_unstall(). A test holds a thread inside a driver call
  * that way (inside a guard's re-activation, without the GIL) and races it from another
- * thread. A call with no stall armed costs one atomic load.
+ * thread. A call with no stall armed costs one atomic load. A stall at return
+ * (cyctxsim_stall_at_return) lets a traced call do its work and holds it as it returns,
+ * before its exit is reported to a CUPTI subscriber: what a driver call that is slow to
+ * return after its effect (a destroy, long after "destroy starting") lets other threads do.
  * ------------------------------------------------------------------------------ */
 static pthread_mutex_t g_stall_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_stall_cv = PTHREAD_COND_INITIALIZER;
 static _Atomic int g_stall_fn = -1;            /* the armed function, or -1 */
+static int g_stall_at_return;                  /* held as it returns, not as it starts */
 static int g_stall_skip;                       /* calls still let through first */
 static int g_stall_waiting;                    /* threads held now */
 static unsigned g_stall_gen;                   /* bumped by cyctxsim_unstall */
 
-static void stall_take(int fn) {
+static void stall_take(int fn, int at_return) {
     pthread_mutex_lock(&g_stall_lock);
-    if (atomic_load(&g_stall_fn) == fn) {
+    if (atomic_load(&g_stall_fn) == fn && g_stall_at_return == at_return) {
         if (g_stall_skip > 0) {
             g_stall_skip--;
         } else {
@@ -236,7 +249,7 @@ static void stall_take(int fn) {
  * successful cuInit or in a forked child ("A forked child gets CUDA_ERROR_NOT_INITIALIZED from every call"). */
 static inline CUresult sim_enter(int fn, int need_init) {
     atomic_fetch_add_explicit(&g_calls[fn], 1, memory_order_relaxed);
-    if (atomic_load_explicit(&g_stall_fn, memory_order_acquire) == fn) stall_take(fn);
+    if (atomic_load_explicit(&g_stall_fn, memory_order_acquire) == fn) stall_take(fn, 0);
     if (atomic_load_explicit(&g_nfaults, memory_order_acquire) > 0) {
         CUresult f = fault_take(fn);
         if (f != CUDA_SUCCESS) return f;
@@ -757,18 +770,18 @@ static void cb_api_data(SimApiCall *a, const char *name, const void *params, CUr
                              atomic_fetch_add(&g_sub_correlation, 1) + 1};
 }
 
-static void cb_api_enter(SimApiCall *a, uint32_t cbid, const char *name, const void *params,
-                         CUresult *ret) {
+static void cb_api_enter(SimApiCall *a, int domain, uint32_t cbid, const char *name,
+                         const void *params, CUresult *ret) {
     cb_api_data(a, name, params, ret);
-    cb_fire(SIM_CB_DOMAIN_DRIVER_API, cbid, &a->d);
+    cb_fire(domain, cbid, &a->d);
 }
 
-static void cb_api_exit(SimApiCall *a, uint32_t cbid) {
+static void cb_api_exit(SimApiCall *a, int domain, uint32_t cbid) {
     SimCtx *cur = stack_top();
     a->d.callbackSite = 1;
     a->d.context = (CUcontext)cur;
     a->d.contextUid = cur ? (uint32_t)atomic_load(&cur->id) : 0u;
-    cb_fire(SIM_CB_DOMAIN_DRIVER_API, cbid, &a->d);
+    cb_fire(domain, cbid, &a->d);
 }
 
 /* One traced driver function: `impl` does the work; the wrapper reports entry and exit,
@@ -781,13 +794,15 @@ static void cb_api_exit(SimApiCall *a, uint32_t cbid) {
         SimApiCall a_;                                                               \
         if (!cb_wanted(SIM_CB_DOMAIN_DRIVER_API, (cbid))) {                          \
             r_ = impl(__VA_ARGS__);                                                  \
+            stall_at_return(cbid);                                                   \
             if (!cb_wanted(SIM_CB_DOMAIN_DRIVER_API, (cbid))) return r_;             \
             cb_api_data(&a_, (name), (params), &r_);                                 \
         } else {                                                                     \
-            cb_api_enter(&a_, (cbid), (name), (params), &r_);                        \
+            cb_api_enter(&a_, SIM_CB_DOMAIN_DRIVER_API, (cbid), (name), (params), &r_); \
             r_ = impl(__VA_ARGS__);                                                  \
+            stall_at_return(cbid);                                                   \
         }                                                                            \
-        cb_api_exit(&a_, (cbid));                                                    \
+        cb_api_exit(&a_, SIM_CB_DOMAIN_DRIVER_API, (cbid));                          \
         return r_;                                                                   \
     } while (0)
 
@@ -897,15 +912,19 @@ static CUresult sim_primary_get_state(CUdevice dev, unsigned int *flags, int *ac
  * driver's retain survived, re-retain then needed two releases). The handle stays; the next retain activates it
  * with a new id. The flags go back to 0 (seen on the H200: SetFlags(4), retain, reset
  * -> GetState flags 0). */
-static CUresult impl_primary_reset(CUdevice dev) {
-    ENTER(F_cuDevicePrimaryCtxReset);
-    if (!dev_ok(dev)) return CUDA_ERROR_INVALID_DEVICE;
+static void primary_reset(CUdevice dev) {
     pthread_mutex_lock(&g_lock);
     if (is_live(&g_prim[dev])) cb_resource(SIM_CBID_CONTEXT_DESTROY_STARTING, &g_prim[dev]);
     atomic_store_explicit(&g_prim[dev].live, 0, memory_order_release);
     atomic_store(&g_prim[dev].pflags, 0u);
     atomic_store(&g_prim[dev].flags, 0u);
     pthread_mutex_unlock(&g_lock);
+}
+
+static CUresult impl_primary_reset(CUdevice dev) {
+    ENTER(F_cuDevicePrimaryCtxReset);
+    if (!dev_ok(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    primary_reset(dev);
     return CUDA_SUCCESS;
 }
 
@@ -936,19 +955,25 @@ static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev) {
     if (!flags_ok(flags, SIM_CTX_FLAGS_VALID)) return CUDA_ERROR_INVALID_VALUE;
     if (!dev_ok(dev)) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_lock);
-    int nchunks = atomic_load(&g_nchunks);
-    if (nchunks == 0 || g_chunk_used == SIM_CHUNK) {
-        SimCtx *chunk = nchunks < SIM_MAX_CHUNKS ? calloc(SIM_CHUNK, sizeof *chunk) : NULL;
-        if (!chunk) {
-            pthread_mutex_unlock(&g_lock);
-            return CUDA_ERROR_OUT_OF_MEMORY;
+    SimCtx *c = g_reusable && atomic_load(&g_reusable->on_stacks) == 0 ? g_reusable : NULL;
+    if (c) {
+        g_reusable = NULL;
+        atomic_store(&c->zombie, 0);
+    } else {
+        int nchunks = atomic_load(&g_nchunks);
+        if (nchunks == 0 || g_chunk_used == SIM_CHUNK) {
+            SimCtx *chunk = nchunks < SIM_MAX_CHUNKS ? calloc(SIM_CHUNK, sizeof *chunk) : NULL;
+            if (!chunk) {
+                pthread_mutex_unlock(&g_lock);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            atomic_store_explicit(&g_chunks[nchunks], chunk, memory_order_relaxed);
+            atomic_store_explicit(&g_nchunks, ++nchunks, memory_order_release);
+            g_chunk_used = 0;
         }
-        atomic_store_explicit(&g_chunks[nchunks], chunk, memory_order_relaxed);
-        atomic_store_explicit(&g_nchunks, ++nchunks, memory_order_release);
-        g_chunk_used = 0;
+        c = &atomic_load(&g_chunks[nchunks - 1])[g_chunk_used++];
     }
-    SimCtx *c = &atomic_load(&g_chunks[nchunks - 1])[g_chunk_used++];
-    c->device = dev;
+    atomic_store(&c->device, dev);
     atomic_store(&c->flags, flags);
     atomic_store(&c->id, g_next_id++);
     atomic_store(&c->live, 1);
@@ -1016,6 +1041,7 @@ static CUresult impl_ctx_destroy(CUcontext ctx) {
     if (was_live) {
         atomic_fetch_sub(&g_live_created, 1);
         atomic_store(&c->zombie, atomic_load(&c->on_stacks) > 0);
+        if (g_reuse) g_reusable = c;
     }
     pthread_mutex_unlock(&g_lock);
     if (!was_live)
@@ -1175,6 +1201,28 @@ static CUresult sim_ctx_get_stream_priority_range(int *leastPriority, int *great
  * The traced context calls: each reports its entry and exit to a subscriber that enabled
  * its callback id, with the parameter struct of generated_cuda_meta.h.
  * ------------------------------------------------------------------------------ */
+/* The function of each traced callback id: what a stall at return is armed on. */
+static const struct { uint32_t cbid; int fn; } g_traced_fn[] = {
+    {CB_cuCtxSetCurrent, F_cuCtxSetCurrent}, {CB_cuCtxPushCurrent_v2, F_cuCtxPushCurrent},
+    {CB_cuCtxPopCurrent_v2, F_cuCtxPopCurrent}, {CB_cuDevicePrimaryCtxRetain, F_cuDevicePrimaryCtxRetain},
+    {CB_cuDevicePrimaryCtxRelease, F_cuDevicePrimaryCtxRelease},
+    {CB_cuDevicePrimaryCtxRelease_v2, F_cuDevicePrimaryCtxRelease},
+    {CB_cuDevicePrimaryCtxReset, F_cuDevicePrimaryCtxReset}, {CB_cuDevicePrimaryCtxReset_v2, F_cuDevicePrimaryCtxReset},
+    {CB_cuCtxCreate_v2, F_cuCtxCreate}, {CB_cuCtxCreate_v3, F_cuCtxCreate}, {CB_cuCtxCreate_v4, F_cuCtxCreate},
+    {CB_cuCtxDestroy_v2, F_cuCtxDestroy},
+};
+#define SIM_N_TRACED ((int)(sizeof g_traced_fn / sizeof g_traced_fn[0]))
+
+static int traced_fn(uint32_t cbid) {
+    for (int i = 0; i < SIM_N_TRACED; i++)
+        if (g_traced_fn[i].cbid == cbid) return g_traced_fn[i].fn;
+    return -1;
+}
+
+static inline void stall_at_return(uint32_t cbid) {
+    if (atomic_load_explicit(&g_stall_fn, memory_order_acquire) >= 0) stall_take(traced_fn(cbid), 1);
+}
+
 static CUresult sim_primary_retain(CUcontext *pctx, CUdevice dev) {
     struct { CUcontext *pctx; CUdevice dev; } p = {pctx, dev};
     SIM_TRACED(CB_cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", impl_primary_retain, &p, pctx, dev);
@@ -1226,6 +1274,86 @@ static CUresult sim_ctx_pop_current(CUcontext *pctx) {
 static CUresult sim_ctx_set_current(CUcontext ctx) {
     struct { CUcontext ctx; } p = {ctx};
     SIM_TRACED(CB_cuCtxSetCurrent, "cuCtxSetCurrent", impl_ctx_set_current, &p, ctx);
+}
+
+/* ------------------------------------------------------------------------------
+ * The runtime's context calls (simdriver.h, "Runtime"): cudaSetDevice and cudaDeviceReset of
+ * a CUDA 12+ libcudart, as a CUPTI subscriber sees them on the H200 (docs/evidence.md, "CUPTI
+ * callbacks"): each is a runtime-domain call, and cudaSetDevice makes its driver calls through
+ * the traced entry points above, so they are reported inside it: cuCtxSetCurrent of the
+ * device's primary context, then, the first time for the device, cuDevicePrimaryCtxRetain (the
+ * runtime's own retain, which activates the context: "Since CUDA 12.0, cudaSetDevice activates
+ * the primary context"). cudaDeviceReset makes no driver call a subscriber sees: the primary
+ * context's "destroy starting" is reported inside it. Modelled, not seen: it resets the device
+ * of the current context (else the thread's cudaSetDevice device, else 0) and gives up the
+ * runtime's retain, so the next cudaSetDevice of the device retains and activates it again.
+ * Results are driver codes (0: success), as the first failing driver call gave them.
+ * ------------------------------------------------------------------------------ */
+#define SIM_CB_DOMAIN_RUNTIME 2
+#define CB_cudaSetDevice_v3020 16      /* CUPTI_RUNTIME_TRACE_CBID_* of cupti_runtime_cbid.h */
+#define CB_cudaDeviceReset_v3020 164
+
+static pthread_mutex_t g_rt_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_rt_retained[SIM_MAX_DEVICES];     /* under g_rt_lock: the runtime holds a retain */
+static _Thread_local int t_rt_device;          /* the thread's cudaSetDevice device */
+
+static CUresult rt_set_device(int dev) {
+    CUresult r = cuInit(0);                    /* the runtime initialises the driver itself */
+    if (r != CUDA_SUCCESS) return r;
+    if (!dev_ok(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    r = sim_ctx_set_current((CUcontext)&g_prim[dev]);
+    if (r != CUDA_SUCCESS) return r;
+    t_rt_device = dev;
+    pthread_mutex_lock(&g_rt_lock);
+    if (!g_rt_retained[dev]) {
+        CUcontext ctx;
+        r = sim_primary_retain(&ctx, dev);
+        g_rt_retained[dev] = r == CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_rt_lock);
+    return r;
+}
+
+static CUresult rt_device_reset(int unused) {
+    (void)unused;
+    CUresult r = cuInit(0);
+    if (r != CUDA_SUCCESS) return r;
+    SimCtx *cur = stack_top();
+    int dev = cur ? atomic_load(&cur->device) : t_rt_device;
+    pthread_mutex_lock(&g_rt_lock);
+    primary_reset(dev);
+    if (g_rt_retained[dev]) {
+        g_rt_retained[dev] = 0;
+        primary_release(dev, CUDA_SUCCESS);
+    }
+    pthread_mutex_unlock(&g_rt_lock);
+    return CUDA_SUCCESS;
+}
+
+/* One runtime call, reported in the runtime domain as SIM_TRACED reports a driver call. */
+static CUresult rt_traced(uint32_t cbid, const char *name, const void *params,
+                          CUresult (*impl)(int), int arg) {
+    CUresult r = CUDA_SUCCESS;
+    SimApiCall a;
+    int entered = cb_wanted(SIM_CB_DOMAIN_RUNTIME, cbid);
+    if (entered) cb_api_enter(&a, SIM_CB_DOMAIN_RUNTIME, cbid, name, params, &r);
+    r = impl(arg);
+    if (!entered) {
+        if (!cb_wanted(SIM_CB_DOMAIN_RUNTIME, cbid)) return r;
+        cb_api_data(&a, name, params, &r);
+    }
+    cb_api_exit(&a, SIM_CB_DOMAIN_RUNTIME, cbid);
+    return r;
+}
+
+int cyctxsim_cudaSetDevice(int device) {
+    struct { int device; } p = {device};       /* cudaSetDevice_v3020_params */
+    return (int)rt_traced(CB_cudaSetDevice_v3020, "cudaSetDevice", &p, rt_set_device, device);
+}
+
+int cyctxsim_cudaDeviceReset(void) {
+    struct { char dummy; } p = {0};            /* cudaDeviceReset_v3020_params */
+    return (int)rt_traced(CB_cudaDeviceReset_v3020, "cudaDeviceReset", &p, rt_device_reset, 0);
 }
 
 /* ------------------------------------------------------------------------------
@@ -1455,6 +1583,15 @@ int cyctxsim_stack_depth(void) { return t_stack.n; }
 
 int cyctxsim_live_contexts(void) { return atomic_load(&g_live_created); }
 
+int cyctxsim_reuse_handles(int on) {
+    pthread_mutex_lock(&g_lock);
+    int was = g_reuse;
+    g_reuse = on != 0;
+    if (!g_reuse) g_reusable = NULL;
+    pthread_mutex_unlock(&g_lock);
+    return was;
+}
+
 int cyctxsim_inject_fault(const char *name, int nth, int code, int count) {
     int fn = name ? fn_index(name) : -1;
     if (fn < 0 || nth < 1 || count < 1 || code <= 0) return -1;
@@ -1476,17 +1613,26 @@ void cyctxsim_clear_faults(void) {
     pthread_mutex_unlock(&g_fault_lock);
 }
 
-int cyctxsim_stall(const char *name, int nth) {
-    int fn = name ? fn_index(name) : -1;
+static int stall_arm(int fn, int nth, int at_return) {
     if (fn < 0 || nth < 1) return -1;
     pthread_mutex_lock(&g_stall_lock);
     int busy = atomic_load(&g_stall_fn) >= 0 || g_stall_waiting > 0;
     if (!busy) {
         g_stall_skip = nth - 1;
+        g_stall_at_return = at_return;
         atomic_store(&g_stall_fn, fn);
     }
     pthread_mutex_unlock(&g_stall_lock);
     return busy ? -1 : 0;
+}
+
+int cyctxsim_stall(const char *name, int nth) { return stall_arm(name ? fn_index(name) : -1, nth, 0); }
+
+int cyctxsim_stall_at_return(const char *name, int nth) {
+    int fn = name ? fn_index(name) : -1;
+    int traced = 0;
+    for (int i = 0; i < SIM_N_TRACED && fn >= 0; i++) traced |= g_traced_fn[i].fn == fn;
+    return stall_arm(traced ? fn : -1, nth, 1);
 }
 
 int cyctxsim_stalled(void) {

@@ -48,6 +48,13 @@ CYCTXSIM_API int cyctxsim_stack_depth(void);
 /* Contexts made by cuCtxCreate and not yet destroyed by cuCtxDestroy. */
 CYCTXSIM_API int cyctxsim_live_contexts(void);
 
+/* Handle reuse, off by default (as on the H200). `on` nonzero: from now on, cuCtxCreate gives
+ * the new context the handle of the created context destroyed last (not destroyed before this
+ * call), unless some thread still has that one on its context stack; the new context has a
+ * new id (cuCtxGetId), so the handle alone no longer tells the two apart. 0: off, and no
+ * destroyed handle is given again. Returns the previous setting (0 or 1). */
+CYCTXSIM_API int cyctxsim_reuse_handles(int on);
+
 /* Make the nth next call (1 = the very next) of the driver function `name` and the
  * count-1 calls after it return `code` without any side effect (out-parameters are
  * left untouched, nothing is counted as done). `name` is the base name as passed to
@@ -73,6 +80,12 @@ CYCTXSIM_API long long cyctxsim_call_count(const char *name);
  * already armed or holding a thread. */
 CYCTXSIM_API int cyctxsim_stall(const char *name, int nth);
 
+/* As cyctxsim_stall, but the call does its work first and is held as it returns: after all
+ * it did (its CUPTI resource events included), before its exit is reported to a CUPTI
+ * subscriber. Only for the context calls a subscriber sees (see "Callbacks"); -1 for any
+ * other name. It shares cyctxsim_stalled, cyctxsim_unstall and "one stall at a time". */
+CYCTXSIM_API int cyctxsim_stall_at_return(const char *name, int nth);
+
 /* Threads held by a stall now (0 or 1). */
 CYCTXSIM_API int cyctxsim_stalled(void);
 
@@ -88,8 +101,8 @@ CYCTXSIM_API void cyctxsim_unstall(void);
  * cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRelease(_v2), cuDevicePrimaryCtxReset(_v2),
  * cuCtxCreate_v2/_v3/_v4, cuCtxDestroy_v2, with CUpti_CallbackData. Resource domain (3):
  * CUPTI_CBID_RESOURCE_CONTEXT_CREATED (1) and _CONTEXT_DESTROY_STARTING (2) with
- * CUpti_ResourceData, fired with the simulator's lock held. The runtime domain (2) can be
- * enabled; there is no runtime to fire it. Unsubscribe returns once no callback runs. */
+ * CUpti_ResourceData, fired with the simulator's lock held. Runtime domain (2): entry and exit
+ * of the runtime calls below ("Runtime"). Unsubscribe returns once no callback runs. */
 CYCTXSIM_API int cyctxsim_cuptiSubscribe(void **subscriber, void *callback, void *userdata);
 CYCTXSIM_API int cyctxsim_cuptiUnsubscribe(void *subscriber);
 CYCTXSIM_API int cyctxsim_cuptiEnableCallback(unsigned int enable, void *subscriber, int domain,
@@ -97,6 +110,15 @@ CYCTXSIM_API int cyctxsim_cuptiEnableCallback(unsigned int enable, void *subscri
 CYCTXSIM_API int cyctxsim_cuptiGetCallbackState(unsigned int *enable, void *subscriber, int domain,
                                                 unsigned int cbid);
 CYCTXSIM_API int cyctxsim_cuptiGetResultString(int result, const char **str);
+
+/* Runtime: the context calls of a CUDA 12+ runtime (libcudart), made as it makes them, so that
+ * a CUPTI subscriber sees the driver calls inside them (simdriver.c, "The runtime's context
+ * calls"). cudaSetDevice: the device's primary context made current, and retained by the
+ * runtime the first time. cudaDeviceReset: the current device's primary context reset, the
+ * runtime's retain given up. Both report themselves in the runtime domain (2) with
+ * CUpti_CallbackData; they return driver codes (0: success). */
+CYCTXSIM_API int cyctxsim_cudaSetDevice(int device);
+CYCTXSIM_API int cyctxsim_cudaDeviceReset(void);
 
 /* Not a function: with the environment variable CYCTX_SIM_REPORT_AT_EXIT set (and not
  * "0"), the library prints one line to stderr when it is unloaded at process exit,
