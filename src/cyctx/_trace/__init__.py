@@ -706,18 +706,20 @@ class Trace:
         events.sort(key=lambda e: (e.time_s, e.seq))
         # A resource event happens inside a call (via); that call's exit, later on the same
         # thread, names the context's id and device (a retain's, a create's result; a
-        # destroy's argument).
+        # destroy's argument). The first such exit that entered after the event is another
+        # call: this one's exit was lost (a full buffer), and nothing more is known.
         for i, e in enumerate(events):
             if e.domain != "resource" or e.target is None or not e.via:
                 continue
             for later in events[i + 1 :]:
                 if later.thread == e.thread and later.call == e.via and later.domain != "resource":
-                    t = later.target
-                    cid = e.target.id
-                    if cid is None and t is not None and t.handle == e.target.handle:
-                        cid = t.id
-                    dev = later.device if later.device is not None else e.target.device
-                    e.target = ContextRef(e.target.handle, cid, dev)
+                    if later.time_s - later.duration_s <= e.time_s + 1e-9:  # 1 ns: float rounding
+                        t = later.target
+                        cid = e.target.id
+                        if cid is None and t is not None and t.handle == e.target.handle:
+                            cid = t.id
+                        dev = later.device if later.device is not None else e.target.device
+                        e.target = ContextRef(e.target.handle, cid, dev)
                     break
         return events
 
