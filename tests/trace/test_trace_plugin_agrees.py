@@ -1,0 +1,122 @@
+"""The pytest plugin's trace (--cyctx-trace) and its context check (--cyctx-check-contexts)
+judge a test alike: what a worker thread of the test leaves current on itself is that
+thread's, not the test's (the check reads the thread that runs the tests); a new context at the
+handle of the one the test found current is a change for both (the same handle with another id
+is another context: _cyctx_libcuda.same_context). The inner sessions run on the simulated
+driver: the second needs its handle reuse."""
+
+import json
+import textwrap
+
+pytest_plugins = ["pytester"]
+
+CONFTEST = """
+from cyctx.testing import use_simulated_driver
+sim = use_simulated_driver(2)
+sim.reuse_handles(True)
+from cuda.bindings import driver as d
+d.cuInit(0)
+"""
+
+COMMON = """
+import json
+import threading
+from cuda.bindings import driver as d
+
+def create(dev):
+    # cuCtxCreate on both majors of cuda-bindings: 13 takes (params, flags, dev).
+    try:
+        return d.cuCtxCreate(None, 0, dev)[1]  # create-line
+    except TypeError:
+        return d.cuCtxCreate(0, dev)[1]  # create-line
+
+def on_a_worker(fn, end=True):
+    go = threading.Event()
+    def body():
+        fn()
+        go.set()
+        if not end:
+            threading.Event().wait()  # alive, its context current, until the process ends
+    threading.Thread(target=body, daemon=True).start()
+    go.wait()
+"""
+
+
+def _run(pytester, tests, n):
+    pytester.makeconftest(CONFTEST)
+    text = textwrap.dedent(COMMON) + textwrap.dedent(tests)
+    path = pytester.path / "test_inner.py"
+    path.write_text(text)  # as it is: the lines the findings cite
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--cyctx-trace", "--cyctx-check-contexts"
+    )
+    out = result.stdout.str()
+    result.assert_outcomes(passed=n)
+    assert "not tracing" not in out, out
+    return out, text, path
+
+
+def _trace_lines(out, test):
+    return [ln for ln in out.splitlines() if ln.startswith(f"test_inner.py::{test} ")]
+
+
+def test_a_workers_own_current_context_is_neither_the_tests_nor_the_checks(sim, pytester):
+    out, text, path = _run(
+        pytester,
+        """
+        def test_worker_that_ended():
+            on_a_worker(lambda: create(1))  # current on the worker, which ends
+
+        def test_worker_still_running():
+            on_a_worker(lambda: d.cuCtxSetCurrent(create(0)), end=False)
+
+        def test_main_and_worker_both():
+            # Pushed on the test's thread and left there; then made current on a worker too.
+            ctx = create(1)
+            on_a_worker(lambda: d.cuCtxSetCurrent(ctx))
+        """,
+        3,
+    )
+    assert not _trace_lines(out, "test_worker_that_ended"), out
+    assert not _trace_lines(out, "test_worker_still_running"), out
+    # The test's own change is named with the test's own call, not the worker's later one.
+    (line,) = _trace_lines(out, "test_main_and_worker_both")
+    made = [i + 1 for i, ln in enumerate(text.splitlines()) if ln.endswith("# create-line")]
+    at = tuple(f" by cuda-bindings at {path}:{n} (create)" for n in made)
+    assert "made current by cuCtxCreate" in line and line.endswith(at), out
+    # The check agrees: the one change is the test's, on its own thread, cited alike.
+    titles = [ln for ln in out.splitlines() if ln.startswith("test_inner.py::") and " " not in ln]
+    assert titles == ["test_inner.py::test_main_and_worker_both"], out
+    (cited,) = [ln for ln in out.splitlines() if ln.strip().startswith("current context: none ->")]
+    assert ": made current by cuCtxCreate" in cited and cited.endswith(at), out
+
+
+def test_a_new_context_at_the_handle_of_the_one_found_current_is_a_change_for_both(
+    sim, pytester
+):
+    out, text, path = _run(
+        pytester,
+        """
+        def test_leaves_a():
+            create(0)
+
+        def test_replaces_a_at_its_handle():
+            err, a = d.cuCtxGetCurrent()
+            a_id = d.cuCtxGetId(a)[1]
+            d.cuCtxDestroy(a)  # popped: nothing current
+            b = create(0)  # the driver gives the new context a's handle, current
+            with open("ids.json", "w") as f:
+                json.dump({"a": int(a), "b": int(b), "a_id": a_id, "b_id": d.cuCtxGetId(b)[1]}, f)
+        """,
+        2,
+    )
+    ids = json.loads((pytester.path / "ids.json").read_text())
+    assert ids["a"] == ids["b"] and ids["a_id"] != ids["b_id"], ids
+    h = f"{ids['a']:#x}"
+    a, b = f"{h} (device 0, id {ids['a_id']})", f"{h} (device 0, id {ids['b_id']})"
+    # The trace: left b current, having found a.
+    left = _trace_lines(out, "test_replaces_a_at_its_handle")
+    assert any(ln.startswith(f"test_inner.py::test_replaces_a_at_its_handle left {b} current "
+                             f"(it found {a})") for ln in left), out
+    # The check: the current context changed, though its handle did not.
+    assert f"current context: {a} -> {b}" in out, out
