@@ -194,3 +194,24 @@ def test_an_event_whose_call_left_no_exit_takes_no_later_calls_id_or_device(sim,
     finally:
         ok(d.cuDevicePrimaryCtxRelease(0))
         ok(d.cuDevicePrimaryCtxRelease(1))
+
+
+def test_a_handle_the_driver_gave_again_is_two_contexts_told_by_id(sim, d):
+    # The simulator's handle reuse: a destroyed context's handle given to the next one.
+    sim.reuse_handles(True)
+    try:
+        with cyctx.trace() as t:
+            a = drivers.create_context(0, current=False)
+            ida = ok(d.cuCtxGetId(a))
+            ok(d.cuCtxDestroy(a))
+            b = drivers.create_context(1, current=False)
+            idb = ok(d.cuCtxGetId(b))
+            ok(d.cuCtxDestroy(b))
+    finally:
+        sim.reuse_handles(False)
+    assert int(a) == int(b)
+    old, new = ContextRef(int(a), ida, 0), ContextRef(int(b), idb, 1)
+    assert [e.target for e in t.events if e.call == "context created"] == [old, new]
+    gone_a, gone_b = t.who_destroyed(int(a))
+    assert (gone_a.target, gone_b.target) == (old, new)
+    assert t.who_destroyed(old) == [gone_a] and t.who_destroyed(new) == [gone_b]
