@@ -150,8 +150,7 @@ class Sim:
         arm = self._lib.cyctxsim_stall_at_return if at_return else self._lib.cyctxsim_stall
         if arm(function.encode(), nth) != 0:
             raise ValueError(
-                f"bad stall: {function!r} nth={nth} at_return={at_return} (or one is armed "
-                f"already)"
+                f"bad stall: {function!r} nth={nth} at_return={at_return} (or one is armed already)"
             )
 
     def stalled(self) -> int:

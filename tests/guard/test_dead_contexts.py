@@ -120,7 +120,7 @@ def test_a_handle_unknown_to_the_driver_at_the_enter_is_not_restored_when_a_cont
 ):
     # CUDA_ERROR_INVALID_CONTEXT for what was current: the driver no longer knows the handle
     # (its context was freed). By the exit a new context may live at the same address; it is
-    # not what was current, so it is not made current. (The simulator never reuses an address:
+    # not what was current, so it is not made current. (The simulator never forgets a handle:
     # the id read of the enter is made to fail instead, and the context then answers.)
     def body():
         ctx = create_context(0)  # current, depth 1

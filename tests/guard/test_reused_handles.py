@@ -75,7 +75,11 @@ def test_a_bound_function_refuses_the_new_context_at_its_contexts_handle(sim):
 def test_a_guard_of_a_created_context_refuses_the_new_one(reuse, build):
     def body():
         ctx = create_context(0, current=False)
-        g = ContextGuard(ctx) if build == "ContextGuard(ctx)" else ContextGuard.from_handle(int(ctx))
+        g = (
+            ContextGuard(ctx)
+            if build == "ContextGuard(ctx)"
+            else ContextGuard.from_handle(int(ctx))
+        )
         with g:
             assert current() == int(ctx)
         new = _replace(ctx)

@@ -91,9 +91,7 @@ def test_a_workers_own_current_context_is_neither_the_tests_nor_the_checks(sim, 
     assert ": made current by cuCtxCreate" in cited and cited.endswith(at), out
 
 
-def test_a_new_context_at_the_handle_of_the_one_found_current_is_a_change_for_both(
-    sim, pytester
-):
+def test_a_new_context_at_the_handle_of_the_one_found_current_is_a_change_for_both(sim, pytester):
     out, text, path = _run(
         pytester,
         """
@@ -116,7 +114,11 @@ def test_a_new_context_at_the_handle_of_the_one_found_current_is_a_change_for_bo
     a, b = f"{h} (device 0, id {ids['a_id']})", f"{h} (device 0, id {ids['b_id']})"
     # The trace: left b current, having found a.
     left = _trace_lines(out, "test_replaces_a_at_its_handle")
-    assert any(ln.startswith(f"test_inner.py::test_replaces_a_at_its_handle left {b} current "
-                             f"(it found {a})") for ln in left), out
+    assert any(
+        ln.startswith(
+            f"test_inner.py::test_replaces_a_at_its_handle left {b} current (it found {a})"
+        )
+        for ln in left
+    ), out
     # The check: the current context changed, though its handle did not.
     assert f"current context: {a} -> {b}" in out, out

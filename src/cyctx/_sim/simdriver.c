@@ -32,7 +32,11 @@
  *   - cuGetErrorName / cuGetErrorString: the H200's 101 codes and texts, verbatim;
  *   - cuGetProcAddress: the H200's answers (see proc_lookup);
  *   - each thread's stream-capture mode (cuThreadExchangeStreamCaptureMode), without
- *     captures.
+ *     captures;
+ *   - a CUDA 12+ runtime's cudaSetDevice and cudaDeviceReset, which make their driver calls
+ *     through the traced entry points (see "The runtime's context calls");
+ *   - off unless asked (cyctxsim_reuse_handles): a destroyed created context's handle given
+ *     to the next one, which the H200 never did.
  * Not modelled: memory, streams, captures, modules, events, limits. A function the simulator
  * does not implement is not found through cuGetProcAddress, so a caller learns at once.
  *
