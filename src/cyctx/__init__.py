@@ -150,8 +150,10 @@ def bind(fn=None, device=None):
     is); ``bind(fn, device=k)`` and the decorator ``@cyctx.bind(device=k)`` bind device k's
     primary context through its shared guard. A call after a bound context (not a primary)
     was destroyed raises :class:`ContextDestroyedError`; a reset primary is re-activated, as a
-    guard does. Async and generator functions are refused (TypeError). Pickles when bound to a
-    device (as the same binding in the receiving process); bound to a context, it cannot.
+    guard does. Async and generator functions are refused (TypeError), by the guard's
+    decorator's rule. On a method it binds ``self``. Binding asks nothing of the driver (the
+    device's shared guard retains at the first call). Pickles when bound to a device (as the
+    same binding in the receiving process); bound to a context, it cannot.
     """
     from cyctx._bind import bind as _bind
 

@@ -9,25 +9,22 @@ is refused instead of handing a dead handle to the driver.
 from __future__ import annotations
 
 import functools
-import inspect
+import sys
+import types
 
+from cyctx._decorate import decorate
 from cyctx._errors import ContextDestroyedError, GuardError
-from cyctx._guard import ContextGuard, context_epoch, current_device, current_handle
+from cyctx._guard import ContextGuard, context_epoch, current_handle
 
 
-def _refuse_stepwise(fn):
-    if not callable(fn):
-        raise TypeError(f"cyctx.bind takes a callable, got {type(fn).__name__}")
-    if (
-        inspect.iscoroutinefunction(fn)
-        or inspect.isasyncgenfunction(fn)
-        or inspect.isgeneratorfunction(fn)
-    ):
-        raise TypeError(
-            f"cyctx.bind cannot bind {getattr(fn, '__qualname__', fn)!r}: an async or generator "
-            f"function runs in steps, resumed later on whatever thread drives it, so a context "
-            f"around the call would not be around the work. Put `with guard:` inside it instead."
-        )
+def _bound(fn, make):
+    """``make(f)`` for the function ``fn`` under the decorators' one rule (_decorate.py)."""
+    return decorate(
+        fn,
+        make,
+        "cyctx.bind",
+        lambda: f"cyctx.bind takes a function (any callable); got {type(fn).__name__}",
+    )
 
 
 class Bound:
@@ -57,6 +54,10 @@ class Bound:
         with self._guard:
             return self._fn(*args, **kwargs)
 
+    def __get__(self, instance, owner=None):
+        # Binds as the function it wraps would: on a class, a method that gets its self.
+        return self if instance is None else types.MethodType(self, instance)
+
     def _name(self):
         return getattr(self._fn, "__qualname__", None) or repr(self._fn)
 
@@ -75,7 +76,23 @@ class Bound:
                 f"{self!r} cannot be pickled: it is bound to a context of this process, which "
                 f"means nothing in another. Bind to a device instead: cyctx.bind(fn, device=k)"
             )
+        # The decorator's form (`@cyctx.bind(device=k)`) stands under its function's name,
+        # where the function itself is no longer found: it travels by that name, as a
+        # function does, and the receiving process's import makes the same binding.
+        if _found_as(self, self._fn):
+            return self._fn.__qualname__
         return (bind, (self._fn, self._device))
+
+
+def _found_as(obj, fn):
+    """Whether ``obj`` is what ``fn``'s module and qualified name lead to."""
+    where = sys.modules.get(getattr(fn, "__module__", None) or "")
+    name = getattr(fn, "__qualname__", None)
+    if where is None or not isinstance(name, str) or "<locals>" in name:
+        return False
+    for part in name.split("."):
+        where = getattr(where, part, None)
+    return where is obj
 
 
 def bind(fn=None, device=None):
@@ -87,11 +104,14 @@ def bind(fn=None, device=None):
                 "cyctx.bind() needs a function or a device: bind(fn), bind(fn, device=k), or "
                 "the decorator @cyctx.bind(device=k)"
             )
-        guard = ContextGuard.shared(device)  # checks the device now, not at the first call
-        return lambda f: _bound_to_device(f, guard)
-    _refuse_stepwise(fn)
+        # The device's spelling is checked now; the driver is first asked at the first call
+        # (a shared guard retains on its first use): decorating at import initialises nothing.
+        guard = ContextGuard.shared(device)
+        return lambda f: _bound(f, lambda f: Bound(f, guard, guard.device, None))
     if device is not None:
-        return _bound_to_device(fn, ContextGuard.shared(device))
+        guard = ContextGuard.shared(device)
+        return _bound(fn, lambda f: Bound(f, guard, guard.device, None))
+    _bound(fn, lambda f: f)  # refused before anything is asked of the driver
     handle = current_handle()
     if handle == 0:
         raise GuardError(
@@ -99,10 +119,6 @@ def bind(fn=None, device=None):
             f"thread to bind, and no device was given: bind(fn, device=k) binds device k's "
             f"primary context"
         )
-    ordinal = current_device()
-    shared = ContextGuard.shared(ordinal)
-    if shared.handle == handle:  # the device's primary context: its shared guard re-activates it
-        return Bound(fn, shared, ordinal, None)
     epoch = context_epoch(handle)
     if epoch is None:
         raise ContextDestroyedError(
@@ -111,9 +127,17 @@ def bind(fn=None, device=None):
             f"the context {handle:#x} current on this thread is destroyed: there is nothing to "
             f"bind {getattr(fn, '__qualname__', fn)!r} to",
         )
-    return Bound(fn, ContextGuard.from_handle(handle), None, epoch)
-
-
-def _bound_to_device(fn, guard):
-    _refuse_stepwise(fn)
-    return Bound(fn, guard, guard.device, None)
+    # A guard of the context itself tells whether it is its device's primary without keeping
+    # (or, for an inactive primary, taking) a retain of that primary: a context the caller
+    # made (cuCtxCreate) binds as it is and activates nothing.
+    own = ContextGuard.from_handle(handle)
+    if not own.is_primary:
+        return _bound(fn, lambda f: Bound(f, own, None, epoch))
+    # The device's primary context: its shared guard re-activates it after a reset. Its retain
+    # is taken before this guard's is given back, so the context is never left unheld.
+    shared = ContextGuard.shared(own.device)
+    try:
+        shared.handle  # its first use: the shared guard's retain
+    finally:
+        own.close()
+    return _bound(fn, lambda f: Bound(f, shared, shared.device, None))

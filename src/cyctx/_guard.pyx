@@ -81,6 +81,9 @@ cdef PyObject* _shared_fast[_FAST_ORDINALS]
 # on, so no other thread can read an entry of a guard being freed). A weak set would cost a
 # weak reference and its callback per guard, most of a temporary guard's construction.
 cdef dict _all_guards = {}
+# What __cinit__ takes from shared() for a shared guard that is not used yet (no driver call).
+cdef object _NOT_YET_USED = object()
+cdef long long _MAX_ORDINAL = 2147483647  # _ordinal is a C int: no device has a larger one
 
 
 cdef class ContextGuard:
@@ -165,6 +168,8 @@ cdef class ContextGuard:
         if type(device) is int and device >= 0:
             # The common spelling, ContextGuard(0): the ordinal as is (what recognise returns).
             _init_primary(self, device, _device_count())
+        elif device is _NOT_YET_USED:
+            pass  # a shared guard, made by shared(): no driver call until its first use
         else:
             target = _inputs.recognise(device)
             count = _device_count()
@@ -228,7 +233,7 @@ cdef class ContextGuard:
 
     @staticmethod
     def shared(device):
-        """The process-wide guard of ``device``: created on first use, never closed.
+        """The process-wide guard of ``device``: made on first call, never closed.
 
         This is the easy way to hold the long-lived retain: every caller gets the same
         guard, so the primary context stays alive between blocks. Thread-safe.
@@ -237,25 +242,24 @@ cdef class ContextGuard:
         ``torch.device``, a ``CUdevice``); a context or a stream is a ``TypeError``, since the
         shared guard of a device is its primary context. Pickles as the shared guard of the
         same device in the receiving process.
+
+        Making it asks nothing of the driver: its first use (a ``with``, a call of a function
+        it decorates, :attr:`handle`) retains the primary context, and raises
+        :class:`InvalidDeviceError` there when the device does not exist. So a decorator at
+        import (``@cyctx.device(0)``) initialises nothing.
         """
         ordinal = _inputs.shared_ordinal(device)
         guard = _shared_guards.get(ordinal)
         if guard is not None:
             return guard
-        # No lock (see _shared_guards). A racing first use, a finalizer or signal handler that
-        # calls shared() from inside this construction, builds its own; one is published.
-        cdef ContextGuard mine = ContextGuard(ordinal)
+        if ordinal > _MAX_ORDINAL:
+            ContextGuard(ordinal)  # no device has such an ordinal: InvalidDeviceError
+        # No lock (see _shared_guards): racing callers each make one; one is published.
+        cdef ContextGuard mine = ContextGuard(_NOT_YET_USED)
         mine._shared = True  # before publication: nobody may ever see it closable
-        guard = _shared_guards.setdefault(ordinal, mine)
-        if guard is mine:
-            _publish_shared(mine, ordinal)  # and the retain of a collected guard, if any
-        if guard is not mine:
-            mine._shared = False  # never published: release its retain now
-            try:
-                mine.close()
-            except CyctxError:
-                pass  # the release failed: the guard stays open and __dealloc__ releases it
-        return guard
+        mine._owns_retain = True  # a primary context's retain, taken at its first use
+        mine._ordinal = ordinal
+        return _shared_guards.setdefault(ordinal, mine)
 
     cdef int enter(self) except -1 nogil:
         return _enter_block(self, NULL)
@@ -284,10 +288,10 @@ cdef class ContextGuard:
             ``close()`` or garbage collection can release it.
         """
         _called_on_a_guard(self, "close")
-        if ctx_load(&self._ctx) == NULL:
-            return
         if self._shared:
             raise _errors.close_refused(repr(self), "shared")
+        if ctx_load(&self._ctx) == NULL:
+            return
         if tls_count(self._token):
             raise _errors.close_refused(repr(self), "inside")
         # Claim the guard against a reset re-activation on another thread (which would
@@ -332,8 +336,8 @@ cdef class ContextGuard:
 
     @property
     def closed(self):
-        """True once :meth:`close` released the retain."""
-        return ctx_load(&self._ctx) == NULL
+        """True once :meth:`close` released the retain (never for a shared guard)."""
+        return ctx_load(&self._ctx) == NULL and not self._shared
 
     @property
     def is_shared(self):
@@ -342,10 +346,11 @@ cdef class ContextGuard:
 
     @property
     def handle(self):
-        """The primary context's ``CUcontext`` as an int address. GuardError when closed."""
+        """The primary context's ``CUcontext`` as an int address. GuardError when closed; a
+        shared guard's first use when it has had none (it retains)."""
         cdef cydriver.CUcontext ctx = ctx_load(&self._ctx)
         if ctx == NULL:
-            _raise_closed(self)
+            ctx = _first_use(self)
         return <size_t>ctx
 
     @property
@@ -363,10 +368,11 @@ cdef class ContextGuard:
     def epoch(self):
         """The lifetime epoch of the guard's context now (:func:`cyctx.context_epoch`): a new
         value after every reset that was re-activated, None while the context is destroyed
-        (reset and not yet re-activated). One ``cuCtxGetId``. GuardError when closed."""
+        (reset and not yet re-activated). One ``cuCtxGetId``. GuardError when closed; a shared
+        guard's first use when it has had none."""
         cdef cydriver.CUcontext ctx = ctx_load(&self._ctx)
         if ctx == NULL:
-            _raise_closed(self)
+            ctx = _first_use(self)
         cdef unsigned long long e = epoch_of(ctx)
         return None if e == 0 else e
 
@@ -377,7 +383,10 @@ cdef class ContextGuard:
 
     def __repr__(self):
         cdef cydriver.CUcontext ctx = ctx_load(&self._ctx)
-        state = "closed" if ctx == NULL else f"ctx=0x{<size_t>ctx:x} id={u64_load(&self._ctx_id)}"
+        if ctx != NULL:
+            state = f"ctx=0x{<size_t>ctx:x} id={u64_load(&self._ctx_id)}"
+        else:
+            state = "not used yet" if self._shared else "closed"
         shared = " shared" if self._shared else ""
         return f"<cyctx.ContextGuard device={self._ordinal}{shared} {state}>"
 
@@ -422,7 +431,8 @@ include "_native/epoch.pxi"
 def device(device):
     """The process's shared guard of ``device``: ``with cyctx.device(0):``, ``@cyctx.device(0)``.
 
-    The same object as :meth:`ContextGuard.shared` (created on first use, never closed), so the
+    The same object as :meth:`ContextGuard.shared` (it retains at its first use and is never
+    closed, so making it, as a decorator at import does, asks nothing of the driver), so the
     primary context stays alive between blocks and each ``with`` costs what ``with guard:``
     costs on a kept guard. ``device`` is anything :class:`ContextGuard` takes that names a
     device: an ordinal, a ``cuda.core`` ``Device``, ``cupy.cuda.Device``,
@@ -494,10 +504,14 @@ def live_guards():
     # Each address is a live guard until its __dealloc__ removes it, which cannot happen while
     # this loop runs: it holds the GIL, calls no Python code and allocates nothing but the
     # list's growth (a realloc, which never runs the collector and so no finalizer).
+    # A shared guard not used yet holds nothing: it is no guard of a context yet.
     cdef list out = []
     cdef size_t a
+    cdef ContextGuard g
     for a in _all_guards.values():
-        out.append(<object><PyObject*>a)
+        g = <ContextGuard><PyObject*>a
+        if not g._shared or ctx_load(&g._ctx) != NULL:
+            out.append(g)
     return out
 
 

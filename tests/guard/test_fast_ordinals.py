@@ -18,6 +18,8 @@ sim = use_simulated_driver(device_count=64)
 LONG_MIN, LONG_MAX = -2**63, 2**63 - 1
 published = {k: cyctx.device(k) for k in (0, 1, 62, 63)}  # the first, the last fast slot
 for k, g in published.items():
+    with g:  # the first use publishes it to the fast array
+        pass
     assert g is ContextGuard.shared(k) and g.is_shared and g.device == k, k
     assert cyctx.device(k) is g, f"device({k}) again is another object"
 retains = [sim.retain_count(i) for i in range(64)]
@@ -25,6 +27,11 @@ retains = [sim.retain_count(i) for i in range(64)]
 def refused(k, cls, match):
     try:
         got = cyctx.device(k)
+        # An ordinal past the devices makes a guard of its own (nothing is asked of the
+        # driver), which its first use refuses; one past a C int is refused at once.
+        assert got.device == k and got not in published.values(), (k, got)
+        with got:
+            pass
     except cls as e:
         assert match in str(e), (k, str(e))
     else:

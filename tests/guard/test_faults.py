@@ -318,8 +318,8 @@ def test_close_fault_keeps_guard_open_then_releases(sim):
 
 
 def test_shared_first_use_under_every_fault(sim):
-    # shared() publishes only a guard it constructed: a failed first use registers nothing and
-    # keeps no retain, so the next call tries again. In a child: a shared guard lives forever.
+    # A shared guard's first use publishes only a context it retained: a failed one keeps no
+    # retain, so the next use tries again. In a child: a shared guard lives forever.
     out = run_child(
         """
         import cyctx
@@ -328,7 +328,7 @@ def test_shared_first_use_under_every_fault(sim):
         CODES = (201, 709, 999, 2, 46)
         cyctx.ContextGuard(0).close()  # cuInit and the count, asked once per process
         counts = {f: sim.call_count(f) for f in FUNCS}
-        cyctx.ContextGuard(1).close()  # what a first shared(1) calls, minus publication
+        cyctx.ContextGuard(1).close()  # what shared(1)'s first use calls, minus publication
         made = {f: sim.call_count(f) - counts[f] for f in FUNCS}
         made = {f: n for f, n in made.items() if n}
         base = drivers.retains()
@@ -349,7 +349,7 @@ def test_shared_first_use_under_every_fault(sim):
                         print("REACTIVATED")
                         continue
                     try:
-                        cyctx.ContextGuard.shared(1)
+                        cyctx.ContextGuard.shared(1).handle
                         raise SystemExit(f"no error: {func} #{nth} {code}")
                     except cyctx.DriverError as e:
                         assert e.code == code, (func, nth, code, e)
@@ -359,11 +359,13 @@ def test_shared_first_use_under_every_fault(sim):
                     assert sim.stack_depth() == 0 and drivers.current() == 0
                     tried += 1
         g = cyctx.ContextGuard.shared(1)
+        g.handle
         assert g is cyctx.ContextGuard.shared(1) and sim.retain_count(1) == base[1] + 1
         # A first use that reads 709 for the context it just retained (a reset landed in
         # between) re-activates it and publishes its guard.
         sim.inject_fault("cuCtxGetId", 709, nth=1)
         g0 = cyctx.ContextGuard.shared(0)
+        g0.handle
         sim.clear_faults()
         assert sim.retain_count(0) == base[0] + 1 and not g0.closed
         with g0:

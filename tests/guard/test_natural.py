@@ -71,8 +71,9 @@ def test_many_temporaries_hold_the_retain_once(sim):
 
 
 def test_the_shared_guard_takes_over_the_process_retain(sim):
-    # Before the shared guard: the slot holds it; the shared guard's publication releases the
-    # slot's (its own retain stands); after it, a collected guard's retain is released.
+    # Before the shared guard's first use: the slot holds it; the first use publishes the
+    # guard and releases the slot's (its own retain stands); after it, a collected guard's
+    # retain is released.
     out = _child(
         """
         warnings.simplefilter("ignore", ResourceWarning)
@@ -81,13 +82,21 @@ def test_the_shared_guard_takes_over_the_process_retain(sim):
         print("STATE", state())
         s = cyctx.device(1)
         print("STATE", state())
+        with s:
+            pass
+        print("STATE", state())
         with ContextGuard(1):
             pass
         gc.collect()
         print("STATE", state())
         """
     )
-    assert _lines(out) == ["STATE (1, True, 1)", "STATE (1, True, 0)", "STATE (1, True, 0)"]
+    assert _lines(out) == [
+        "STATE (1, True, 1)",
+        "STATE (1, True, 1)",  # made, not used: nothing asked of the driver
+        "STATE (1, True, 0)",
+        "STATE (1, True, 0)",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
-"""ContextGuard.shared(): one guard per device for the life of the process, never closed. Its
-first use holds no lock across driver calls or Python code: re-entered, raced, stalled or
-forked inside, it neither hangs nor takes a second retain. Hangs are tried in a child with a
-timeout."""
+"""ContextGuard.shared(): one guard per device for the life of the process, never closed. Making
+it asks nothing of the driver; its first use (a `with`, its handle) retains, and holds no lock
+across driver calls or Python code: re-entered, raced, stalled or forked inside, it neither
+hangs nor takes a second retain. Hangs are tried in a child with a timeout."""
 
 from helpers.children import run_child
 
@@ -55,7 +55,7 @@ def test_fork_inside_first_shared_gives_the_child_ForkError_not_a_hang():
     # A hang would be the child's: its timeout is below the whole child's, to be reported.
     action = """
             from helpers.forking import raised_in_fork
-            print("CHILD", raised_in_fork(lambda: cyctx.ContextGuard.shared(D1), timeout=30))
+            print("CHILD", raised_in_fork(lambda: cyctx.ContextGuard.shared(D1).handle, timeout=30))
     """
     out = run_child(TRACE_INSIDE_SHARED.format(action=action.strip()), timeout=60, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -70,7 +70,8 @@ def test_shared_reentered_from_python_code_inside_shared_does_not_deadlock(sim):
     out = run_child(
         TRACE_INSIDE_SHARED.format(action=action.strip())
         + """
-    print("RETAINS", drivers.SIM.retain_count(1))
+    with g:
+        print("RETAINS", drivers.SIM.retain_count(1))
     """,
         timeout=60,
         check=False,
@@ -98,7 +99,8 @@ def test_shared_from_a_finalizer_during_shared(sim):
         sys.settrace(tracer)
         g = cyctx.ContextGuard.shared(D1)
         sys.settrace(None)
-        print("OK", got[0] is g, drivers.SIM.retain_count(1))
+        with got[0]:
+            print("OK", got[0] is g, drivers.SIM.retain_count(1))
     """,
         timeout=60,
         check=False,
@@ -108,14 +110,14 @@ def test_shared_from_a_finalizer_during_shared(sim):
 
 
 def test_thread_stalled_inside_the_first_shared_does_not_block_others(sim):
-    # A thread that stops inside the first shared() (here: forever, as a daemon thread frozen
-    # at interpreter shutdown would) must not hold the registry lock, or every other caller hangs.
+    # A thread that stops inside the shared guard's first use (here: forever, as a daemon thread
+    # frozen at interpreter shutdown would) must hold no lock, or every other caller hangs.
     out = run_child(
         """
         import threading, time, cyctx
         sim = drivers.SIM
-        sim.stall("cuDevicePrimaryCtxRetain")  # the first shared()'s retain never returns
-        threading.Thread(target=lambda: cyctx.ContextGuard.shared(D1), daemon=True).start()
+        sim.stall("cuDevicePrimaryCtxRetain")  # the first use's retain never returns
+        threading.Thread(target=lambda: cyctx.ContextGuard.shared(D1).handle, daemon=True).start()
         deadline = time.monotonic() + 30
         while not sim.stalled() and time.monotonic() < deadline:
             time.sleep(0.001)
@@ -141,7 +143,9 @@ def test_shared_first_use_raced_by_many_threads(sim):
             got = []
             b = threading.Barrier(16)
             def f():
-                b.wait(); got.append(cyctx.ContextGuard.shared(k))
+                b.wait()
+                with cyctx.ContextGuard.shared(k) as g:  # its first use, raced
+                    got.append(g)
             run_threads(*[f] * 16)
             assert len(got) == 16 and all(g is got[0] for g in got) and got[0].is_shared
         print("RETAINS", [drivers.SIM.retain_count(i) for i in range(2)])
@@ -168,7 +172,9 @@ def test_first_use_lost_by_a_stalled_thread_publishes_only_the_winner(sim):
             base = sim.retain_count(k)
             got = [None] * 16
             def use(i, fn):
-                got[i] = fn(k)
+                g = fn(k)
+                with g:  # the first use, raced
+                    got[i] = g
             sim.stall("cuDevicePrimaryCtxRetain")
             with running(lambda: use(0, first)):
                 deadline = time.monotonic() + 30
@@ -196,3 +202,33 @@ def test_first_use_lost_by_a_stalled_thread_publishes_only_the_winner(sim):
         timeout=90,
     )
     assert "OK" in out.stdout
+
+
+def test_fork_while_another_thread_is_inside_the_first_use(sim):
+    # The parent's first use is held inside its retain on another thread when it forks: the
+    # child's use of the same guard (not used yet in the child either) is ForkError, not a
+    # hang; the parent's first use completes with its one retain.
+    out = run_child(
+        """
+        import threading, time, cyctx
+        from helpers.forking import raised_in_fork
+        sim = drivers.SIM
+        g = cyctx.ContextGuard.shared(D1)
+        sim.stall("cuDevicePrimaryCtxRetain")
+        t = threading.Thread(target=lambda: g.handle)
+        t.start()
+        deadline = time.monotonic() + 30
+        while not sim.stalled():
+            assert time.monotonic() < deadline, "the first use never stalled"
+            time.sleep(0.001)
+        print("CHILD", raised_in_fork(lambda: g.__enter__(), timeout=30))
+        sim.unstall()
+        t.join()
+        with g:
+            print("PARENT", drivers.current() == g.handle, sim.retain_count(1))
+        """,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "CHILD ForkError" in out.stdout and "PARENT True 1" in out.stdout, out.stdout

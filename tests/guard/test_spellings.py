@@ -39,6 +39,8 @@ def test_device_is_the_shared_guard_for_every_device_spelling():
                      fake("cuda.core.experimental._device", "Device", device_id=D1),
                      d.CUdevice(D1)]
         zero = cyctx.device(0)  # another device's shared guard exists: never confused
+        with zero:  # and is used (published to the fast array)
+            pass
         shared = ContextGuard.shared(D1)
         got = [cyctx.device(s) is shared for s in spellings]
         got += [cyctx.device(0) is zero is ContextGuard.shared(0)]
@@ -79,9 +81,15 @@ def test_device_refuses_what_is_no_device(bad, error):
 
 
 def test_device_of_a_missing_device_is_invalid_device():
+    # Making it asks nothing of the driver (a decorator at import): its first use refuses.
     with retains_unchanged():
+        g = cyctx.device(1 << 20)
+        for _ in range(2):
+            with pytest.raises(cyctx.InvalidDeviceError):
+                with g:
+                    pass
         with pytest.raises(cyctx.InvalidDeviceError):
-            cyctx.device(1 << 20)
+            cyctx.device(1 << 40)  # no device has an ordinal past a C int: refused at once
 
 
 # --- shared() refuses contexts and streams ------------------------------------------------

@@ -19,9 +19,11 @@ from helpers.drivers import create_context, current, driver, ok, reset_primary
 
 @pytest.fixture(scope="module", autouse=True)
 def _shared_guards():
-    # Before each test's state check: the shared guards' retains are the process's from here.
-    ContextGuard.shared(0)
-    ContextGuard.shared(1)
+    # Before each test's state check: the shared guards' retains (taken at their first use)
+    # are the process's from here.
+    for k in (0, 1):
+        with ContextGuard.shared(k):
+            pass
 
 
 @pytest.fixture
@@ -161,14 +163,14 @@ def _gen():
 @pytest.mark.parametrize(
     "args, kwargs, error, words",
     [
-        ((_coro,), {"device": 0}, TypeError, "runs in steps"),
-        ((_gen,), {"device": 0}, TypeError, "runs in steps"),
-        ((42,), {"device": 0}, TypeError, "takes a callable"),
+        ((_coro,), {"device": 0}, TypeError, "runs later, in steps"),
+        ((_gen,), {"device": 0}, TypeError, "runs later, in steps"),
+        ((42,), {"device": 0}, TypeError, "takes a function (any callable)"),
         ((), {}, TypeError, "needs a function or a device"),
         ((where,), {"device": "x"}, TypeError, ""),
-        ((where,), {"device": 10**6}, cyctx.InvalidDeviceError, ""),
+        ((where,), {"device": 2**31}, cyctx.InvalidDeviceError, ""),
     ],
-    ids=["coroutine", "generator", "not-callable", "nothing", "bad-device", "no-such-device"],
+    ids=["coroutine", "generator", "not-callable", "nothing", "bad-device", "no-device-has-it"],
 )
 def test_bad_input_is_refused_at_bind(args, kwargs, error, words):
     with pytest.raises(error) as e:
@@ -178,8 +180,18 @@ def test_bad_input_is_refused_at_bind(args, kwargs, error, words):
 
 
 def test_decorator_refuses_an_async_function():
-    with pytest.raises(TypeError, match="runs in steps"):
+    with pytest.raises(TypeError, match="runs later, in steps"):
         cyctx.bind(device=0)(_coro)
+
+
+def test_a_device_that_does_not_exist_is_refused_at_the_first_call():
+    # Binding asks nothing of the driver (a decorator at import initialises nothing): the
+    # device is checked at the first call, which changes nothing.
+    b = cyctx.bind(where, device=10**6)
+    for _ in range(2):
+        with pytest.raises(cyctx.InvalidDeviceError, match="Device 1000000 does not exist"):
+            in_worker(b)
+    assert current() == 0
 
 
 def test_no_warning_on_the_ordinary_path():

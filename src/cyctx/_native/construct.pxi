@@ -51,6 +51,37 @@ cdef int _init_primary(ContextGuard self, ordinal, count) except -1:
     return 0
 
 
+cdef cydriver.CUcontext _first_use(ContextGuard g) except NULL with gil:
+    # A guard whose context is NULL: a shared guard not used yet takes its retain here (so
+    # that making one, a decorator at import, asks nothing of the driver); any other is
+    # closed. Racing first users each construct a guard of their own, as ContextGuard(k)
+    # would; the one whose context is published first hands its retain over and the others
+    # release theirs. Nothing is held while Python code or the driver runs.
+    cdef cydriver.CUcontext ctx = ctx_load(&g._ctx)
+    if ctx != NULL:
+        return ctx  # another thread's first use won
+    if not g._shared:
+        _raise_closed(g)
+    cdef ContextGuard mine = ContextGuard(g._ordinal)  # InvalidDeviceError, ForkError...: kept none
+    ctx = ctx_load(&mine._ctx)
+    # Every racer writes the same device and, but for a reset in between (which the next
+    # enter's id check then sees), the same id, before its context is published.
+    int_store(<int*>&g._dev, <int>mine._dev)
+    u64_store(&g._ctx_id, u64_load(&mine._ctx_id))
+    if _ctx_publish(<void**>&g._ctx, <void*>ctx):
+        int_add(&g._extra_retains, int_load(&mine._extra_retains))
+        int_store(&mine._extra_retains, 0)
+        mine._owns_retain = False
+        ctx_store(&mine._ctx, NULL)  # handed over: nothing left for its close or __dealloc__
+        _publish_shared(g, g._ordinal)  # and the retain of a collected guard, if any
+    else:
+        try:
+            mine.close()
+        except CyctxError:
+            pass  # the release failed: the guard stays open and __dealloc__ releases it
+    return ctx_load(&g._ctx)
+
+
 cdef int _init_context(ContextGuard self, size_t handle, count) except -1:
     # An existing context. A primary context gets a retain of its own, like an ordinal;
     # any other (cuCtxCreate, green) stays the caller's: no retain, checked for life here
@@ -230,12 +261,17 @@ cdef extern from *:
     static int cyctx_slot_load(int k) { return __atomic_load_n(&cyctx_process_slot[k], __ATOMIC_SEQ_CST); }
     static void* cyctx_ptr_load(void** p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
     static void cyctx_ptr_store(void** p, void* v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
+    static int cyctx_ctx_publish(void** p, void* v) {  /* NULL -> v; 1 when this call did it */
+        void* none = NULL;
+        return __atomic_compare_exchange_n(p, &none, v, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    }
     """
     int _slot_take "cyctx_slot_take"(int k) noexcept nogil
     int _slot_drain "cyctx_slot_drain"(int k) noexcept nogil
     int _slot_load "cyctx_slot_load"(int k) noexcept nogil
     void* _ptr_load "cyctx_ptr_load"(void** p) noexcept nogil
     void _ptr_store "cyctx_ptr_store"(void** p, void* v) noexcept nogil
+    bint _ctx_publish "cyctx_ctx_publish"(void** p, void* v) noexcept nogil
 
 
 cdef bint _hand_to_process(int ordinal) noexcept nogil:

@@ -8,12 +8,13 @@ cdef inline int _enter_block(ContextGuard self, const BlockId* block) except -1 
     cdef unsigned long long ctx_id = 0
     cdef cydriver.CUresult err
     cdef Switch s
-    cdef const DriverApi* d = driver_api()  # loaded: this guard's construction did it
+    cdef const DriverApi* d = driver_api()  # loaded by the construction (else its first use)
     cdef cydriver.CUcontext ctx = ctx_load(&self._ctx)  # an acquire load: free on x86
     if forked_after_cuda():
         return _raise_fork()
     if ctx == NULL:
-        return _raise_closed(self)
+        ctx = _first_use(self)  # a shared guard's first use (retains), else GuardError: closed
+        d = driver_api()
     # A reset keeps the handle and changes the id (docs/evidence.md, "Reset keeps the handle and
     # changes the id"), so the pointer alone proves nothing: one cuCtxGetId, ~9-11 ns, on
     # every enter.

@@ -45,61 +45,24 @@ def _cannot_travel(ContextGuard g, what):
 
 
 def _decorated(ContextGuard guard, func):
-    # The decorator of ContextGuard.__call__: `with guard:` around each call.
-    # staticmethod/classmethod (a decorator above them): the function inside is decorated and
-    # the descriptor kept, so the method binds as it would have.
-    if isinstance(func, (staticmethod, classmethod)):
-        return type(func)(_decorated(guard, func.__func__))
-    if not callable(func):
-        raise TypeError(
-            f"{_inputs.shown(guard, 200)} decorates a function; got {type(func).__name__} "
-            f"{_inputs.shown(func)}. To make the context current, write `with guard:`"
-        )
+    # The decorator of ContextGuard.__call__: `with guard:` around each call, under the rule
+    # cyctx.bind shares (_decorate.py: methods, staticmethod/classmethod, what runs in steps).
     import functools
+    from cyctx._decorate import decorate  # decoration time only: import cyctx does not pay
 
-    kind = _steps_kind(func)
-    if kind is not None:
-        raise TypeError(
-            f"cannot decorate {kind} ({_inputs.shown(func)}) with a guard: its body runs later, "
-            f"in steps, on whatever thread resumes it, so a guard around the call is not around "
-            f"the body. Write `with guard:` inside it, around the driver calls between its "
-            f"awaits or yields"
-        )
+    def wrap(func):
+        @functools.wraps(func)
+        def guarded(*args, **kwargs):
+            with guard:
+                return func(*args, **kwargs)
 
-    @functools.wraps(func)
-    def guarded(*args, **kwargs):
-        with guard:
-            return func(*args, **kwargs)
+        return guarded
 
-    return guarded
-
-
-def _steps_kind(func):
-    # What `func` hides that runs in steps: None for a plain callable. Looked for through
-    # functools.partial, bound methods, __wrapped__ chains (functools.wraps) and a callable
-    # object's __call__; a Cython-compiled coroutine function says so through its code flags.
-    import functools
-    import inspect  # decoration time only: import cyctx does not pay for it
-
-    seen = 0
-    while True:
-        seen += 1
-        if inspect.iscoroutinefunction(func):
-            return "an async def function"
-        if inspect.isasyncgenfunction(func):
-            return "an async generator function"
-        if inspect.isgeneratorfunction(func):
-            return "a generator function"
-        if seen > 100:  # a __wrapped__ cycle: nothing more to look into
-            return None
-        if isinstance(func, functools.partial):
-            func = func.func
-        elif getattr(func, "__wrapped__", None) is not None and not isinstance(func, type):
-            func = func.__wrapped__
-        elif not inspect.isroutine(func) and not isinstance(func, type) and callable(func):
-            call = getattr(type(func), "__call__", None)
-            if call is None or inspect.isbuiltin(call) or type(call).__name__ == "wrapper_descriptor":
-                return None
-            func = call
-        else:
-            return None
+    return decorate(
+        func,
+        wrap,
+        "a guard",
+        lambda: f"{_inputs.shown(guard, 200)} decorates a function; got "
+        f"{type(func).__name__} {_inputs.shown(func)}. To make the context current, write "
+        f"`with guard:`",
+    )
