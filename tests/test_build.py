@@ -322,7 +322,14 @@ def test_setup_py_refuses_a_mismatched_header(tmp_path):
 
 
 def test_installed_package_ships_cimport_surface_and_stubs():
-    for f in ("__init__.pxd", "_guard.pxd", "__init__.pyi", "py.typed", "_cpp/thread_entries.h"):
+    for f in (
+        "__init__.pxd",
+        "_guard.pxd",
+        "__init__.pyi",
+        "py.typed",
+        "_cpp/thread_entries.h",
+        "include/cuda.h",  # cyctx's words where no cuda.h is on the path
+    ):
         assert os.path.isfile(os.path.join(PKG, f)), f
 
 

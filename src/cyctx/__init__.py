@@ -180,8 +180,9 @@ def warn_on_fork(enabled: bool = True) -> None:
 
 
 def get_include() -> str:
-    """cyctx's include directory (``cyctx/switch.h``, the C record behind ``Switch``), as
-    ``numpy.get_include()`` gives numpy's: ``include_dirs=[cyctx.get_include(), ...]``.
+    """cyctx's include directory (``cyctx/switch.h``, the C record behind ``Switch``, and a
+    ``cuda.h`` that includes the next one on the path or says what to do where there is none),
+    as ``numpy.get_include()`` gives numpy's: ``include_dirs=[cyctx.get_include(), ...]``.
 
     Cython code that cimports cyctx also needs the directory of a ``cuda.h`` (cuda.bindings'
     ``cydriver.pxd`` includes it): :func:`get_include_dirs` gives both.

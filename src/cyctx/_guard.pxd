@@ -10,11 +10,10 @@
 # Errors: every function here is `except -1`; a driver failure raises cyctx.DriverError
 # (taking the GIL only then), misuse raises cyctx.GuardError.
 
-# First, before cydriver.pxd's cuda.h: without that header on the include path (numpy's
+# cydriver.pxd includes cuda.h: without it on the include path (numpy's
 # include_dirs=[cyctx.get_include()] alone) the build stops with cyctx's words, not a bare
-# "cuda.h: No such file or directory".
-cdef extern from "cyctx/cuda_check.h":
-    pass
+# "cuda.h: No such file or directory", in whichever order a module cimports cydriver and cyctx
+# (include/cuda.h, the first cuda.h found through cyctx.get_include()).
 from cuda.bindings cimport cydriver
 
 

@@ -9,8 +9,7 @@
 #ifndef CYCTX_SWITCH_H
 #define CYCTX_SWITCH_H
 
-#include "cuda_check.h" /* says what to do when cuda.h is not on the include path */
-#include <cuda.h>
+#include <cuda.h> /* through cyctx.get_include(): says what to do when none is on the path */
 
 typedef struct cyctx_Switch {
     CUcontext prev;               /* current before the switch (NULL: none) */
