@@ -53,8 +53,9 @@ class relaxed_capture:
     driver deems unsafe during capture (``cuMemAlloc``) leaves another thread's global-mode
     capture valid. The thread's last such block to end puts back the mode it found: nested and
     interleaved blocks (two asyncio tasks on one thread) are counted, not stacked. A driver
-    error raises its :class:`DriverError` with the mode unchanged; in a forked child,
-    :class:`ForkError`."""
+    error raises its :class:`DriverError` with the mode unchanged; entered in a forked child,
+    :class:`ForkError`. A block open at a fork is left quietly in the child, as a guard's is:
+    the child cannot use the driver, so there is no mode of its to put back."""
 
     __slots__ = ()
 
@@ -76,6 +77,8 @@ class relaxed_capture:
                 "stream-capture mode is unchanged"
             )
         _local.depth = depth - 1
+        if depth == 1 and _errors._forked():
+            return  # left in a forked child, as a guard's exit there: no driver to restore
         if depth == 1:
             try:
                 _exchange(_local.saved)

@@ -25,7 +25,7 @@ from cyctx._doctor.probe import (
     simulated_driver_path,
 )
 from cyctx._doctor.report import Diagnosis, empty_report
-from cyctx._doctor.runtime import add_runtimes, wheel_version
+from cyctx._doctor.runtime import add_runtimes, doctors_own, wheel_version
 from cyctx._guard import load_problem
 from cyctx.testing import loaded_libcuda
 
@@ -82,8 +82,10 @@ def gather(cudart: str | bool | None, before_fork: bool) -> Seen:
         except CyctxError:
             pass  # an unusable driver: the report says what is wrong with it
     # What was mapped before the doctor's own work: a runtime its lookup loads (cudart=None
-    # in a process with none) is marked as the doctor's in the census, not the program's.
-    before = census.mapped_paths()
+    # in a process with none), now or in an earlier diagnose(), is marked as the doctor's in
+    # the census, not the program's.
+    own = doctors_own()
+    before = [p for p in census.mapped_paths() if os.path.realpath(p) not in own]
     seen = _ask_driver(cudart, init=initialised is not False)
     seen.initialised = initialised
     if initialised:

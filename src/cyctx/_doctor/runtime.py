@@ -222,18 +222,35 @@ def cu11_candidates() -> list[str]:
     return found
 
 
-def loaded_cudart() -> str | None:
-    """A libcudart already mapped in this process (torch's, CuPy's...): the one that
-    matters for "what the runtime thinks"."""
+# The libcudart each diagnose() loaded itself (in a process that had none mapped), by real path
+# -> how it was found: a later report still tells it from the program's, though it is mapped
+# by then (the census marks it the doctor's; it is the runtime used only when the program has
+# none).
+_doctors_own: dict[str, str] = {}
+
+
+def doctors_own() -> set[str]:
+    """The real paths of the runtimes the doctor loaded itself, in this process."""
+    return set(_doctors_own)
+
+
+def _mapped_cudarts() -> list[str]:
+    out = []
     try:
         with open("/proc/self/maps") as f:
             for line in f:
                 name = line.split(None, 5)[-1].strip()
-                if os.path.basename(name).startswith("libcudart.so"):
-                    return name
+                if os.path.basename(name).startswith("libcudart.so") and name not in out:
+                    out.append(name)
     except OSError:
         pass
-    return None
+    return out
+
+
+def loaded_cudart() -> str | None:
+    """A libcudart the program has mapped in this process (torch's, CuPy's...), not one the
+    doctor loaded itself: the one that matters for "what the runtime thinks"."""
+    return next((p for p in _mapped_cudarts() if os.path.realpath(p) not in _doctors_own), None)
 
 
 def find_cudart(path: str | None = None) -> tuple[str | None, str, str | None]:
@@ -248,6 +265,9 @@ def find_cudart(path: str | None = None) -> tuple[str | None, str, str | None]:
     loaded = loaded_cudart()
     if loaded:
         return loaded, "already loaded in this process", None
+    if _doctors_own:  # the program has none: the one an earlier diagnose() loaded
+        own, how = next(iter(_doctors_own.items()))
+        return own, f"{how}, loaded by an earlier diagnose()", None
     try:
         from cuda.pathfinder import load_nvidia_dynamic_lib
 
@@ -273,7 +293,10 @@ def add_runtimes(diag: Diagnosis, cudart: str | bool | None, query_device: bool)
     if diag.simulated:
         diag.runtime = None  # a real libcudart cannot drive the simulated driver
     elif cudart is not False:
+        mapped = {os.path.realpath(p) for p in _mapped_cudarts()}
         rt, why = load_cudart(cudart if isinstance(cudart, str) else None)
+        if rt is not None and os.path.realpath(rt.path) not in mapped:
+            _doctors_own[os.path.realpath(rt.path)] = rt.source
         if rt is None:
             diag.runtime = RuntimeInfo(library="", source="", note=why)
         else:
