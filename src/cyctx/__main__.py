@@ -1,6 +1,6 @@
 """Command line: ``cyctx doctor [--json | --demo] [--simulate] [--cudart PATH]`` (the same as
-``python -m cyctx doctor ...``), ``cyctx trace [--json FILE] [--simulate] SCRIPT [ARGS]`` and
-``cyctx --version``.
+``python -m cyctx doctor ...``), ``cyctx trace [--json FILE] [--simulate [N]] SCRIPT [ARGS]``
+(``_trace_cli``) and ``cyctx --version``.
 
 Exit status of ``doctor``: 0 nothing wrong (warnings allowed), 1 a problem was found,
 2 bad command line, 3 no usable NVIDIA driver or GPU. ``--demo``: 0 when the guarded steps
@@ -103,60 +103,18 @@ def _parser(prog: str = "python -m cyctx") -> argparse.ArgumentParser:
         help="run a Python script and report every context change it made, and where",
         description=(
             "Run SCRIPT with ARGS as `python SCRIPT ARGS` would, recording every CUDA context "
-            "change of the process (docs/tracing.md), then print the trace to stderr. Exit "
-            "status: the script's; 3 when the simulated driver cannot be used."
+            "change of the process (docs/tracing.md), then print the trace to stderr, however "
+            "the script ends. Options go before SCRIPT; everything after it is the script's. "
+            "Exit status: the script's; 2 bad command line; 3 when the simulated driver cannot "
+            "be used."
         ),
+        allow_abbrev=False,  # an option's value is told from SCRIPT by its exact name
     )
-    tr.add_argument(
-        "--json", metavar="FILE", help="also write the trace as JSON (schema cyctx.trace/1)"
-    )
-    tr.add_argument(
-        "--simulate", action="store_true", help="run the script on cyctx's simulated driver"
-    )
-    tr.add_argument("--quiet", action="store_true", help="print no report (with --json)")
-    tr.add_argument("script", metavar="SCRIPT")
-    tr.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
+    from cyctx import _trace_cli
+
+    _trace_cli.add_options(tr)
     p.get_default("subparsers")["trace"] = tr
     return p
-
-
-def _trace(args: argparse.Namespace) -> int:
-    import runpy
-
-    if not os.path.isfile(args.script):
-        print(f"cyctx trace: {args.script}: no such file", file=sys.stderr)
-        return 2
-    if args.simulate:
-        from cyctx.testing import use_simulated_driver
-
-        try:
-            use_simulated_driver(device_count=2)
-        except (RuntimeError, OSError) as exc:
-            print(f"cyctx trace: cannot use the simulated driver: {exc}", file=sys.stderr)
-            return 3
-    import cyctx
-
-    sys.argv = [args.script, *args.args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
-    status = 0
-    t = cyctx.trace()
-    with t:
-        try:
-            runpy.run_path(args.script, run_name="__main__")
-        except SystemExit as exc:
-            code = exc.code
-            status = code if isinstance(code, int) else (0 if code is None else 1)
-            if code is not None and not isinstance(code, int):
-                print(code, file=sys.stderr)
-    if t.reason is None:
-        if not args.quiet:
-            print(t.report(), file=sys.stderr)
-        if args.json:
-            import json
-
-            with open(args.json, "w", encoding="utf-8") as f:
-                json.dump(t.to_json(), f, indent=1)
-    return status
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m cyctx") -> int:
@@ -166,14 +124,21 @@ def main(argv: list[str] | None = None, prog: str = "python -m cyctx") -> int:
     from cyctx._compat import bindings_problem
 
     parser = _parser(prog)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["trace"]:
+        # The script's arguments are its own, verbatim: only what comes before SCRIPT is
+        # parsed (argparse would take the script's `--` and options for its own).
+        from cyctx import _trace_cli
+
+        options, script = _trace_cli.split(argv[1:])
+        args = parser.parse_args(["trace", *options, *(["--", script[0]] if script else [])])
+        return _trace_cli.run(parser.get_default("subparsers")["trace"], args, script[1:])
     # A subcommand's bad flag gets that subcommand's usage (argparse hands unknown arguments
     # up to the top-level parser, whose usage does not show the subcommand's flags).
     args, extra = parser.parse_known_args(argv)
     command = parser.get_default("subparsers").get(args.command)
     if extra:
         (command or parser).error(f"unrecognized arguments: {' '.join(extra)}")
-    if args.command == "trace":
-        return _trace(args)
     if args.command != "doctor":
         parser.print_help()
         return 2

@@ -36,6 +36,9 @@ __all__ = [
 loaded_libcuda.__module__ = __name__  # named where users import it from (docs, reprs)
 
 _sim: Sim | None = None
+# The device count was chosen for a script that may ask for its own (`cyctx trace --simulate`
+# with no count): its first use_simulated_driver(n) takes n, if the driver is not initialised.
+_count_open = False
 _MAX_DEVICES = 64  # SIM_MAX_DEVICES of simdriver.c: cyctxsim_configure takes 1..64
 
 
@@ -183,13 +186,14 @@ def use_simulated_driver(device_count: int = 2) -> Sim:
     """Route this process's driver calls to the simulated driver; returns its :class:`Sim`.
 
     Must run before the first driver call (by cyctx, cuda.bindings, CuPy, ...). Calling it
-    again with the same ``device_count`` returns the same Sim. TypeError or ValueError when
+    again with the same ``device_count`` returns the same Sim. Under ``cyctx trace --simulate``
+    (no count) the first call, before the first driver call, sets the count. TypeError or ValueError when
     ``device_count`` is not an int from 1 to 64 (nothing is loaded); FileNotFoundError when
     the library is missing; RuntimeError when it does not load or is not the simulator
     (``CYCTX_SIM_LIBRARY`` names another library), when another driver library is loaded
     already, or when the simulated driver is in use with another number of devices.
     """
-    global _sim
+    global _sim, _count_open
     if isinstance(device_count, bool) or not isinstance(device_count, int):
         raise TypeError(
             f"device_count must be an int, got {type(device_count).__name__} {device_count!r}"
@@ -200,6 +204,9 @@ def use_simulated_driver(device_count: int = 2) -> Sim:
             f"got {device_count}"
         )
     if _sim is not None:
+        if _count_open:
+            _count_open = False
+            _sim._lib.cyctxsim_configure(device_count)  # refused once the driver initialised
         in_use = _sim.device_count
         if in_use != device_count:
             raise RuntimeError(
@@ -230,6 +237,15 @@ def use_simulated_driver(device_count: int = 2) -> Sim:
         raise RuntimeError(f"simulated driver already initialised with {sim.device_count} devices")
     _sim = sim
     return sim
+
+
+def _count_open_to_the_script() -> None:
+    """For `cyctx trace --simulate` (no count): the simulated driver, loaded already, takes the
+    count of the next use_simulated_driver(n), if the driver is not initialised by then."""
+    global _count_open
+    if _sim is None:
+        raise RuntimeError("the simulated driver is not loaded")
+    _count_open = True
 
 
 def simulated() -> Sim | None:

@@ -1,0 +1,196 @@
+"""``cyctx trace [--json FILE] [--simulate [N]] [--quiet] SCRIPT [ARGS...]``: run SCRIPT as
+``python SCRIPT ARGS`` would, under :func:`cyctx.trace`, and report however it ends.
+
+* Everything after SCRIPT is the script's, verbatim (``--`` and ``-x`` included); cyctx trace's
+  options go before it (``--`` before SCRIPT ends them).
+* The exit status is the script's: 0, ``n`` for ``sys.exit(n)``, 1 for an exception (its
+  traceback printed as Python prints it, through ``sys.excepthook``); a KeyboardInterrupt ends
+  the process by SIGINT, as Python does. The report and the JSON are written first, in every
+  case.
+* ``--json FILE`` is resolved against the directory cyctx trace runs in and opened before the
+  script starts: a path that cannot be written is a usage error (exit status 2).
+* ``--simulate N``: cyctx's simulated driver with N devices, which a script's own
+  ``use_simulated_driver(k)`` gets when k is N (an error otherwise). ``--simulate`` alone: the
+  count the script asks for in its own ``use_simulated_driver(k)`` before its first driver
+  call, else 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import signal
+import sys
+import threading
+import types
+
+
+def split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(cyctx trace's options, [SCRIPT, ARGS...]): the options end at the first argument that
+    is not one (or after ``--``); everything from SCRIPT on is the script's, untouched."""
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            return argv[:i], argv[i + 1 :]
+        if a == "-" or not a.startswith("-"):
+            return argv[:i], argv[i:]
+        if a == "--json":
+            i += 1  # its value, whatever it looks like
+        elif a == "--simulate" and i + 1 < len(argv) and argv[i + 1].isdigit():
+            i += 1  # its count
+        i += 1
+    return argv, []
+
+
+def add_options(tr: argparse.ArgumentParser) -> None:
+    tr.add_argument(
+        "--json", metavar="FILE", help="also write the trace as JSON (schema cyctx.trace/1)"
+    )
+    tr.add_argument(
+        "--simulate",
+        nargs="?",
+        const=0,
+        type=_device_count,
+        metavar="N",
+        help="run the script on cyctx's simulated driver with N devices (default: the count "
+        "the script's own use_simulated_driver asks for, else 2)",
+    )
+    tr.add_argument("--quiet", action="store_true", help="print no report (with --json)")
+    tr.add_argument("script", metavar="SCRIPT")
+    tr.add_argument("args", nargs="*", metavar="ARGS", help="the script's, as python passes them")
+
+
+def _device_count(text: str) -> int:
+    n = int(text) if text.isdigit() else 0
+    if not 1 <= n <= 64:
+        raise argparse.ArgumentTypeError(f"a number of devices from 1 to 64, not {text!r}")
+    return n
+
+
+def run(tr: argparse.ArgumentParser, args: argparse.Namespace, script_args: list[str]) -> int:
+    """Trace the script (``args.script``, ``script_args``); its exit status (or, for a
+    KeyboardInterrupt, the process ends by SIGINT)."""
+    script = args.script
+    if not os.path.isfile(script):
+        tr.error(f"{script}: no such file")
+    out = None
+    if args.json is not None:
+        path = os.path.abspath(args.json)  # here, not wherever the script goes
+        try:
+            out = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed after the script
+        except OSError as exc:
+            tr.error(f"--json {args.json}: cannot write {path}: {exc.strerror}")
+    if args.simulate is not None:
+        from cyctx import testing
+
+        try:
+            testing.use_simulated_driver(args.simulate or 2)
+        except (RuntimeError, OSError) as exc:
+            print(f"cyctx trace: cannot use the simulated driver: {exc}", file=sys.stderr)
+            return 3
+        if not args.simulate:
+            testing._count_open_to_the_script()
+    import cyctx
+
+    # Python exits by SIGINT after its last atexit handler: registered before the script's,
+    # this one runs after them.
+    atexit.register(_die_by_sigint_if_interrupted)
+    t = cyctx.trace(quiet=True)
+    t.start()
+    if t.reason is not None:
+        print(f"cyctx trace: not tracing: {t.reason}{_hint(args)}", file=sys.stderr)
+    status, raised = _run_script(os.path.abspath(script), [script, *script_args])
+    t.stop()
+    if raised is not None:
+        _print_as_python_does(raised)
+    if t.reason is None and not args.quiet:
+        print(t.report(), file=sys.stderr)
+    if out is not None:
+        import json
+
+        with out:
+            json.dump(t.to_json(), out, indent=1)
+    if isinstance(raised, KeyboardInterrupt):
+        global _interrupted
+        _interrupted = True
+    return status
+
+
+def _hint(args: argparse.Namespace) -> str:
+    from _cyctx_libcuda import loaded_libcuda
+
+    if args.simulate is None and loaded_libcuda() is None:  # no driver loads here
+        return (
+            f"; `cyctx trace --simulate {args.script}` runs the script on cyctx's simulated "
+            f"driver (no GPU needed)"
+        )
+    return ""
+
+
+def _run_script(path: str, argv: list[str]) -> tuple[int, BaseException | None]:
+    """Run the file at ``path`` as ``python`` runs its script (``__main__``, its directory
+    first on sys.path, ``sys.argv``), and wait for its non-daemon threads as Python does at
+    exit; (exit status, the exception that ended it, if one did other than SystemExit)."""
+    import builtins
+    import importlib.machinery
+
+    main = types.ModuleType("__main__")
+    main.__dict__.update(
+        __file__=path,
+        __builtins__=builtins,
+        __cached__=None,
+        __loader__=importlib.machinery.SourceFileLoader("__main__", path),
+        __spec__=None,
+    )
+    sys.modules["__main__"] = main  # for good, as under python: pickles find its functions
+    sys.argv = argv
+    sys.path[0] = os.path.dirname(os.path.realpath(path))
+    try:
+        with open(path, "rb") as f:
+            code = compile(f.read(), path, "exec", dont_inherit=True)
+        exec(code, main.__dict__)
+        for th in threading.enumerate():
+            if th is not threading.current_thread() and not th.daemon:
+                th.join()
+    except SystemExit as exc:
+        return _exit_status(exc.code), None
+    except BaseException as exc:  # noqa: BLE001 - the script's end, reported as Python would
+        return 1, exc
+    return 0, None
+
+
+def _exit_status(code: object) -> int:
+    # What Python makes of SystemExit(code): None is 0, an int is itself, anything else is
+    # printed to stderr and is 1.
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _print_as_python_does(exc: BaseException) -> None:
+    # The traceback from the script's own frames: this module's are cyctx's, not the script's.
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    exc.__traceback__ = tb
+    sys.excepthook(type(exc), exc, tb)
+
+
+_interrupted = False
+
+
+def _die_by_sigint_if_interrupted() -> None:
+    if not _interrupted:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
