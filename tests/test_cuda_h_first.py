@@ -96,7 +96,9 @@ def test_with_cuda_h_on_the_path_either_order_of_directories_builds(tmp_path, di
 
 def _compile(cc, tmp_path, source, *flags):
     src = tmp_path / "uses.c"
-    src.write_text(source + "int main(void) { CUcontext c = 0; cyctx_Switch s; (void)c; (void)s; return 0; }\n")
+    src.write_text(
+        source + "int main(void) { CUcontext c = 0; cyctx_Switch s; (void)c; (void)s; return 0; }\n"
+    )
     return subprocess.run([cc, "-fsyntax-only", *flags, str(src)], capture_output=True, text=True)
 
 

@@ -137,7 +137,7 @@ def bind(fn=None, device=None):
     # is taken before this guard's is given back, so the context is never left unheld.
     shared = ContextGuard.shared(own.device)
     try:
-        shared.handle  # its first use: the shared guard's retain
+        shared.handle  # noqa: B018 - its first use: the shared guard's retain
     finally:
         own.close()
     return _bound(fn, lambda f: Bound(f, shared, shared.device, None))

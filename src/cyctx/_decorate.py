@@ -57,8 +57,8 @@ def steps_kind(func):
         elif getattr(func, "__wrapped__", None) is not None and not isinstance(func, type):
             func = func.__wrapped__
         elif not inspect.isroutine(func) and not isinstance(func, type) and callable(func):
-            call = getattr(type(func), "__call__", None)
-            if call is None or inspect.isbuiltin(call) or type(call).__name__ == "wrapper_descriptor":
+            call = type(func).__call__  # callable(func): its type has one
+            if inspect.isbuiltin(call) or type(call).__name__ == "wrapper_descriptor":
                 return None
             func = call
         else:

@@ -139,7 +139,13 @@ def test_json_is_relative_to_where_cyctx_trace_ran_though_the_script_moves(tmp_p
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     got = _trace(
-        "python -m cyctx", "--simulate", "--json", "t.json", str(app), "chdir", str(elsewhere),
+        "python -m cyctx",
+        "--simulate",
+        "--json",
+        "t.json",
+        str(app),
+        "chdir",
+        str(elsewhere),
         cwd=tmp_path,
     )
     assert got.returncode == 0, got.stderr[-3000:]
