@@ -115,7 +115,8 @@ def run(threads=16, pairs=1_000_000, seed=1, sim=None, edges=False):
     per = max(pairs // threads, 1)
     if edges:
         for i in range(ndev):
-            cyctx.ContextGuard.shared(i)  # made up front, so the retain accounting is exact
+            with cyctx.ContextGuard.shared(i):  # used up front: the retain accounting is exact
+                pass
     stats = {
         "pairs": 0,
         "violations": 0,

@@ -104,7 +104,8 @@ def main():
     def first_use():
         start.wait()
         for k in range(4):
-            ContextGuard.shared(k)
+            with ContextGuard.shared(k):  # its first use: the retain, raced
+                pass
         ready.wait()
 
     def stable():

@@ -62,13 +62,14 @@ def load(devices: list[int]) -> list[DeviceKernel]:
 
     kernels = []
     for dev in devices:
-        guard = cyctx.ContextGuard.shared(dev)  # first: it also initialises the driver
-        err, major = d.cuDeviceGetAttribute(
-            d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev
-        )
-        err2, minor = d.cuDeviceGetAttribute(
-            d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev
-        )
+        guard = cyctx.ContextGuard.shared(dev)
+        with guard:  # its first use retains the primary context (and initialises the driver)
+            err, major = d.cuDeviceGetAttribute(
+                d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev
+            )
+            err2, minor = d.cuDeviceGetAttribute(
+                d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev
+            )
         if err != d.CUresult.CUDA_SUCCESS or err2 != d.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"cannot read the compute capability of device {dev}")
         kernels.append(DeviceKernel(guard, compile_kernel(f"sm_{major}{minor}"), b"add"))
