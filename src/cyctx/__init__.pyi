@@ -168,9 +168,10 @@ class ContextGuard:
     @staticmethod
     def shared(device: DeviceLike) -> ContextGuard:
         """The process-wide guard of ``device`` (anything that names a device; a context or
-        stream is a TypeError): created on first use, never closed. Thread-safe; the easy way
-        to keep the primary context alive between blocks. Pickles as the receiving process's
-        shared guard of the same device."""
+        stream is a TypeError): made without a driver call, it retains at its first use (a
+        ``with``, a call of a function it decorates, its handle), never closed. Thread-safe;
+        the easy way to keep the primary context alive between blocks. Pickles as the
+        receiving process's shared guard of the same device."""
     @staticmethod
     def from_handle(handle: SupportsIndex) -> ContextGuard:
         """A guard for an existing context given as an int handle (a ``CUcontext`` address);
