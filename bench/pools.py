@@ -42,7 +42,9 @@ def main(argv=None):
 
     n, repeats = (200, 3) if args.quick else (20000, 7)
     dev = args.device
-    shared = cyctx.device(dev)  # holds the primary context's retain for the process
+    shared = cyctx.device(dev)
+    with shared:  # its first use: the primary context's retain, held for the process
+        pass
 
     def task(i):
         return i
