@@ -130,9 +130,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m cyctx") -> int:
         # parsed (argparse would take the script's `--` and options for its own).
         from cyctx import _trace_cli
 
+        tr = parser.get_default("subparsers")["trace"]
         options, script = _trace_cli.split(argv[1:])
-        args = parser.parse_args(["trace", *options, *(["--", script[0]] if script else [])])
-        return _trace_cli.run(parser.get_default("subparsers")["trace"], args, script[1:])
+        args, extra = parser.parse_known_args(
+            ["trace", *options, *(["--", script[0]] if script else [])]
+        )
+        if extra:  # with the trace's usage, as below
+            tr.error(f"unrecognized arguments: {' '.join(extra)}")
+        return _trace_cli.run(tr, args, script[1:])
     # A subcommand's bad flag gets that subcommand's usage (argparse hands unknown arguments
     # up to the top-level parser, whose usage does not show the subcommand's flags).
     args, extra = parser.parse_known_args(argv)
