@@ -10,10 +10,9 @@ call: a push+pop round is two traced calls, each an entry and an exit callback. 
 guard's block is two traced changes (a push at its entry, a pop at its exit), made by cyctx's
 compiled module holding the GIL. Each is measured in parts: bare (the driver's questions and
 the record), native frames only, Python frames only, both. Every traced call is recorded (runs
-are cut into pieces the buffer holds; a run that lost an event is an error), and the last
-column says how many native walks the fast walker made and how many the unwinder did. On the
-real driver the callbacks are CUPTI's; with --simulate the simulated driver's (no GPU). Prints
-a table and writes the figures as JSON. Not a test: nothing here asserts a time.
+are cut into pieces the buffer holds; a run that lost an event is an error). On the real driver
+the callbacks are CUPTI's; with --simulate the simulated driver's (no GPU). Prints a table and
+writes the figures as JSON. Not a test: nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -81,7 +80,6 @@ def main() -> int:
         return min(vals)
 
     rows: dict[str, float] = {}
-    walks: dict[str, list[int]] = {}
     rows["untraced push+pop"] = best(0)
     rows["untraced get_current+get_id"] = best(1)
     configs = {
@@ -96,7 +94,6 @@ def main() -> int:
         with cyctx.trace(capacity=cap, quiet=True, **kw) as t:
             rows[f"traced push+pop, {name}"] = min(traced_bench(t) for _ in range(5)) / n * 1e9
             rows["traced run: get_current+get_id (not watched)"] = best(1)
-            walks[f"traced push+pop, {name}"] = list(_native.walk_stats())
         if t.reason:
             print(f"cannot trace: {t.reason}", file=sys.stderr)
             return 1
@@ -112,7 +109,6 @@ def main() -> int:
     for name, kw in configs.items():
         with cyctx.trace(capacity=cap, quiet=True, **kw) as t:
             rows[f"Python with guard (switching), traced, {name}"] = traced_guard(t)
-            walks[f"Python with guard (switching), traced, {name}"] = list(_native.walk_stats())
         if t.dropped:
             print(
                 f"the benchmark lost {t.dropped} events: its figures would be wrong",
@@ -132,13 +128,11 @@ def main() -> int:
             return (v - untraced_guard) / 2
         return None
 
-    print(f"{'case':<92} {'ns/round':>9} {'per traced call':>16} {'walks fast/unwinder':>20}")
+    print(f"{'case':<92} {'ns/round':>9} {'per traced call':>16}")
     for k, v in rows.items():
         pc = per_change(k, v)
-        extra = f"{pc:16.1f}" if pc is not None else " " * 16
-        w = walks.get(k)
-        ws = f"{w[0]:>10}/{w[1]:<9}" if w else ""
-        print(f"{k:<92} {v:9.1f} {extra} {ws}")
+        extra = f"{pc:16.1f}" if pc is not None else ""
+        print(f"{k:<92} {v:9.1f} {extra}")
     out = {
         "schema": "cyctx.bench.trace_cost/1",
         "driver": "simulated" if args.simulate else "real",
@@ -150,7 +144,6 @@ def main() -> int:
         "ns_per_traced_call": {
             k: per_change(k, v) for k, v in rows.items() if per_change(k, v) is not None
         },
-        "walks_fast_unwinder": walks,
     }
     if args.json:
         with open(args.json, "w") as f:

@@ -1,7 +1,8 @@
-"""The native walk (docs/tracing.md, "How it works"; tracer.c, "The fast walk"): the fast walker
-gives exactly the unwinder's frames and end; the driver's and the tracer's own frames below the
-caller are not counted against native_frames; a native chain deeper than the default limit
-still reaches the eval loop, and one past the hard maximum says it was cut, at the right line.
+"""The native walk (docs/tracing.md, "How it works"): the driver's and the tracer's own frames
+below the caller are not counted against native_frames; a native chain deeper than the default
+limit still reaches the eval loop, and one past the hard maximum says it was cut, at the right
+line; a library unloaded between a walk and its naming puts the event in doubt; a frame in no
+loaded object (a JIT's) is named as such.
 
 The deep chains come from a recursive C function that the test compiles (frames of a library
 of its own between the line and the driver, as CuPy's runtime calls are)."""
@@ -127,112 +128,6 @@ def test_a_chain_past_the_hard_maximum_says_cut_at_the_right_line(deep_lib, set_
     assert e.describe() == f"cuCtxSetCurrent by {e.library} at {e.where}"
 
 
-@pytest.mark.skipif(
-    not _native.FAST_WALK, reason="the fast walk is x86-64 Linux only (elsewhere: the unwinder's)"
-)
-def test_the_fast_walk_gives_the_unwinders_frames_and_end(deep_lib, set_current_ptr, sim):
-    # Each fast walk is redone by the unwinder in the same callback, on the same stack, and the
-    # two compared there: across two calls the interpreter's own frames may differ (it
-    # specialises the instructions that made the call).
-    lib, _ = deep_lib
-    d = drivers.driver()
-    g = cyctx.ContextGuard(0)
-
-    def make():
-        with g:  # a guard: cyctx's compiled module, holding the GIL
-            pass
-        drivers.ok(d.cuCtxSetCurrent(None))  # cuda-bindings, without the GIL
-        lib.cyctx_test_deep(40, set_current_ptr)  # a deep chain through ctypes
-        lib.cyctx_test_deep(300, set_current_ptr)  # one cut
-
-    prev = _native.set_verify(True)
-    try:
-        with cyctx.trace(native_frames=256) as t:
-            for _ in range(3):
-                make()
-            stats, mismatches = _native.walk_stats(), _native.walk_mismatches()
-    finally:
-        _native.set_verify(prev)
-        g.close()
-    raw = t._raw
-    # Every walk of these was the fast one, and the unwinder found the same frames and end.
-    assert stats == (len(raw), 0), stats
-    assert mismatches == 0
-    assert {r["native_state"] for r in raw} == {0, 2}  # the eval loop, and the cut one
-
-
-def _chain_c(n):
-    """n functions, each calling the next from its own frame of one of 13 sizes: n return
-    addresses with rules that differ, more than share the rule table's slots by chance."""
-    out = ["typedef int (*set_fn)(void *);"]
-    for i in range(n, -1, -1):  # each one after the one it calls
-        call = "f((void *)0)" if i == n else f"cyctx_chain_{i + 1}(f)"
-        out.append(
-            f"__attribute__((noinline)) int cyctx_chain_{i}(set_fn f) {{"
-            f" volatile char pad[{8 + 16 * (i % 13)}]; pad[0] = 0;"
-            f" int r = {call}; return r + pad[0]; }}"
-        )
-    return "\n".join(out) + "\n"
-
-
-@pytest.mark.skipif(
-    not _native.FAST_WALK, reason="the fast walk is x86-64 Linux only (elsewhere: the unwinder's)"
-)
-def test_return_addresses_that_share_a_rule_slot_keep_their_own_rules(
-    tmp_path_factory, set_current_ptr, sim
-):
-    # 240 return addresses in 2048 slots: a dozen share a slot, whatever the load address; a
-    # slot must answer only for the address it was filled for.
-    so = _compile_deep(tmp_path_factory, "cyctxchain", ["-O2"], _chain_c(240))
-    lib = ctypes.CDLL(so)
-    lib.cyctx_chain_0.argtypes = [ctypes.c_void_p]
-    prev = _native.set_verify(True)
-    try:
-        with cyctx.trace(native_frames=256) as t:
-            for _ in range(3):
-                assert lib.cyctx_chain_0(set_current_ptr) == 0
-            stats, mismatches = _native.walk_stats(), _native.walk_mismatches()
-    finally:
-        _native.set_verify(prev)
-    (e, *_) = [e for e in t.events if e.call == "cuCtxSetCurrent"]
-    assert e.native_state == "the eval loop", e
-    assert sum(n.library == so for n in e.native) == 241, e.native
-    assert stats == (len(t._raw), 0) and mismatches == 0, (stats, mismatches)
-
-
-def test_the_comparison_with_the_unwinder_counts_a_difference(deep_lib, set_current_ptr, sim):
-    # The comparison's own check: set_verify(2) alters each fast walk's outermost frame before
-    # comparing, so every one must be counted.
-    lib, _ = deep_lib
-    prev = _native.set_verify(2)
-    try:
-        with cyctx.trace(native_frames=64) as t:
-            for _ in range(2):
-                assert lib.cyctx_test_deep(3, set_current_ptr) == 0
-            stats, mismatches = _native.walk_stats(), _native.walk_mismatches()
-    finally:
-        _native.set_verify(prev)
-    if not _native.FAST_WALK:
-        assert mismatches == 0
-        return
-    assert stats[0] == len(t._raw) == 2 and mismatches == 2, (stats, mismatches)
-
-
-def test_set_walker_says_the_previous_setting():
-    assert _native.set_walker(True) is False
-    assert _native.set_walker(False) is True
-    assert _native.set_verify(True) is False
-    assert _native.set_verify(False) is True
-    if _native.FAST_WALK:
-        assert _native.use_find_object(False) is True
-        assert _native.use_find_object(True) is False
-
-
-@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 only")
-def test_the_fast_walk_is_built_on_x86_64_linux():
-    assert _native.FAST_WALK == (sys.platform == "linux")
-
-
 # --- a library unloaded while a trace runs -------------------------------------------------------
 
 UNLOADED = "a library was unloaded between this walk and its naming: its native frames may be wrong"
@@ -254,47 +149,33 @@ def _calls(t):
     return [e for e in t.events if e.call == "cuCtxSetCurrent"]
 
 
-@pytest.mark.parametrize("unwinder_only", [False, True], ids=["fast", "unwinder"])
 def test_an_unload_puts_in_doubt_only_the_events_walked_before_it_and_named_after(
-    deep_so, set_current_ptr, tmp_path, unwinder_only, capfd
+    deep_so, set_current_ptr, tmp_path, capfd
 ):
     # B is A's copy: loaded where A was (the loader reuses the hole), the same code at the same
-    # addresses, so A's rules would even walk it; the names would be A's. The mark does not
+    # addresses, so the names a walk in A gets after the unload would be B's. The mark does not
     # depend on that: it follows the loader's count of unloads, read at each walk and at the
     # naming.
     a_path, b_path = str(tmp_path / "libcyctxdeep_a.so"), str(tmp_path / "libcyctxdeep_b.so")
     shutil.copy(deep_so, a_path)  # not the module's loaded copy: this one can go
     shutil.copy(deep_so, b_path)
     g = cyctx.ContextGuard(0)
-    prev = _native.set_walker(unwinder_only)
     try:
         with cyctx.trace(quiet=False) as t:
             a = _load(a_path)
             assert a.cyctx_test_deep(3, set_current_ptr) == 0  # named-before
             t.collect()
             assert a.cyctx_test_deep(3, set_current_ptr) == 0  # walked-before
-            with g:  # rules of the guard's frames too
+            with g:  # the guard's push and pop, walked before the unload too
                 pass
-            rules = _native.rule_count()
             _unload(a, a_path)
             b = _load(b_path)
-            fast0, slow0 = _native.walk_stats()
             assert b.cyctx_test_deep(3, set_current_ptr) == 0  # walked-after
-            fast1, slow1 = _native.walk_stats()
-            refilled = _native.rule_count()
             t.collect()
             assert b.cyctx_test_deep(3, set_current_ptr) == 0  # after-check
-            fast2, slow2 = _native.walk_stats()
     finally:
-        _native.set_walker(prev)
         g.close()
     _unload(b, b_path)
-    if _native.FAST_WALK and not unwinder_only:
-        # The first walk after the unload empties the table before it walks: only its own
-        # frames' rules are there after it (the guard's are gone), and it is a fast walk.
-        assert 0 < refilled < rules, (rules, refilled)
-        assert (fast1 - fast0, slow1 - slow0) == (1, 0), (fast0, slow0, fast1, slow1)
-        assert (fast2 - fast1, slow2 - slow1) == (1, 0), (fast1, slow1, fast2, slow2)
     named, walked, after, checked = _calls(t)
     where = lambda e, marker: e.where is not None and e.where.line == _line(marker)  # noqa: E731
     assert where(named, "named-before") and where(walked, "walked-before")
@@ -302,8 +183,7 @@ def test_an_unload_puts_in_doubt_only_the_events_walked_before_it_and_named_afte
     # Walked and named while A was loaded (named at its collection, not at the stop).
     assert named.native_state == "the eval loop", named
     assert sum(n.library == a_path for n in named.native) == 4, named.native
-    # Walked after the unload (B loaded) with the rules read afresh, named with B loaded: exact,
-    # B's frames.
+    # Walked after the unload (B loaded), named with B loaded: exact, B's frames.
     for e in (after, checked):
         assert e.native_state == "the eval loop", e
         assert sum(n.library == b_path for n in e.native) == 4, e.native
@@ -339,9 +219,8 @@ def test_an_unload_of_another_library_puts_nothing_in_doubt(
     deep_so, set_current_ptr, tmp_path, capfd
 ):
     # A library the walks never touch, loaded and unloaded between two collections, as an
-    # import's probe does: the events walked after it are exact, fast walks resume after the
-    # next check. (The ones walked before it and named after are in doubt: the count cannot
-    # say which library went.)
+    # import's probe does: the events walked after it are exact. (The ones walked before it and
+    # named after are in doubt: the count cannot say which library went.)
     other = str(tmp_path / "libcyctxdeep_other.so")
     shutil.copy(deep_so, other)
     with cyctx.trace(quiet=False) as t:
@@ -370,10 +249,7 @@ def test_loads_without_an_unload_put_nothing_in_doubt(deep_so, set_current_ptr, 
         c = _load(c_path)  # a load during the trace: no unload
         assert c.cyctx_test_deep(3, set_current_ptr) == 0
         t.collect()
-        kept = _native.rule_count()
         assert a.cyctx_test_deep(3, set_current_ptr) == 0
-    if _native.FAST_WALK:
-        assert kept > 0
     events = _calls(t)
     assert len(events) == 3
     assert [e.native_state for e in events] == ["the eval loop"] * 3, events
@@ -400,25 +276,20 @@ def test_a_cyctx_frame_in_doubt_is_not_called_a_guard():
 
 
 # --- a frame without unwind information ----------------------------------------------------------
-# The walk cannot step past it (no FDE: the fast walk hands over to the unwinder, which stops
-# there), so it never reaches the eval loop although the thread has one. The event must not
+# The walk cannot step past it (no FDE: the unwinder stops there), so it never reaches the eval
+# loop although the thread has one. The event must not
 # present that as a complete walk nor name the frame's library as the one the line called: the
 # line called _ctypes, which called the library without unwind information.
 
 
-@pytest.mark.parametrize("unwinder_only", [False, True], ids=["fast", "unwinder"])
 def test_a_walk_stopped_by_a_frame_without_unwind_info_is_not_called_complete(
-    tmp_path_factory, sim, unwinder_only
+    tmp_path_factory, sim
 ):
     flags = ("-fno-asynchronous-unwind-tables", "-fno-unwind-tables", "-fno-exceptions")
     lib = _load(_compile_deep(tmp_path_factory, "cyctxnounwind", flags))
     fn = ctypes.cast(drivers.sim_set_current(sim), ctypes.c_void_p).value
-    prev = _native.set_walker(unwinder_only)
-    try:
-        with cyctx.trace() as t:
-            assert lib.cyctx_test_deep(3, fn) == 0
-    finally:
-        _native.set_walker(prev)
+    with cyctx.trace() as t:
+        assert lib.cyctx_test_deep(3, fn) == 0
     (e,) = [e for e in t.events if e.call == "cuCtxSetCurrent"]
     import _ctypes
 
@@ -433,11 +304,12 @@ def test_a_walk_stopped_by_a_frame_without_unwind_info_is_not_called_complete(
 
 
 # Code a JIT writes into an anonymous mapping, with its unwind information registered at run
-# time (__register_frame), then replaced by other code with other rules at the same address:
-# two functions whose call returns at the same offset (12), one keeping its frame in rbp, the
-# other in rsp. The tracer keeps rules for loaded objects' code only, so the second is walked
-# with its own rule; with the first one's kept, the walk computes the frame from the caller's
-# rbp and skips the caller (cyctx_jit_call, compiled with a frame pointer), unseen.
+# time (__register_frame), then replaced by other code with other unwind information at the
+# same address: two functions whose call returns at the same offset (12), one keeping its frame
+# in rbp, the other in rsp. Each walk must use the information registered when it walks (a walk
+# that kept the first one's for that address would compute the frame from the caller's rbp and
+# skip the caller, cyctx_jit_call, compiled with a frame pointer), and mark the frame as in no
+# loaded object.
 JIT_C = r"""
 #include <stdint.h>
 #include <string.h>
@@ -526,23 +398,23 @@ def jit_lib(tmp_path_factory):
     return lib, so
 
 
-@pytest.mark.skipif(
-    not _native.FAST_WALK, reason="the fast walk is x86-64 Linux only (elsewhere: the unwinder's)"
+X86_64_LINUX = pytest.mark.skipif(
+    platform.machine() != "x86_64" or sys.platform != "linux",
+    reason="the test's JIT code is x86-64 machine code",
 )
-@pytest.mark.parametrize("find_object", [True, False], ids=["_dl_find_object", "dl_iterate_phdr"])
-def test_code_replaced_at_a_jit_address_is_walked_with_its_own_rule(
-    jit_lib, set_current_ptr, sim, find_object
+
+
+@X86_64_LINUX
+def test_code_replaced_at_a_jit_address_is_walked_with_its_own_unwind_info(
+    jit_lib, set_current_ptr, sim
 ):
     lib, so = jit_lib
-    prev = _native.use_find_object(find_object)
     try:
         with cyctx.trace(native_frames=64) as t:
             for variant in (0, 1, 0, 1):
                 assert lib.cyctx_jit_make(variant) == 0
                 assert lib.cyctx_jit_call(set_current_ptr) == 0
-            stats = _native.walk_stats()
     finally:
-        _native.use_find_object(prev)
         lib.cyctx_jit_drop()
     jit = lib.cyctx_jit_address()
     assert [e.call for e in t.events] == ["cuCtxSetCurrent"] * 4
@@ -554,17 +426,11 @@ def test_code_replaced_at_a_jit_address_is_walked_with_its_own_rule(
         assert raw["names"][i][0] is None, raw["names"][i]
         assert raw["names"][i + 1] == (so, "cyctx_jit_call"), (variant, raw["names"][i + 1])
         assert e.native_state == "the eval loop", e
-    # Every walk was the fast one: the rules were read, not the walks handed over.
-    assert stats == (len(t._raw), 0), stats
 
 
-@pytest.mark.skipif(
-    platform.machine() != "x86_64" or sys.platform != "linux",
-    reason="the test's JIT code is x86-64 machine code",
-)
-@pytest.mark.parametrize("unwinder_only", [False, True], ids=["fast", "unwinder"])
+@X86_64_LINUX
 def test_a_jit_frame_is_named_as_in_no_library_whatever_is_loaded_there_by_the_naming(
-    jit_lib, set_current_ptr, sim, unwinder_only, monkeypatch
+    jit_lib, set_current_ptr, sim, monkeypatch
 ):
     # A JIT's code freed and a library loaded at its address before the events are collected:
     # dladdr would then name that library. Here the loader's answer at the naming is made so
@@ -583,12 +449,10 @@ def test_a_jit_frame_is_named_as_in_no_library_whatever_is_loaded_there_by_the_n
         ]
 
     monkeypatch.setattr(_native, "resolve", resolve)
-    prev = _native.set_walker(unwinder_only)
     try:
         with cyctx.trace(native_frames=64) as t:
             assert lib.cyctx_jit_call(set_current_ptr) == 0
     finally:
-        _native.set_walker(prev)
         lib.cyctx_jit_drop()
     ((e, raw),) = zip(t.events, t._raw, strict=True)
     (i,) = [k for k, a in enumerate(raw["native"]) if jit <= a < jit + 64]

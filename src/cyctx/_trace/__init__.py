@@ -598,11 +598,11 @@ class Trace:
             r["names"] = [
                 (None, None) if i in outside else self._names[a] for i, a in enumerate(r["native"])
             ]
-        # Then the loader's count of unloads (tracer.c, check_unloads): an event whose walk
+        # Then the loader's count of unloads again (tracer.c, unloads): an event whose walk
         # began under the same count was walked and named with nothing unloaded in between;
-        # one walked under an earlier count may have been walked with a gone library's unwind
-        # rules, or named after it was gone. A loader that does not count proves nothing.
-        now = self._native.check_unloads()
+        # one walked under an earlier count may have been walked through a gone library, or
+        # named after it was gone. A loader that does not count proves nothing.
+        now = self._native.unloads()
         if now != subs:
             self._names.clear()
             self._names_subs = -1

@@ -27,7 +27,7 @@
  * frame is read and the events say so.
  * The return addresses become library and symbol (dladdr) when Python drains the buffer; a
  * library unloaded between an event's walk and that naming puts the event in doubt (each walk
- * records the loader's count of unloads; check_unloads).
+ * records the loader's count of unloads, which Python asks again once it named the events).
  *
  * The buffer is a fixed array of slots claimed with a compare-and-swap on the head (no lock);
  * a full buffer drops the event and counts it. stop() unsubscribes, then waits until no
@@ -49,14 +49,6 @@
 #undef Py_BUILD_CORE
 #else
 #define CYCTX_TRACE_FRAMES 0
-#endif
-
-/* The fast native walk reads x86-64 registers and libgcc's FDE lookup; elsewhere every walk is
- * the unwinder's. */
-#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
-#define FAST_WALK 1
-#else
-#define FAST_WALK 0
 #endif
 
 #include <dlfcn.h>
@@ -180,10 +172,6 @@ static _Atomic int g_on;             /* the callback records */
 static _Atomic int g_inflight;       /* callbacks inside record code now */
 static int g_subscribed;
 static int g_py_max = 4, g_native_max = 16;
-/* The loader's count of unloads that the rule table holds rules for (set after a clear; -2:
- * none; -3: being cleared). A walk that finds a later count at its start empties the table
- * first (refresh_rules). */
-static _Atomic long long g_rules_subs = -2;
 
 /* Driver calls the callback makes (never traced): resolved at start. */
 typedef int (*pfn_get_current)(void **);
@@ -346,16 +334,12 @@ static int driver_side(uintptr_t ip) {
 
 /* Whether pc is in a loaded object. Code outside every object (a JIT's, its unwind information
  * registered with __register_frame) can be freed and its addresses reused by other code, or a
- * library loaded there, without an unload: so the fast walk keeps no rule for it (its rule is
- * read anew at each walk; a loaded object's change only through the loader, whose unloads the
- * table follows, refresh_rules), and its frame is marked so that the naming does not give it
- * the name of a library loaded at its address since (mark_outside). Asked for each frame the
- * fast walk has no rule for and for each frame of the unwinder's walks: of glibc's
- * _dl_find_object (2.35+, lock-free; found at start), else of dl_iterate_phdr, safe in a
- * callback (unloads_now). */
+ * library loaded there, without an unload the loader would count: its frame is marked so that
+ * the naming does not give it the name of a library loaded at its address since
+ * (mark_outside). Asked for each kept frame, at the walk: of glibc's _dl_find_object (2.35+,
+ * lock-free; found at start), else of dl_iterate_phdr, safe in a callback (unloads_now). */
 typedef int (*pfn_find_object)(void *, void *);
 static pfn_find_object g_find_object;       /* _dl_find_object, or NULL */
-static _Atomic int g_no_find_object;        /* the tests: the dl_iterate_phdr path */
 
 static int in_segment_of(struct dl_phdr_info *info, size_t size, void *arg) {
     (void)size;
@@ -368,7 +352,7 @@ static int in_segment_of(struct dl_phdr_info *info, size_t size, void *arg) {
 }
 
 static int in_loaded_object(uintptr_t pc) {
-    if (g_find_object && !atomic_load_explicit(&g_no_find_object, memory_order_relaxed)) {
+    if (g_find_object) {
         /* Room for glibc's struct dl_find_object (reserved words included), were it to grow. */
         _Alignas(16) unsigned char result[256];
         return g_find_object((void *)pc, result) == 0;
@@ -391,7 +375,7 @@ static void walk_reset(Event *e) {
 #define MAX_STEPS 1024
 typedef struct { Event *e; int max; uintptr_t boundary; int below; int steps; } Walk;
 
-/* One frame of a walk (either walker), given its return address and its stack pointer (the
+/* One frame of a walk, given its return address and its stack pointer (the
  * CFA of the frame it called): says whether the walk goes on. A stack pointer beyond the
  * boundary ends the walk: the frame kept last, whose stack area holds the boundary, was the
  * eval loop's activation. The run of driver-side frames below the caller is not kept. */
@@ -424,320 +408,6 @@ static _Unwind_Reason_Code walk_step(struct _Unwind_Context *ctx, void *arg) {
     return _URC_NO_REASON;
 }
 
-#if FAST_WALK
-/* ------------------------------------------------------------------------------------------
- * The fast walk (x86-64): the unwinder's work per frame (find the FDE, parse its CIE, run its
- * CFA program) done once per return address and kept as a rule: where the CFA is (rsp or rbp
- * plus an offset), where the caller's rbp was saved, the return address at CFA-8. A walk is
- * then a few loads per frame. Only the forms an ordinary frame uses are taken; anything else
- * (an expression, a signal frame, a register rule the walk would need and does not keep, no
- * FDE) makes the whole walk the unwinder's, _Unwind_Backtrace, as are walks without a
- * boundary (a thread no Python started: no known end of its stack to bound the reads). Every
- * load is of this thread's stack between the walk's own frame and the boundary.
- * ------------------------------------------------------------------------------------------ */
-struct eh_bases { void *tbase; void *dbase; void *func; };
-typedef const void *(*pfn_find_fde)(void *, struct eh_bases *);
-static pfn_find_fde u_find_fde;           /* libgcc's _Unwind_Find_FDE, found at start */
-
-/* A rule in one word: bit 0 valid, bit 1 CFA from rbp (else rsp), bit 2 rbp saved,
- * bits 16-31 rbp's save offset from the CFA (signed), bits 32-63 the CFA offset (signed). */
-#define RULE_OK 1u
-#define RULE_CFA_BP 2u
-#define RULE_BP_SAVED 4u
-#define N_RULES 2048
-typedef struct { _Atomic uint64_t seq, ip, rule; } RuleSlot;
-static RuleSlot g_rules[N_RULES];
-static _Atomic uint64_t g_walks_fast, g_walks_slow;
-
-static uint64_t uleb(const unsigned char **pp, const unsigned char *end, int *bad) {
-    uint64_t v = 0;
-    unsigned shift = 0;
-    const unsigned char *p = *pp;
-    for (;;) {
-        if (p >= end || shift > 63) { *bad = 1; *pp = end; return 0; }
-        unsigned char b = *p++;
-        v |= (uint64_t)(b & 0x7f) << shift;
-        shift += 7;
-        if (!(b & 0x80)) break;
-    }
-    *pp = p;
-    return v;
-}
-
-static int64_t sleb(const unsigned char **pp, const unsigned char *end, int *bad) {
-    int64_t v = 0;
-    unsigned shift = 0;
-    const unsigned char *p = *pp;
-    unsigned char b;
-    do {
-        if (p >= end || shift > 63) { *bad = 1; *pp = end; return 0; }
-        b = *p++;
-        v |= (int64_t)(b & 0x7f) << shift;
-        shift += 7;
-    } while (b & 0x80);
-    if (shift < 64 && (b & 0x40)) v |= -((int64_t)1 << shift);
-    *pp = p;
-    return v;
-}
-
-/* Bytes a pointer of this DW_EH_PE encoding takes (-1: not a form the walk reads). */
-static int enc_size(unsigned char enc) {
-    if (enc == 0xff) return 0;            /* DW_EH_PE_omit */
-    if ((enc & 0x70) == 0x50) return -1;  /* aligned */
-    switch (enc & 0x0f) {
-    case 0x00: case 0x04: case 0x0c: return 8;
-    case 0x02: case 0x0a: return 2;
-    case 0x03: case 0x0b: return 4;
-    default: return -1;                   /* leb128 and unknown forms */
-    }
-}
-
-enum { R_SAME, R_OFFSET, R_BAD };
-typedef struct { int cfa_reg, cfa_bad; int64_t cfa_off; int bp, ra; int64_t bp_off, ra_off; } CfaState;
-
-/* Runs a CFA program as libgcc's execute_cfa_program does, up to (not including) `until`,
- * keeping the CFA, rbp (6), rsp (7) and the return address (16); 0 on a form it does not take. */
-static int run_cfa(const unsigned char *p, const unsigned char *end, uintptr_t *pc, uintptr_t until,
-                   uint64_t code_align, int64_t data_align, CfaState *st) {
-    CfaState stack[8];
-    int depth = 0, bad = 0;
-    while (p < end && *pc < until && !bad) {
-        unsigned char op = *p++;
-        uint64_t reg = 0;
-        int64_t off = 0;
-        int how = -1;
-        switch (op & 0xc0) {
-        case 0x40: *pc += (op & 0x3f) * code_align; continue;
-        case 0x80:
-            reg = op & 0x3f;
-            off = (int64_t)uleb(&p, end, &bad) * data_align;
-            how = R_OFFSET;
-            break;
-        case 0xc0: reg = op & 0x3f; how = R_SAME; break;
-        default:
-            switch (op) {
-            case 0x00: continue;                                   /* nop */
-            case 0x02: if (p + 1 > end) return 0; *pc += p[0] * code_align; p += 1; continue;
-            case 0x03: { uint16_t v; if (p + 2 > end) return 0; memcpy(&v, p, 2); p += 2;
-                         *pc += v * code_align; continue; }
-            case 0x04: { uint32_t v; if (p + 4 > end) return 0; memcpy(&v, p, 4); p += 4;
-                         *pc += v * code_align; continue; }
-            case 0x05: reg = uleb(&p, end, &bad); off = (int64_t)uleb(&p, end, &bad) * data_align;
-                       how = R_OFFSET; break;
-            case 0x06: case 0x08: reg = uleb(&p, end, &bad); how = R_SAME; break;
-            case 0x07: reg = uleb(&p, end, &bad); how = R_BAD; break;  /* undefined */
-            case 0x09: reg = uleb(&p, end, &bad); (void)uleb(&p, end, &bad); how = R_BAD; break;
-            case 0x0a: if (depth == 8) return 0; stack[depth++] = *st; continue;
-            case 0x0b: if (depth == 0) return 0; *st = stack[--depth]; continue;
-            case 0x0c: st->cfa_reg = (int)uleb(&p, end, &bad);
-                       st->cfa_off = (int64_t)uleb(&p, end, &bad); st->cfa_bad = 0; continue;
-            case 0x0d: st->cfa_reg = (int)uleb(&p, end, &bad); st->cfa_bad = 0; continue;
-            case 0x0e: st->cfa_off = (int64_t)uleb(&p, end, &bad); continue;
-            case 0x0f: { uint64_t n = uleb(&p, end, &bad); if (n > (uint64_t)(end - p)) return 0;
-                         p += n; st->cfa_bad = 1; continue; }
-            case 0x10: case 0x16: {
-                reg = uleb(&p, end, &bad);
-                uint64_t n = uleb(&p, end, &bad);
-                if (n > (uint64_t)(end - p)) return 0;
-                p += n;
-                how = R_BAD;
-                break;
-            }
-            case 0x11: reg = uleb(&p, end, &bad); off = sleb(&p, end, &bad) * data_align;
-                       how = R_OFFSET; break;
-            case 0x12: st->cfa_reg = (int)uleb(&p, end, &bad);
-                       st->cfa_off = sleb(&p, end, &bad) * data_align; st->cfa_bad = 0; continue;
-            case 0x13: st->cfa_off = sleb(&p, end, &bad) * data_align; continue;
-            case 0x14: reg = uleb(&p, end, &bad); (void)uleb(&p, end, &bad); how = R_BAD; break;
-            case 0x15: reg = uleb(&p, end, &bad); (void)sleb(&p, end, &bad); how = R_BAD; break;
-            case 0x2e: (void)uleb(&p, end, &bad); continue;          /* GNU_args_size */
-            case 0x2f: reg = uleb(&p, end, &bad); off = -(int64_t)uleb(&p, end, &bad) * data_align;
-                       how = R_OFFSET; break;
-            default: return 0;                /* set_loc, a vendor's form: not taken */
-            }
-        }
-        /* A register rule: kept for rbp and the return address, refused for rsp (whose value
-         * the walk takes to be the CFA), other registers' rules do not matter to the walk. */
-        if (reg == 6) { st->bp = how; st->bp_off = off; }
-        else if (reg == 16) { st->ra = how; st->ra_off = off; }
-        else if (reg == 7) return 0;
-    }
-    return !bad;
-}
-
-/* The rule of the frame whose code is at pc (a return address minus one, or the walk's own
- * point), 0 where the walk does not take it. */
-static uint64_t rule_at(uintptr_t pc, uintptr_t until) {
-    struct eh_bases bases;
-    const unsigned char *fde = (const unsigned char *)u_find_fde((void *)pc, &bases);
-    if (!fde) return 0;
-    uint32_t flen, delta;
-    memcpy(&flen, fde, 4);
-    if (flen == 0 || flen == 0xffffffffu) return 0;
-    memcpy(&delta, fde + 4, 4);
-    const unsigned char *cie = fde + 4 - delta;
-    uint32_t clen;
-    memcpy(&clen, cie, 4);
-    if (clen == 0 || clen == 0xffffffffu) return 0;
-    const unsigned char *cend = cie + 4 + clen, *p = cie + 8;
-    int bad = 0;
-    unsigned char version = *p++;
-    if (version != 1 && version != 3) return 0;
-    const char *aug = (const char *)p;
-    size_t alen = strnlen(aug, (size_t)(cend - p));
-    p += alen + 1;
-    uint64_t code_align = uleb(&p, cend, &bad);
-    int64_t data_align = sleb(&p, cend, &bad);
-    uint64_t ra_reg = version == 1 ? (p < cend ? *p++ : (bad = 1, 0)) : uleb(&p, cend, &bad);
-    if (bad || ra_reg != 16) return 0;
-    unsigned char fenc = 0;
-    int z = 0;
-    if (aug[0] == 'z') {
-        z = 1;
-        uint64_t n = uleb(&p, cend, &bad);
-        if (bad || n > (uint64_t)(cend - p)) return 0;
-        const unsigned char *aend = p + n;
-        for (const char *a = aug + 1; *a; a++) {
-            if (*a == 'R') { if (p >= aend) return 0; fenc = *p++; }
-            else if (*a == 'L') { if (p >= aend) return 0; p++; }
-            else if (*a == 'P') {
-                if (p >= aend) return 0;
-                int k = enc_size(*p++);
-                if (k < 0 || p + k > aend) return 0;
-                p += k;
-            } else return 0;                  /* 'S' (a signal frame) and others */
-        }
-        p = aend;
-    } else if (aug[0]) {
-        return 0;
-    }
-    CfaState st = {-1, 1, 0, R_SAME, R_SAME, 0, 0};
-    uintptr_t loc = 0;
-    if (!run_cfa(p, cend, &loc, UINTPTR_MAX, code_align, data_align, &st)) return 0;
-    const unsigned char *fend = fde + 4 + flen, *q = fde + 8;
-    int k = enc_size(fenc);
-    if (k <= 0 || q + 2 * k > fend) return 0;
-    q += 2 * k;                               /* pc_begin, pc_range: bases.func is the start */
-    if (z) {
-        uint64_t n = uleb(&q, fend, &bad);
-        if (bad || n > (uint64_t)(fend - q)) return 0;
-        q += n;
-    }
-    loc = (uintptr_t)bases.func;
-    if (!run_cfa(q, fend, &loc, until, code_align, data_align, &st)) return 0;
-    if (st.cfa_bad || (st.cfa_reg != 6 && st.cfa_reg != 7) || st.ra != R_OFFSET || st.ra_off != -8 ||
-        st.bp == R_BAD || st.cfa_off < INT32_MIN || st.cfa_off > INT32_MAX ||
-        (st.bp == R_OFFSET && (st.bp_off < INT16_MIN || st.bp_off > INT16_MAX)))
-        return 0;
-    return RULE_OK | (st.cfa_reg == 6 ? RULE_CFA_BP : 0) | (st.bp == R_OFFSET ? RULE_BP_SAVED : 0) |
-           ((uint64_t)(uint16_t)(int16_t)st.bp_off << 16) | ((uint64_t)(uint32_t)(int32_t)st.cfa_off << 32);
-}
-
-/* The rules are shared by every thread: a slot is a seqlock (odd while written); a reader that
- * sees it change, or a writer that finds it busy, goes without. */
-static uint64_t rule_of(uintptr_t pc, uintptr_t until, int *outside) {
-    RuleSlot *s = &g_rules[(pc ^ (pc >> 11)) % N_RULES];
-    uint64_t q = atomic_load_explicit(&s->seq, memory_order_acquire);
-    if (!(q & 1)) {
-        uint64_t ip = atomic_load_explicit(&s->ip, memory_order_relaxed);
-        uint64_t rule = atomic_load_explicit(&s->rule, memory_order_relaxed);
-        atomic_thread_fence(memory_order_acquire);
-        if (atomic_load_explicit(&s->seq, memory_order_relaxed) == q && ip == until && rule)
-            return rule;
-    }
-    uint64_t rule = rule_at(pc, until);
-    if (!rule) return 0;
-    if (!in_loaded_object(pc)) {
-        *outside = 1;
-        return rule;
-    }
-    if (!(q & 1) &&
-        atomic_compare_exchange_strong_explicit(&s->seq, &q, q + 1, memory_order_acq_rel,
-                                                memory_order_relaxed)) {
-        atomic_store_explicit(&s->ip, until, memory_order_relaxed);
-        atomic_store_explicit(&s->rule, rule, memory_order_relaxed);
-        atomic_store_explicit(&s->seq, q + 2, memory_order_release);
-    }
-    return rule;
-}
-
-/* Empties every slot, outside any callback, while walkers may read and write: a slot is
- * taken as a writer takes it (even -> odd -> even), so a reader that overlaps sees it change
- * and goes without. A slot being written now is left: its writer computed the rule in its
- * callback for a return address on its own stack, whose library is mapped (that rule is
- * right until an unload that a later check sees). */
-static void clear_rules(void) {
-    for (int i = 0; i < N_RULES; i++) {
-        RuleSlot *s = &g_rules[i];
-        uint64_t q = atomic_load_explicit(&s->seq, memory_order_acquire);
-        if ((q & 1) || !atomic_load_explicit(&s->rule, memory_order_relaxed)) continue;
-        if (!atomic_compare_exchange_strong_explicit(&s->seq, &q, q + 1, memory_order_acq_rel,
-                                                     memory_order_relaxed))
-            continue;
-        atomic_store_explicit(&s->ip, 0, memory_order_relaxed);
-        atomic_store_explicit(&s->rule, 0, memory_order_relaxed);
-        atomic_store_explicit(&s->seq, q + 2, memory_order_release);
-    }
-}
-
-/* Whether the table holds rules for the loader's count of unloads `n` (read now): when it holds
- * an earlier count, the first caller to see it empties it and sets `n`. Walks that see the
- * table being emptied, or a later count than theirs (they began before an unload), use the
- * unwinder. A walk that began before the emptying and inserts a rule after it read that rule
- * for a return address on its own stack, whose library is mapped: right until an unload, which
- * a later count shows. From a callback too: the clear is lock-free, one pass per unload. */
-static int refresh_rules(long long n) {
-    long long have = atomic_load_explicit(&g_rules_subs, memory_order_acquire);
-    if (have == n) return 1;
-    if (have == -3 || n < have) return 0;
-    if (!atomic_compare_exchange_strong_explicit(&g_rules_subs, &have, -3, memory_order_acq_rel,
-                                                 memory_order_acquire))
-        return 0;
-    clear_rules();
-    atomic_store_explicit(&g_rules_subs, n, memory_order_release);
-    return 1;
-}
-
-/* 1: walked; 0: a frame the rules do not take (the caller then resets the event and walks
- * with the unwinder: the frames kept so far are the same either way). */
-static __attribute__((noinline)) int fast_walk(Walk *w, uintptr_t hi) {
-    uintptr_t sp, bp, here;
-    __asm__ volatile("movq %%rsp, %0\n\tmovq %%rbp, %1\n\tleaq 0(%%rip), %2"
-                     : "=r"(sp), "=r"(bp), "=r"(here));
-    const uintptr_t lo = sp;
-    /* This frame first, at the point just read (its rule there: `until` one past it), then
-     * each caller at its return address. */
-    uintptr_t pc = here, until = here + 1;
-    int own = 1;
-    for (;;) {
-        int n = w->e->n_native, outside = 0;
-        if (!own && !walk_keep(w, until, sp)) return 1;
-        uint64_t r = rule_of(pc, until, &outside);
-        if (!r) return 0;
-        if (outside && w->e->n_native > n) mark_outside(w->e, n);
-        uintptr_t cfa = ((r & RULE_CFA_BP) ? bp : sp) + (uintptr_t)(int64_t)(int32_t)(r >> 32);
-        if (cfa <= sp) return 0;
-        if (cfa > hi) {
-            if (own) return 0;
-            return walk_keep(w, 0, cfa), 1;    /* beyond the boundary: the eval loop's frame */
-        }
-        own = 0;
-        if (r & RULE_BP_SAVED) {
-            uintptr_t at = cfa + (uintptr_t)(int64_t)(int16_t)(r >> 16);
-            if (at < lo || at + 8 > hi) return 0;
-            memcpy(&bp, (const void *)at, 8);
-        }
-        if (cfa - 8 < lo) return 0;
-        uintptr_t ra;
-        memcpy(&ra, (const void *)(cfa - 8), 8);
-        if (!ra) return 0;
-        sp = cfa;
-        pc = ra - 1;
-        until = ra;
-    }
-}
-#endif
-
 /* How many objects the process has unloaded (glibc's and musl's dlpi_subs); -1 where the
  * loader does not say. Safe in a callback: dl_iterate_phdr takes the loader's list lock
  * (glibc's dl_load_write_lock, held only while the list changes, never while a library's
@@ -756,32 +426,6 @@ static long long unloads_now(void) {
     return n;
 }
 
-static _Atomic int g_walker;                 /* 0: fast where it can; 1: the unwinder's only */
-static _Atomic int g_verify;                 /* the tests: each fast walk redone by the unwinder */
-static _Atomic uint64_t g_walk_mismatches;   /* ... and how many of those found other frames */
-
-#if FAST_WALK
-/* Walks again with the unwinder what the fast walk just walked, from the same callback (the
- * same stack: a comparison across calls would see the interpreter's own code change as it
- * specialises), keeps the unwinder's frames and counts a difference. The tests only. */
-static void verify_walk(Event *e, uintptr_t boundary) {
-    uintptr_t fast[MAX_NATIVE];
-    uint64_t fast_outside[MAX_NATIVE / 64];
-    int n = e->n_native, state = e->native_state;
-    memcpy(fast, e->native, (size_t)n * sizeof *fast);
-    memcpy(fast_outside, e->outside, sizeof fast_outside);
-    if (n && atomic_load_explicit(&g_verify, memory_order_relaxed) == 2) fast[n - 1] ^= 1;
-    walk_reset(e);
-    Walk w = {e, g_native_max, boundary, 1, 0};
-    _Unwind_Backtrace(walk_step, &w);
-    if (e->native_state == NATIVE_END) e->native_state = NATIVE_STOPPED;
-    if (e->n_native != n || e->native_state != state ||
-        memcmp(fast, e->native, (size_t)n * sizeof *fast) != 0 ||
-        memcmp(fast_outside, e->outside, sizeof fast_outside) != 0)
-        atomic_fetch_add_explicit(&g_walk_mismatches, 1, memory_order_relaxed);
-}
-#endif
-
 static void walk_native(Event *e, uintptr_t boundary) {
     walk_reset(e);
     if (!g_native_max) {
@@ -791,20 +435,6 @@ static void walk_native(Event *e, uintptr_t boundary) {
     /* Only an address on this thread's stack, above (outward of) this frame, can be one. */
     uintptr_t here = (uintptr_t)&boundary;
     Walk w = {e, g_native_max, boundary > here ? boundary : 0, 1, 0};
-#if FAST_WALK
-    if (w.boundary && u_find_fde && !atomic_load_explicit(&g_walker, memory_order_relaxed)) {
-        /* The kept rules are of the libraries loaded when they were read: right while nothing
-         * was unloaded since (a library loaded later takes addresses no rule was read for). */
-        if (e->subs >= 0 && refresh_rules(e->subs) && fast_walk(&w, w.boundary)) {
-            atomic_fetch_add_explicit(&g_walks_fast, 1, memory_order_relaxed);
-            if (atomic_load_explicit(&g_verify, memory_order_relaxed)) verify_walk(e, w.boundary);
-            return;
-        }
-        atomic_fetch_add_explicit(&g_walks_slow, 1, memory_order_relaxed);
-        walk_reset(e);
-        w = (Walk){e, g_native_max, w.boundary, 1, 0};
-    }
-#endif
     _Unwind_Backtrace(walk_step, &w);
     if (w.boundary && e->native_state == NATIVE_END) e->native_state = NATIVE_STOPPED;
 }
@@ -834,10 +464,9 @@ static void capture(Event *e) {
         if (g_py_max) e->n_py = read_frames(ts, e->py, g_py_max);
 #endif
     }
-    /* Before any rule is read. An unload completes (the loader's lock held throughout) before
-     * another library can be loaded at its addresses, so a walk that starts with the count the
-     * rules were read under walks no address of a library loaded since; and one whose count
-     * the naming (later) still finds was named after the libraries it walked. */
+    /* Before the walk. An unload completes (the loader's lock held throughout) before another
+     * library can be loaded at its addresses, so a walk whose count the naming (later) still
+     * finds was named after the libraries it walked. */
     e->subs = g_native_max ? unloads_now() : -1;
     walk_native(e, boundary);
 }
@@ -1029,20 +658,6 @@ static void find_spans(void *a, void *b, void *c) {
     }
 }
 
-/* A check, after the events of a collection were drained and their addresses named: the
- * loader's count of unloads now. An event whose walk began under this count walked and was
- * named with no library unloaded in between: exact; any other is in doubt (Python marks it).
- * The rule table is brought to the count too (refresh_rules), as the next walk would. A loader
- * that does not count unloads gives no such proof (-1): every walk is the unwinder's and every
- * event in doubt. */
-static long long check_unloads(void) {
-    long long n = unloads_now();
-#if FAST_WALK
-    if (n >= 0) refresh_rules(n);
-#endif
-    return n;
-}
-
 /* start(cupti_path, simulated, python_frames, native_frames, capacity) -> None or the reason
  * (one line) it could not subscribe; nothing is left changed then. */
 static PyObject *t_start(PyObject *self, PyObject *args) {
@@ -1112,14 +727,6 @@ static PyObject *t_start(PyObject *self, PyObject *args) {
     memset(ring, 0, (size_t)cap * slot);
     find_spans((void *)callback, (void *)c_subscribe, (void *)d_get_current);
     g_find_object = (pfn_find_object)dlsym(RTLD_DEFAULT, "_dl_find_object");
-    atomic_store(&g_rules_subs, -2);   /* the table below holds no rule: the first walk sets it */
-#if FAST_WALK
-    u_find_fde = (pfn_find_fde)dlsym(RTLD_DEFAULT, "_Unwind_Find_FDE");
-    memset((void *)g_rules, 0, sizeof g_rules);   /* no rule outlives its trace */
-    atomic_store(&g_walks_fast, 0);
-    atomic_store(&g_walks_slow, 0);
-    atomic_store(&g_walk_mismatches, 0);
-#endif
     {   /* the unwinder's first use reads its tables: here, not in a callback */
         _Alignas(Event) char warm[sizeof(Event) + 4 * sizeof(uintptr_t)];
         int saved = g_native_max;
@@ -1239,28 +846,12 @@ static PyObject *t_drain(PyObject *self, PyObject *noargs) {
     return Py_BuildValue("(NK)", out, (unsigned long long)atomic_load(&g_dropped));
 }
 
-/* check_unloads() -> the loader's count of unloads now, -1 where it does not count (see
- * check_unloads): called by Python after each drain, once the drained events are named. */
-static PyObject *t_check_unloads(PyObject *self, PyObject *noargs) {
-    (void)self; (void)noargs;
-    return PyLong_FromLongLong(check_unloads());
-}
-
-/* unloads() -> the loader's count of unloads now (-1: it does not count). */
+/* unloads() -> the loader's count of unloads now (-1: it does not count). Asked before and
+ * after a collection's naming: an event whose walk began under the count found after it was
+ * walked and named with no library unloaded in between; any other is in doubt. */
 static PyObject *t_unloads(PyObject *self, PyObject *noargs) {
     (void)self; (void)noargs;
     return PyLong_FromLongLong(unloads_now());
-}
-
-/* rule_count() -> how many slots of the rule table hold a rule (the tests). */
-static PyObject *t_rule_count(PyObject *self, PyObject *noargs) {
-    (void)self; (void)noargs;
-    long n = 0;
-#if FAST_WALK
-    for (int i = 0; i < N_RULES; i++)
-        n += atomic_load_explicit(&g_rules[i].rule, memory_order_relaxed) != 0;
-#endif
-    return PyLong_FromLong(n);
 }
 
 /* release(): frees the buffer once the trace is stopped and drained. */
@@ -1305,12 +896,6 @@ static PyObject *t_resolve(PyObject *self, PyObject *seq) {
 static PyObject *t_active(PyObject *self, PyObject *noargs) {
     (void)self; (void)noargs;
     return PyBool_FromLong(g_subscribed);
-}
-
-/* The module's own frames and those of the CUPTI library are not callers: Python drops them. */
-static PyObject *t_self_address(PyObject *self, PyObject *noargs) {
-    (void)self; (void)noargs;
-    return PyLong_FromVoidPtr((void *)callback);
 }
 
 /* bench(ctx, n, mode) -> seconds for n rounds made through the driver without the GIL
@@ -1367,41 +952,6 @@ static PyObject *t_bench(PyObject *self, PyObject *args) {
     return PyFloat_FromDouble((double)(t1 - t0) * 1e-9);
 }
 
-/* walk_stats() -> (fast, unwinder's): how many walks of this trace each walker made, of
- * those with a known boundary (bench/trace_cost.py, the tests). */
-static PyObject *t_walk_stats(PyObject *self, PyObject *noargs) {
-    (void)self; (void)noargs;
-#if FAST_WALK
-    return Py_BuildValue("(KK)", (unsigned long long)atomic_load(&g_walks_fast),
-                         (unsigned long long)atomic_load(&g_walks_slow));
-#else
-    return Py_BuildValue("(ii)", 0, 0);
-#endif
-}
-
-/* set_walker(unwinder_only) -> the previous setting: the tests compare the two walkers. */
-static PyObject *t_set_walker(PyObject *self, PyObject *arg) {
-    (void)self;
-    int v = PyObject_IsTrue(arg);
-    if (v < 0) return NULL;
-    return PyBool_FromLong(atomic_exchange(&g_walker, v));
-}
-
-/* set_verify(on) -> the previous setting: each fast walk redone by the unwinder (the tests). */
-static PyObject *t_set_verify(PyObject *self, PyObject *arg) {
-    (void)self;
-    /* 2: the check of the comparison itself, which then alters each fast walk's outermost
-     * frame before comparing. */
-    long v = PyLong_Check(arg) && !PyBool_Check(arg) ? PyLong_AsLong(arg) : PyObject_IsTrue(arg);
-    if (v == -1 && PyErr_Occurred()) return NULL;
-    if (v < 0 || v > 2) {
-        PyErr_SetString(PyExc_ValueError, "set_verify takes 0, 1 or 2");
-        return NULL;
-    }
-    int was = atomic_exchange(&g_verify, (int)v);
-    return was == 2 ? PyLong_FromLong(2) : PyBool_FromLong(was);
-}
-
 /* live_threads() -> [((interpreter, thread state id), OS thread id)] of every thread state now,
  * or None where they cannot be read safely (a build without the GIL). Under the GIL: a thread
  * state is unlinked only under it; one being made without it may be missed (it then names no
@@ -1428,40 +978,16 @@ static PyObject *t_live_threads(PyObject *self, PyObject *noargs) {
 #endif
 }
 
-/* use_find_object(on) -> the previous setting: off, whether code is in a loaded object is
- * asked of dl_iterate_phdr, as on a glibc without _dl_find_object (the tests). */
-static PyObject *t_use_find_object(PyObject *self, PyObject *arg) {
-    (void)self;
-    int v = PyObject_IsTrue(arg);
-    if (v < 0) return NULL;
-    return PyBool_FromLong(!atomic_exchange(&g_no_find_object, !v));
-}
-
-/* walk_mismatches() -> of this trace's fast walks redone by the unwinder, how many differed. */
-static PyObject *t_walk_mismatches(PyObject *self, PyObject *noargs) {
-    (void)self; (void)noargs;
-    return PyLong_FromUnsignedLongLong((unsigned long long)atomic_load(&g_walk_mismatches));
-}
-
 static PyMethodDef methods[] = {
     {"start", t_start, METH_VARARGS, "start(cupti_path, simulated, py_frames, native_frames, capacity)"},
     {"stop", t_stop, METH_NOARGS, "unsubscribe; returns once no callback runs"},
     {"drain", t_drain, METH_NOARGS, "(events, dropped)"},
     {"release", t_release, METH_NOARGS, "free the buffer of a stopped trace"},
-    {"check_unloads", t_check_unloads, METH_NOARGS,
-     "after a drain and its naming: the count of unloads now (see tracer.c)"},
     {"unloads", t_unloads, METH_NOARGS, "the loader's count of unloads now (-1: not counted)"},
-    {"rule_count", t_rule_count, METH_NOARGS, "slots of the rule table that hold a rule"},
     {"resolve", t_resolve, METH_O, "dladdr of return addresses"},
     {"active", t_active, METH_NOARGS, "whether a trace is subscribed"},
-    {"self_address", t_self_address, METH_NOARGS, "an address inside this module"},
     {"bench", t_bench, METH_VARARGS, "seconds for n rounds of driver calls without the GIL"},
-    {"walk_stats", t_walk_stats, METH_NOARGS, "(fast walks, unwinder's walks) of this trace"},
-    {"set_walker", t_set_walker, METH_O, "set_walker(unwinder_only) -> previous"},
-    {"set_verify", t_set_verify, METH_O, "set_verify(on) -> previous (the tests)"},
     {"live_threads", t_live_threads, METH_NOARGS, "[((interp, thread state id), OS thread id)]"},
-    {"use_find_object", t_use_find_object, METH_O, "use_find_object(on) -> previous (the tests)"},
-    {"walk_mismatches", t_walk_mismatches, METH_NOARGS, "fast walks the unwinder redid differently"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1474,8 +1000,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (!m) return NULL;
     if (PyModule_AddIntConstant(m, "FRAMES_SUPPORTED", CYCTX_TRACE_FRAMES) < 0 ||
         PyModule_AddIntConstant(m, "MAX_PY", MAX_PY) < 0 ||
-        PyModule_AddIntConstant(m, "MAX_NATIVE", MAX_NATIVE) < 0 ||
-        PyModule_AddIntConstant(m, "FAST_WALK", FAST_WALK) < 0) {
+        PyModule_AddIntConstant(m, "MAX_NATIVE", MAX_NATIVE) < 0) {
         Py_DECREF(m);
         return NULL;
     }
