@@ -13,7 +13,8 @@ import pytest
 from helpers import drivers
 
 import cyctx
-from cyctx._trace import Frame, NativeFrame, _attribute
+from cyctx._trace import Frame, NativeFrame
+from cyctx._trace.attribution import _attribute
 
 SITE = "/opt/py/lib/python3.12/site-packages/"
 DIRS = [
@@ -172,7 +173,7 @@ def test_the_interpreter_is_known_however_the_loader_names_it():
     # A Python linked statically (Debian's, Ubuntu's) has its C API in the program itself, which
     # the loader names as it was started ("python3" from PATH); a frame there is the interpreter's
     # own, passed through, never the library that made a call.
-    from cyctx._trace import _interpreter_object, _is_interpreter, _owner_of
+    from cyctx._trace.attribution import _interpreter_object, _is_interpreter, _owner_of
 
     name = _interpreter_object()
     assert name, "dladdr found no object for CPython's C API"

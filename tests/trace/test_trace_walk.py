@@ -261,7 +261,8 @@ def test_loads_without_an_unload_put_nothing_in_doubt(deep_so, set_current_ptr, 
 
 
 def test_a_cyctx_frame_in_doubt_is_not_called_a_guard():
-    from cyctx._trace import Frame, NativeFrame, _attribute
+    from cyctx._trace import Frame, NativeFrame
+    from cyctx._trace.attribution import _attribute
 
     cyctx_py = os.path.join(os.path.dirname(cyctx.__file__), "x.py")
     native = [NativeFrame(cyctx.__file__, "f", "cyctx")]
