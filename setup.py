@@ -164,7 +164,8 @@ def _without_run_paths(compiler):
 
 class BuildExtWithSim(build_ext):
     """Also builds src/cyctx/_sim/simdriver.c into cyctx/_sim/libcuda.so.1 (soname libcuda.so.1),
-    so cuda.bindings picks it up in place of the NVIDIA driver when it is loaded first."""
+    so cuda.bindings picks it up in place of the NVIDIA driver when it is loaded first, and
+    src/cyctx/_sim/simcupti.c into cyctx/_sim/libcupti.so.13, the CUPTI that goes with it."""
 
     def build_extensions(self):
         _without_run_paths(self.compiler)
@@ -252,6 +253,25 @@ class BuildExtWithSim(build_ext):
         )
         print(
             f"cyctx build: simulated driver -> {os.path.join(out_dir, 'libcuda.so.1')}", flush=True
+        )
+        # The simulated CUPTI beside it, found as a libcupti beside the loaded driver is
+        # (src/cyctx/_trace/locate.py).
+        objects = self.compiler.compile(
+            ["src/cyctx/_sim/simcupti.c"],
+            output_dir=self.build_temp,
+            extra_postargs=["-std=c11", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra"],
+        )
+        self.compiler.link_shared_object(
+            objects,
+            "libcupti.so.13",
+            output_dir=out_dir,
+            library_dirs=[stubs] if stubs else None,
+            libraries=["dl", "pthread"],  # the stubs first where they are; see COMPAT_STUBS
+            extra_postargs=["-Wl,-soname,libcupti.so.13", "-pthread"] + LINK_ARGS,
+        )
+        print(
+            f"cyctx build: simulated CUPTI -> {os.path.join(out_dir, 'libcupti.so.13')}",
+            flush=True,
         )
 
 

@@ -85,7 +85,9 @@ def test_setup_builds_one_extension_module():
     assert sorted(extensions) == ["cyctx._guard", "cyctx._trace._native"], (
         f"setup.py builds {extensions}"
     )
-    assert c_sources == ["src/cyctx/_sim/simdriver.c"], f"setup.py compiles {c_sources}"
+    assert c_sources == ["src/cyctx/_sim/simdriver.c", "src/cyctx/_sim/simcupti.c"], (
+        f"setup.py compiles {c_sources}"
+    )
 
 
 def test_a_second_extension_is_caught(tmp_path):

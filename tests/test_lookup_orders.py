@@ -276,6 +276,23 @@ def test_cupti_cuda_home_without_cupti_is_passed(tmp_path, nowhere):
     assert locate.find_cupti(13)[0] == path
 
 
+def test_cupti_beside_the_loaded_driver_after_the_env_before_the_wheels(tmp_path, nowhere):
+    # A system's packages put the driver and its CUPTI in one directory (so does the simulator).
+    system = tmp_path / "system"
+    driver = _cupti(system, "libcuda.so.580.159.04")
+    beside = _cupti(system, "libcupti.so.12")
+    _cupti(tmp_path / "site" / "nvidia" / "cu13" / "lib", "libcupti.so.13")
+    nowhere.setattr(sys, "path", [str(tmp_path / "site")])
+    nowhere.setattr(locate, "mapped_paths", lambda: [driver])
+    assert locate.find_cupti(13) == (beside, f"beside the loaded driver ({system})")
+    named = _cupti(tmp_path / "mine", "libcupti.so.12")
+    nowhere.setenv("CYCTX_CUPTI", named)
+    assert locate.find_cupti(13) == (named, "$CYCTX_CUPTI")
+    # Newer than the driver: passed over like any other.
+    nowhere.delenv("CYCTX_CUPTI")
+    assert locate.find_cupti(11)[0] is None
+
+
 def test_cupti_wheel_wins_over_the_toolkit(tmp_path, nowhere):
     wheel = _cupti(tmp_path / "site" / "nvidia" / "cu13" / "lib", "libcupti.so.13")
     _cupti(tmp_path / "home" / "extras" / "CUPTI" / "lib64", "libcupti.so.13")

@@ -113,6 +113,7 @@ def test_installed_files_are_sources_and_binaries_only():
     assert not [n for n in names if n.endswith((".cpp", ".c"))], "generated C++ shipped"
     assert {"__init__.pxd", "_guard.pxd", "_driver.pxd", "py.typed"} <= names
     assert os.path.isfile(os.path.join(PKG, "_sim", "libcuda.so.1"))
+    assert os.path.isfile(os.path.join(PKG, "_sim", "libcupti.so.13"))  # its CUPTI, beside it
 
 
 def test_every_top_level_package_under_src_is_built_and_in_the_sdist():

@@ -231,28 +231,15 @@ def test_a_second_trace_says_so_and_changes_nothing(d, capfd):
     assert t2.report() == f"cyctx trace: not tracing: {t2.reason}"
 
 
-def test_another_subscriber_is_left_undisturbed(d, sim, capfd):
-    lib = sim._lib
+def test_another_subscriber_is_left_undisturbed(d, cupti, capfd):
     seen = []
     cb = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p)(
         lambda u, dom, cbid, data: seen.append(cbid)
     )
     h = ctypes.c_void_p()
-    lib.cyctxsim_cuptiSubscribe.argtypes = [
-        ctypes.POINTER(ctypes.c_void_p),
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-    ]
-    lib.cyctxsim_cuptiEnableCallback.argtypes = [
-        ctypes.c_uint32,
-        ctypes.c_void_p,
-        ctypes.c_int,
-        ctypes.c_uint32,
-    ]
-    lib.cyctxsim_cuptiUnsubscribe.argtypes = [ctypes.c_void_p]
-    assert lib.cyctxsim_cuptiSubscribe(ctypes.byref(h), ctypes.cast(cb, ctypes.c_void_p), None) == 0
+    assert cupti.cuptiSubscribe(ctypes.byref(h), ctypes.cast(cb, ctypes.c_void_p), None) == 0
     try:
-        assert lib.cyctxsim_cuptiEnableCallback(1, h, 1, 303) == 0
+        assert cupti.cuptiEnableCallback(1, h, 1, 303) == 0
         with cyctx.trace() as t:
             drivers.ok(d.cuCtxSetCurrent(None))
         assert not t.active and "another CUPTI subscriber" in t.reason
@@ -262,7 +249,7 @@ def test_another_subscriber_is_left_undisturbed(d, sim, capfd):
         drivers.ok(d.cuCtxSetCurrent(None))
         assert seen == [303, 303, 303, 303]  # both calls, entry and exit: still its
     finally:
-        assert lib.cyctxsim_cuptiUnsubscribe(h) == 0
+        assert cupti.cuptiUnsubscribe(h) == 0
 
 
 def test_bad_arguments_are_typed_errors():
@@ -390,14 +377,24 @@ def test_libcupti_is_found_in_the_order_documented(tmp_path, monkeypatch):
         d.mkdir(parents=True)
         (d / name).write_bytes(b"")
     env = tmp_path / "env" / "libcupti.so.13"
-    monkeypatch.setattr(locate, "mapped_paths", lambda: [])
+    system = tmp_path / "system"  # where a system's packages put the driver and its CUPTI
+    system.mkdir()
+    for name in ("libcuda.so.580.159.04", "libcupti.so.12", "libcupti.so", "libcuptix.so.12"):
+        (system / name).write_bytes(b"")
+    monkeypatch.setattr(locate, "mapped_paths", lambda: [str(system / "libcuda.so.580.159.04")])
     monkeypatch.setattr(sys, "path", [str(tmp_path / "a"), str(tmp_path / "b")])
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.delenv("CUDA_PATH", raising=False)
     monkeypatch.setenv("CYCTX_CUPTI", str(env))
-    found = [p for p, _ in locate.candidates() if not p.startswith("/usr/local/cuda")]
-    assert found == [str(env), str(wheel13 / "libcupti.so.13"), str(wheel12 / "libcupti.so.12")]
+    found = [x for x in locate.candidates() if not x[0].startswith("/usr/local/cuda")]
+    assert found == [
+        (str(env), "$CYCTX_CUPTI"),
+        (str(system / "libcupti.so.12"), f"beside the loaded driver ({system})"),
+        (str(wheel13 / "libcupti.so.13"), "the nvidia-cuda-cupti wheel"),
+        (str(wheel12 / "libcupti.so.12"), "the nvidia-cuda-cupti wheel"),
+    ]
     # A CUPTI newer than the driver is passed over; the one loaded already always wins.
+    monkeypatch.setattr(locate, "mapped_paths", lambda: [])
     monkeypatch.delenv("CYCTX_CUPTI")
     assert locate.find_cupti(12)[0] == str(wheel12 / "libcupti.so.12")
     assert locate.find_cupti(13)[0] == str(wheel13 / "libcupti.so.13")
@@ -415,13 +412,10 @@ def test_libcupti_is_found_in_the_order_documented(tmp_path, monkeypatch):
 def test_a_library_that_is_not_cupti_is_refused_and_nothing_changes(tmp_path):
     from cyctx._trace import _native
 
-    missing = _native.start(str(tmp_path / "libcupti.so.13"), False, 4, 12, 8)
+    missing = _native.start(str(tmp_path / "libcupti.so.13"), 4, 12, 8)
     assert missing.startswith("libcupti could not be loaded: ")
     libc = ctypes.util.find_library("c")
-    assert (
-        _native.start(libc, False, 4, 12, 8)
-        == "the CUPTI library has no callback API (cuptiSubscribe)"
-    )
+    assert _native.start(libc, 4, 12, 8) == "the CUPTI library has no callback API (cuptiSubscribe)"
     assert not _native.active()
     with cyctx.trace() as t:  # and a trace still starts after them
         pass

@@ -2,6 +2,7 @@
 `import cyctx`), 16 threads under a trace (no deadlock, nothing lost), and `cyctx trace`."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -32,18 +33,21 @@ def test_import_cyctx_loads_nothing_of_the_tracer():
     assert proc.stdout.split("\n")[-2] == "[] False"
 
 
-def test_a_simulated_trace_loads_no_libcupti():
+def test_a_simulated_trace_loads_the_simulators_libcupti_found_beside_its_driver():
     _needs_sim()
     proc = children.run_python(
         """
-        import cyctx
+        import os, cyctx
         with cyctx.trace() as t:
             pass
-        print(t.reason, "libcupti" in open("/proc/self/maps").read())
+        maps = {l.split()[-1] for l in open("/proc/self/maps") if "libcupti" in l}
+        print(t.reason, maps == {t.cupti}, t.cupti_found_via,
+              os.path.dirname(t.cupti) == os.path.dirname(sim.path))
         """,
         SIM_PROLOGUE,
     )
-    assert proc.stdout.split("\n")[-2] == "None False"
+    d = os.path.dirname(drivers.SIM.path)
+    assert proc.stdout.split("\n")[-2] == f"None True beside the loaded driver ({d}) True"
 
 
 STRESS = """

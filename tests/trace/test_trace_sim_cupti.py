@@ -1,14 +1,31 @@
-"""The simulated driver's CUPTI subscriber surface (simdriver.h, "Callbacks"), through ctypes as
-a CUPTI client would call it: one subscriber, callbacks enabled one id at a time, entry and exit
-data with CUPTI's layouts, resource events, nothing for calls not enabled."""
+"""The simulated CUPTI (libcupti.so.13 beside the simulated driver, simcupti.c), through ctypes
+as a CUPTI client would call it: callbacks enabled one id at a time, entry and exit data with
+CUPTI's layouts, resource events, nothing for calls not enabled; subscribers as each CUPTI
+version has them (one, or several that all allow others from 13.2), a refusal naming the other
+where cuptiSubscribe_v2 can."""
 
 import ctypes
+import threading
 
 import pytest
 from helpers import drivers
+from helpers.simcupti import (
+    CALLBACK,
+    CUPTI_12,
+    CUPTI_13_0,
+    CUPTI_13_2,
+    DRIVER,
+    INVALID_OPERATION,
+    INVALID_PARAMETER,
+    MULTIPLE_SUBSCRIBERS,
+    NOT_SUPPORTED,
+    RESOURCE,
+    SIZE_13_0,
+    SIZE_13_2,
+    SUCCESS,
+    Seen,
+)
 
-SUCCESS, INVALID_PARAMETER, MULTIPLE_SUBSCRIBERS = 0, 1, 39
-DRIVER, RUNTIME, RESOURCE = 1, 2, 3
 CB = {  # cupti_driver_cbid.h of CUDA 13
     "cuCtxSetCurrent": 303,
     "cuCtxPushCurrent_v2": 323,
@@ -44,32 +61,9 @@ class ResourceData(ctypes.Structure):  # CUpti_ResourceData
     ]
 
 
-CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p)
-
-
 @pytest.fixture
-def lib(sim):
-    lib = sim._lib
-    lib.cyctxsim_cuptiSubscribe.argtypes = [
-        ctypes.POINTER(ctypes.c_void_p),
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-    ]
-    lib.cyctxsim_cuptiUnsubscribe.argtypes = [ctypes.c_void_p]
-    lib.cyctxsim_cuptiEnableCallback.argtypes = [
-        ctypes.c_uint32,
-        ctypes.c_void_p,
-        ctypes.c_int,
-        ctypes.c_uint32,
-    ]
-    lib.cyctxsim_cuptiGetCallbackState.argtypes = [
-        ctypes.POINTER(ctypes.c_uint32),
-        ctypes.c_void_p,
-        ctypes.c_int,
-        ctypes.c_uint32,
-    ]
-    lib.cyctxsim_cuptiGetResultString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
-    return lib
+def lib(cupti):
+    return cupti
 
 
 class Recorder:
@@ -104,7 +98,7 @@ class Recorder:
 
     def __enter__(self):
         assert (
-            self.lib.cyctxsim_cuptiSubscribe(
+            self.lib.cuptiSubscribe(
                 ctypes.byref(self.handle), ctypes.cast(self.cb, ctypes.c_void_p), None
             )
             == 0
@@ -112,26 +106,25 @@ class Recorder:
         return self
 
     def enable(self, domain, cbid, on=1):
-        return self.lib.cyctxsim_cuptiEnableCallback(on, self.handle, domain, cbid)
+        return self.lib.cuptiEnableCallback(on, self.handle, domain, cbid)
 
     def __exit__(self, *exc):
-        assert self.lib.cyctxsim_cuptiUnsubscribe(self.handle) == SUCCESS
+        assert self.lib.cuptiUnsubscribe(self.handle) == SUCCESS
 
 
-def _name(lib, code):
-    s = ctypes.c_char_p()
-    lib.cyctxsim_cuptiGetResultString(code, ctypes.byref(s))
-    return s.value.decode()
-
-
-def test_one_subscriber_a_second_is_refused(lib):
+@pytest.mark.parametrize("version", [CUPTI_12, CUPTI_13_0, CUPTI_13_2])
+def test_one_subscriber_a_second_is_refused(lib, version):
+    lib.version(version)
     with Recorder(lib):
         other = ctypes.c_void_p()
         cb = CALLBACK(lambda *a: None)
-        r = lib.cyctxsim_cuptiSubscribe(ctypes.byref(other), ctypes.cast(cb, ctypes.c_void_p), None)
+        r = lib.cuptiSubscribe(ctypes.byref(other), ctypes.cast(cb, ctypes.c_void_p), None)
         assert r == MULTIPLE_SUBSCRIBERS
-        assert _name(lib, r) == "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED"
+        assert lib.result_name(r) == "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED"
         assert other.value is None
+        if version >= CUPTI_13_2:  # nor one that allows others: this one does not
+            r, h, name = lib.subscribe_v2(cb, "second", allow=True)
+            assert (r, h.value, name) == (MULTIPLE_SUBSCRIBERS, None, "")
     # Once unsubscribed, another may subscribe.
     with Recorder(lib):
         pass
@@ -171,10 +164,7 @@ def test_calls_not_enabled_give_nothing_and_disable_works(lib):
             drivers.ok(drivers.driver().cuCtxPopCurrent())
             assert rec.seen == []
             state = ctypes.c_uint32(7)
-            assert (
-                lib.cyctxsim_cuptiGetCallbackState(ctypes.byref(state), rec.handle, DRIVER, 303)
-                == 0
-            )
+            assert lib.cuptiGetCallbackState(ctypes.byref(state), rec.handle, DRIVER, 303) == 0
             assert state.value == 1
             rec.enable(DRIVER, CB["cuCtxSetCurrent"], on=0)
             drivers.ok(drivers.driver().cuCtxSetCurrent(None))
@@ -221,10 +211,118 @@ def test_bad_enable_is_refused(lib, domain, cbid):
 
 def test_a_foreign_handle_is_refused(lib):
     with Recorder(lib):
-        assert (
-            lib.cyctxsim_cuptiEnableCallback(1, ctypes.c_void_p(8), DRIVER, 303)
-            == INVALID_PARAMETER
-        )
-        assert lib.cyctxsim_cuptiUnsubscribe(ctypes.c_void_p(8)) == INVALID_PARAMETER
+        assert lib.cuptiEnableCallback(1, ctypes.c_void_p(8), DRIVER, 303) == INVALID_PARAMETER
+        assert lib.cuptiUnsubscribe(ctypes.c_void_p(8)) == INVALID_PARAMETER
     h = ctypes.c_void_p()
-    assert lib.cyctxsim_cuptiSubscribe(ctypes.byref(h), None, None) == INVALID_PARAMETER
+    assert lib.cuptiSubscribe(ctypes.byref(h), None, None) == INVALID_PARAMETER
+
+
+def test_unsubscribing_inside_a_callback_is_refused(lib):
+    answers = []
+    rec = Recorder(lib)
+    rec.cb = CALLBACK(lambda *a: answers.append(lib.cuptiUnsubscribe(rec.handle)))
+    with rec:
+        rec.enable(DRIVER, CB["cuCtxSetCurrent"])
+        drivers.ok(drivers.driver().cuCtxSetCurrent(None))
+    assert answers == [INVALID_OPERATION, INVALID_OPERATION]  # entry and exit
+
+
+# --- several subscribers (cuptiSubscribe_v2) ----------------------------------------------------
+
+
+def test_from_13_2_subscribers_that_all_allow_it_each_get_their_own_callbacks(lib):
+    a, b = Seen(), Seen()
+    ra, ha, told_a = lib.subscribe_v2(a.cb, "first", allow=True)
+    assert (ra, told_a) == (SUCCESS, "")
+    try:
+        rb, hb, told_b = lib.subscribe_v2(b.cb, "second", allow=True)
+        # One that joins others is told the first one's name, as CUPTI names it.
+        assert (rb, told_b) == (SUCCESS, "CUPTI for first")
+        try:
+            assert lib.cuptiEnableCallback(1, ha, DRIVER, CB["cuCtxSetCurrent"]) == SUCCESS
+            assert lib.cuptiEnableCallback(1, hb, DRIVER, CB["cuCtxPushCurrent_v2"]) == SUCCESS
+            d = drivers.driver()
+            drivers.ok(d.cuCtxSetCurrent(None))
+            ctx = drivers.ok(d.cuDevicePrimaryCtxRetain(0))
+            drivers.ok(d.cuCtxPushCurrent(ctx))
+            drivers.ok(d.cuCtxPopCurrent())
+            drivers.ok(d.cuDevicePrimaryCtxRelease(0))
+        finally:
+            assert lib.cuptiUnsubscribe(hb) == SUCCESS
+        assert a.ids == [(DRIVER, 303)] * 2 and b.ids == [(DRIVER, 323)] * 2
+        # The one left still gets its own.
+        drivers.ok(drivers.driver().cuCtxSetCurrent(None))
+        assert a.ids == [(DRIVER, 303)] * 4 and b.ids == [(DRIVER, 323)] * 2
+    finally:
+        assert lib.cuptiUnsubscribe(ha) == SUCCESS
+
+
+@pytest.mark.parametrize("first_allows", [False, True], ids=["first-alone", "second-alone"])
+def test_from_13_2_one_that_allows_no_other_keeps_it_out_and_is_named(lib, first_allows):
+    a, b = Seen(), Seen()
+    ra, ha, _ = lib.subscribe_v2(a.cb, "profiler", allow=first_allows)
+    assert ra == SUCCESS
+    try:
+        rb, hb, told = lib.subscribe_v2(b.cb, "tracer", allow=not first_allows)
+        assert (rb, hb.value, told) == (MULTIPLE_SUBSCRIBERS, None, "CUPTI for profiler")
+    finally:
+        assert lib.cuptiUnsubscribe(ha) == SUCCESS
+
+
+def test_a_subscriber_without_a_name_is_named_by_nothing(lib):
+    with Recorder(lib):  # cuptiSubscribe: no name, allows no other
+        r, _, told = lib.subscribe_v2(Seen().cb, "tracer", allow=True)
+        assert (r, told) == (MULTIPLE_SUBSCRIBERS, "")
+
+
+def test_13_0_takes_its_own_params_size_only_and_allows_one_subscriber(lib):
+    lib.version(CUPTI_13_0)
+    a = Seen()
+    # As libcupti 13.0.85 answers: the 13.2 structure is a bad parameter there.
+    assert lib.subscribe_v2(a.cb, "tracer", allow=True)[0] == INVALID_PARAMETER
+    ra, ha, _ = lib.subscribe_v2(a.cb, "profiler", size=SIZE_13_0)
+    assert ra == SUCCESS
+    try:
+        r, h, told = lib.subscribe_v2(Seen().cb, "tracer", size=SIZE_13_0)
+        assert (r, h.value, told) == (MULTIPLE_SUBSCRIBERS, None, "CUPTI for profiler")
+    finally:
+        assert lib.cuptiUnsubscribe(ha) == SUCCESS
+
+
+def test_before_13_0_there_is_no_subscribe_v2(lib):
+    lib.version(CUPTI_12)
+    v = ctypes.c_uint32()
+    assert lib.cuptiGetVersion(ctypes.byref(v)) == SUCCESS and v.value == CUPTI_12
+    assert lib.subscribe_v2(Seen().cb, "tracer", size=SIZE_13_0)[0] == NOT_SUPPORTED
+    assert lib.result_name(NOT_SUPPORTED) == "CUPTI_ERROR_NOT_SUPPORTED"
+
+
+def test_a_params_size_of_neither_version_is_refused(lib):
+    for size in (0, SIZE_13_0 - 8, SIZE_13_0 + 1, SIZE_13_2 + 8):
+        assert lib.subscribe_v2(Seen().cb, "tracer", size=size)[0] == INVALID_PARAMETER, size
+
+
+def test_unsubscribe_waits_for_a_callback_running_on_another_thread(lib):
+    # The tracer frees its buffer once cuptiUnsubscribe returns: no callback of it may still run.
+    inside, leave, order = threading.Event(), threading.Event(), []
+
+    def on(u, dom, cbid, data):
+        inside.set()
+        leave.wait(5)
+        order.append("callback returned")
+
+    cb = CALLBACK(on)
+    r, h, _ = lib.subscribe_v2(cb, "slow", allow=True)
+    assert r == SUCCESS
+    assert lib.cuptiEnableCallback(1, h, DRIVER, CB["cuCtxSetCurrent"]) == SUCCESS
+    t = threading.Thread(target=lambda: drivers.driver().cuCtxSetCurrent(None))
+    t.start()
+    assert inside.wait(5)
+    u = threading.Thread(target=lambda: order.append(("unsubscribed", lib.cuptiUnsubscribe(h))))
+    u.start()
+    u.join(0.2)
+    assert u.is_alive(), "cuptiUnsubscribe returned while a callback ran"
+    leave.set()
+    u.join(5)
+    t.join(5)
+    assert order[0] == "callback returned" and order[-1] == ("unsubscribed", SUCCESS), order

@@ -61,7 +61,6 @@
  */
 #include <limits.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -74,6 +73,7 @@
 #include <cuda.h>
 #pragma GCC visibility pop
 #include "simdriver.h"
+#include "cupti_hook.h"
 
 /* cuda.h maps cuGetProcAddress to cuGetProcAddress_v2; the library must also export
  * the plain name with the v1 ABI (4 arguments), as the real libcuda does. */
@@ -670,32 +670,24 @@ static CUresult sim_device_get_by_pci_bus_id(CUdevice *dev, const char *pciBusId
 }
 
 /* ------------------------------------------------------------------------------
- * The CUPTI-like subscriber surface (simdriver.h, "Callbacks"): what a CUPTI callback
- * subscriber sees on the real driver, for the context calls the simulator implements, so
- * that cyctx's tracer runs on it unchanged. The ABI is CUPTI's (cupti_callbacks.h of CUDA
- * 13): the same callback signature, CUpti_CallbackData and CUpti_ResourceData layouts,
- * domains, callback ids (cupti_driver_cbid.h), result codes (cupti_result.h) and parameter
- * structs (generated_cuda_meta.h: the function's arguments in order). As the H200 showed
- * (docs/evidence.md, "CUPTI callbacks"): one subscriber per process, a second gets
- * CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED; the callback runs on the calling thread
- * at entry and exit of each enabled call, failed calls included; "context created" fires
- * inside the call that activates or creates a context and "context destroy starting"
- * inside the one that destroys it, while the context is still valid. Here they fire with
- * g_lock held, as the real driver holds its own locks there: a callback that waits for
- * something a thread inside the driver holds (the GIL) deadlocks here too.
+ * What a CUPTI callback subscriber sees on the real driver, for the context calls the
+ * simulator implements, reported to the simulated CUPTI (simcupti.c, libcupti.so.13 beside
+ * this library) through cupti_hook.h, so that cyctx's tracer runs on it unchanged. The data
+ * is CUPTI's (cupti_callbacks.h of CUDA 13): CUpti_CallbackData and CUpti_ResourceData
+ * layouts, domains, callback ids (cupti_driver_cbid.h) and parameter structs
+ * (generated_cuda_meta.h: the function's arguments in order). As the H200 showed
+ * (docs/evidence.md, "CUPTI callbacks"): the callback runs on the calling thread at entry
+ * and exit of each enabled call, failed calls included; "context created" fires inside the
+ * call that activates or creates a context and "context destroy starting" inside the one
+ * that destroys it, while the context is still valid. Here they fire with g_lock held, as
+ * the real driver holds its own locks there: a callback that waits for something a thread
+ * inside the driver holds (the GIL) deadlocks here too.
  * Modelled, not seen: the destroy event of a primary context released to zero (the doc
  * says the last release destroys it); the entry/exit `context` is the one current at that
  * callback, as CUPTI's documentation describes it. Calls not enabled cost one relaxed load.
  * ------------------------------------------------------------------------------ */
-#define SIM_CUPTI_SUCCESS 0
-#define SIM_CUPTI_ERROR_INVALID_PARAMETER 1
-#define SIM_CUPTI_ERROR_INVALID_OPERATION 7
-#define SIM_CUPTI_ERROR_MULTIPLE_SUBSCRIBERS 39
 #define SIM_CB_DOMAIN_DRIVER_API 1
-#define SIM_CB_DOMAIN_RUNTIME_API 2
 #define SIM_CB_DOMAIN_RESOURCE 3
-#define SIM_CB_DOMAIN_SIZE 7           /* CUPTI_CB_DOMAIN_SIZE of CUDA 13 (INVALID .. STATE) */
-#define SIM_CB_IDS 1024                /* callback ids per domain the bitmaps hold */
 #define SIM_CBID_CONTEXT_CREATED 1
 #define SIM_CBID_CONTEXT_DESTROY_STARTING 2
 /* CUPTI_DRIVER_TRACE_CBID_* of cupti_driver_cbid.h */
@@ -712,7 +704,6 @@ static CUresult sim_device_get_by_pci_bus_id(CUdevice *dev, const char *pciBusId
 #define CB_cuCtxCreate_v3 645
 #define CB_cuCtxCreate_v4 757
 
-typedef void (*SimCuptiCallback)(void *userdata, int domain, uint32_t cbid, const void *data);
 typedef struct {                       /* CUpti_CallbackData */
     int callbackSite;                  /* CUPTI_API_ENTER 0, CUPTI_API_EXIT 1 */
     const char *functionName;
@@ -730,31 +721,19 @@ typedef struct {                       /* CUpti_ResourceData */
     void *resourceDescriptor;
 } SimResourceData;
 
-static pthread_mutex_t g_sub_lock = PTHREAD_MUTEX_INITIALIZER;
-static SimCuptiCallback _Atomic g_sub_cb;      /* NULL: nobody subscribed */
-static void *g_sub_userdata;
-static int g_sub_taken;                        /* the one subscriber exists */
-static char g_sub_handle;                      /* its address is the handle */
-static _Atomic int g_sub_any;                  /* some callback enabled: the fast check */
-static _Atomic uint64_t g_sub_enabled[SIM_CB_DOMAIN_SIZE][SIM_CB_IDS / 64];
-static _Atomic int g_sub_inflight;             /* callbacks running now (unsubscribe waits) */
+static CyctxsimCuptiHook g_cupti;              /* written by the simulated CUPTI */
 static _Atomic uint32_t g_sub_correlation;
-static _Thread_local int t_in_callback;
+
+SIM_EXPORT CyctxsimCuptiHook *cyctxsim_cupti_hook(void) { return &g_cupti; }
 
 static int cb_wanted(int domain, uint32_t cbid) {
-    if (!atomic_load_explicit(&g_sub_any, memory_order_relaxed)) return 0;
-    return (atomic_load_explicit(&g_sub_enabled[domain][cbid / 64], memory_order_acquire) >> (cbid % 64)) & 1;
+    if (!atomic_load_explicit(&g_cupti.any, memory_order_relaxed)) return 0;
+    return (atomic_load_explicit(&g_cupti.enabled[domain][cbid / 64], memory_order_acquire) >> (cbid % 64)) & 1;
 }
 
 static void cb_fire(int domain, uint32_t cbid, const void *data) {
-    atomic_fetch_add(&g_sub_inflight, 1);
-    SimCuptiCallback cb = atomic_load(&g_sub_cb);
-    if (cb && cb_wanted(domain, cbid)) {
-        t_in_callback++;
-        cb(g_sub_userdata, domain, cbid, data);
-        t_in_callback--;
-    }
-    atomic_fetch_sub(&g_sub_inflight, 1);
+    CyctxsimCuptiFire fire = atomic_load(&g_cupti.fire);
+    if (fire) fire(domain, cbid, data);
 }
 
 /* Under g_lock (see above): the resource events. */
@@ -1493,7 +1472,6 @@ static CUresult proc_lookup(const char *symbol, void **pfn, int cudaVersion, cuu
  * Fork and load
  * ------------------------------------------------------------------------------ */
 static void atfork_prepare(void) {
-    pthread_mutex_lock(&g_sub_lock);
     pthread_mutex_lock(&g_stall_lock);
     pthread_mutex_lock(&g_fault_lock);
     pthread_mutex_lock(&g_lock);
@@ -1503,7 +1481,6 @@ static void atfork_parent(void) {
     pthread_mutex_unlock(&g_lock);
     pthread_mutex_unlock(&g_fault_lock);
     pthread_mutex_unlock(&g_stall_lock);
-    pthread_mutex_unlock(&g_sub_lock);
 }
 
 /* In a child forked after cuInit, every call (cuInit included) returns
@@ -1515,7 +1492,6 @@ static void atfork_child(void) {
     pthread_mutex_unlock(&g_lock);
     pthread_mutex_unlock(&g_fault_lock);
     pthread_mutex_unlock(&g_stall_lock);
-    pthread_mutex_unlock(&g_sub_lock);
 }
 
 __attribute__((constructor)) static void sim_load(void) {
@@ -1652,7 +1628,6 @@ void cyctxsim_unstall(void) {
     g_stall_gen++;
     pthread_cond_broadcast(&g_stall_cv);
     pthread_mutex_unlock(&g_stall_lock);
-    pthread_mutex_unlock(&g_sub_lock);
 }
 
 long long cyctxsim_call_count(const char *name) {
@@ -1663,87 +1638,4 @@ long long cyctxsim_call_count(const char *name) {
     }
     int fn = fn_index(name);
     return fn < 0 ? -1 : atomic_load(&g_calls[fn]);
-}
-
-/* ------------------------------------------------------------------------------
- * The subscriber API (simdriver.h, "Callbacks"): cuptiSubscribe and its kin, with their
- * signatures and result codes, under the prefix cyctxsim_.
- * ------------------------------------------------------------------------------ */
-int cyctxsim_cuptiSubscribe(void **subscriber, void *callback, void *userdata) {
-    if (!subscriber || !callback) return SIM_CUPTI_ERROR_INVALID_PARAMETER;
-    int r = SIM_CUPTI_SUCCESS;
-    pthread_mutex_lock(&g_sub_lock);
-    if (g_sub_taken) {
-        r = SIM_CUPTI_ERROR_MULTIPLE_SUBSCRIBERS;
-    } else {
-        g_sub_taken = 1;
-        g_sub_userdata = userdata;
-        atomic_store(&g_sub_cb, (SimCuptiCallback)callback);
-        *subscriber = &g_sub_handle;
-    }
-    pthread_mutex_unlock(&g_sub_lock);
-    return r;
-}
-
-/* Disables every callback and returns once none is running on another thread. */
-int cyctxsim_cuptiUnsubscribe(void *subscriber) {
-    if (subscriber != &g_sub_handle) return SIM_CUPTI_ERROR_INVALID_PARAMETER;
-    if (t_in_callback) return SIM_CUPTI_ERROR_INVALID_OPERATION;
-    pthread_mutex_lock(&g_sub_lock);
-    if (!g_sub_taken) {
-        pthread_mutex_unlock(&g_sub_lock);
-        return SIM_CUPTI_ERROR_INVALID_PARAMETER;
-    }
-    atomic_store(&g_sub_any, 0);
-    atomic_store(&g_sub_cb, NULL);
-    for (int d = 0; d < SIM_CB_DOMAIN_SIZE; d++)
-        for (int i = 0; i < SIM_CB_IDS / 64; i++) atomic_store(&g_sub_enabled[d][i], 0);
-    while (atomic_load(&g_sub_inflight) > 0) sched_yield();
-    g_sub_taken = 0;
-    g_sub_userdata = NULL;
-    pthread_mutex_unlock(&g_sub_lock);
-    return SIM_CUPTI_SUCCESS;
-}
-
-static int sub_check(void *subscriber, int domain) {
-    return subscriber == &g_sub_handle && g_sub_taken && domain > 0 && domain < SIM_CB_DOMAIN_SIZE;
-}
-
-int cyctxsim_cuptiEnableCallback(uint32_t enable, void *subscriber, int domain, uint32_t cbid) {
-    int r = SIM_CUPTI_SUCCESS;
-    pthread_mutex_lock(&g_sub_lock);
-    if (!sub_check(subscriber, domain) || cbid >= SIM_CB_IDS || cbid == 0) {
-        r = SIM_CUPTI_ERROR_INVALID_PARAMETER;
-    } else {
-        uint64_t bit = (uint64_t)1 << (cbid % 64);
-        if (enable) atomic_fetch_or(&g_sub_enabled[domain][cbid / 64], bit);
-        else atomic_fetch_and(&g_sub_enabled[domain][cbid / 64], ~bit);
-        int any = 0;
-        for (int d = 0; d < SIM_CB_DOMAIN_SIZE && !any; d++)
-            for (int i = 0; i < SIM_CB_IDS / 64 && !any; i++) any = atomic_load(&g_sub_enabled[d][i]) != 0;
-        atomic_store(&g_sub_any, any);
-    }
-    pthread_mutex_unlock(&g_sub_lock);
-    return r;
-}
-
-int cyctxsim_cuptiGetCallbackState(uint32_t *enable, void *subscriber, int domain, uint32_t cbid) {
-    if (!enable) return SIM_CUPTI_ERROR_INVALID_PARAMETER;
-    pthread_mutex_lock(&g_sub_lock);
-    int ok = sub_check(subscriber, domain) && cbid < SIM_CB_IDS && cbid != 0;
-    if (ok) *enable = (uint32_t)((atomic_load(&g_sub_enabled[domain][cbid / 64]) >> (cbid % 64)) & 1);
-    pthread_mutex_unlock(&g_sub_lock);
-    return ok ? SIM_CUPTI_SUCCESS : SIM_CUPTI_ERROR_INVALID_PARAMETER;
-}
-
-int cyctxsim_cuptiGetResultString(int result, const char **str) {
-    if (!str) return SIM_CUPTI_ERROR_INVALID_PARAMETER;
-    switch (result) {
-    case SIM_CUPTI_SUCCESS: *str = "CUPTI_SUCCESS"; break;
-    case SIM_CUPTI_ERROR_INVALID_PARAMETER: *str = "CUPTI_ERROR_INVALID_PARAMETER"; break;
-    case SIM_CUPTI_ERROR_INVALID_OPERATION: *str = "CUPTI_ERROR_INVALID_OPERATION"; break;
-    case SIM_CUPTI_ERROR_MULTIPLE_SUBSCRIBERS: *str = "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED"; break;
-    default: *str = "CUPTI_ERROR_UNKNOWN"; return SIM_CUPTI_ERROR_INVALID_PARAMETER;
-    }
-    return SIM_CUPTI_SUCCESS;
 }

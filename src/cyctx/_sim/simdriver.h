@@ -92,24 +92,10 @@ CYCTXSIM_API int cyctxsim_stalled(void);
 /* Let a held call go on (and disarm a stall that has not fired). */
 CYCTXSIM_API void cyctxsim_unstall(void);
 
-/* Callbacks: CUPTI's subscriber API (cupti_callbacks.h) for the context calls the
- * simulator implements, with CUPTI's signatures, structs, callback ids and result codes,
- * so that a CUPTI client (cyctx's tracer) runs on the simulator unchanged: it resolves
- * these names where it would resolve cuptiSubscribe ... from libcupti. One subscriber per
- * process (a second: CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED, 39). Driver-API
- * domain (1): entry and exit of cuCtxSetCurrent, cuCtxPushCurrent_v2, cuCtxPopCurrent_v2,
- * cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRelease(_v2), cuDevicePrimaryCtxReset(_v2),
- * cuCtxCreate_v2/_v3/_v4, cuCtxDestroy_v2, with CUpti_CallbackData. Resource domain (3):
- * CUPTI_CBID_RESOURCE_CONTEXT_CREATED (1) and _CONTEXT_DESTROY_STARTING (2) with
- * CUpti_ResourceData, fired with the simulator's lock held. Runtime domain (2): entry and exit
- * of the runtime calls below ("Runtime"). Unsubscribe returns once no callback runs. */
-CYCTXSIM_API int cyctxsim_cuptiSubscribe(void **subscriber, void *callback, void *userdata);
-CYCTXSIM_API int cyctxsim_cuptiUnsubscribe(void *subscriber);
-CYCTXSIM_API int cyctxsim_cuptiEnableCallback(unsigned int enable, void *subscriber, int domain,
-                                              unsigned int cbid);
-CYCTXSIM_API int cyctxsim_cuptiGetCallbackState(unsigned int *enable, void *subscriber, int domain,
-                                                unsigned int cbid);
-CYCTXSIM_API int cyctxsim_cuptiGetResultString(int result, const char **str);
+/* Callbacks: CUPTI's callback API for the context calls the simulator implements is the
+ * simulated libcupti.so.13 beside this library (simcupti.c), which a CUPTI client (cyctx's
+ * tracer) finds and loads as it would NVIDIA's. The runtime calls below report
+ * themselves in its runtime domain (2). */
 
 /* Runtime: the context calls of a CUDA 12+ runtime (libcudart), made as it makes them, so that
  * a CUPTI subscriber sees the driver calls inside them (simdriver.c, "The runtime's context

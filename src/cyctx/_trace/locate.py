@@ -1,9 +1,11 @@
 """Where libcupti is, found the way the doctor's census finds CUDA libraries: one already mapped
 in the process first (torch loads the one of its ``nvidia-cuda-cupti`` wheel; a second copy
-would be a second CUPTI), then ``$CYCTX_CUPTI``, then the ``nvidia-cuda-cupti`` wheels on
-``sys.path`` (CUDA 13: ``nvidia/cu13/lib/libcupti.so.13``; CUDA 12:
-``nvidia/cuda_cupti/lib/libcupti.so.12``), then the toolkit's ``extras/CUPTI/lib64`` under
-``$CUDA_HOME``, ``$CUDA_PATH``, ``/usr/local/cuda`` (those without one are passed). Only a
+would be a second CUPTI), then ``$CYCTX_CUPTI``, then one beside the loaded driver (a system's
+packages install both in its library directory; cyctx's simulated driver has its own CUPTI
+there), then the ``nvidia-cuda-cupti`` wheels on ``sys.path`` (CUDA 13:
+``nvidia/cu13/lib/libcupti.so.13``; CUDA 12: ``nvidia/cuda_cupti/lib/libcupti.so.12``), then
+the toolkit's ``extras/CUPTI/lib64`` under ``$CUDA_HOME``, ``$CUDA_PATH``, ``/usr/local/cuda``
+(those without one are passed). Only a
 CUPTI of the driver's CUDA major or older is taken: a newer one refuses the driver, and is
 passed over, except the one ``$CYCTX_CUPTI`` names, which is refused (as is one that is not a
 file). Nothing is loaded here.
@@ -18,6 +20,7 @@ import sys
 from cyctx._doctor.census import mapped_paths
 
 _CUPTI = re.compile(r"libcupti\.so(\.(\d+))?")
+_DRIVER = re.compile(r"libcuda\.so(\.|$)")
 
 
 def cupti_major(path: str) -> int | None:
@@ -26,32 +29,37 @@ def cupti_major(path: str) -> int | None:
     return int(m.group(2)) if m and m.group(2) else None
 
 
+def _in(d: str) -> list[str]:
+    """The libcupti.so.N in directory ``d``, newest major first (none where it is no directory)."""
+    if not os.path.isdir(d):
+        return []
+    found = [f for f in os.listdir(d) if re.fullmatch(r"libcupti\.so\.\d+", f)]
+    return [os.path.join(d, f) for f in sorted(found, reverse=True)]
+
+
 def candidates() -> list[tuple[str, str]]:
     """(path, how it was found), in the order they are tried."""
     out: list[tuple[str, str]] = []
-    for path in mapped_paths():
+    mapped = mapped_paths()
+    for path in mapped:
         if _CUPTI.match(os.path.basename(path)):
             out.append((path, "already loaded in this process"))
     env = os.environ.get("CYCTX_CUPTI")
     if env:
         out.append((env, "$CYCTX_CUPTI"))
+    for path in mapped:
+        if _DRIVER.match(os.path.basename(path)):
+            d = os.path.dirname(path)
+            out.extend((p, f"beside the loaded driver ({d})") for p in _in(d))
     for entry in sys.path:
         # 13.x wheels: nvidia/cu13/lib; 12.x (and some 13.0 builds): nvidia/cuda_cupti/lib.
         for sub in ("nvidia/cu13/lib", "nvidia/cuda_cupti/lib", "nvidia/cu12/lib"):
-            d = os.path.join(entry or ".", sub)
-            if os.path.isdir(d):
-                for f in sorted(os.listdir(d), reverse=True):
-                    if re.fullmatch(r"libcupti\.so\.\d+", f):
-                        out.append(
-                            (os.path.abspath(os.path.join(d, f)), "the nvidia-cuda-cupti wheel")
-                        )
+            d = os.path.abspath(os.path.join(entry or ".", sub))
+            out.extend((p, "the nvidia-cuda-cupti wheel") for p in _in(d))
     for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
         if home:
             d = os.path.join(home, "extras", "CUPTI", "lib64")
-            if os.path.isdir(d):
-                for f in sorted(os.listdir(d), reverse=True):
-                    if re.fullmatch(r"libcupti\.so\.\d+", f):
-                        out.append((os.path.join(d, f), f"the CUDA toolkit ({home})"))
+            out.extend((p, f"the CUDA toolkit ({home})") for p in _in(d))
     seen: set[str] = set()
     unique = []
     for path, how in out:

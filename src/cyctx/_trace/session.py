@@ -112,20 +112,16 @@ class Trace:
                 return self._refuse("a cyctx trace is already running in this process")
             simulated, major = _driver()
             self.simulated = simulated
-            path = None
-            if not simulated:
-                if major is None:
-                    return self._refuse("no CUDA driver (libcuda.so.1) could be loaded")
-                from cyctx._trace.locate import find_cupti
+            if major is None:
+                return self._refuse("no CUDA driver (libcuda.so.1) could be loaded")
+            from cyctx._trace.locate import find_cupti
 
-                path, how = find_cupti(major)
-                if path is None:
-                    return self._refuse(how)
-                self.cupti, self.cupti_found_via = path, how
+            path, how = find_cupti(major)
+            if path is None:
+                return self._refuse(how)
+            self.cupti, self.cupti_found_via = path, how
             self._t0 = time.monotonic_ns()
-            why = self._native.start(
-                path, simulated, self.python_frames, self.native_frames, self.capacity
-            )
+            why = self._native.start(path, self.python_frames, self.native_frames, self.capacity)
             if why is not None:
                 return self._refuse(why)
             self.active = True

@@ -181,7 +181,7 @@ static pfn_get_current d_get_current;
 static pfn_get_id d_get_id;
 static pfn_get_device d_get_device;
 
-/* CUPTI (or the simulator's cyctxsim_cupti*). */
+/* CUPTI: its callback API (cupti_callbacks.h), found in the libcupti given at start. */
 typedef int (*pfn_subscribe)(void **, void *, void *);
 typedef int (*pfn_unsubscribe)(void *);
 typedef int (*pfn_enable)(uint32_t, void *, int, uint32_t);
@@ -658,14 +658,14 @@ static void find_spans(void *a, void *b, void *c) {
     }
 }
 
-/* start(cupti_path, simulated, python_frames, native_frames, capacity) -> None or the reason
- * (one line) it could not subscribe; nothing is left changed then. */
+/* start(cupti_path, python_frames, native_frames, capacity) -> None or the reason (one line) it
+ * could not subscribe; nothing is left changed then. */
 static PyObject *t_start(PyObject *self, PyObject *args) {
     (void)self;
     const char *cupti_path;
-    int simulated, py_max, native_max;
+    int py_max, native_max;
     unsigned long long cap;
-    if (!PyArg_ParseTuple(args, "zpiiK", &cupti_path, &simulated, &py_max, &native_max, &cap))
+    if (!PyArg_ParseTuple(args, "ziiK", &cupti_path, &py_max, &native_max, &cap))
         return NULL;
     if (g_subscribed) return PyUnicode_FromString("a cyctx trace is already running in this process");
     if (py_max < 0 || py_max > MAX_PY || native_max < 0 || native_max > MAX_NATIVE || cap < 1 ||
@@ -673,27 +673,13 @@ static PyObject *t_start(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "bad trace limits");
         return NULL;
     }
-    void *lib;
-    const char *prefix;
-    if (simulated) {
-        lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-        prefix = "cyctxsim_";
-        if (!lib) return PyUnicode_FromString("the simulated driver is not loaded");
-    } else {
-        lib = cupti_path ? dlopen(cupti_path, RTLD_NOW | RTLD_LOCAL) : NULL;
-        prefix = "";
-        if (!lib) return PyUnicode_FromFormat("libcupti could not be loaded: %s", dlerror());
-    }
+    void *lib = cupti_path ? dlopen(cupti_path, RTLD_NOW | RTLD_LOCAL) : NULL;
+    if (!lib) return PyUnicode_FromFormat("libcupti could not be loaded: %s", dlerror());
     const char *why = NULL;
-    char name[64];
-#define SYM(var, type, s)                                                                      \
-    snprintf(name, sizeof name, "%s%s", prefix, s);                                            \
-    var = (type)dlsym(lib, name);
-    SYM(c_subscribe, pfn_subscribe, "cuptiSubscribe")
-    SYM(c_unsubscribe, pfn_unsubscribe, "cuptiUnsubscribe")
-    SYM(c_enable, pfn_enable, "cuptiEnableCallback")
-    SYM(c_result_string, pfn_result_string, "cuptiGetResultString")
-#undef SYM
+    c_subscribe = (pfn_subscribe)dlsym(lib, "cuptiSubscribe");
+    c_unsubscribe = (pfn_unsubscribe)dlsym(lib, "cuptiUnsubscribe");
+    c_enable = (pfn_enable)dlsym(lib, "cuptiEnableCallback");
+    c_result_string = (pfn_result_string)dlsym(lib, "cuptiGetResultString");
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     typedef int (*pfn_proc)(const char *, void **, int, uint64_t, int *);
     pfn_proc proc = cuda ? (pfn_proc)dlsym(cuda, "cuGetProcAddress_v2") : NULL;
@@ -979,7 +965,7 @@ static PyObject *t_live_threads(PyObject *self, PyObject *noargs) {
 }
 
 static PyMethodDef methods[] = {
-    {"start", t_start, METH_VARARGS, "start(cupti_path, simulated, py_frames, native_frames, capacity)"},
+    {"start", t_start, METH_VARARGS, "start(cupti_path, py_frames, native_frames, capacity)"},
     {"stop", t_stop, METH_NOARGS, "unsubscribe; returns once no callback runs"},
     {"drain", t_drain, METH_NOARGS, "(events, dropped)"},
     {"release", t_release, METH_NOARGS, "free the buffer of a stopped trace"},

@@ -1,0 +1,16 @@
+"""Fixtures of the tracer's tests."""
+
+import os
+
+import pytest
+from helpers.simcupti import CUPTI_13_2, Cupti
+
+
+@pytest.fixture
+def cupti(sim):
+    """The simulated driver's CUPTI (tests/helpers/simcupti.py); a CUPTI 13.2 again after the
+    test."""
+    c = Cupti(os.path.join(os.path.dirname(sim.path), "libcupti.so.13"))
+    c.version(CUPTI_13_2)
+    yield c
+    c.version(CUPTI_13_2)
