@@ -182,11 +182,29 @@ static pfn_get_id d_get_id;
 static pfn_get_device d_get_device;
 
 /* CUPTI: its callback API (cupti_callbacks.h), found in the libcupti given at start. */
+typedef struct {                   /* CUpti_SubscriberParams of CUDA 13.2 */
+    size_t structSize;
+    const char *subscriberName;
+    char *oldSubscriberName;       /* a refusal writes the other subscriber's name here */
+    size_t oldSubscriberSize;
+    uint8_t allowMultipleSubscribers;  /* from 13.2 */
+    uint8_t padding[7];
+} SubscriberParams;
+/* CUpti_SubscriberParams_STRUCT_SIZE: 13.0 and 13.1 end at oldSubscriberSize and refuse any
+ * other size (CUPTI_ERROR_INVALID_PARAMETER); 13.2 adds allowMultipleSubscribers. */
+#define PARAMS_SIZE_13_0 (offsetof(SubscriberParams, oldSubscriberSize) + sizeof(size_t))
+#define PARAMS_SIZE_13_2 (offsetof(SubscriberParams, padding) + sizeof(((SubscriberParams *)0)->padding))
+#define OLD_SUBSCRIBER_NAME_MIN_LEN 64 /* CUPTI_OLD_SUBSCRIBER_NAME_MIN_LEN */
+#define CUPTI_MULTIPLE_SUBSCRIBERS 39  /* CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED */
 typedef int (*pfn_subscribe)(void **, void *, void *);
+typedef int (*pfn_subscribe_v2)(void **, void *, void *, SubscriberParams *);
+typedef int (*pfn_get_version)(uint32_t *);
 typedef int (*pfn_unsubscribe)(void *);
 typedef int (*pfn_enable)(uint32_t, void *, int, uint32_t);
 typedef int (*pfn_result_string)(int, const char **);
 static pfn_subscribe c_subscribe;
+static pfn_subscribe_v2 c_subscribe_v2;
+static pfn_get_version c_get_version;
 static pfn_unsubscribe c_unsubscribe;
 static pfn_enable c_enable;
 static pfn_result_string c_result_string;
@@ -658,6 +676,44 @@ static void find_spans(void *a, void *b, void *c) {
     }
 }
 
+/* Subscribes `callback`: with several subscribers allowed where the CUPTI has them (13.2 and
+ * newer, as cuptiGetVersion says), else as its only subscriber. A refusal because another
+ * subscriber exists is said in words into `why`, naming the other where CUPTI names it
+ * (cuptiSubscribe_v2, 13.0 and newer), saying that it cannot otherwise. */
+static int subscribe(void **sub, char *why, size_t n) {
+    uint32_t version = 0;
+    if (!c_get_version || c_get_version(&version) != 0) version = 0;
+    char other[OLD_SUBSCRIBER_NAME_MIN_LEN] = "";
+    int v2 = c_subscribe_v2 && version >= 130000, several = version >= 130200, r;
+    if (v2) {
+        SubscriberParams p;
+        memset(&p, 0, sizeof p);
+        p.structSize = several ? PARAMS_SIZE_13_2 : PARAMS_SIZE_13_0;
+        p.subscriberName = "cyctx.trace";
+        p.oldSubscriberName = other;
+        p.oldSubscriberSize = sizeof other;
+        p.allowMultipleSubscribers = (uint8_t)several;
+        r = c_subscribe_v2(sub, (void *)callback, NULL, &p);
+    } else {
+        r = c_subscribe(sub, (void *)callback, NULL);
+    }
+    if (r != CUPTI_MULTIPLE_SUBSCRIBERS) {
+        snprintf(why, n, "cuptiSubscribe failed: %s (%d)", result_name(r), r);
+        return r;
+    }
+    other[sizeof other - 1] = 0;
+    const char *who = other[0] ? other
+                      : v2     ? "CUPTI did not name it"
+                      : version ? "a CUPTI older than 13.0 cannot name it: a profiler such as "
+                                  "Nsight Systems or torch.profiler"
+                                : "this CUPTI did not say its version, so it was not asked who";
+    snprintf(why, n, "another CUPTI subscriber holds this process (%s); %s; it is left undisturbed",
+             who, several  ? "it allows no second subscriber"
+                  : version ? "this CUPTI (older than 13.2) allows one subscriber"
+                            : "a CUPTI older than 13.2 allows one subscriber");
+    return r;
+}
+
 /* start(cupti_path, python_frames, native_frames, capacity) -> None or the reason (one line) it
  * could not subscribe; nothing is left changed then. */
 static PyObject *t_start(PyObject *self, PyObject *args) {
@@ -677,6 +733,8 @@ static PyObject *t_start(PyObject *self, PyObject *args) {
     if (!lib) return PyUnicode_FromFormat("libcupti could not be loaded: %s", dlerror());
     const char *why = NULL;
     c_subscribe = (pfn_subscribe)dlsym(lib, "cuptiSubscribe");
+    c_subscribe_v2 = (pfn_subscribe_v2)dlsym(lib, "cuptiSubscribe_v2");
+    c_get_version = (pfn_get_version)dlsym(lib, "cuptiGetVersion");
     c_unsubscribe = (pfn_unsubscribe)dlsym(lib, "cuptiUnsubscribe");
     c_enable = (pfn_enable)dlsym(lib, "cuptiEnableCallback");
     c_result_string = (pfn_result_string)dlsym(lib, "cuptiGetResultString");
@@ -723,17 +781,11 @@ static PyObject *t_start(PyObject *self, PyObject *args) {
     }
 
     void *sub = NULL;
-    int r = c_subscribe(&sub, (void *)callback, NULL);
+    char text[256];
+    int r = subscribe(&sub, text, sizeof text);
     if (r != 0) {
         PyMem_RawFree(ring);
-        const char *rs = result_name(r);
-        char text[160];
-        snprintf(text, sizeof text, "cuptiSubscribe failed: %s (%d)", rs, r);
         dlclose(lib);
-        if (r == 39)
-            return PyUnicode_FromString(
-                "another CUPTI subscriber holds this process (a profiler: Nsight Systems, "
-                "torch.profiler); it is left undisturbed");
         return PyUnicode_FromString(text);
     }
     g_ring = ring;
