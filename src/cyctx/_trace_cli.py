@@ -6,7 +6,7 @@
 * The exit status is the script's: 0, ``n`` for ``sys.exit(n)``, 1 for an exception (its
   traceback printed as Python prints it, through ``sys.excepthook``); a KeyboardInterrupt ends
   the process by SIGINT, as Python does. The report and the JSON are written first, in every
-  case.
+  case (os._exit too), by the traced process only: a child the script forks writes none.
 * ``--json FILE`` is resolved against the directory cyctx trace runs in and opened before the
   script starts: a path that cannot be written is a usage error (exit status 2).
 * ``--simulate N``: cyctx's simulated driver with N devices, which a script's own
@@ -101,17 +101,38 @@ def run(tr: argparse.ArgumentParser, args: argparse.Namespace, script_args: list
     t.start()
     if t.reason is not None:
         print(f"cyctx trace: not tracing: {t.reason}{_hint(args)}", file=sys.stderr)
+    traced = os.getpid()
+    once = threading.RLock()  # RLock: an os._exit from a signal handler while writing them
+    written = []
+
+    def write():
+        # The report and the JSON: once, by the traced process (a child it forked is the
+        # script's, and writes none: it would repeat the parent's events into its file).
+        with once:
+            if written or os.getpid() != traced:
+                return
+            written.append(True)
+            t.stop()
+            if t.reason is None and not args.quiet:
+                print(t.report(), file=sys.stderr)
+            if out is not None:
+                import json
+
+                with out:
+                    json.dump(t.to_json(), out, indent=1)
+
+    real_exit = os._exit
+
+    def _exit(n, /):  # the script's os._exit, which runs no atexit handler: written first
+        write()
+        real_exit(n)
+
+    os._exit = _exit
     status, raised = _run_script(os.path.abspath(script), [script, *script_args])
     t.stop()
     if raised is not None:
         _print_as_python_does(raised)
-    if t.reason is None and not args.quiet:
-        print(t.report(), file=sys.stderr)
-    if out is not None:
-        import json
-
-        with out:
-            json.dump(t.to_json(), out, indent=1)
+    write()
     if isinstance(raised, KeyboardInterrupt):
         global _interrupted
         _interrupted = True
