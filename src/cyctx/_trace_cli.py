@@ -8,7 +8,8 @@
   the process by SIGINT, as Python does. The report and the JSON are written first, in every
   case (os._exit too), by the traced process only: a child the script forks writes none.
 * ``--json FILE`` is resolved against the directory cyctx trace runs in and opened before the
-  script starts: a path that cannot be written is a usage error (exit status 2).
+  script starts: a path that cannot be written, or ``-`` (stdout is the script's), is a usage
+  error (exit status 2).
 * ``--simulate N``: cyctx's simulated driver with N devices, which a script's own
   ``use_simulated_driver(k)`` gets when k is N (an error otherwise). ``--simulate`` alone: the
   count the script asks for in its own ``use_simulated_driver(k)`` before its first driver
@@ -76,6 +77,11 @@ def run(tr: argparse.ArgumentParser, args: argparse.Namespace, script_args: list
     if not os.path.isfile(script):
         tr.error(f"{script}: no such file")
     out = None
+    if args.json == "-":
+        tr.error(
+            "--json -: the script's own output goes to stdout, and the JSON would be mixed "
+            "into it; give a file: --json trace.json"
+        )
     if args.json is not None:
         path = os.path.abspath(args.json)  # here, not wherever the script goes
         try:
