@@ -102,7 +102,8 @@ def _parser(prog: str = "python -m cyctx") -> argparse.ArgumentParser:
         "trace",
         help="run a Python script and report every context change it made, and where",
         description=(
-            "Run SCRIPT with ARGS as `python SCRIPT ARGS` would, recording every CUDA context "
+            "Run SCRIPT with ARGS as `python SCRIPT ARGS` would (-m MODULE as `python -m "
+            "MODULE`), recording every CUDA context "
             "change of the process (docs/tracing.md), then print the trace to stderr, however "
             "the script ends. Options go before SCRIPT; everything after it is the script's. "
             "Exit status: the script's; 2 bad command line; 3 when the simulated driver cannot "

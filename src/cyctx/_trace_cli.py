@@ -1,5 +1,6 @@
 """``cyctx trace [--json FILE] [--simulate [N]] [--quiet] SCRIPT [ARGS...]``: run SCRIPT as
-``python SCRIPT ARGS`` would, under :func:`cyctx.trace`, and report however it ends.
+``python SCRIPT ARGS`` would (``-m MODULE [ARGS...]`` as ``python -m MODULE ARGS``), under
+:func:`cyctx.trace`, and report however it ends.
 
 * Everything after SCRIPT is the script's, verbatim (``--`` and ``-x`` included); cyctx trace's
   options go before it (``--`` before SCRIPT ends them).
@@ -29,13 +30,14 @@ import types
 
 def split(argv: list[str]) -> tuple[list[str], list[str]]:
     """(cyctx trace's options, [SCRIPT, ARGS...]): the options end at the first argument that
-    is not one (or after ``--``); everything from SCRIPT on is the script's, untouched."""
+    is not one (or after ``--``), or at ``-m``; everything from SCRIPT (or ``-m``) on is the
+    script's, untouched."""
     i = 0
     while i < len(argv):
         a = argv[i]
         if a == "--":
             return argv[:i], argv[i + 1 :]
-        if a == "-" or not a.startswith("-"):
+        if a in ("-", "-m") or not a.startswith("-"):
             return argv[:i], argv[i:]
         if a == "--json":
             i += 1  # its value, whatever it looks like
@@ -59,7 +61,9 @@ def add_options(tr: argparse.ArgumentParser) -> None:
         "the script's own use_simulated_driver asks for, else 2)",
     )
     tr.add_argument("--quiet", action="store_true", help="print no report (with --json)")
-    tr.add_argument("script", metavar="SCRIPT")
+    tr.add_argument(
+        "script", metavar="SCRIPT", help="the script, or -m MODULE to run as python -m does"
+    )
     tr.add_argument("args", nargs="*", metavar="ARGS", help="the script's, as python passes them")
 
 
@@ -74,7 +78,11 @@ def run(tr: argparse.ArgumentParser, args: argparse.Namespace, script_args: list
     """Trace the script (``args.script``, ``script_args``); its exit status (or, for a
     KeyboardInterrupt, the process ends by SIGINT)."""
     script = args.script
-    if not os.path.isfile(script):
+    if script == "-m":
+        if not script_args:
+            tr.error("-m: give the module to run, as python -m takes it: -m MODULE [ARGS...]")
+        script = f"-m {script_args[0]}"
+    elif not os.path.isfile(script):
         tr.error(f"{script}: no such file")
     out = None
     if args.json == "-":
@@ -106,7 +114,7 @@ def run(tr: argparse.ArgumentParser, args: argparse.Namespace, script_args: list
     t = cyctx.trace(quiet=True)
     t.start()
     if t.reason is not None:
-        print(f"cyctx trace: not tracing: {t.reason}{_hint(args)}", file=sys.stderr)
+        print(f"cyctx trace: not tracing: {t.reason}{_hint(args, script)}", file=sys.stderr)
     traced = os.getpid()
     once = threading.RLock()  # RLock: an os._exit from a signal handler while writing them
     written = []
@@ -134,7 +142,10 @@ def run(tr: argparse.ArgumentParser, args: argparse.Namespace, script_args: list
         real_exit(n)
 
     os._exit = _exit
-    status, raised = _run_script(os.path.abspath(script), [script, *script_args])
+    if args.script == "-m":
+        status, raised = _run_module(script_args[0], script_args[1:])
+    else:
+        status, raised = _run_script(os.path.abspath(script), [script, *script_args])
     t.stop()
     if raised is not None:
         _print_as_python_does(raised)
@@ -145,12 +156,12 @@ def run(tr: argparse.ArgumentParser, args: argparse.Namespace, script_args: list
     return status
 
 
-def _hint(args: argparse.Namespace) -> str:
+def _hint(args: argparse.Namespace, script: str) -> str:
     from _cyctx_libcuda import loaded_libcuda
 
     if args.simulate is None and loaded_libcuda() is None:  # no driver loads here
         return (
-            f"; `cyctx trace --simulate {args.script}` runs the script on cyctx's simulated "
+            f"; `cyctx trace --simulate {script}` runs the script on cyctx's simulated "
             f"driver (no GPU needed)"
         )
     return ""
@@ -158,26 +169,53 @@ def _hint(args: argparse.Namespace) -> str:
 
 def _run_script(path: str, argv: list[str]) -> tuple[int, BaseException | None]:
     """Run the file at ``path`` as ``python`` runs its script (``__main__``, its directory
-    first on sys.path, ``sys.argv``), and wait for its non-daemon threads as Python does at
-    exit; (exit status, the exception that ended it, if one did other than SystemExit)."""
-    import builtins
+    first on sys.path, ``sys.argv``); what :func:`_as_python_ends` returns."""
     import importlib.machinery
 
-    main = types.ModuleType("__main__")
+    main = _new_main()
     main.__dict__.update(
         __file__=path,
-        __builtins__=builtins,
         __cached__=None,
         __loader__=importlib.machinery.SourceFileLoader("__main__", path),
-        __spec__=None,
     )
-    sys.modules["__main__"] = main  # for good, as under python: pickles find its functions
     sys.argv = argv
     sys.path[0] = os.path.dirname(os.path.realpath(path))
-    try:
+
+    def body():
         with open(path, "rb") as f:
             code = compile(f.read(), path, "exec", dont_inherit=True)
         exec(code, main.__dict__)
+
+    return _as_python_ends(body)
+
+
+def _run_module(name: str, args: list[str]) -> tuple[int, BaseException | None]:
+    """Run the module ``name`` as ``python -m`` does, with the working directory first on
+    sys.path: through runpy's _run_module_as_main, which is what python -m calls (it finds
+    the module, or a package's __main__, puts its file at sys.argv[0], runs it in __main__,
+    and words a module that cannot run as python does)."""
+    import runpy
+
+    _new_main()
+    sys.argv = ["-m", *args]
+    sys.path[0] = os.getcwd()
+    return _as_python_ends(lambda: runpy._run_module_as_main(name))
+
+
+def _new_main() -> types.ModuleType:
+    import builtins
+
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__builtins__=builtins, __spec__=None)
+    sys.modules["__main__"] = main  # for good, as under python: pickles find its functions
+    return main
+
+
+def _as_python_ends(body) -> tuple[int, BaseException | None]:
+    """``body()``, then its non-daemon threads waited for, as Python does at exit; (exit
+    status, the exception that ended it, if one did other than SystemExit)."""
+    try:
+        body()
         for th in threading.enumerate():
             if th is not threading.current_thread() and not th.daemon:
                 th.join()
