@@ -94,12 +94,14 @@ def test_with_cuda_h_on_the_path_either_order_of_directories_builds(tmp_path, di
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
 
 
-def _compile(cc, tmp_path, source, *flags):
+def _compile(cc, tmp_path, source, *flags, env=None):
     src = tmp_path / "uses.c"
     src.write_text(
         source + "int main(void) { CUcontext c = 0; cyctx_Switch s; (void)c; (void)s; return 0; }\n"
     )
-    return subprocess.run([cc, "-fsyntax-only", *flags, str(src)], capture_output=True, text=True)
+    return subprocess.run(
+        [cc, "-fsyntax-only", *flags, str(src)], capture_output=True, text=True, env=env
+    )
 
 
 C_ORDERS = {
@@ -130,6 +132,10 @@ def test_c_in_every_include_order(tmp_path, order):
     ):
         proc = _compile(cc, tmp_path, C_ORDERS[order], *flags)
         assert proc.returncode == 0, (flags, proc.stderr)
+    # A cuda.h the compiler finds by CPATH is on the path too.
+    env = dict(os.environ, CPATH=cuda)
+    proc = _compile(cc, tmp_path, C_ORDERS[order], "-I", cyctx.get_include(), env=env)
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_a_cuda_h_beside_the_source_is_the_one_taken(tmp_path):
