@@ -4,7 +4,6 @@ to a pool; refusing what runs in steps by the rule and words of the guard's deco
 a context the caller made without touching that device's primary context. Each case that binds
 a device runs in a process of its own (a shared guard keeps its retain for the process)."""
 
-import functools
 import json
 import os
 import sys
@@ -12,6 +11,7 @@ import textwrap
 
 import pytest
 from helpers.children import TESTS_DIR, run_child, run_python
+from helpers.stepwise import HIDDEN
 
 import cyctx
 
@@ -147,49 +147,11 @@ def test_bind_on_methods_binds_self_with_staticmethod_and_classmethod_either_way
     assert out["pickled"] == [4, 7, d1]
 
 
-async def _coro():
-    pass
-
-
-async def _agen():
-    yield
-
-
-def _gen():
-    yield
-
-
-class _AsyncCall:
-    async def __call__(self):
-        pass
-
-
-def _wraps(inner):
-    @functools.wraps(inner)
-    def wrapper(*a, **k):
-        return inner(*a, **k)
-
-    return wrapper
-
-
-STEPWISE = {
-    "async def": _coro,
-    "async generator": _agen,
-    "generator": _gen,
-    "staticmethod of async def": staticmethod(_coro),
-    "classmethod of async generator": classmethod(_agen),
-    "object with async __call__": _AsyncCall(),
-    "functools.wraps around async def": _wraps(_coro),
-    "functools.wraps around a generator": _wraps(_gen),
-    "partial of async def": functools.partial(_coro),
-}
-
-
-@pytest.mark.parametrize("name", list(STEPWISE))
+@pytest.mark.parametrize("name", list(HIDDEN))
 def test_bind_refuses_what_runs_in_steps_as_the_guard_decorator_does(name):
     # The guard's decorator and bind, each form, refuse with one rule and the same words (the
     # decorator's name apart), before anything is asked of the driver.
-    fn = STEPWISE[name]
+    fn = HIDDEN[name]
     g = cyctx.ContextGuard(0)
     try:
         with pytest.raises(TypeError) as by_guard:

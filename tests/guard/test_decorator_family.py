@@ -6,6 +6,7 @@ import functools
 
 import pytest
 from helpers.children import run_child
+from helpers.stepwise import HIDDEN, wrapped_by_wraps
 
 import cyctx
 
@@ -37,53 +38,6 @@ def test_staticmethod_and_classmethod_are_seen_through(deco):
     assert cyctx.current_device() is None
 
 
-async def _coro():
-    pass
-
-
-async def _agen():
-    yield
-
-
-def _gen():
-    yield
-
-
-class _AsyncCall:
-    async def __call__(self):
-        pass
-
-
-class _GenCall:
-    def __call__(self):
-        yield
-
-
-def _wrapped_by_wraps(inner):
-    @functools.wraps(inner)
-    def wrapper(*a, **k):
-        return inner(*a, **k)
-
-    return wrapper
-
-
-HIDDEN = {
-    "async def": _coro,
-    "async generator": _agen,
-    "generator": _gen,
-    "partial of async def": functools.partial(_coro),
-    "partial of async generator": functools.partial(_agen),
-    "partial of partial of generator": functools.partial(functools.partial(_gen)),
-    "functools.wraps around async def": _wrapped_by_wraps(_coro),
-    "functools.wraps around a partial of async def": _wrapped_by_wraps(functools.partial(_coro)),
-    "object with async __call__": _AsyncCall(),
-    "object with generator __call__": _GenCall(),
-    "staticmethod of async def": staticmethod(_coro),
-    "classmethod of async generator": classmethod(_agen),
-    "staticmethod of wraps around generator": staticmethod(_wrapped_by_wraps(_gen)),
-}
-
-
 @pytest.mark.parametrize("name", list(HIDDEN))
 def test_what_runs_in_steps_is_refused_at_decoration(deco, name):
     with pytest.raises(
@@ -101,7 +55,7 @@ def test_plain_callables_are_still_decorated(deco):
 
     assert deco(Call())(1) == (1, 0)
     assert deco(functools.partial(lambda x, y: (x, y, cyctx.current_device()), 1))(2) == (1, 2, 0)
-    assert deco(_wrapped_by_wraps(lambda: cyctx.current_device()))() == 0
+    assert deco(wrapped_by_wraps(lambda: cyctx.current_device()))() == 0
     assert deco(len)([1]) == 1  # a builtin
 
 
