@@ -146,6 +146,7 @@ def run(tr: argparse.ArgumentParser, args: argparse.Namespace, script_args: list
         status, raised = _run_module(script_args[0], script_args[1:])
     else:
         status, raised = _run_script(os.path.abspath(script), [script, *script_args])
+    os._exit = real_exit
     t.stop()
     if raised is not None:
         _print_as_python_does(raised)
