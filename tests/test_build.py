@@ -433,55 +433,6 @@ def test_required_headers_come_from_the_installed_bindings():
     assert "cuda.h" in needed and all(h.endswith(".h") for h in needed)
 
 
-STUB_C = r"""
-/* What the CUDA toolkit's lib64/stubs/libcuda.so.1 does: every entry point answers
-   CUDA_ERROR_STUB_LIBRARY (34). */
-typedef int CUresult;
-CUresult cuGetProcAddress_v2(const char *s, void **p, int v, unsigned long long f, int *st) {
-    (void)s; (void)v; (void)f; if (p) *p = 0; if (st) *st = 0; return 34;
-}
-CUresult cuInit(unsigned int flags) { (void)flags; return 34; }
-"""
-
-
-def test_toolkit_stub_library_is_named(tmp_path):
-    # The toolkit's stub libcuda.so.1 first on the library path is a classic misconfiguration:
-    # a typed error that names it and the fix, not "function not found".
-    import shutil
-
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    (tmp_path / "stub.c").write_text(STUB_C)
-    lib = tmp_path / "libcuda.so.1"
-    subprocess.run(
-        [
-            cc,
-            "-shared",
-            "-fPIC",
-            "-Wl,-soname,libcuda.so.1",
-            "-o",
-            str(lib),
-            str(tmp_path / "stub.c"),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    code = textwrap.dedent(f"""
-        import ctypes
-        ctypes.CDLL({str(lib)!r}, mode=ctypes.RTLD_GLOBAL)  # loaded first, as LD_LIBRARY_PATH would
-        import cyctx
-        try:
-            cyctx.ContextGuard(0)
-        except cyctx.DriverError as e:
-            print(type(e).__name__, e.code, e.name, "|", e)
-    """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("DriverError 34 CUDA_ERROR_STUB_LIBRARY |"), proc.stdout
-    assert "stub" in proc.stdout and "LD_LIBRARY_PATH" in proc.stdout
-
-
 def test_header_error_inside_a_pep517_build_names_build_system_requires(monkeypatch):
     # A package that cimports cyctx, built by pip in isolation with plain `cyctx` in its build
     # requirements, gets cuda-bindings without headers: `pip install` cannot fix that

@@ -9,7 +9,7 @@ The simulator's faults have no side effect: a 709 injected into cuCtxGetId stand
 reset that another thread made between the retain and the id read."""
 
 import pytest
-from helpers.drivers import driver, ok, reset_primary, retains_unchanged
+from helpers.drivers import current, driver, ok, reset_primary, retains_unchanged
 from helpers.finalizers import freed_on_purpose
 
 from cyctx import ContextDestroyedError, ContextGuard, ContextResetWarning, DriverError
@@ -45,6 +45,8 @@ def test_the_last_allowed_reactivation_still_succeeds(sim):
         assert n["cuDevicePrimaryCtxRelease"] == TRIES, n
         assert n["cuCtxGetId"] == 1 + TRIES, n
         assert sim.retain_count(0) == base[0] + 1  # the guard's own retain, no other
+        with g:
+            assert current() == g.handle
         g.close()
 
 
@@ -63,7 +65,8 @@ def test_one_reset_more_than_the_bound_gives_up_with_the_number_of_tries(sim):
         assert n["cuDevicePrimaryCtxRetain"] == 1 + TRIES, n
         assert n["cuDevicePrimaryCtxRelease"] == 1 + TRIES, n
         msg = str(ei.value)
-        assert f"re-activated ({TRIES} times)" in msg and "no retain is kept" in msg, msg
+        assert "reset again" in msg and f"re-activated ({TRIES} times)" in msg, msg
+        assert "no retain is kept" in msg, msg
 
 
 def test_a_release_failing_in_the_loop_is_kept_and_given_back_at_close(sim):
