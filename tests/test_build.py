@@ -513,26 +513,11 @@ REQUIRED = (
 
 
 def test_driver_lacking_a_required_function_is_named_and_never_called(tmp_path):
-    import shutil
+    from helpers.fakelibs import compiler, shared_library
 
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
+    if compiler() is None:
         pytest.skip("no C compiler")
-    (tmp_path / "shim.c").write_text(SHIM_C)
-    lib = tmp_path / "libcuda.so.1"
-    subprocess.run(
-        [
-            cc,
-            "-shared",
-            "-fPIC",
-            "-Wl,-soname,libcuda.so.1",
-            "-o",
-            str(lib),
-            str(tmp_path / "shim.c"),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    lib = shared_library(SHIM_C, tmp_path / "libcuda.so.1", "libcuda.so.1")
     code = textwrap.dedent(f"""
         import ctypes
         shim = ctypes.CDLL({str(lib)!r}, mode=ctypes.RTLD_GLOBAL)  # loaded first: cyctx's dlopen finds it

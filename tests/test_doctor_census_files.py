@@ -7,7 +7,6 @@ in a fresh interpreter on this run's driver, with stand-in libraries compiled he
 import json
 import os
 import re
-import subprocess
 import textwrap
 
 import pytest
@@ -39,29 +38,15 @@ FUNCTION = {
 }
 
 
-def _compiler():
-    from helpers.fakelibs import compiler
-
-    cc = compiler()
-    if cc is None:
-        pytest.skip("no C compiler")
-    return cc
-
-
 def _build(directory, lib, a, b=0):
+    from helpers.fakelibs import compiler, shared_library
+
+    if compiler() is None:
+        pytest.skip("no C compiler")
     name, src = SOURCES[lib]
     os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, name)
-    c = os.path.join(directory, f"{lib}-{a}-{b}.c")
-    with open(c, "w") as f:
-        f.write(src % {"a": a, "b": b})
-    out = path + ".new"
-    subprocess.run(
-        [_compiler(), "-shared", "-fPIC", f"-Wl,-soname,{name}", "-o", out, c],
-        check=True,
-        capture_output=True,
-    )
-    return out  # built beside its final place: the case puts it there
+    # Built beside its final place: the case puts it there.
+    return shared_library(src % {"a": a, "b": b}, os.path.join(directory, name + ".new"), name)
 
 
 def _diagnose(site, load, then):

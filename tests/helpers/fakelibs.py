@@ -70,6 +70,21 @@ def compiler():
     return shutil.which("cc") or shutil.which("gcc")
 
 
+def shared_library(source, path, soname=None, flags=()):
+    """Compile C ``source`` into the shared library ``path`` (its soname ``soname``, if given);
+    the source is left beside it as ``path + ".c"``. Returns ``path``."""
+    c = str(path) + ".c"
+    with open(c, "w") as f:
+        f.write(source)
+    link = [f"-Wl,-soname,{soname}"] if soname else []
+    subprocess.run(
+        [compiler(), *flags, "-shared", "-fPIC", *link, "-o", str(path), c],
+        check=True,
+        capture_output=True,
+    )
+    return str(path)
+
+
 def fake_libcuda(directory, kind):
     """Build the `kind` stand-in in `directory`; its path (soname libcuda.so.1)."""
     if kind == "stub":
@@ -82,15 +97,7 @@ def fake_libcuda(directory, kind):
         raise ValueError(kind)
     out = os.path.join(str(directory), kind.replace(":", "-"))
     os.makedirs(out, exist_ok=True)
-    c, lib = os.path.join(out, "fake.c"), os.path.join(out, "libcuda.so.1")
-    with open(c, "w") as f:
-        f.write(src)
-    subprocess.run(
-        [compiler(), "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", lib, c],
-        check=True,
-        capture_output=True,
-    )
-    return lib
+    return shared_library(src, os.path.join(out, "libcuda.so.1"), "libcuda.so.1")
 
 
 def preload(lib):
@@ -128,16 +135,8 @@ def fake_cuda_library(directory, lib, version, soname=None):
     (``libcudart.so.11.0``, as CUDA 11's)."""
     name = soname or f"lib{lib}.so.{version // 1000}"
     os.makedirs(str(directory), exist_ok=True)
-    path = os.path.join(str(directory), name)
-    c = path + ".c"
-    with open(c, "w") as f:
-        f.write(_VERSIONED[lib] % {"version": version})
-    subprocess.run(
-        [compiler(), "-shared", "-fPIC", f"-Wl,-soname,{name}", "-o", path, c],
-        check=True,
-        capture_output=True,
-    )
-    os.remove(c)
+    path = shared_library(_VERSIONED[lib] % {"version": version}, os.path.join(str(directory), name), name)
+    os.remove(path + ".c")
     return path
 
 

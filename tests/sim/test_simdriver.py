@@ -20,8 +20,6 @@ environment variable ``CYCTX_SIM_LIBRARY``; otherwise the module is skipped.
 import ctypes
 import functools
 import os
-import shutil
-import subprocess
 import textwrap
 import threading
 
@@ -1333,24 +1331,12 @@ long stress(const struct fns *f, void **mine, void *shared, int n, long iters) {
 
 @pytest.fixture(scope="module")
 def stress_harness(tmp_path_factory):
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if not cc:
+    from helpers.fakelibs import compiler, shared_library
+
+    if not compiler():
         pytest.skip("no C compiler for the pthread stress harness")
     d = tmp_path_factory.mktemp("stress")
-    (d / "stress.c").write_text(_STRESS_C)
-    subprocess.run(
-        [
-            cc,
-            "-O2",
-            "-shared",
-            "-fPIC",
-            "-o",
-            str(d / "stress.so"),
-            str(d / "stress.c"),
-            "-lpthread",
-        ],
-        check=True,
-    )
+    shared_library(_STRESS_C, d / "stress.so", flags=("-O2", "-pthread"))
     lib = ctypes.CDLL(str(d / "stress.so"))
     lib.stress.restype = ctypes.c_long
     lib.stress.argtypes = [P, P, P, ctypes.c_int, ctypes.c_long]
