@@ -632,18 +632,6 @@ def test_reset_keeps_refcount_new_id_and_other_threads_see_it(primary):
     ok(drv.cuDevicePrimaryCtxRelease(0))
 
 
-def test_reset_clears_primary_flags():
-    out = run_fresh("""
-        drv.cuInit(0)
-        drv.cuDevicePrimaryCtxSetFlags(0, 4)
-        drv.cuDevicePrimaryCtxRetain(0)
-        before = drv.cuDevicePrimaryCtxGetState(0)[1]
-        drv.cuDevicePrimaryCtxReset(0)
-        print(before, drv.cuDevicePrimaryCtxGetState(0)[1])
-    """)
-    assert out.split() == ["4", "0"]
-
-
 def test_last_release_clears_primary_flags():
     out = run_fresh("""
         drv.cuInit(0)
@@ -780,30 +768,6 @@ def test_pop_with_null_pointer(primary):
     depth = sim.cyctxsim_stack_depth()
     assert raw("cuCtxPopCurrent", 4000, PP)(None) == 0
     assert sim.cyctxsim_stack_depth() == depth - 1
-
-
-def test_set_current_replaces_top_and_null_pops(primary):
-    def body():
-        mine = ok(drv.cuCtxCreate(None, 0, 0))
-        ok(drv.cuCtxPushCurrent(mine))
-        assert sim.cyctxsim_stack_depth() == 2
-        ok(drv.cuCtxSetCurrent(primary))  # replaces the top: depth unchanged
-        assert sim.cyctxsim_stack_depth() == 2
-        assert handle(ok(drv.cuCtxGetCurrent())) == handle(primary)
-        ok(drv.cuCtxSetCurrent(primary))  # already current: nothing changes
-        assert sim.cyctxsim_stack_depth() == 2
-        ok(drv.cuCtxSetCurrent(None))  # NULL pops the top
-        assert sim.cyctxsim_stack_depth() == 1
-        assert handle(ok(drv.cuCtxGetCurrent())) == handle(mine)
-        ok(drv.cuCtxSetCurrent(None))
-        assert sim.cyctxsim_stack_depth() == 0
-        ok(drv.cuCtxSetCurrent(primary))  # empty stack: pushes
-        assert sim.cyctxsim_stack_depth() == 1
-        assert handle(ok(drv.cuCtxPopCurrent())) == handle(primary)
-        ok(drv.cuCtxDestroy(mine))  # not current here: nothing popped
-        assert sim.cyctxsim_stack_depth() == 0
-
-    in_thread(body)
 
 
 @pytest.mark.parametrize("bogus", [0x1234, 0xDEADBEEF, 2**63 + 8])
@@ -966,19 +930,6 @@ def test_destroy_twice_depends_on_whether_a_thread_had_it():
     ok(drv.cuCtxSetCurrent(None))  # on no stack again
     ok(drv.cuCtxDestroy(c))
     assert err(drv.cuCtxDestroy(c)) == INVALID_CONTEXT
-
-
-def test_destroy_not_on_top_does_not_pop(primary):
-    def body():
-        a = ok(drv.cuCtxCreate(None, 0, 0))
-        ok(drv.cuCtxPushCurrent(primary))
-        ok(drv.cuCtxDestroy(a))  # below the top: stays on the stack
-        assert sim.cyctxsim_stack_depth() == 2
-        assert handle(ok(drv.cuCtxPopCurrent())) == handle(primary)
-        assert err(drv.cuCtxGetId(None)) == DESTROYED
-        assert handle(ok(drv.cuCtxPopCurrent())) == handle(a)
-
-    in_thread(body)
 
 
 def test_destroyed_while_current_on_another_thread():
