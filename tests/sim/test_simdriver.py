@@ -376,19 +376,12 @@ def test_error_names_match_every_code_of_the_bindings():
             assert ok(drv.cuGetErrorString(code))
 
 
+# The codes the differential scenario error_names_and_strings does not ask about.
 @pytest.mark.parametrize(
     "code,text",
     [
-        (0, b"no error"),
-        (1, b"invalid argument"),
         (2, b"out of memory"),
-        (3, b"initialization error"),
-        (101, b"invalid device ordinal"),
-        (201, b"invalid device context"),
         (500, b"named symbol not found"),
-        (709, b"context is destroyed"),
-        (999, b"unknown error"),
-        (202, b"context already current"),
         (916, b"an error happened during the key rotation sequence"),
     ],
 )
@@ -527,13 +520,6 @@ def test_release_v1_abi_is_lenient_when_unbalanced():
         print(rel1(0), rc(drv.cuDevicePrimaryCtxRelease(0)), sim.cyctxsim_retain_count(0))
     """)
     assert out.split() == ["0", "201", "0"]  # as the H200 answered
-
-
-def test_retain_does_not_push():
-    depth = sim.cyctxsim_stack_depth()
-    ok(drv.cuDevicePrimaryCtxRetain(0))
-    assert sim.cyctxsim_stack_depth() == depth
-    ok(drv.cuDevicePrimaryCtxRelease(0))
 
 
 def test_lab_probe2_sequence_exactly():
@@ -736,21 +722,11 @@ def test_push_pop_order_and_empty_stack(primary):
 
 
 def test_empty_stack_codes():
+    # The calls the differential scenario stack_no_current does not make.
     def body():
         assert sim.cyctxsim_stack_depth() == 0
-        assert handle(ok(drv.cuCtxGetCurrent())) == 0
-        assert err(drv.cuCtxPopCurrent()) == INVALID_CONTEXT
         assert raw("cuCtxPopCurrent", 4000, PP)(None) == INVALID_CONTEXT
-        assert err(drv.cuCtxGetDevice()) == INVALID_CONTEXT
-        if HAS13:
-            assert err(drv.cuCtxGetDevice_v2(None)) == INVALID_CONTEXT
-        assert err(drv.cuCtxGetApiVersion(None)) == INVALID_CONTEXT
-        assert err(drv.cuCtxGetId(None)) == INVALID_CONTEXT
-        assert err(drv.cuCtxGetFlags()) == INVALID_CONTEXT
-        assert err(drv.cuCtxSetFlags(0)) == INVALID_CONTEXT
-        assert err(drv.cuCtxSynchronize()) == INVALID_CONTEXT
         assert err(drv.cuCtxGetStreamPriorityRange()) == INVALID_CONTEXT
-        ok(drv.cuCtxSetCurrent(None))  # no-op on an empty stack
         assert sim.cyctxsim_stack_depth() == 0
 
     in_thread(body)
@@ -801,16 +777,6 @@ def test_null_context_arguments(primary):
     ok(drv.cuCtxSynchronize())
     assert ok(drv.cuCtxGetStreamPriorityRange()) == (0, -5)
     ok(drv.cuCtxPopCurrent())
-
-
-def test_new_thread_starts_with_no_context(primary):
-    ok(drv.cuCtxPushCurrent(primary))
-    try:
-        assert in_thread(
-            lambda: (handle(ok(drv.cuCtxGetCurrent())), sim.cyctxsim_stack_depth())
-        ) == (0, 0)
-    finally:
-        ok(drv.cuCtxPopCurrent())
 
 
 def test_threads_hammering_push_pop_have_no_cross_talk(primary):
