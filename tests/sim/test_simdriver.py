@@ -618,22 +618,6 @@ def test_reset_keeps_refcount_new_id_and_other_threads_see_it(primary):
     ok(drv.cuDevicePrimaryCtxRelease(0))
 
 
-def test_last_release_clears_primary_flags():
-    out = run_fresh("""
-        drv.cuInit(0)
-        drv.cuDevicePrimaryCtxRetain(0)
-        drv.cuDevicePrimaryCtxSetFlags(0, 4)
-        drv.cuDevicePrimaryCtxRetain(0); drv.cuDevicePrimaryCtxRelease(0)
-        held = drv.cuDevicePrimaryCtxGetState(0)[1]
-        drv.cuDevicePrimaryCtxRelease(0)
-        print(held, drv.cuDevicePrimaryCtxGetState(0)[1])
-        drv.cuDevicePrimaryCtxSetFlags(0, 2)          # set while inactive: kept for the next one
-        c = drv.cuDevicePrimaryCtxRetain(0)[1]; drv.cuCtxPushCurrent(c)
-        print(drv.cuDevicePrimaryCtxGetState(0)[1], drv.cuCtxGetFlags()[1])
-    """)
-    assert out.split() == ["4", "0", "2", str(2 | 8)]  # as the H200 (differential record)
-
-
 def test_reset_of_an_inactive_primary_is_harmless():
     out = run_fresh("""
         drv.cuInit(0)
@@ -764,17 +748,10 @@ def test_foreign_handles_are_invalid_context(bogus):
 
 
 def test_null_context_arguments(primary):
-    assert err(drv.cuCtxPushCurrent(None)) == INVALID_VALUE  # H200
+    # The differential scenarios stack_push_null and stack_with_current pin the rest: a NULL
+    # push refused, NULL meaning "the current context" for the id, api version, device and sync.
     assert err(drv.cuCtxDestroy(None)) == INVALID_VALUE
     ok(drv.cuCtxPushCurrent(primary))
-    # NULL means "the current context" for these
-    assert ok(drv.cuCtxGetId(None)) == ok(drv.cuCtxGetId(primary))
-    assert ok(drv.cuCtxGetApiVersion(None)) == 3020
-    if HAS13:
-        assert int(ok(drv.cuCtxGetDevice_v2(None))) == 0
-    if HAS13:
-        ok(drv.cuCtxSynchronize_v2(None))
-    ok(drv.cuCtxSynchronize())
     assert ok(drv.cuCtxGetStreamPriorityRange()) == (0, -5)
     ok(drv.cuCtxPopCurrent())
 
