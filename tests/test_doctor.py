@@ -633,24 +633,16 @@ def test_forked_child(import_before_fork):
     import json, os
     import cyctx
     {"import cyctx._doctor" if import_before_fork else ""}
+    from helpers.forking import run_forked
     g = cyctx.ContextGuard(0)                 # CUDA is in use in the parent
-    r_fd, w_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            from cyctx._doctor import diagnose
-            r = diagnose(cudart=False)
-            text = str(r)
-            os.write(w_fd, json.dumps([r.to_dict(), text, os.getppid()]).encode())
-        finally:
-            os._exit(0)
-    os.close(w_fd)
-    data = b""
-    while chunk := os.read(r_fd, 65536):
-        data += chunk
-    os.waitpid(pid, 0)
+
+    def in_child():
+        from cyctx._doctor import diagnose
+        r = diagnose(cudart=False)
+        return [r.to_dict(), str(r), os.getppid()]
+
+    print(json.dumps(run_forked(in_child)))
     g.close()
-    print(data.decode())
     """)
     d, text, parent = last_json(out)
     (f,) = d["findings"]
@@ -678,22 +670,16 @@ def test_forked_child_of_a_process_that_never_imported_cyctx():
     from cuda.bindings import driver as d
     d.cuInit(0)
     assert "cyctx" not in sys.modules
-    r_fd, w_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            from cyctx._doctor import diagnose
-            os.write(w_fd, json.dumps(diagnose(cudart=False).to_dict()).encode())
-        finally:
-            os._exit(0)
-    os.close(w_fd)
-    data = b""
-    while chunk := os.read(r_fd, 65536):
-        data += chunk
-    os.waitpid(pid, 0)
-    print(data.decode())
+    from helpers.forking import run_forked
+
+    def in_child():
+        from cyctx._doctor import diagnose
+        return diagnose(cudart=False).to_dict()
+
+    print(json.dumps(run_forked(in_child)))
     """,
         env={**os.environ, "CYCTX_TEST_DRIVER": KIND},
+        cwd=TESTS_DIR,
     )
     d = last_json(out)
     assert [f["code"] for f in d["findings"]] == ["forked_child"], d["findings"]
