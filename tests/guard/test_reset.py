@@ -11,7 +11,7 @@ from helpers.children import run_child
 from helpers.drivers import current, driver, ok, primary_state, reset_primary, retains_unchanged
 from helpers.threads import in_thread, running
 
-from cyctx import ContextDestroyedError, ContextGuard, ContextResetWarning, DriverError
+from cyctx import ContextGuard, ContextResetWarning, DriverError
 from cyctx._guard import open_entries
 
 

@@ -135,7 +135,9 @@ def fake_cuda_library(directory, lib, version, soname=None):
     (``libcudart.so.11.0``, as CUDA 11's)."""
     name = soname or f"lib{lib}.so.{version // 1000}"
     os.makedirs(str(directory), exist_ok=True)
-    path = shared_library(_VERSIONED[lib] % {"version": version}, os.path.join(str(directory), name), name)
+    path = shared_library(
+        _VERSIONED[lib] % {"version": version}, os.path.join(str(directory), name), name
+    )
     os.remove(path + ".c")
     return path
 
