@@ -8,11 +8,14 @@ when the guard is collected without close().
 The simulator's faults have no side effect: a 709 injected into cuCtxGetId stands for the
 reset that another thread made between the retain and the id read."""
 
+import sys
+import warnings
+
 import pytest
 from helpers.drivers import current, driver, ok, reset_primary, retains_unchanged
 from helpers.finalizers import freed_on_purpose
 
-from cyctx import ContextDestroyedError, ContextGuard, ContextResetWarning, DriverError
+from cyctx import ContextDestroyedError, ContextGuard, ContextResetWarning, DriverError, GuardError
 
 # The re-activations a construction tries before it gives up (the first id read, then one more
 # per try): the bound the construction's error states.
@@ -220,28 +223,18 @@ def test_the_reset_warning_says_who_reactivated_the_context(sim):
         g.close()
 
 
-def test_a_close_during_a_close_says_one_is_in_flight_and_does_nothing(sim):
-    # With the GIL a second close() can only come from Python code run inside the first: a
-    # trace hook, a finalizer or a signal handler running while the first close() builds the
-    # error of a failed release. Here a trace hook calls it when that error is made.
-    import sys
+def during_a_failed_close(sim, g, action):
+    """close() of g with its release failing; ``action()`` runs once, from a trace hook, while
+    that close() builds the error in Python, still holding the guard. Returns what it returned.
 
-    from cyctx import GuardError
-
-    g = ContextGuard(0)
-    base = sim.retain_count(0)
+    With the GIL that is the only way other code meets a close() in flight: a trace hook, a
+    finalizer or a signal handler run while it builds the error of a failed release."""
     seen = []
 
     def tracer(frame, event, arg):
         if event == "call" and frame.f_code.co_name == "driver_error" and not seen:
             sys.settrace(None)
-            calls = sim.call_count("cuDevicePrimaryCtxRelease")
-            try:
-                g.close()
-                seen.append("closed")
-            except GuardError as e:
-                seen.append(str(e))
-            seen.append(sim.call_count("cuDevicePrimaryCtxRelease") - calls)
+            seen.append(action())
         return None
 
     sim.inject_fault("cuDevicePrimaryCtxRelease", 999)
@@ -252,8 +245,26 @@ def test_a_close_during_a_close_says_one_is_in_flight_and_does_nothing(sim):
     finally:
         sys.settrace(None)
         sim.clear_faults()
-    assert seen and "while another thread is closing it; nothing was done" in seen[0], seen
-    assert seen[1] == 0 and sim.retain_count(0) == base  # the inner close released nothing
+    assert seen, "the close() never built its error"
+    return seen[0]
+
+
+def test_a_close_during_a_close_says_one_is_in_flight_and_does_nothing(sim):
+    g = ContextGuard(0)
+    base = sim.retain_count(0)
+
+    def close_again():
+        calls = sim.call_count("cuDevicePrimaryCtxRelease")
+        try:
+            g.close()
+            said = "closed"
+        except GuardError as e:
+            said = str(e)
+        return said, sim.call_count("cuDevicePrimaryCtxRelease") - calls
+
+    said, released = during_a_failed_close(sim, g, close_again)
+    assert "while another thread is closing it; nothing was done" in said, said
+    assert released == 0 and sim.retain_count(0) == base  # the inner close released nothing
     g.close()  # the failed close kept the guard open: this one releases its retain
     assert g.closed and sim.retain_count(0) == base - 1
 
@@ -279,40 +290,23 @@ def test_a_close_whose_release_of_an_extra_retain_fails_keeps_it_for_the_next_cl
 
 
 def test_a_reactivation_while_a_close_holds_the_guard_is_refused(sim):
-    # A close() whose release fails builds its error in Python, still holding the guard; code
-    # run then (here a trace hook) enters the guard after a reset. The re-activation must not
-    # go ahead under the close (it would re-open what close() is releasing).
-    import sys
-    import warnings
-
-    from cyctx import GuardError
-
+    # Code run while a failed close() builds its error enters the guard after a reset. The
+    # re-activation must not go ahead under the close (it would re-open what close() releases).
     g = ContextGuard(0)
     base = sim.retain_count(0)
     reset_primary(0)
-    seen = []
 
-    def tracer(frame, event, arg):
-        if event == "call" and frame.f_code.co_name == "driver_error" and not seen:
-            sys.settrace(None)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", ContextResetWarning)
-                try:
-                    with g:
-                        seen.append("entered")
-                except GuardError as e:
-                    seen.append(str(e))
-        return None
+    def enter():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ContextResetWarning)
+            try:
+                with g:
+                    return "entered"
+            except GuardError as e:
+                return str(e)
 
-    sim.inject_fault("cuDevicePrimaryCtxRelease", 999)
-    sys.settrace(tracer)
-    try:
-        with pytest.raises(DriverError):
-            g.close()
-    finally:
-        sys.settrace(None)
-        sim.clear_faults()
-    assert seen and seen[0] != "entered", seen
+    said = during_a_failed_close(sim, g, enter)
+    assert said != "entered", said
     assert not sim.primary_active(0) and sim.retain_count(0) == base  # not re-activated
     g.close()
     assert sim.retain_count(0) == base - 1
