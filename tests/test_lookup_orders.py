@@ -136,11 +136,13 @@ def test_sim_devices_from_the_environment(value, devices):
         f"""
         import ctypes
         lib = ctypes.CDLL({PACKAGED!r}, mode=ctypes.RTLD_GLOBAL)
-        print("INIT", lib.cuInit(0), "DEVICES", lib.cyctxsim_device_count())
+        from cuda.bindings import driver as d  # finds the library above by its soname
+        rc = lib.cuInit(0)
+        print("INIT", rc, "DEVICES", lib.cyctxsim_device_count(), d.cuDeviceGetCount()[1])
         """,
         env=env,
     )
-    want = f"INIT 0 DEVICES {devices}" if devices else "INIT 100"
+    want = f"INIT 0 DEVICES {devices} {devices}" if devices else "INIT 100"
     assert want in proc.stdout, proc.stdout
 
 

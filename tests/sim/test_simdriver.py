@@ -256,29 +256,6 @@ def test_before_cuinit_everything_but_the_loader_calls_is_not_initialized():
     assert lines[4].split() == ["-1", "3", "0"]  # configure after cuInit is refused
 
 
-@pytest.mark.parametrize(
-    "value,expected",
-    [
-        ("", "0 1"),
-        ("2", "0 2"),
-        ("64", "0 64"),
-        ("0", "100 -1"),
-        ("65", "100 -1"),
-        ("two", "100 -1"),
-        ("-1", "100 -1"),
-    ],
-)
-def test_device_count_from_environment(value, expected):
-    out = run_fresh(
-        """
-        r = rc(drv.cuInit(0))
-        print(r, drv.cuDeviceGetCount()[1] if r == 0 else -1)
-    """,
-        devices=value,
-    )
-    assert out.strip() == expected
-
-
 def test_get_proc_address_picks_the_newest_variant_not_newer_than_asked():
     # cuCtxCreate: _v2 at 3020, _v3 at 11040, _v4 at 12050 (the versions cuda.bindings asks)
     v2, v3, v4 = (gpa("cuCtxCreate", v)[1] for v in (3020, 11040, 12050))
