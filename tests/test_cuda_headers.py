@@ -97,6 +97,11 @@ def test_explicit_variable_with_an_unusable_folder_is_an_error_naming_it(
     assert f"${var}" in msg and what in msg, msg
     assert str(folder) in msg, msg
     assert f"{var}" in msg.split(what, 1)[1] or f"unset {var}" in msg, msg  # and how to fix
+    bmaj, bmin, _ = hdrs.bindings_version()
+    if kind == "older header":  # and the wheel whose headers match
+        assert hdrs.runtime_wheel_requirement(bmaj, bmin) in msg, msg
+    if kind == "lacking a header cydriver includes":  # and the wheel that ships it
+        assert "cudaProfiler.h" in msg and "nvidia-cuda-profiler-api" in msg, msg
 
 
 @pytest.mark.parametrize("var", VARS)
