@@ -855,6 +855,7 @@ def test_version_flags(flag):
     rc, out, err = cli(flag)
     assert rc == 0, err
     assert out.startswith(f"cyctx {cyctx.__version__} (compiled with cuda-bindings "), out
+    assert len(out.strip().splitlines()) == 1, out  # usable bindings: one line
 
 
 @pytest.mark.parametrize(
