@@ -75,6 +75,14 @@ def sim():
     return drivers.SIM
 
 
+@pytest.fixture
+def reuse(sim):
+    """The simulated driver's handle reuse on for the test, off again after it."""
+    assert sim.reuse_handles(True) is False, "handle reuse was left on"
+    yield sim
+    assert sim.reuse_handles(False) is True
+
+
 @pytest.fixture(autouse=True)
 def _thread_state_unchanged():
     """Every test leaves the calling thread's context state as it found it."""

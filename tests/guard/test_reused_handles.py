@@ -16,14 +16,6 @@ from cyctx._guard import open_entries
 D1 = second_device()
 
 
-@pytest.fixture
-def reuse(sim):
-    """Handle reuse on for the test, off again after it."""
-    assert sim.reuse_handles(True) is False, "handle reuse was left on"
-    yield sim
-    sim.reuse_handles(False)
-
-
 def handed_over(sim):
     """Calls that could hand a context to the driver."""
     return sim.call_count("cuCtxSetCurrent") + sim.call_count("cuCtxPushCurrent")

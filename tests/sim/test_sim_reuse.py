@@ -13,15 +13,6 @@ from helpers.threads import running
 ok = drivers.ok
 
 
-@pytest.fixture
-def reuse(sim):
-    """Handle reuse on for the test, off again after it."""
-    was = sim.reuse_handles(True)
-    assert was is False, "handle reuse was left on"
-    yield sim
-    assert sim.reuse_handles(False) is True
-
-
 def _destroyed_context(dev=0):
     """A created context, destroyed: its handle and id."""
     d = drivers.driver()
