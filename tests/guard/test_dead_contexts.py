@@ -6,23 +6,21 @@ import warnings
 import pytest
 from helpers import drivers
 from helpers.children import run_child
-from helpers.drivers import create_context, current, driver, ok, reset_primary, second_device
+from helpers.drivers import (
+    create_context,
+    current,
+    driver,
+    handed_over,
+    ok,
+    reset_primary,
+    second_device,
+)
 from helpers.threads import in_thread
 
 from cyctx import ContextDestroyedError, ContextGuard, ContextResetWarning
 from cyctx._guard import open_entries
 
 D1 = second_device()  # device 1, or 0 on a one-GPU machine
-
-
-def handed_over():
-    """Calls that could hand a context to the driver (simulated driver only; None on the real)."""
-    sim = drivers.SIM
-    return (
-        None
-        if sim is None
-        else sim.call_count("cuCtxSetCurrent") + sim.call_count("cuCtxPushCurrent")
-    )
 
 
 def depth():

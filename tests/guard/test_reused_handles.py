@@ -6,7 +6,7 @@ the epoch."""
 
 import pytest
 from helpers.children import run_child
-from helpers.drivers import create_context, current, driver, ok, second_device
+from helpers.drivers import create_context, current, driver, handed_over, ok, second_device
 from helpers.threads import in_thread
 
 import cyctx
@@ -14,11 +14,6 @@ from cyctx import ContextDestroyedError, ContextGuard
 from cyctx._guard import open_entries
 
 D1 = second_device()
-
-
-def handed_over(sim):
-    """Calls that could hand a context to the driver."""
-    return sim.call_count("cuCtxSetCurrent") + sim.call_count("cuCtxPushCurrent")
 
 
 def _replace(ctx, dev=D1):
@@ -36,12 +31,10 @@ def test_a_bound_function_refuses_the_new_context_at_its_contexts_handle(sim):
     out = run_child(
         """
         import pytest, cyctx
-        from helpers.drivers import create_context, current, driver, ok
+        from helpers.drivers import create_context, current, driver, handed_over, ok
         from helpers.threads import in_thread
         sim, d = drivers.SIM, driver()
         sim.reuse_handles(True)
-        def handed_over():
-            return sim.call_count("cuCtxSetCurrent") + sim.call_count("cuCtxPushCurrent")
         ctx = create_context(0)  # current: what bind binds
         ran = []
         f = cyctx.bind(lambda: ran.append(current()))
@@ -75,11 +68,11 @@ def test_a_guard_of_a_created_context_refuses_the_new_one(reuse, build):
         with g:
             assert current() == int(ctx)
         new = _replace(ctx)
-        sets = handed_over(reuse)
+        sets = handed_over()
         with pytest.raises(ContextDestroyedError, match="destroyed by its owner"):
             with g:
                 pytest.fail("the block ran in the new context")
-        assert handed_over(reuse) == sets and current() == 0 and open_entries() == 0
+        assert handed_over() == sets and current() == 0 and open_entries() == 0
         # Its epoch is the new context's, never the id the guard knew.
         assert g.epoch == ok(driver().cuCtxGetId(new)) != g.context_id
         g.close()
@@ -100,10 +93,10 @@ def test_a_blocks_exit_does_not_restore_the_new_context_in_place_of_the_old(reus
         new = create_context(0)  # pushed above the guard's context, at ctx's handle
         assert int(new) == int(ctx)
         ok(d.cuCtxPopCurrent())
-        sets = handed_over(reuse)
+        sets = handed_over()
         with pytest.raises(ContextDestroyedError, match="its id changed"):
             g.__exit__(None, None, None)
-        assert handed_over(reuse) == sets
+        assert handed_over() == sets
         assert current() == 0 and reuse.stack_depth() == 0 and open_entries() == 0
         ok(d.cuCtxDestroy(new))
         g.close()

@@ -43,6 +43,14 @@ def ok(result):
     return rest[0] if len(rest) == 1 else tuple(rest) if rest else None
 
 
+def handed_over():
+    """Calls that could hand a context to the driver (cuCtxSetCurrent and cuCtxPushCurrent, as
+    the simulated driver counts them); None on the real driver, which counts nothing."""
+    if SIM is None:
+        return None
+    return SIM.call_count("cuCtxSetCurrent") + SIM.call_count("cuCtxPushCurrent")
+
+
 def sim_set_current(sim):
     """The simulated driver's cuCtxSetCurrent as a ctypes function (through its
     cuGetProcAddress_v2): a call that reaches the driver through _ctypes and libffi."""
