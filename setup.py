@@ -91,9 +91,9 @@ _write_build_info()
 
 INLINE_ARGS = ["--param=max-inline-insns-single=2000"]  # GCC's; dropped where not taken
 
-# The Python-protocol layer reads two thread-state fields on the CPython versions the suite runs
-# on (src/cyctx/_protocol/strand.h gates them); any other version gets the plain build, public
-# API only. CYCTX_PLAIN_PROTOCOL=1 forces it, for testing it (.ci/run).
+# The Python-protocol layer reads two thread-state fields on the CPython versions whose
+# internals src/cyctx/_cpython.h knows; any other version gets the plain build, public API only
+# (src/cyctx/_protocol/strand.h). CYCTX_PLAIN_PROTOCOL=1 forces it, for testing it (.ci/run).
 PROTOCOL_MACROS = (
     [("CYCTX_PLAIN_PROTOCOL", "1")] if os.environ.get("CYCTX_PLAIN_PROTOCOL") == "1" else []
 )
@@ -277,11 +277,12 @@ class BuildExtWithSim(build_ext):
 
 # The tracer's native half (docs/tracing.md): plain C, its own small module, because its state
 # (the CUPTI subscription and the event buffer) is the tracer's alone and `import cyctx` must
-# not load it. It includes none of _cpp/ and needs the interpreter's frame layout
-# (internal/pycore_frame.h), which only a C file built as the core is may read.
+# not load it. It includes none of _cpp/; of the package it includes _cpython.h (stateless),
+# asking it for the interpreter's frame layout, which only a C file may read.
 TRACER = Extension(
     "cyctx._trace._native",
     ["src/cyctx/_trace/tracer.c"],
+    include_dirs=[PKG],
     extra_compile_args=["-std=gnu11", "-O2", "-fvisibility=hidden"],
     extra_link_args=LINK_ARGS,
     # dlopen of libcupti, dladdr; _Unwind_Backtrace (libgcc_s.so.1, which manylinux allows)

@@ -43,7 +43,7 @@ from cyctx._fields cimport (
 from cyctx._forkstate cimport forked_after_cuda, fork_child, mark_cuda_initialised, install_fork_handler
 from cyctx._pyproto cimport (
     block_here, block_pop, block_describe, BLOCK_OWN, BLOCK_SPLICED, BLOCK_HANDED, BLOCK_AMBIGUOUS,
-    install_quick_with, PyEval_GetFrame, CYCTX_FREE_THREADED, cyctx_is_finalizing, CYCTX_PLAIN,
+    install_quick_with, PyEval_GetFrame, CYCTX_FREE_THREADED, cyctx_finalizing, CYCTX_PLAIN,
 )
 
 # Built for a CPython the suite has not run on (or with CYCTX_PLAIN_PROTOCOL=1): public CPython
@@ -220,7 +220,7 @@ cdef class ContextGuard:
                 else:
                     n += 1
             _release(self._dev, n)
-            if (n or kept) and not self._shared and not cyctx_is_finalizing() and PyEval_GetFrame() != NULL:
+            if (n or kept) and not self._shared and not cyctx_finalizing() and PyEval_GetFrame() != NULL:
                 # Like an unclosed file: the retain was dropped by the collector, not by code.
                 # Under -W error the warning is raised here and, as from any finalizer,
                 # reported through sys.unraisablehook (the release happened all the same).

@@ -1,5 +1,5 @@
 # The Python-protocol layer's door: everything of the guard module that depends on CPython's
-# version (_protocol/*.h and the macros below); the driver layer uses none of it.
+# version (_protocol/*.h and _cpython.h); the driver layer uses none of it.
 from cyctx._guard cimport Switch
 from cyctx._entries cimport BlockId
 
@@ -29,26 +29,11 @@ cdef extern from "_protocol/methods.h" namespace "cyctx":
 cdef extern from "Python.h":
     const void* PyEval_GetFrame()
 
-# Free-threaded CPython: the Python-level enter takes the guard's gate so that close() cannot
-# release the retain between the enter's read of the handle and its switch. With the GIL the
-# two cannot interleave (the enter holds the GIL throughout), so the check compiles away.
-cdef extern from *:
-    """
-    #ifdef Py_GIL_DISABLED
-    #define CYCTX_FREE_THREADED 1
-    #else
-    #define CYCTX_FREE_THREADED 0
-    #endif
-    """
+# CPython's internals (_cpython.h). Free-threaded CPython: the Python-level enter takes the
+# guard's gate so that close() cannot release the retain between the enter's read of the handle
+# and its switch; with the GIL the two cannot interleave (the enter holds the GIL throughout), so
+# the check compiles away. At interpreter shutdown a guard freed then must make no Python call
+# (no warning either).
+cdef extern from "_cpython.h":
     bint CYCTX_FREE_THREADED
-
-# Interpreter shutdown: a guard freed then must make no Python call (no warning either).
-cdef extern from *:
-    """
-    #if PY_VERSION_HEX >= 0x030D0000
-    #define cyctx_is_finalizing() Py_IsFinalizing()
-    #else
-    #define cyctx_is_finalizing() _Py_IsFinalizing()
-    #endif
-    """
-    int cyctx_is_finalizing() noexcept nogil
+    int cyctx_finalizing() noexcept nogil

@@ -1,8 +1,8 @@
 // The strand of the code running on this thread (blocks.h): what differs between code that can
 // interleave on one thread. Two builds read it (docs/design.md, "Block identity"):
-// * tested (CPython 3.11-3.15, the versions the suite runs on): the thread state's contextvars
-//   Context and its chain of running generators' exception-state items, read from the thread
-//   state's fields (not public API; one load each).
+// * tested (the CPython versions whose internals _cpython.h knows: those the suite runs on): the
+//   thread state's contextvars Context and its chain of running generators' exception-state
+//   items, read from the thread state's fields (_cpython.h).
 // * plain (any other CPython, or CYCTX_PLAIN_PROTOCOL=1 at build time): public API only. Neither
 //   the Context nor the generator chain can be read exactly (a generator-based scheduler, trio's
 //   for one, sits outermost in every task's frames), so no strand is told from another: an exit
@@ -10,9 +10,10 @@
 // GIL: held by every caller.
 #pragma once
 #include <Python.h>
+#include "_cpython.h"
 
-#if defined(CYCTX_PLAIN_PROTOCOL) || PY_VERSION_HEX >= 0x03100000
-#define CYCTX_PLAIN 1  // (forced before 3.13, the guard's finalizer still asks _Py_IsFinalizing)
+#if defined(CYCTX_PLAIN_PROTOCOL) || !CYCTX_CPYTHON_KNOWN
+#define CYCTX_PLAIN 1
 #else
 #define CYCTX_PLAIN 0
 #endif
@@ -43,20 +44,14 @@ inline bool strand_told(const void *, const void *) noexcept { return false; }
 
 #else  // tested
 
-inline PyThreadState *block_tstate() noexcept {
-#if PY_VERSION_HEX >= 0x030D0000
-    return PyThreadState_GetUnchecked();
-#else
-    return _PyThreadState_UncheckedGet();
-#endif
-}
+inline PyThreadState *block_tstate() noexcept { return cyctx_tstate(); }
 
 // The thread's contextvars Context, made if it has none yet (what contextvars.copy_context()
 // does on first use), so that strands that never set a context variable still differ. NULL
 // only when memory ran out (the exception cleared: the block then has no strand of its own, and
 // its exit is found by tag or refused).
 inline const void *block_context(PyThreadState *ts) noexcept {
-    if (!ts->context) {
+    if (!cyctx_ts_context(ts)) {
         PyObject *copy = PyContext_CopyCurrent();  // creates the thread's context first
         if (!copy) {
             PyErr_Clear();
@@ -64,15 +59,15 @@ inline const void *block_context(PyThreadState *ts) noexcept {
         }
         Py_DECREF(copy);
     }
-    return ts->context;
+    return cyctx_ts_context(ts);
 }
 
 // Each running generator, CPython's or Cython's, pushes an exception-state item on the thread's
 // chain (its base, ts->exc_state, is the thread's own).
-inline const void *block_item_now(PyThreadState *ts) noexcept { return ts->exc_info; }
+inline const void *block_item_now(PyThreadState *ts) noexcept { return cyctx_ts_exc_info(ts); }
 
 inline void block_items(PyThreadState *ts, const void **inner, const void **root) noexcept {
-    _PyErr_StackItem *base = &ts->exc_state, *it = ts->exc_info;
+    _PyErr_StackItem *base = cyctx_ts_exc_base(ts), *it = cyctx_ts_exc_info(ts);
     if (it == base || !it) {
         *inner = *root = nullptr;
         return;
@@ -83,7 +78,8 @@ inline void block_items(PyThreadState *ts, const void **inner, const void **root
 }
 
 inline bool block_running(PyThreadState *ts, const void *item) noexcept {
-    for (_PyErr_StackItem *it = ts->exc_info; it && it != &ts->exc_state; it = it->previous_item)
+    _PyErr_StackItem *base = cyctx_ts_exc_base(ts);
+    for (_PyErr_StackItem *it = cyctx_ts_exc_info(ts); it && it != base; it = it->previous_item)
         if (it == item) return true;
     return false;
 }

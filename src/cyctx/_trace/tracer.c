@@ -36,20 +36,10 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x03100000 && !defined(Py_GIL_DISABLED)
-#define CYCTX_TRACE_FRAMES 1
-#define Py_BUILD_CORE 1
-#if PY_VERSION_HEX >= 0x030E0000
-/* 3.14 moved the frame's inline helpers to pycore_interpframe.h; its f_executable is a
- * _PyStackRef (a tagged pointer: PyStackRef_AsPyObjectBorrow strips the tag). */
-#include "internal/pycore_interpframe.h"
-#else
-#include "internal/pycore_frame.h"
-#endif
-#undef Py_BUILD_CORE
-#else
-#define CYCTX_TRACE_FRAMES 0
-#endif
+/* CPython's internals (the version gate, the frame layout, finalizing) are _cpython.h's. */
+#define CYCTX_CPYTHON_WANT_FRAMES 1
+#include "_cpython.h"
+#define CYCTX_TRACE_FRAMES CYCTX_CPYTHON_FRAMES
 
 #include <dlfcn.h>
 #include <link.h>
@@ -277,27 +267,11 @@ static void copy_str(char *dst, size_t n, PyObject *s) {
 }
 
 static int read_frames(PyThreadState *ts, PyFrameRec *out, int max) {
-#if PY_VERSION_HEX >= 0x030D0000
-    _PyInterpreterFrame *f = ts->current_frame;
-#else
-    _PyInterpreterFrame *f = ts->cframe ? ts->cframe->current_frame : NULL;
-#endif
     int n = 0;
-    for (; f && n < max; f = f->previous) {
-        if (_PyFrame_IsIncomplete(f)) continue;
-#if PY_VERSION_HEX >= 0x030E0000
-        if (PyStackRef_IsNull(f->f_executable)) continue;
-        PyObject *ex = PyStackRef_AsPyObjectBorrow(f->f_executable);
-        if (!ex || !PyCode_Check(ex)) continue;
-        PyCodeObject *co = (PyCodeObject *)ex;
-#elif PY_VERSION_HEX >= 0x030D0000
-        PyObject *ex = f->f_executable;
-        if (!ex || !PyCode_Check(ex)) continue;
-        PyCodeObject *co = (PyCodeObject *)ex;
-#else
-        PyCodeObject *co = f->f_code;
-#endif
-        out[n].line = PyCode_Addr2Line(co, _PyInterpreterFrame_LASTI(f) * (int)sizeof(_Py_CODEUNIT));
+    for (_PyInterpreterFrame *f = cyctx_frame_top(ts); f && n < max; f = cyctx_frame_next(f)) {
+        PyCodeObject *co = cyctx_frame_code(f);
+        if (!co) continue;
+        out[n].line = cyctx_frame_line(f, co);
         copy_str(out[n].file, FILE_LEN, co->co_filename);
         copy_str(out[n].func, FUNC_LEN, co->co_qualname);
         n++;
@@ -305,38 +279,6 @@ static int read_frames(PyThreadState *ts, PyFrameRec *out, int max) {
     return n;
 }
 #endif
-
-/* An address inside the C stack frame of the eval loop that runs the thread's innermost Python
- * frame (0: none known): 3.11 and 3.12 keep that activation's _PyCFrame, a local of it, in the
- * thread state; from 3.13 the activation's entry frame, a local of it too, is the first frame
- * of the chain that the C stack owns. The native walk stops at the frame that holds it: the
- * native code called by that Python frame is all below. */
-static uintptr_t eval_boundary(PyThreadState *ts) {
-#if !CYCTX_TRACE_FRAMES
-    (void)ts;
-    return 0;
-#elif PY_VERSION_HEX < 0x030D0000
-    return ts->cframe && ts->cframe != &ts->root_cframe ? (uintptr_t)ts->cframe : 0;
-#else
-    for (_PyInterpreterFrame *f = ts->current_frame; f; f = f->previous) {
-#if PY_VERSION_HEX >= 0x030E0000
-        if (f->owner >= FRAME_OWNED_BY_INTERPRETER) return (uintptr_t)f;
-#else
-        if (f->owner == FRAME_OWNED_BY_CSTACK) return (uintptr_t)f;
-#endif
-    }
-    return 0;
-#endif
-}
-
-static int finalizing(void) {
-#if PY_VERSION_HEX >= 0x030D0000
-    return Py_IsFinalizing();
-#else
-    return _Py_IsFinalizing();
-#endif
-}
-
 
 /* The objects whose frames are the tracer's, CUPTI's and the driver's own (found at start):
  * the walk does not keep a run of them below the caller, nor count it against the limit, so
@@ -465,7 +407,7 @@ static void capture(Event *e) {
     /* The thread is named at stop after the living thread whose thread state this is: its OS
      * id alone could be one the kernel gave again to a later thread. Reading this thread's own
      * state needs no GIL (PyGILState_GetThisThreadState is a thread-local read). */
-    int fin = finalizing();
+    int fin = cyctx_finalizing();
     PyThreadState *ts = fin ? NULL : PyGILState_GetThisThreadState();
     e->ts_interp = ts ? (uintptr_t)ts->interp : 0;
     e->ts_id = ts ? ts->id : 0;
@@ -476,7 +418,7 @@ static void capture(Event *e) {
     } else if (!ts) {
         e->py_state = PY_NO_THREAD_STATE;
     } else {
-        boundary = eval_boundary(ts);
+        boundary = cyctx_eval_boundary(ts);
         e->py_state = g_py_max ? PY_OK : PY_OFF;
 #if CYCTX_TRACE_FRAMES
         if (g_py_max) e->n_py = read_frames(ts, e->py, g_py_max);
