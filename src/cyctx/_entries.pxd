@@ -11,6 +11,8 @@ cdef extern from "_cpp/thread_entries.h" namespace "cyctx" nogil:
         pass
     int tls_push(unsigned long long token, const BlockId* block, const Switch* sw) noexcept
     int tls_pop_own(unsigned long long token, Switch* out, size_t* dropped) noexcept
+    void tls_pop_innermost(Switch* out) noexcept
+    void tls_splice_at(size_t at) noexcept
     size_t tls_depth() noexcept
     size_t tls_count(unsigned long long token) noexcept
     unsigned long long tls_top_token() noexcept

@@ -34,7 +34,7 @@ from cyctx._errors import ContextResetWarning, CyctxError, driver_error
 # (.pxd) per concept; the Python-protocol layer's is _pyproto.pxd.
 from cyctx._registry cimport new_token, live_add, live_remove
 from cyctx._entries cimport (
-    BlockId, CYCTX_PREV_UNKNOWN, tls_push, tls_pop_own, tls_depth, tls_count, tls_top_token,
+    BlockId, CYCTX_PREV_UNKNOWN, tls_push, tls_pop_own, tls_pop_innermost, tls_splice_at, tls_depth, tls_count, tls_top_token,
 )
 from cyctx._fields cimport (
     ctx_load, ctx_store, u64_load, u64_store, int_add, int_load, int_store, gate_enter, gate_leave,
@@ -42,7 +42,7 @@ from cyctx._fields cimport (
 )
 from cyctx._forkstate cimport forked_after_cuda, fork_child, mark_cuda_initialised, install_fork_handler
 from cyctx._pyproto cimport (
-    block_here, block_pop, block_describe, BLOCK_OWN, BLOCK_SPLICED, BLOCK_HANDED, BLOCK_AMBIGUOUS,
+    block_here, block_find, block_describe, BLOCK_TOP, BLOCK_OWN, BLOCK_NONE, BLOCK_HANDED, BLOCK_AMBIGUOUS,
     install_quick_with, PyEval_GetFrame, CYCTX_FREE_THREADED, cyctx_finalizing, CYCTX_PLAIN,
 )
 
@@ -421,6 +421,7 @@ cdef class ContextGuard:
 
 include "_native/entries.pxi"
 include "_native/construct.pxi"
+include "_native/lifetime.pxi"
 include "_protocol/with.pxi"
 include "_protocol/callers.pxi"
 include "_native/epoch.pxi"

@@ -1,21 +1,21 @@
 # The Python-protocol layer's door: everything of the guard module that depends on CPython's
 # version (_protocol/*.h and _cpython.h); the driver layer uses none of it.
-from cyctx._guard cimport Switch
 from cyctx._entries cimport BlockId
 
 # Which Python block an enter opens and an exit leaves (_protocol/blocks.h). GIL: held by every
-# caller; block_pop is declared nogil for its one caller, _exit_block, whose Python callers hold
+# caller; block_find is declared nogil for its one caller, _exit_block, whose Python callers hold
 # it (the nogil exit() never calls it).
 cdef extern from "_protocol/blocks.h" namespace "cyctx":
     enum:
+        BLOCK_TOP "cyctx::kTop"
         BLOCK_OWN "cyctx::kOwn"
         BLOCK_SPLICED "cyctx::kSpliced"
         BLOCK_HANDED "cyctx::kHanded"
         BLOCK_NONE "cyctx::kNone"
         BLOCK_AMBIGUOUS "cyctx::kAmbiguous"
     void block_here(void* announced, BlockId* id) noexcept
-    int block_pop(unsigned long long token, unsigned long long serial, Switch* out, size_t* dropped,
-                  size_t* candidates) noexcept nogil
+    int block_find(unsigned long long token, unsigned long long serial, size_t* at, size_t* dropped,
+                   size_t* candidates) noexcept nogil
     int block_describe(unsigned long long token, size_t i) noexcept
     # 1: the plain build (public CPython API only: no task or greenlet identity; strand.h).
     bint CYCTX_PLAIN "(CYCTX_PLAIN)"

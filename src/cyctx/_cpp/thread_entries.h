@@ -188,9 +188,9 @@ __attribute__((noinline)) inline int tls_pop_own_slow(unsigned long long token, 
     return *dropped && tls_pop_top(token, out) == 0 ? 0 : -1;
 }
 
-// The nogil exit()'s pop (a Python exit's is _protocol/blocks.h's block_pop): take this guard's
-// innermost entry off the top, its switch into *out (0), else change nothing but the drop of
-// dead entries (-1). Entries of guards freed while entered can never be left: when they are
+// The nogil exit()'s pop (a Python exit's entry is found by _protocol/blocks.h's block_find):
+// take this guard's innermost entry off the top, its switch into *out (0), else change nothing
+// but the drop of dead entries (-1). Entries of guards freed while entered can never be left: when they are
 // what lies above this guard's entry, they are dropped (their number in *dropped, for the
 // caller to report) and the entry is looked for again. The common case, the innermost entry is
 // this guard's, is a few instructions here.
@@ -220,6 +220,15 @@ inline void tls_splice_at(std::size_t i) noexcept {
     above->sw = e->sw;
     above->sw.switched = switched;
     for (std::size_t j = i; j + 1 < s.depth; j++) *slot(s, j) = *slot(s, j + 1);
+    s.depth--;
+}
+
+// A Python exit's pop of its entry, which the Python-protocol layer found to be the innermost
+// (_protocol/blocks.h's block_find; one below it is spliced out by its index, tls_splice_at): its
+// switch into *out. The stack was made: the entry was found on it.
+inline void tls_pop_innermost(cyctx_Switch *out) noexcept {
+    Stack &s = *t_stack;
+    *out = slot(s, s.depth - 1)->sw;
     s.depth--;
 }
 

@@ -39,36 +39,55 @@ cdef enum:
 
 
 cdef inline int _exit_block(ContextGuard self, int how, unsigned long long serial) except -1 nogil:
-    # exit() for a block (see _enter_block): the nogil exit() takes the guard's innermost entry,
-    # a Python exit finds its own (_protocol/blocks.h, with the GIL; `serial`: the exit binding
-    # it came through, 0 for none). The entry ends here even if the restore below fails: a
-    # failed restore leaves the driver's stack as it was, and keeping the entry would make every
-    # later exit on this thread look out of order.
+    # exit() for a block (see _enter_block): the nogil exit() pops the guard's innermost entry; a
+    # Python exit's own is found by the Python-protocol layer (_protocol/blocks.h, with the GIL;
+    # `serial`: the exit binding it came through, 0 for none) and taken by the driver layer: the
+    # innermost popped, one below it spliced out by its index (_exit_found). The entry ends here
+    # even if the restore fails: a failed restore leaves the driver's stack as it was, and keeping
+    # the entry would make every later exit on this thread look out of order.
     cdef Switch s
+    cdef size_t at = 0
     cdef size_t dropped = 0
     cdef size_t candidates = 0
     cdef int r
     if how == EXIT_NOGIL:
-        r = tls_pop_own(self._token, &s, &dropped)
-        if r != 0:
+        if tls_pop_own(self._token, &s, &dropped) != 0:
             return _exit_misuse(self, how, dropped, False)
     else:
-        r = block_pop(self._token, serial, &s, &dropped, &candidates)
-        if r == BLOCK_AMBIGUOUS:
-            return _exit_ambiguous(self, candidates)
-        if r == BLOCK_HANDED:
-            # Its restore went to the entries of this guard above it: nothing to restore now.
-            return _warn_dropped(self, dropped) if dropped else 0
-        if r != BLOCK_OWN:
-            return _exit_misuse(self, how, dropped, r == BLOCK_SPLICED)
+        r = block_find(self._token, serial, &at, &dropped, &candidates)
+        if r != BLOCK_TOP:
+            return _exit_found(self, how, r, at, dropped, candidates)
+        tls_pop_innermost(&s)
+    return _exit_restore(self, &s, dropped)
+
+
+cdef inline int _exit_restore(ContextGuard self, const Switch* s, size_t dropped) except -1 nogil:
+    # The way back of a block whose entry was taken.
     if forked_after_cuda():
         return 0  # a block left in a forked child: the driver is gone, nothing to restore
     # The fast path (nothing switched): one cuCtxGetCurrent, and a switch back only if the
     # block left another context current (cudaSetDevice inside the block).
-    _restore(driver_api(), &s)  # loaded: the matching enter ran
+    _restore(driver_api(), s)  # loaded: the matching enter ran
     if dropped:
         return _warn_dropped(self, dropped)  # after the restore: the exit itself is done
     return 0
+
+
+cdef int _exit_found(ContextGuard self, int how, int r, size_t at, size_t dropped,
+                     size_t candidates) except -1 nogil:
+    # A Python exit whose entry block_find found the long way (`r`), or did not find.
+    cdef Switch s
+    if r == BLOCK_AMBIGUOUS:
+        return _exit_ambiguous(self, candidates)
+    if r == BLOCK_NONE:
+        return _exit_misuse(self, how, dropped, False)
+    if r == BLOCK_OWN:
+        tls_pop_innermost(&s)
+        return _exit_restore(self, &s, dropped)
+    tls_splice_at(at)  # from under the blocks above it, which restore what was current before it
+    if r == BLOCK_HANDED:  # no disorder: those blocks are this guard's, of the same strand
+        return _warn_dropped(self, dropped) if dropped else 0
+    return _exit_misuse(self, how, dropped, True)
 
 
 cdef int _raise_destroyed(ContextGuard g) except -1 with gil:

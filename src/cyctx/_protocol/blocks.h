@@ -50,13 +50,13 @@ inline void block_here(void *announced, BlockId *id) noexcept {
     }
 }
 
-enum { kOwn = 0, kSpliced = 1, kHanded = 2, kNone = -1, kAmbiguous = -2 };
+enum { kTop = 0, kOwn = 1, kSpliced = 2, kHanded = 3, kNone = -1, kAmbiguous = -2 };
 
 // Which open entry of `token` on this thread is the exit's own (its index), by the rule above:
 // kOwn, or kNone (no entry of the guard here), or kAmbiguous (several could be, none is told).
 // `serial`: the exit binding it was called through (0: the plain method).
-inline int block_find(unsigned long long token, unsigned long long serial, std::size_t *at,
-                      std::size_t *candidates) noexcept {
+inline int block_search(unsigned long long token, unsigned long long serial, std::size_t *at,
+                        std::size_t *candidates) noexcept {
     Stack &s = *my_stack();
     std::size_t n = 0, last = 0;
     for (std::size_t i = s.depth; i-- > 0;) {
@@ -121,45 +121,46 @@ inline int block_find(unsigned long long token, unsigned long long serial, std::
     return kAmbiguous;
 }
 
-// A Python exit's pop: its own entry's switch into *out. kOwn: it was the innermost (after the
-// drop of dead guards' entries above it, counted in *dropped), now removed. kSpliced: it lay
-// under an open block, and was removed from there (tls_splice_at); kHanded: the same, under
-// entries of the same guard and strand only (no disorder). kNone, kAmbiguous: nothing
-// changed but the drop.
-inline int block_pop(unsigned long long token, unsigned long long serial, cyctx_Switch *out,
-                     std::size_t *dropped, std::size_t *candidates) noexcept {
+// The slow path of block_find (out of line, so that the fast path stays small enough to inline
+// into the exit): the innermost entry is not plainly this exit's own.
+__attribute__((noinline)) inline int block_find_slow(unsigned long long token, unsigned long long serial,
+                                                     std::size_t *at, std::size_t *dropped,
+                                                     std::size_t *candidates) noexcept {
     Stack &s = *my_stack();
-    if (s.depth) {  // the common case: the innermost entry is the tagged one
-        Entry *e = slot(s, s.depth - 1);
-        if (serial && e->token == token && e->id.tag == serial) {
-            *out = e->sw;
-            s.depth--;
-            return kOwn;
-        }
-    }
-    std::size_t at = 0;
-    int r = block_find(token, serial, &at, candidates);
-    if (r != kOwn) return r;
-    if (at + 1 != s.depth) {
-        std::size_t d = tls_drop_dead_top(token);
-        *dropped = d;
-    }
-    *out = slot(s, at)->sw;
-    if (at + 1 == s.depth) {
-        s.depth--;
-        return kOwn;
-    }
+    int r = block_search(token, serial, at, candidates);
+    if (r != kOwn || *at + 1 == s.depth) return r;
+    *dropped = tls_drop_dead_top(token);
+    if (*at + 1 == s.depth) return kOwn;
     // Above it only entries of this guard made through wrappers in the same strand (a helper
     // that entered for its caller and returned): the same context is current whichever is left
     // first, so handing this entry's restore to them is no disorder.
-    const Entry *own = slot(s, at);
-    bool handed = true;
-    for (std::size_t j = at + 1; j < s.depth && handed; j++) {
+    const Entry *own = slot(s, *at);
+    for (std::size_t j = *at + 1; j < s.depth; j++) {
         const Entry *e = slot(s, j);
-        handed = e->token == token && !e->id.tag && e->id.ctx == own->id.ctx && e->id.root == own->id.root;
+        if (e->token != token || e->id.tag || e->id.ctx != own->id.ctx || e->id.root != own->id.root)
+            return kSpliced;
     }
-    tls_splice_at(at);
-    return handed ? kHanded : kSpliced;
+    return kHanded;
+}
+
+// A Python exit's own entry, for the driver layer to take. kTop: the innermost, tagged with the
+// exit's binding (the common case, found at a glance). kOwn: the innermost, found by the rule
+// above (after the drop of dead guards' entries above it, counted in *dropped). Both are popped.
+// kSpliced: it lies under an open block, at index *at, to be spliced out from there; kHanded:
+// the same, under entries of the same guard and strand only (no disorder). kNone, kAmbiguous:
+// nothing to take, nothing changed but the drop.
+inline int block_find(unsigned long long token, unsigned long long serial, std::size_t *at,
+                      std::size_t *dropped, std::size_t *candidates) noexcept {
+    // The stack as it is (not made: no entries, the slow path says so), so that the pop that
+    // follows reads it again for free.
+    Stack *s = t_stack;
+    if (s && s->depth) {
+        Entry *e = slot(*s, s->depth - 1);
+        if (serial && e->token == token && e->id.tag == serial) return kTop;
+    }
+    int r = block_find_slow(token, serial, at, dropped, candidates);
+    if (r == kTop) __builtin_unreachable();  // so the exit's fast path never merges with it
+    return r;
 }
 
 // What is known of the i-th open entry of `token` on this thread, innermost first, for an error
