@@ -384,7 +384,9 @@ def leaked_pushes(n, still):
     )
 
 
-def prev_died(prev, err, switched, cur):
+def prev_died(prev, err, switched, cur, popped=True):
+    """`cur`: the context current now (0: none; None: it could not be read); `popped`: the
+    switch's place was popped (False: the pop failed twice)."""
     how = (
         "its id changed: it was reset, or its handle now holds another context"
         if err == 0
@@ -392,18 +394,76 @@ def prev_died(prev, err, switched, cur):
         if err == 709
         else "cuCtxGetId: CUDA_ERROR_INVALID_CONTEXT (201), the driver no longer knows it"
     )
-    now = f"context 0x{cur:x} is current" if cur else "no context is current"
-    undone = (
-        "cyctx popped its own switch, as cuCtxDestroy pops a destroyed context that is current"
-        if switched
-        else "cyctx left the stack as the block left it"
-    )
+    now = _now(cur)
+    if not switched:
+        undone = "cyctx left the stack as the block left it"
+    elif popped:
+        undone = "cyctx popped its own switch, as cuCtxDestroy pops a destroyed context that is current"
+    else:
+        undone = (
+            "cyctx could not pop its own switch (cuCtxPopCurrent failed twice), so the block's "
+            "context is still in its place: pop it with cuCtxPopCurrent"
+        )
     return driver_error(
         CUDA_ERROR_CONTEXT_IS_DESTROYED,
         "cuCtxGetId",
         f"The context that was current before the block (0x{prev:x}) did not survive it ({how}), "
         f"so it was not made current again: {undone}; {now}. Do not destroy or reset a context "
         f"that an enclosing block returns to.",
+    )
+
+
+def _now(cur):
+    if cur is None:
+        return "what is current on this thread could not be read (cuCtxGetCurrent failed)"
+    return f"context 0x{cur:x} is current on this thread" if cur else "no context is current"
+
+
+def exit_retried(err, call, twice=False):
+    """Leaving a block, `call` failed with `err` once and succeeded when made again (`twice`: a
+    read of the current context failed twice, and cyctx made the context current before the
+    block current again regardless): the thread is as the block's enter found it."""
+    done = (
+        "it failed twice, and cyctx made the context that was current before the block current "
+        "again all the same"
+        if twice
+        else "it failed once and succeeded when cyctx made it again: what was current before "
+        "the block is current again"
+    )
+    return driver_error(
+        err,
+        call,
+        f"Leaving the block, {done}. If it recurs, the driver or the GPU needs attention "
+        f"(nvidia-smi)",
+    )
+
+
+def exit_stuck(err, call, cur, before, why):
+    """Leaving a block, `call` failed twice (the second time with `err`), so what was current
+    before the block (`before`, 0: none) is not current again. `cur`: the context current now
+    (0: none; None: it could not be read). `why`: what could not be done."""
+    was = f"context 0x{before:x}" if before else "no context"
+    now = _now(cur)
+    if why == "set":
+        what = f"could not make {was} current again"
+        todo = f"Make it current yourself (cuCtxSetCurrent(0x{before:x}))"
+    elif why == "unchecked":
+        what = (
+            f"could not tell whether {was}, current before the block, survived it, so it was not "
+            f"handed back to the driver (a destroyed context can crash it)"
+        )
+        todo = f"If it is alive, make it current yourself (cuCtxSetCurrent(0x{before:x}))"
+    elif why == "pop":
+        what = "could not pop the context it pushed onto the empty stack"
+        todo = "Pop it yourself (cuCtxPopCurrent)"
+    else:
+        what = f"could not read which context is current, so it changed nothing more ({was} was current before the block)"
+        todo = "Check with cuCtxGetCurrent and restore it yourself"
+    return driver_error(
+        err,
+        call,
+        f"Leaving the block, cyctx {what} ({call} failed twice): {now}. {todo}, or end this "
+        f"thread: code that runs next on it would run in that context",
     )
 
 

@@ -1,9 +1,10 @@
 """Fault injection (simulated driver): every driver call of every public path -- construction
 from an ordinal, a primary or created CUcontext, the current context and from_handle;
 shared(); enter, exit and close; current_handle -- is failed, one at a time, with each
-plausible code. After each failure the
-thread's context stack is as before the failed operation, no retain is leaked or released
-twice, and the error is a DriverError with that code.
+plausible code. After each failure the thread's context stack is as before the failed
+operation (an exit's: as before the enter it ends, the call made again), no retain is leaked or
+released twice, and the error is a DriverError with that code (every way a block is left:
+guard/test_exit_faults.py).
 
 The calls an operation makes are discovered by counting them, not listed by hand, so a new
 driver call in the guard is covered automatically.
@@ -103,19 +104,27 @@ SCENARIOS = {
     "enter already current": (lambda g0, g1: _set(g0.context), lambda g0, g1: g0.__enter__()),
     "enter after reset": (lambda g0, g1: reset_primary(0), lambda g0, g1: g0.__enter__()),
     "exit to no context": (
-        lambda g0, g1: g0.__enter__(),
+        lambda g0, g1: (_found(), g0.__enter__()),
         lambda g0, g1: g0.__exit__(None, None, None),
     ),
     "exit to dev1": (
-        lambda g0, g1: (_set(g1.context), g0.__enter__()),
+        lambda g0, g1: (_set(g1.context), _found(), g0.__enter__()),
         lambda g0, g1: g0.__exit__(None, None, None),
     ),
     "exit fast path": (
-        lambda g0, g1: (_set(g0.context), g0.__enter__()),
+        lambda g0, g1: (_set(g0.context), _found(), g0.__enter__()),
         lambda g0, g1: g0.__exit__(None, None, None),
     ),
     "close": (lambda g0, g1: None, lambda g0, g1: g0.close()),
 }
+
+
+# The state an exit scenario's enter found, which its exit restores.
+_FOUND = {}
+
+
+def _found():
+    _FOUND["state"] = state(_FOUND["sim"])
 
 
 def _created_guard():
@@ -156,6 +165,7 @@ def _run(sim, name, fault):
     """Run scenario `name` on a fresh thread, optionally with fault=(func, nth, code).
     Returns (calls made by the op, state before op, state after op, exception)."""
     prepare, op = SCENARIOS[name]
+    _FOUND["sim"] = sim
 
     def body():
         g0, g1 = _guards()
@@ -249,9 +259,12 @@ def test_every_driver_call_failing(sim, name):
                     continue
                 assert isinstance(exc, DriverError), f"{where}: raised {exc!r}"
                 assert exc.code == code, where
-                if name.startswith("exit to no context") and func == "cuCtxGetCurrent":
-                    # The restore (SetCurrent(NULL)) already happened; only the leak check failed.
-                    assert after["current"] == 0 and after["depth"] == 0, where
+                if name.startswith("exit"):
+                    # The exit made the call again: the thread is as the enter found it.
+                    found = _FOUND["state"]
+                    assert (
+                        after["current"] == found["current"] and after["depth"] == found["depth"]
+                    ), where
                 else:
                     assert (
                         after["current"] == before["current"] and after["depth"] == before["depth"]
