@@ -294,7 +294,7 @@ def _problems(sim, which, path, state, consumer=None):
         import json, sys, cyctx
         sys.path[:0] = [{consumer!r}] if {consumer!r} else []
         from guard import test_exit_faults as t
-        cyctx.device(0)  # the shared guard's retain, taken before any state is read
+        cyctx.device(0).handle  # the shared guard's retain (its first use) before any state is read
         print("PROBLEMS", json.dumps(t.{which.__name__}(drivers.SIM, {path!r}, {state!r})))
     """)
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("PROBLEMS ")][0]
