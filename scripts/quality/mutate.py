@@ -1,46 +1,55 @@
 #!/usr/bin/env python3
-"""Mutation testing for cyctx: Cython, C++ headers, C (the simulated driver) and Python.
+"""Mutation testing for cyctx: Cython, C/C++ headers, C and Python.
 
-Each mutant in scripts/quality/mutants.toml replaces one exact snippet of one file with a plausible
-bug. This script applies them one at a time to a scratch copy of the working tree (the tree
-itself is never written), rebuilds only what the mutated file compiles into, runs the test
-suite against that build, and reports whether the suite noticed:
+A mutant is one plausible bug. This script makes them, applies each to a scratch copy of the
+working tree (the tree itself is never written), rebuilds only what the mutated file compiles
+into, runs the tests that cover that file, and reports whether they noticed:
 
   killed       a test failed (the first one is named)
   timeout      the run hung past the limit (counted as killed, with a note)
-  survived     the whole suite passed: a behaviour nobody pins, or an equivalent mutant
-  build-error  the mutant does not compile (not a mutant; fix or drop it)
-  stale        its snippet is not in the file (exactly once): the code moved on; re-anchor it
+  survived     the tests passed: a behaviour nobody pins, or an equivalent mutant
+  build-error  the mutant does not compile (not counted)
+  stale        a listed mutant's snippet is not where it says: the code moved on; re-anchor it
 
-    python scripts/quality/mutate.py                  # all mutants; table on stdout, JSON report
-    python scripts/quality/mutate.py --list           # anchors only: which are stale (no build)
-    python scripts/quality/mutate.py --only ID ...    # some of them
-    python scripts/quality/mutate.py --mutants scripts/quality/mutants-blind.toml --json blind.json
-                                                      # another set; the report elsewhere
+Two kinds of mutant:
+  operators  generated at run time from the sources (RULES below): comparisons, boolean flips,
+             off-by-one, dropped statements, swapped arguments; over the native core, the
+             tracer and the Python modules (TARGETS), or the files given with --files.
+  listed     find/replace mutants from a TOML file (scripts/quality/mutants.toml, the curated
+             list of what operators cannot reach, or an outside reviewer's own with --mutants),
+             each optionally anchored to a function: its snippet need be unique there only.
+
+    python scripts/quality/mutate.py --list                    # both sets; builds nothing
+    python scripts/quality/mutate.py --sample 30 --seed 1      # 30 of them, chosen reproducibly
+    python scripts/quality/mutate.py --operators --files 'src/cyctx/_native/*' --functions _restore
+    python scripts/quality/mutate.py --mutants reviewer.toml   # an outside reviewer's set alone
+
+Each mutant faces its `tests` (a listed mutant's own key), else the tests of its file's area
+(COVERS below), else the whole suite; --confirm runs the whole suite on a survivor too.
 
 How a mutant is built: the scratch tree is built once with `setup.py build_ext --inplace`,
-whose compiler and linker commands are recorded. A mutated .pyx/.pxd/.h is re-Cythonized and
+whose compiler and linker commands are recorded. A mutated .pyx/.pxi/.h is re-Cythonized and
 recompiled only for the extension modules that include it (found by following cimports,
-`cdef extern from` and #include as the compilers resolve them: beside the including file,
-then on the recorded -I path, so the headers of _cpp/ and include/cyctx/ count); a mutated
-simdriver.c is recompiled into the simulator library alone, a mutated _trace/tracer.c into the
-tracer's module alone; a Python file needs no build.
-The built package lives in its own folder on PYTHONPATH (outside the scratch tree's src/, as
-the consumer tests require), and every file a mutant touched there is put back from a
-pristine copy before the next one. A run that hangs past the limit, or dies of a signal, is
-reported with the test it was in.
+`include`, `cdef extern from` and #include as the compilers resolve them); a mutated
+simdriver.c is recompiled into the simulator library alone, _trace/tracer.c into the tracer's
+module alone; a Python file needs no build. The built package lives in its own folder on
+PYTHONPATH (outside the scratch tree's src/, as the consumer tests require), and every file a
+mutant touched there is put back from a pristine copy before the next one.
 
-Needs the development environment of docs/install.md (cuda-bindings, Cython, pytest, a C++
-compiler) and Python 3.11+ (tomllib). Runs on the simulated driver by default.
+Needs the development environment of docs/install.md and Python 3.11+ (tomllib). Runs on the
+simulated driver by default.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
+import fnmatch
 import glob
 import json
 import os
+import random
 import re
 import shlex
 import shutil
@@ -50,15 +59,387 @@ import sys
 import tempfile
 import time
 import tomllib
+from collections import Counter
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PKG_REL = os.path.join("src", "cyctx")
 SIM_REL = os.path.join(PKG_REL, "_sim", "simdriver.c")
 TRACER_REL = os.path.join(PKG_REL, "_trace", "tracer.c")  # the C extension cyctx._trace._native
-FIELDS = {"id", "file", "find", "replace", "why", "tests", "equivalent"}
+CURATED = os.path.join(REPO, "scripts", "quality", "mutants.toml")
+FIELDS = {"id", "file", "function", "find", "replace", "why", "tests", "equivalent"}
+
+# The files operator mutants are generated over, unless --files names others.
+TARGETS = (
+    "src/cyctx/_guard.pyx",
+    "src/cyctx/_native/*.pxi",
+    "src/cyctx/_protocol/*",
+    "src/cyctx/_cpp/*.h",
+    "src/cyctx/_trace/tracer.c",
+    "src/cyctx/*.py",
+    "src/cyctx/_doctor/*.py",
+    "src/cyctx/_trace/*.py",
+    "src/_cyctx_*/*.py",
+)
+
+# The tests that cover a file: the first entry whose prefix the file's path starts with.
+GUARD_TESTS = ["tests/guard", "tests/test_thread_stack*.py", "tests/test_registry.py"]
+DOCTOR_TESTS = ["tests/test_doctor*.py", "tests/test_runtime.py", "tests/test_lookup_orders.py"]
+COVERS = (
+    ("src/cyctx/_trace/", ["tests/trace"]),
+    ("src/cyctx/_doctor/", DOCTOR_TESTS),
+    ("src/cyctx/doctor.py", DOCTOR_TESTS),
+    ("src/cyctx/__main__.py", DOCTOR_TESTS),
+    ("src/cyctx/_census.py", DOCTOR_TESTS + ["tests/test_fork_checks.py"]),
+    (
+        "src/_cyctx_pytest/",
+        [
+            "tests/test_pytest_plugin.py",
+            "tests/test_plugin_first_init.py",
+            "tests/test_same_context_rule.py",
+            "tests/trace/test_trace_plugin.py",
+        ],
+    ),
+    (
+        "src/_cyctx_libcuda/",
+        [
+            "tests/test_fork_checks.py",
+            "tests/test_testing_module.py",
+            "tests/test_pytest_plugin.py",
+            "tests/test_lookup_orders.py",
+        ],
+    ),
+    ("src/cyctx/testing.py", ["tests/test_testing_module.py", "tests/sim"]),
+    (
+        "src/cyctx/_fork.py",
+        ["tests/test_fork_checks.py", "tests/guard/test_fork.py", "tests/test_doctor_fork.py"],
+    ),
+    ("src/cyctx/_bind.py", ["tests/guard/test_bind.py", "tests/test_pools.py"]),
+    ("src/cyctx/_cuda_headers.py", ["tests/test_cuda_headers.py"]),
+    ("src/cyctx/_sim/", ["tests/sim", "tests/guard"]),
+    ("src/cyctx/", GUARD_TESTS),  # the native core, the inputs, the errors
+)
 
 
-# --- the mutant set ---------------------------------------------------------------------------
+def covering_tests(rel, root=REPO):
+    for prefix, tests in COVERS:
+        if rel.startswith(prefix):
+            found = []
+            for t in tests:
+                hits = sorted(glob.glob(os.path.join(root, t)))
+                found += [os.path.relpath(h, root) for h in hits]
+            return found
+    return []
+
+
+# --- operator mutants -------------------------------------------------------------------------
+
+
+class Line:
+    """One source line as the lexer saw it: its text, a mask of what each character is (c code,
+    s string, k comment), the bracket depth at its start, and whether a string or comment was
+    open there."""
+
+    __slots__ = ("text", "mask", "depth", "open", "braces")
+
+    def __init__(self, text, mask, depth, open_, braces):
+        self.text, self.mask, self.depth, self.open, self.braces = text, mask, depth, open_, braces
+
+    def blank(self):
+        """The line with its comments blanked, trailing space and newline dropped."""
+        return "".join(
+            " " if k == "k" else ch for ch, k in zip(self.text, self.mask, strict=True)
+        ).rstrip()
+
+
+def lex(text, c_like):
+    """The file's lines with masks: enough of Python's, Cython's and C's strings and comments
+    to keep mutants out of them, and the bracket depth that tells a statement's first line."""
+    out, depth, braces, state = [], 0, 0, None  # state: None, or (kind, closing delimiter)
+    for line in text.splitlines(keepends=True):
+        start, mask, i = (depth, state is not None, braces), [], 0
+        while i < len(line):
+            ch = line[i]
+            if state is not None:
+                kind, close = state
+                if kind == "s" and ch == "\\":
+                    mask += "ss"
+                    i += 2
+                elif line.startswith(close, i):
+                    mask += kind * len(close)
+                    i += len(close)
+                    state = None
+                else:
+                    mask.append(kind)
+                    i += 1
+                continue
+            if (c_like and line.startswith("//", i)) or (not c_like and ch == "#"):
+                mask += "k" * (len(line) - i)
+                break
+            if c_like and line.startswith("/*", i):
+                state = ("k", "*/")
+                mask += "kk"
+                i += 2
+                continue
+            if ch in "\"'":
+                quote = ch * 3 if not c_like and line.startswith(ch * 3, i) else ch
+                state = ("s", quote)
+                mask += "s" * len(quote)
+                i += len(quote)
+                continue
+            if ch in "([" or (ch == "{" and not c_like):
+                depth += 1
+            elif ch in ")]" or (ch == "}" and not c_like):
+                depth = max(depth - 1, 0)
+            elif ch == "{":
+                braces += 1
+            elif ch == "}":
+                braces = max(braces - 1, 0)
+            mask.append("c")
+            i += 1
+        if state is not None and state[0] == "s" and len(state[1]) == 1:
+            state = None  # a one-quote string ends with its line (a continued one is rare)
+        out.append(Line(line, "".join(mask[: len(line)]), start[0], start[1], start[2]))
+    return out
+
+
+C_KEYWORDS = {"if", "for", "while", "switch", "return", "sizeof", "catch", "defined", "do"}
+C_HEADER = re.compile(
+    r"\b(\w+)\s*\((?:[^;{}()]|\([^;{}()]*\))*\)\s*(?:const\s*)?(?:noexcept\s*)?\{"
+)
+P_DEF = re.compile(r"^(\s*)(async\s+def|def|cpdef|cdef|class)\b")
+
+
+def function_spans(lines, c_like):
+    """[(qualified name, first line, last line)], 1-based, for every function (and class) of
+    the file; a C function's body starts at its header's line."""
+    spans = []
+    if c_like:
+        text = "".join(ln.blank() + "\n" for ln in lines)
+        starts = [0]
+        for ln in lines:
+            starts.append(starts[-1] + len(ln.blank()) + 1)
+        for m in C_HEADER.finditer(text):
+            if m.group(1) in C_KEYWORDS:
+                continue
+            depth, j = 0, m.end() - 1
+            while j < len(text):
+                depth += {"{": 1, "}": -1}.get(text[j], 0)
+                if depth == 0:
+                    break
+                j += 1
+            first = bisect.bisect_right(starts, m.start(1))
+            spans.append((m.group(1), first, bisect.bisect_right(starts, j)))
+        return spans
+    stack = []  # (indent, qualified name, first line) of the open definitions
+    for n, ln in enumerate(lines, 1):
+        code = ln.blank()
+        if not code.strip() or ln.open or ln.depth:
+            continue
+        indent = len(code) - len(code.lstrip())
+        while stack and indent <= stack[-1][0]:
+            spans.append(stack.pop()[1:] + (last_code_line(lines, n),))
+        m = P_DEF.match(code)
+        if not m:
+            continue
+        header, k = code, n  # a signature may go on over lines: while a bracket is open
+        while k < len(lines) and (lines[k].depth or lines[k].open):
+            header += " " + lines[k].blank()
+            k += 1
+        if not header.rstrip().endswith(":") or re.match(
+            r"\s*cdef\s+(extern|struct|enum|union|packed)\b", header
+        ):
+            continue  # a declaration (cdef int f(int)), not a definition
+        if m.group(2) == "class" or re.match(r"\s*cdef\s+class\b", header):
+            name = re.search(r"class\s+(\w+)", header)
+        elif m.group(2) in ("cdef", "cpdef"):
+            name = re.search(r"(\w+)\s*\(", header)
+        else:
+            name = re.search(r"def\s+(\w+)", header)
+        if name is None:
+            continue
+        qual = ".".join([s[1] for s in stack[-1:]] + [name.group(1)])
+        stack.append((indent, qual, n))
+    while stack:
+        spans.append(stack.pop()[1:] + (last_code_line(lines, len(lines) + 1),))
+    return spans
+
+
+def last_code_line(lines, before):
+    """The last line before `before` (1-based) that holds code."""
+    n = before - 1
+    while n > 1 and not lines[n - 1].blank().strip():
+        n -= 1
+    return n
+
+
+def function_at(spans, n):
+    """The innermost (name, first, last) span holding line n, or None."""
+    inner = [s for s in spans if s[1] <= n <= s[2]]
+    return max(inner, key=lambda s: s[1]) if inner else None
+
+
+def _negate_c_condition(code):
+    """`if (cond)` / `while (cond)` at the start of a C statement becomes `if (!(cond))`."""
+    m = re.match(r"^(\s*(?:\}\s*else\s+)?(?:if|while)\s*)\(", code)
+    if not m:
+        return []
+    depth = 0
+    for j in range(m.end() - 1, len(code)):
+        depth += {"(": 1, ")": -1}.get(code[j], 0)
+        if depth == 0:
+            return [(m.end(), j, "!(" + code[m.end() : j] + ")")]
+    return []
+
+
+def _drop_statement(code, c_like):
+    if c_like:
+        pat = r"^(\s+)(?:[\w.\[\]>*-]+ *(?:[-+|&]?=) [^=].*|[\w.>:-]+\(.*\)|break|continue);$"
+        empty = ";"
+    else:
+        pat = (
+            r"^(\s+)(?:return\b.*|raise\b.*|break|continue|[\w.\[\]]+\(.*\)"
+            r"|[\w.\[\], ]+\s*(?:[-+*|&]?=)\s.*)$"
+        )
+        empty = "pass"
+    m = re.match(pat, code)
+    return [(m.end(1), len(code), empty)] if m else []
+
+
+# (kind, languages: p Python and Cython, c C and C++, the pattern, its replacement). A pattern
+# is matched against one line with its comments blanked; each match is a mutant, kept if it
+# changes code, not only what lies in a string. A callable gives (start, end, replacement)s and
+# is tried on a line that starts a statement of its own only.
+RULES = (
+    ("comparison", "pc", r"(?<= )==(?= )", "!="),
+    ("comparison", "pc", r"(?<= )!=(?= )", "=="),
+    ("comparison", "pc", r"(?<= )<(?= )", "<="),
+    ("comparison", "pc", r"(?<= )<=(?= )", "<"),
+    ("comparison", "pc", r"(?<= )>(?= )", ">="),
+    ("comparison", "pc", r"(?<= )>=(?= )", ">"),
+    ("comparison", "p", r"(?<= )is not(?= )", "is"),
+    ("comparison", "p", r"(?<= )is(?= (?!not ))", "is not"),
+    ("comparison", "p", r"(?<= )not in(?= )", "in"),
+    ("comparison", "p", r"(?<= )in(?= )", "not in"),
+    ("boolean", "p", r"\bTrue\b", "False"),
+    ("boolean", "p", r"\bFalse\b", "True"),
+    ("boolean", "c", r"\btrue\b", "false"),
+    ("boolean", "c", r"\bfalse\b", "true"),
+    ("boolean", "p", r"(?<= )and(?= )", "or"),
+    ("boolean", "p", r"(?<= )or(?= )", "and"),
+    ("boolean", "c", r"(?<= )&&(?= )", "||"),
+    ("boolean", "c", r"(?<= )\|\|(?= )", "&&"),
+    ("boolean", "p", r"(?<![\w.])not (?!in )", ""),
+    ("boolean", "c", r"!(?!=)", ""),
+    ("boolean", "p", r"^(\s*(?:el)?if|\s*while) (.*):$", r"\1 not (\2):"),
+    ("boolean", "c", _negate_c_condition, None),
+    ("off-by-one", "pc", r"(?<![\w.])(\d+)(?![\w.])", r"(\1 + 1)"),
+    ("off-by-one", "pc", r"(?<![\w.])(\d+)(?![\w.])", r"(\1 - 1)"),
+    ("dropped statement", "pc", _drop_statement, None),
+    (
+        "swapped arguments",
+        "pc",
+        r"(?<=\w\()([^(),=\[\]{}\"']+), ([^(),=\[\]{}\"']+)(?=[,)])",
+        r"\2, \1",
+    ),
+)
+RULES = tuple((k, langs, re.compile(p) if isinstance(p, str) else p, r) for k, langs, p, r in RULES)
+
+# A Python or Cython statement starting so is left alone: imports, declarations, signatures.
+P_SKIP = re.compile(
+    r"^\s*(import|from|cimport|include|ctypedef|def|async\s+def|cdef|cpdef|class|global"
+    r"|nonlocal|DEF|IF|ELIF|ELSE|@)\b|^\s*@"
+)
+
+
+def operator_mutants(rel, text):
+    """The operator mutants of one file (rel: its path from the repository root)."""
+    c_like = rel.endswith((".c", ".h"))
+    lang = "c" if c_like else "p"
+    lines = lex(text, c_like)
+    spans = function_spans(lines, c_like)
+    short = rel[len("src/") :] if rel.startswith("src/") else rel
+    out, stmt_start, prev_code, preproc = [], 1, "", False
+    for n, ln in enumerate(lines, 1):
+        code = ln.blank()
+        if not code.strip():
+            continue
+        own = ln.depth == 0 and not ln.open  # the first line of a statement
+        span = function_at(spans, n)
+        if c_like:
+            preproc = code.lstrip().startswith("#") or (preproc and prev_code.endswith("\\"))
+            own = own and (not prev_code or prev_code[-1] in ";{}:)" or prev_code.endswith("else"))
+            # Inside a function's body only: not its signature, not file-level declarations.
+            skip = preproc or span is None or ln.braces <= lines[span[1] - 1].braces
+        else:
+            if own and not prev_code.endswith("\\"):
+                stmt_start = n
+            skip = bool(P_SKIP.match(lines[stmt_start - 1].blank()))
+        prev_code = code.rstrip()
+        if skip:
+            continue
+        func = span[0] if span else None
+        single = own and not (lines[n].depth if n < len(lines) else 0)
+        seen = set()
+        for kind, langs, pat, rep in RULES:
+            if lang not in langs:
+                continue
+            if callable(pat):
+                if not single:
+                    continue
+                edits = pat(code) if pat is _negate_c_condition else pat(code, c_like)
+            else:
+                edits = [(m.start(), m.end(), m.expand(rep)) for m in pat.finditer(code)]
+            for a, b, new in edits:
+                if kind == "off-by-one" and (
+                    (not rel.endswith(".py") and code[a - 1 : a] == "[" and code[b : b + 1] == "]")
+                    or re.search(r"except\s*[-+]?\s*$", code[:a])
+                ):
+                    continue  # p[0] is a dereference in Cython and C; `except -1` a declaration
+                if kind == "swapped arguments" and not rel.endswith(".py"):
+                    x, y = (_shape(v) for v in code[a:b].split(", ", 1))
+                    if x != y:
+                        continue  # a pointer for a value, a literal for a variable: no build
+                if new == "not in" and re.search(r"(\bfor\s+[\w, ()]*|\bnot)$", code[:a].rstrip()):
+                    continue  # `for x in`, `not in`
+                if b > a and "c" not in ln.mask[a:b]:
+                    continue  # inside a string only
+                mutated = ln.text[:a] + new + ln.text[b:]
+                if mutated == ln.text or mutated in seen:
+                    continue
+                seen.add(mutated)
+                if rel.endswith(".py") and not _compiles(text, lines, n, mutated):
+                    continue
+                out.append(
+                    {
+                        "id": f"{short}:{n}:{kind.replace(' ', '-')}:{len(seen)}",
+                        "origin": "operators",
+                        "file": rel,
+                        "function": func,
+                        "line": n,
+                        "kind": kind,
+                        "find": ln.text.rstrip("\n"),
+                        "replace": mutated.rstrip("\n"),
+                        "why": f"{kind}: `{ln.text.strip()}` -> `{mutated.strip()}`",
+                    }
+                )
+    return out
+
+
+def _shape(arg):
+    arg = arg.strip()
+    return "address" if arg.startswith("&") else "literal" if re.fullmatch(r"-?\d\w*", arg) else ""
+
+
+def _compiles(text, lines, n, mutated):
+    src = "".join(ln.text for ln in lines[: n - 1]) + mutated + "".join(ln.text for ln in lines[n:])
+    try:
+        compile(src, "<mutant>", "exec", dont_inherit=True)
+        return True
+    except (SyntaxError, ValueError):
+        return False
+
+
+# --- listed mutants (TOML) --------------------------------------------------------------------
 
 
 def load_mutants(path):
@@ -71,26 +452,95 @@ def load_mutants(path):
         missing = {"id", "file", "find", "replace", "why"} - set(m)
         if unknown or missing:
             raise SystemExit(
-                f"mutant {m.get('id', '?')}: unknown fields {sorted(unknown)}, "
+                f"{path}: mutant {m.get('id', '?')}: unknown fields {sorted(unknown)}, "
                 f"missing {sorted(missing)}"
             )
         if m["id"] in seen:
-            raise SystemExit(f"mutant id {m['id']} appears twice")
+            raise SystemExit(f"{path}: mutant id {m['id']} appears twice")
         if m["find"] == m["replace"]:
-            raise SystemExit(f"mutant {m['id']}: find and replace are the same")
+            raise SystemExit(f"{path}: mutant {m['id']}: find and replace are the same")
         seen.add(m["id"])
+        m["origin"] = os.path.relpath(path, REPO)
     return mutants
 
 
-def anchor_status(tree, m):
-    """None when the snippet occurs exactly once, else why the mutant is stale."""
+def locate(tree, m):
+    """(start, end) of what mutant m replaces in its file under `tree`, or why it is stale."""
     path = os.path.join(tree, m["file"])
     if not os.path.isfile(path):
         return f"{m['file']} does not exist"
-    n = open(path, encoding="utf-8").read().count(m["find"])
-    if n == 1:
-        return None
-    return "snippet not found" if n == 0 else f"snippet found {n} times (must be unique)"
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if "line" in m:  # an operator mutant: its line, as it was generated
+        lines = text.splitlines(keepends=True)
+        if len(lines) < m["line"] or lines[m["line"] - 1].rstrip("\n") != m["find"]:
+            return f"line {m['line']} changed since the mutant was made"
+        start = sum(len(ln) for ln in lines[: m["line"] - 1])
+        return (start, start + len(m["find"]))
+    lo, hi = 0, len(text)
+    if m.get("function"):
+        c_like = m["file"].endswith((".c", ".h"))
+        lines = lex(text, c_like)
+        want = m["function"]
+        found = [
+            s for s in function_spans(lines, c_like) if s[0] == want or s[0].endswith("." + want)
+        ]
+        if len(found) != 1:
+            return f"function {want} " + ("not found" if not found else "found more than once")
+        offsets = [0]
+        for ln in lines:
+            offsets.append(offsets[-1] + len(ln.text))
+        lo, hi = offsets[found[0][1] - 1], offsets[found[0][2]]
+    n = text.count(m["find"], lo, hi)
+    if n != 1:
+        where = f"in {m['function']}" if m.get("function") else "in the file"
+        return f"snippet {'not found' if n == 0 else f'found {n} times'} {where} (must be once)"
+    start = text.index(m["find"], lo, hi)
+    return (start, start + len(m["find"]))
+
+
+# --- choosing what runs -----------------------------------------------------------------------
+
+
+def generated(patterns):
+    files = set(tree_files())
+    rels = sorted(
+        {
+            os.path.relpath(p, REPO)
+            for pat in patterns
+            for p in glob.glob(os.path.join(REPO, pat), recursive=True)
+        }
+        & files
+    )
+    rels = [r for r in rels if r.endswith((".py", ".pyx", ".pxi", ".c", ".h"))]
+    out = []
+    for rel in rels:
+        with open(os.path.join(REPO, rel), encoding="utf-8") as f:
+            out += operator_mutants(rel, f.read())
+    return out
+
+
+def select(mutants, files=None, functions=None, only=None, sample=None, seed=0):
+    if files:
+        mutants = [m for m in mutants if any(fnmatch.fnmatch(m["file"], p) for p in files)]
+    if functions:
+
+        def named(m):
+            f = m.get("function") or ""
+            return any(
+                fnmatch.fnmatch(f, p) or fnmatch.fnmatch(f.rsplit(".", 1)[-1], p) for p in functions
+            )
+
+        mutants = [m for m in mutants if named(m)]
+    if only:
+        unknown = set(only) - {m["id"] for m in mutants}
+        if unknown:
+            raise SystemExit(f"no such mutant (after the other choices): {sorted(unknown)}")
+        mutants = [m for m in mutants if m["id"] in only]
+    if sample is not None and sample < len(mutants):
+        mutants = random.Random(seed).sample(mutants, sample)
+        mutants.sort(key=lambda m: (m["file"], m.get("line", 0), m["id"]))
+    return mutants
 
 
 # --- the scratch tree and its build -----------------------------------------------------------
@@ -144,9 +594,8 @@ def run(cmd, cwd, env=None, timeout=None, log=None):
 class Build:
     """The scratch tree, its recorded build commands, and the package folder the tests use."""
 
-    def __init__(self, scratch, log, suite=()):
+    def __init__(self, scratch, log):
         self.scratch = scratch
-        self.suite = list(suite)  # pytest arguments of the suite; none: all of tests/
         self.tree = os.path.join(scratch, "tree")
         self.site = os.path.join(scratch, "site")
         self.pristine = os.path.join(scratch, "pristine")
@@ -264,7 +713,8 @@ class Build:
             if f is None or f in seen or not os.path.isfile(os.path.join(self.tree, f)):
                 continue
             seen.add(f)
-            text = open(os.path.join(self.tree, f), encoding="utf-8").read()
+            with open(os.path.join(self.tree, f), encoding="utf-8") as fh:
+                text = fh.read()
             here = os.path.dirname(f)
             if f.endswith((".pyx", ".pxd", ".pxi")):
                 mods = re.findall(r"^\s*from\s+cyctx\.(\w+)\s+cimport", text, re.M)
@@ -376,7 +826,7 @@ def test_env(build, driver):
 
 
 def pytest(build, env, tests, timeout):
-    """Run the suite (or `tests`): (returncode or None on timeout, output, seconds)."""
+    """Run `tests` (pytest arguments): (returncode or None on timeout, output, seconds)."""
     cmd = [
         sys.executable,
         "-m",
@@ -392,9 +842,7 @@ def pytest(build, env, tests, timeout):
     ]
     with contextlib.suppress(FileNotFoundError):
         os.remove(env["CYCTX_MUTATE_PROGRESS"])
-    return run(
-        cmd + list(tests or build.suite), build.tree, env=env, timeout=timeout, log=build.log
-    )
+    return run(cmd + list(tests), build.tree, env=env, timeout=timeout, log=build.log)
 
 
 def last_started(env):
@@ -420,15 +868,18 @@ def first_failure(out, rc=None, started=None):
     return f"pytest exited with {rc}: {tail[-1][:200] if tail else 'no output'}"
 
 
-def try_mutant(build, m, env, timeout):
+def try_mutant(build, m, env, timeout, runs):
+    """Apply m, rebuild, run each of `runs` (lists of tests) until one fails; put it back."""
     rel = m["file"]
     path = os.path.join(build.tree, rel)
-    original = open(path, encoding="utf-8").read()
+    with open(path, encoding="utf-8") as f:
+        original = f.read()
+    start, end = locate(build.tree, m)
     touched = []
     t0 = time.monotonic()
     try:
         with open(path, "w", encoding="utf-8") as f:
-            f.write(original.replace(m["find"], m["replace"], 1))
+            f.write(original[:start] + m["replace"] + original[end:])
         inside = build.install_source(rel)
         if inside:
             touched.append(inside)
@@ -447,7 +898,6 @@ def try_mutant(build, m, env, timeout):
             if err is not None:
                 return {"status": "build-error", "note": err[-800:]}
         build_s = time.monotonic() - t0
-        runs = [m["tests"], []] if m.get("tests") else [[]]
         for tests in runs:
             rc, out, _ = pytest(build, env, tests, timeout)
             started = last_started(env)
@@ -482,69 +932,65 @@ def outcome(r):
     return r.get("by") or r.get("note", "")
 
 
-def report(results, mutants, out_json, elapsed):
-    by_id = {m["id"]: m for m in mutants}
-    w = max(len(r["id"]) for r in results) if results else 10
+def report(results, out_json, elapsed):
+    w = max(len(r["id"]) for r in results)
     print()
     print(f"{'mutant':<{w}}  {'status':<11}  {'secs':>5}  detail")
     for r in results:
-        m = by_id[r["id"]]
         detail = outcome(r)
         if r["status"] == "survived":
-            detail = (
-                f"EQUIVALENT: {m['equivalent']}"
-                if m.get("equivalent")
-                else "NOT EXPLAINED: " + m["why"]
-            )
+            if r["origin"] == "operators":
+                detail = r["why"]
+            elif r.get("equivalent"):
+                detail = f"EQUIVALENT: {r['equivalent']}"
+            else:
+                detail = "NOT EXPLAINED: " + r["why"]
         print(
             f"{r['id']:<{w}}  {r['status']:<11}  {r.get('secs', 0):>5.0f}  "
             f"{detail.splitlines()[0] if detail else ''}"
         )
-    count = {
-        s: sum(r["status"] == s for r in results)
-        for s in ("killed", "timeout", "survived", "build-error", "stale")
-    }
-    valid = count["killed"] + count["timeout"] + count["survived"]
+    statuses = ("killed", "timeout", "survived", "build-error", "stale")
+    count = {s: sum(r["status"] == s for r in results) for s in statuses}
     killed = count["killed"] + count["timeout"]
-    equivalent = [
-        r for r in results if r["status"] == "survived" and by_id[r["id"]].get("equivalent")
-    ]
-    unexplained = [
-        r["id"]
-        for r in results
-        if r["status"] == "survived" and not by_id[r["id"]].get("equivalent")
-    ]
-    wrongly_equivalent = [
-        r["id"]
-        for r in results
-        if r["status"] in ("killed", "timeout") and by_id[r["id"]].get("equivalent")
-    ]
+    valid = killed + count["survived"]
     score = killed / valid if valid else 0.0
+    listed = [r for r in results if r["origin"] != "operators"]
+    unexplained = [r["id"] for r in listed if r["status"] == "survived" and not r.get("equivalent")]
+    wrongly_equivalent = [
+        r["id"] for r in listed if r["status"] in ("killed", "timeout") and r.get("equivalent")
+    ]
+    broken = [r["id"] for r in listed if r["status"] in ("stale", "build-error")]
     print()
     print(" ".join(f"{k}={v}" for k, v in count.items()) + f"  ({elapsed / 60:.1f} min)")
-    print(
-        f"score: {killed}/{valid} killed = {100 * score:.1f}%"
-        + (
-            f"; {len(equivalent)} equivalent survivor(s), {killed}/{valid - len(equivalent)} = "
-            f"{100 * killed / (valid - len(equivalent)):.1f}% of the rest"
-            if equivalent and valid > len(equivalent)
-            else ""
-        )
-    )
+    print(f"score: {killed}/{valid} killed = {100 * score:.1f}%")
+    by_origin = {}
+    for origin in sorted({r["origin"] for r in results}):
+        rs = [r for r in results if r["origin"] == origin]
+        k = sum(r["status"] in ("killed", "timeout") for r in rs)
+        v = k + sum(r["status"] == "survived" for r in rs)
+        by_origin[origin] = {"killed": k, "valid": v, "total": len(rs)}
+        print(f"  {origin}: {k}/{v} killed ({len(rs) - v} not counted: build errors, stale)")
+    survivors = [r for r in results if r["status"] == "survived"]
+    if survivors:
+        print("survivors:")
+        for r in survivors:
+            where = f"{r['file']}:{r['line']}" if "line" in r else r["file"]
+            print(f"  {where} ({r.get('function') or 'file level'}): {r['why']}")
     if unexplained:
         print(
-            "survivors with no explanation (kill them with a test, or mark them equivalent): "
-            f"{unexplained}"
+            f"listed survivors with no explanation (kill them with a test, or mark them "
+            f"equivalent): {unexplained}"
         )
     if wrongly_equivalent:
         print(f"marked equivalent but killed (drop the mark): {wrongly_equivalent}")
-    stale = [r["id"] for r in results if r["status"] == "stale"]
-    if stale:
-        print(f"STALE anchors (re-anchor them in scripts/quality/mutants.toml): {stale}")
+    if broken:
+        print(f"listed mutants that are stale or do not build (re-anchor or fix them): {broken}")
     data = {
         "score": score,
         "counts": count,
+        "by_origin": by_origin,
         "unexplained_survivors": unexplained,
+        "survivors": [r["id"] for r in survivors],
         "elapsed_s": round(elapsed),
         "mutants": results,
     }
@@ -552,15 +998,42 @@ def report(results, mutants, out_json, elapsed):
     with open(out_json, "w") as f:
         json.dump(data, f, indent=1)
     print(f"report: {out_json}")
-    return 0 if not unexplained and not stale and count["build-error"] == 0 else 1
+    return 0 if not unexplained and not broken else 1
+
+
+def runs_of(m, args):
+    """The test runs mutant m faces, in order (the next only when the last passed)."""
+    if args.suite:
+        return [args.suite]
+    own = m.get("tests") or covering_tests(m["file"]) or ["tests"]
+    return [own, ["tests"]] if args.confirm and own != ["tests"] else [own]
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--mutants", default=os.path.join(REPO, "scripts", "quality", "mutants.toml"))
+    ap.add_argument(
+        "--mutants",
+        action="append",
+        metavar="FILE",
+        help="listed (find/replace) mutants from FILE; may be given more than once",
+    )
+    ap.add_argument("--operators", action="store_true", help="the operator mutants")
+    ap.add_argument("--curated", action="store_true", help="the curated list (mutants.toml)")
+    ap.add_argument(
+        "--files",
+        nargs="+",
+        metavar="GLOB",
+        help="only mutants of these files (paths from the repository root; operator mutants "
+        "are generated over them, in place of the default targets)",
+    )
+    ap.add_argument(
+        "--functions", nargs="+", metavar="NAME", help="only mutants inside these functions"
+    )
     ap.add_argument("--only", nargs="+", metavar="ID", help="run these mutants only")
+    ap.add_argument("--sample", type=int, metavar="N", help="N of the chosen mutants, at random")
+    ap.add_argument("--seed", type=int, default=0, help="the sample's seed (default 0)")
     ap.add_argument(
         "--list", action="store_true", help="list the mutants and their anchors; build nothing"
     )
@@ -568,13 +1041,18 @@ def main(argv=None):
         "--timeout",
         type=float,
         default=None,
-        help="seconds one suite run may take (default: 4x the unmutated run, at least 120)",
+        help="seconds one test run may take (default: 4x the unmutated run, at least 120)",
     )
     ap.add_argument(
         "--suite",
         nargs="+",
         metavar="TEST",
-        help="the suite the mutants face: these test paths or ids (default: all of tests/)",
+        help="the tests every mutant faces, instead of those that cover its file",
+    )
+    ap.add_argument(
+        "--confirm",
+        action="store_true",
+        help="a mutant that survives the tests of its file faces the whole suite too",
     )
     ap.add_argument("--driver", default="sim", choices=("sim", "real", "auto"))
     ap.add_argument("--json", default=os.path.join(REPO, "build", "mutation", "report.json"))
@@ -583,24 +1061,36 @@ def main(argv=None):
     )
     args = ap.parse_args(argv)
 
-    mutants = load_mutants(args.mutants)
-    if args.only:
-        unknown = set(args.only) - {m["id"] for m in mutants}
-        if unknown:
-            raise SystemExit(f"no such mutant: {sorted(unknown)}")
-        mutants = [m for m in mutants if m["id"] in args.only]
+    t0 = time.monotonic()
+    if not (args.mutants or args.operators or args.curated):
+        args.operators = args.curated = True  # the default: both of the project's sets
+    mutants = []
+    for path in (args.mutants or []) + ([CURATED] if args.curated else []):
+        mutants += load_mutants(path)
+    if args.operators:
+        ops = generated(args.files or TARGETS)
+        print(f"{len(ops)} operator mutants generated in {time.monotonic() - t0:.0f} s", flush=True)
+        mutants = ops + mutants
+    clash = [i for i, n in Counter(m["id"] for m in mutants).items() if n > 1]
+    if clash:
+        raise SystemExit(f"mutant ids given more than once: {clash}")
+    mutants = select(mutants, args.files, args.functions, args.only, args.sample, args.seed)
 
     if args.list:
         bad = 0
         for m in mutants:
-            why = anchor_status(REPO, m)
-            bad += why is not None
-            note = (
-                "STALE: " + why if why else "ok" + (" (equivalent)" if m.get("equivalent") else "")
-            )
-            print(f"{m['id']:<40} {m['file']:<32} {note}")
-        print(f"{len(mutants)} mutants, {bad} stale")
+            where = locate(REPO, m)
+            bad += isinstance(where, str)
+            note = "STALE: " + where if isinstance(where, str) else m["why"]
+            print(f"{m['id']:<48} {m.get('function') or '-':<28} {note}")
+        kinds = Counter(m.get("kind", m["origin"]) for m in mutants)
+        print(
+            f"{len(mutants)} mutants ({', '.join(f'{v} {k}' for k, v in kinds.items())}), "
+            f"{bad} stale"
+        )
         return 1 if bad else 0
+    if not mutants:
+        raise SystemExit("no mutant chosen")
 
     # SIGTERM as well as Ctrl-C unwinds through the finally below, which removes the scratch.
     def on_term(signum, frame):
@@ -608,39 +1098,42 @@ def main(argv=None):
 
     signal.signal(signal.SIGTERM, on_term)
     scratch = tempfile.mkdtemp(prefix="cyctx-mutate-")
-    t0 = time.monotonic()
     results = []
     try:
         with open(os.path.join(scratch, "build.log"), "w") as log:
-            build = Build(scratch, log, args.suite or ())
+            build = Build(scratch, log)
             build.setup()
             env = test_env(build, args.driver)
-            # The recorded commands rebuild every target once, unmutated, and the suite must
+            # The recorded commands rebuild every target once, unmutated, and the tests must
             # pass on that build: the replay is checked before any mutant relies on it.
             for target in [("ext", e) for e in sorted(build.exts)] + [("sim",), ("tracer",)]:
                 err = build.rebuild(target)
                 if err:
                     raise SystemExit(f"replaying the build of {target} failed:\n{err}")
-            rc, out, secs = pytest(build, env, [], None)
+            every = list(dict.fromkeys(t for m in mutants for run in runs_of(m, args) for t in run))
+            every = ["tests"] if "tests" in every else every
+            rc, out, secs = pytest(build, env, every, None)
             if rc != 0:
                 raise SystemExit(
-                    f"the unmutated suite fails ({first_failure(out, rc, last_started(env))}): "
+                    f"the unmutated tests fail ({first_failure(out, rc, last_started(env))}): "
                     f"fix that first\n{out[-3000:]}"
                 )
             timeout = args.timeout or max(120.0, 4 * secs)
             print(
-                f"unmutated suite: passed in {secs:.0f} s; limit per run {timeout:.0f} s",
+                f"unmutated tests ({len(every)} paths): passed in {secs:.0f} s; limit per run "
+                f"{timeout:.0f} s",
                 flush=True,
             )
             for i, m in enumerate(mutants, 1):
-                why = anchor_status(build.tree, m)
-                if why:
+                why = locate(build.tree, m)
+                if isinstance(why, str):
                     r = {"status": "stale", "note": why}
                 else:
                     t1 = time.monotonic()
-                    r = try_mutant(build, m, env, timeout)
+                    r = try_mutant(build, m, env, timeout, runs_of(m, args))
                     r["secs"] = round(time.monotonic() - t1, 1)
-                r = {"id": m["id"], "file": m["file"], **r}
+                keep = ("id", "origin", "file", "function", "line", "kind", "why", "equivalent")
+                r = {**{k: m[k] for k in keep if k in m}, **r}
                 results.append(r)
                 print(
                     f"[{i}/{len(mutants)}] {m['id']}: {r['status']} {outcome(r)[:160]}"
@@ -654,7 +1147,7 @@ def main(argv=None):
             print(f"scratch kept: {scratch}")
         else:
             shutil.rmtree(scratch, ignore_errors=True)
-    return report(results, mutants, args.json, time.monotonic() - t0) if results else 1
+    return report(results, args.json, time.monotonic() - t0) if results else 1
 
 
 if __name__ == "__main__":
