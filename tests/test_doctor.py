@@ -1532,7 +1532,8 @@ def test_census_marks_what_the_doctor_loaded(stand_ins):
         f"""
     import ctypes, sys
     sys.path.append({stand_ins["site"]!r})
-    from cyctx._doctor import census, rules
+    from cyctx import _census as census
+    from cyctx._doctor import rules
     from cyctx._doctor.gather import Seen
     ctypes.CDLL({stand_ins["torch13"]!r})
     before = census.mapped_paths()

@@ -6,8 +6,11 @@
   a second module compiling them would hold a second copy of their state (the per-thread
   entries, the live-guard registry, the driver table, the fork flags) that the first one never
   sees;
-* there are no import circles among cyctx's modules, lazy imports included (an import under
-  ``if TYPE_CHECKING:`` never runs and is left out).
+* there are no import circles among cyctx's modules, lazy imports and those for type checkers
+  (``if TYPE_CHECKING:``) included: a circle that only a type checker sees still ties two
+  modules into one;
+* the census, the fork checks and the tracer import nothing of the doctor, and the doctor
+  nothing of ``cyctx.testing``.
 
 Each check is a function of the package directory, so the tests below also run it on a copy with
 the fact broken and see it fail.
@@ -190,14 +193,6 @@ def _module_of(path: str) -> str:
     return ".".join(["cyctx", *parts])
 
 
-def _is_type_checking(node: ast.AST) -> bool:
-    t = getattr(node, "test", None)
-    return isinstance(node, ast.If) and (
-        (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING")
-        or (isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
-    )
-
-
 _STRING = re.compile(r'"""(?:.|\n)*?"""' + r"|'''(?:.|\n)*?'''")
 _IMPORT_LINE = re.compile(r"^(\s*)((?:from\s+[\w.]+\s+import\s|import\s).*)$", re.M)
 
@@ -216,8 +211,8 @@ def _python_source(pkg: str, path: str) -> str:
 
 
 def python_imports(pkg: str, path: str) -> set[str]:
-    """The cyctx modules a .py file imports, at any depth (lazy ones too), leaving out those under
-    ``if TYPE_CHECKING:``. ``from cyctx.a import b`` counts as ``cyctx.a.b`` when that is a
+    """The cyctx modules a .py file imports, at any depth (lazy ones, and those under
+    ``if TYPE_CHECKING:``, too). ``from cyctx.a import b`` counts as ``cyctx.a.b`` when that is a
     module, else as ``cyctx.a``."""
     me = _module_of(path)
     package = me if path.endswith("__init__.py") else me.rpartition(".")[0]
@@ -226,10 +221,6 @@ def python_imports(pkg: str, path: str) -> set[str]:
 
     def visit(node):
         for child in ast.iter_child_nodes(node):
-            if _is_type_checking(child):
-                for other in child.orelse:
-                    visit(ast.Module(body=[other], type_ignores=[]))
-                continue
             if isinstance(child, ast.Import):
                 found.update(a.name for a in child.names)
             elif isinstance(child, ast.ImportFrom):
@@ -311,7 +302,7 @@ def test_an_import_circle_is_caught(tmp_path, extra):
     )
 
 
-def test_an_import_for_annotations_only_is_left_out(tmp_path):
+def test_an_import_for_annotations_only_counts_too(tmp_path):
     copy = tmp_path / "cyctx"
     copy.mkdir()
     for name in ("__init__", "a", "b", "c", "d"):
@@ -320,4 +311,51 @@ def test_an_import_for_annotations_only_is_left_out(tmp_path):
         "from typing import TYPE_CHECKING\nfrom cyctx import b\n"
         "if TYPE_CHECKING:\n    from cyctx import c\nelse:\n    from cyctx import d\n"
     )
-    assert python_imports(str(copy), "a.py") == {"cyctx.b", "cyctx.d"}
+    assert python_imports(str(copy), "a.py") == {"cyctx.b", "cyctx.c", "cyctx.d"}
+
+
+def reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module that importing ``start`` may import, ``start`` left out."""
+    seen, todo = set(), [start]
+    while todo:
+        for m in graph.get(todo.pop(), ()):
+            if m not in seen:
+                seen.add(m)
+                todo.append(m)
+    return seen
+
+
+def doctor_seams(graph: dict[str, set[str]]) -> list[str]:
+    """The imports that cross the doctor's seams: the census, the fork checks and the tracer
+    reaching the doctor; the doctor reaching cyctx.testing (it asks _cyctx_libcuda)."""
+    bad = []
+    for m in sorted(graph):
+        if m in ("cyctx._census", "cyctx._fork", "cyctx._trace") or m.startswith("cyctx._trace."):
+            bad += [f"{m} -> {d}" for d in sorted(reach(graph, m)) if d.startswith("cyctx._doctor")]
+        if m.startswith("cyctx._doctor"):
+            bad += [f"{m} -> cyctx.testing" for d in graph[m] if d == "cyctx.testing"]
+    return bad
+
+
+def test_the_census_fork_checks_and_tracer_import_nothing_of_the_doctor():
+    graph = import_graph()
+    assert {"cyctx._census", "cyctx._fork", "cyctx._doctor.gather"} <= set(graph)
+    assert doctor_seams(graph) == []
+
+
+@pytest.mark.parametrize(
+    ("module", "extra"),
+    [
+        ("_trace/locate.py", "from cyctx._doctor import words\n"),
+        ("_census.py", "def f():\n    from cyctx._doctor.model import Finding\n"),
+        ("_doctor/probe.py", "from cyctx.testing import simulated\n"),
+    ],
+)
+def test_a_crossed_seam_is_caught(tmp_path, module, extra):
+    copy = tmp_path / "cyctx"
+    shutil.copytree(
+        PKG, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.so.*", "*.cpp")
+    )
+    with open(copy / module, "a") as f:
+        f.write("\n" + extra)
+    assert doctor_seams(import_graph(str(copy))), extra

@@ -9,7 +9,7 @@ and loads nothing.
 
 from __future__ import annotations
 
-__all__ = ["loaded_libcuda", "same_context"]
+__all__ = ["loaded_libcuda", "same_context", "simulated_libcuda"]
 
 
 def loaded_libcuda() -> str | None:
@@ -24,6 +24,23 @@ def loaded_libcuda() -> str | None:
     except OSError:
         pass
     return None
+
+
+def simulated_libcuda() -> str | None:
+    """Path of the mapped ``libcuda.so.1`` when it is cyctx's simulated driver (the library
+    that exports ``cyctxsim_is_simulated``), else None: what the doctor asks. The library is
+    asked through the handle already mapped (``RTLD_NOLOAD``), so nothing is loaded."""
+    path = loaded_libcuda()
+    if path is None:
+        return None
+    import ctypes
+    import os
+
+    try:
+        lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:  # no longer mapped, or "(deleted)": not a library to ask
+        return None
+    return path if hasattr(lib, "cyctxsim_is_simulated") else None
 
 
 def same_context(before: tuple[int, int | None], after: tuple[int, int | None]) -> bool:

@@ -95,7 +95,7 @@ def cuda_libraries() -> list[str]:
     """The CUDA libraries mapped in this process (the doctor's census, without versions or
     distributions: cheap enough for a fork hook), the driver left out: the candidates for
     who initialised CUDA, since the driver does not record its caller."""
-    from cyctx._doctor.census import kind_of, mapped_paths
+    from cyctx._census import kind_of, mapped_paths
 
     return [p for p in mapped_paths() if kind_of(p) not in (None, "driver")]
 

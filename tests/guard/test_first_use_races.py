@@ -111,7 +111,7 @@ def test_doctor_file_owner_first_ask_raced_by_16_threads(tmp_path, monkeypatch):
 
     from helpers.threads import run_threads
 
-    from cyctx._doctor import census
+    from cyctx import _census as census
 
     lib = tmp_path / "libcudart.so.13"
     lib.write_bytes(b"")
@@ -138,7 +138,7 @@ def test_plugin_readers_are_per_observer_and_doctor_records_per_census(sim, monk
     # (the plugin's and a check_thread's do not share one), and each census lists the
     # distributions afresh (one installed meanwhile is seen by the next diagnosis).
     import _cyctx_pytest as plugin
-    from cyctx._doctor import census
+    from cyctx import _census as census
 
     a, b = plugin.Observer(), plugin.Observer()
     a.read(), b.read()

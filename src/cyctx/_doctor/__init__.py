@@ -7,7 +7,7 @@ guard's back, a forked child. It only *queries*: cuInit, cuDriverGetVersion, cuD
 cuDevicePrimaryCtxGetState, cuCtxGetCurrent, and cuCtxGetId/GetDevice/GetApiVersion/GetFlags on the
 current context and on the guards' handles, plus the runtime's cudaGetDevice, which creates no context
 (docs/evidence.md, "A new thread has no current context, and cudaGetDevice makes none"). It never retains, pushes
-or sets a context. Its census of the CUDA libraries loaded in the process (``census``) reads
+or sets a context. Its census of the CUDA libraries loaded in the process (``cyctx._census``) reads
 ``/proc/self/maps`` and asks each library found its version through a handle already loaded
 (``dlopen`` with ``RTLD_NOLOAD``): it loads nothing and initialises nothing.
 
@@ -16,7 +16,6 @@ One module per job; each imports only those above it in this list:
 * ``cu``: calling cuda.bindings.driver (``call``, ``error_name``) and the named ``CUresult``
   codes; it imports nothing of cyctx;
 * ``model``: the records a report holds (plain data classes), the exit statuses;
-* ``census``: the CUDA libraries loaded in the process, their versions and distributions;
 * ``probe``: the queries of the driver and of the live guards that fill the records;
 * ``render``: the human report, and the styling the demo shares;
 * ``report``: :class:`Diagnosis`, with its JSON form and (through ``render``) its human one;

@@ -24,9 +24,9 @@ import warnings
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from _cyctx_libcuda import simulated_libcuda
 from cyctx._doctor.cu import CONTEXT_IS_DESTROYED, INVALID_CONTEXT, call, driver, error_name
 from cyctx._doctor.model import version_str
-from cyctx._doctor.probe import simulated_driver_path
 from cyctx._doctor.render import SIM_TAG, Style, sim_banner, wrap
 from cyctx._doctor.runtime import Runtime, cu11_candidates
 from cyctx._errors import ContextResetWarning, CyctxError
@@ -177,7 +177,7 @@ class _Demo:
                 s.yellow(
                     wrap(
                         sim_banner(
-                            simulated_driver_path(),
+                            simulated_libcuda(),
                             f" The runtime is a Python stand-in that models libcudart {version_str(rt.version)}.",
                         ),
                         "",

@@ -15,19 +15,13 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Literal
 
-from cyctx._doctor import census
+from _cyctx_libcuda import loaded_libcuda, simulated_libcuda
+from cyctx import _census as census
 from cyctx._doctor.cu import NO_DEVICE, NOT_INITIALIZED, call, driver, error_name
-from cyctx._doctor.probe import (
-    context_info,
-    device_info,
-    forked_from,
-    guard_infos,
-    simulated_driver_path,
-)
+from cyctx._doctor.probe import context_info, device_info, forked_from, guard_infos
 from cyctx._doctor.report import Diagnosis, empty_report
 from cyctx._doctor.runtime import add_runtimes, doctors_own, wheel_version
 from cyctx._guard import load_problem
-from cyctx.testing import loaded_libcuda
 
 # Distributions whose versions the report lists when they are installed (CuPy's wheels are
 # named for their CUDA major).
@@ -127,7 +121,7 @@ def _versions() -> dict[str, str | None]:
 
 
 def _ask_driver(cudart: str | bool | None, init: bool) -> Seen:
-    sim_path = simulated_driver_path()
+    sim_path = simulated_libcuda()
     r = empty_report(_versions(), forked_from=forked_from())
     d = driver
     # First the way a guard loads the driver (cyctx._guard.load_problem): a stub, a driver

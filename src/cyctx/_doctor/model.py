@@ -7,10 +7,16 @@ these records, :mod:`.rules` judges them, :mod:`.render` prints them, and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from typing import Literal
 
 from _cyctx_libcuda import same_context
+
+# One entry of the census and its test of a version are the census's; the doctor's modules
+# read them with the other records.
+from cyctx._census import LoadedLibrary as LoadedLibrary
+from cyctx._census import plausible_version as plausible_version
 
 # Exit statuses of `cyctx doctor` (2 is argparse's usage error).
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_NO_CUDA = 0, 1, 2, 3
@@ -19,13 +25,6 @@ EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_NO_CUDA = 0, 1, 2, 3
 def version_str(v: int | None) -> str | None:
     # CUDA encodes 1000 * major + 10 * minor (13000 -> 13.0, 11080 -> 11.8).
     return None if v is None else f"{v // 1000}.{(v % 1000) // 10}"
-
-
-def plausible_version(v: int) -> bool:
-    """Whether ``v`` can be a CUDA version as the version functions encode it (1000 * major +
-    10 * minor, major 1 to 99, minor 0 to 99): anything else is a broken or foreign library's
-    answer, which the doctor reports as such and never takes for a version."""
-    return 1000 <= v <= 99990 and v % 10 == 0
 
 
 @dataclass
@@ -84,28 +83,6 @@ class RuntimeInfo:
     version_from: str | None = None  # "cudaRuntimeGetVersion" or the wheel it came with
     current_device: int | None = None  # cudaGetDevice on the calling thread
     note: str | None = None  # why current_device is missing, or a load error
-
-
-@dataclass
-class LoadedLibrary:
-    """A CUDA library loaded in the process (one entry of the census)."""
-
-    kind: str  # "driver", "runtime", "nvrtc", "nvjitlink" or "library" (cuBLAS, cuDNN, ...)
-    name: str  # the file name, e.g. libcudart.so.12
-    path: str
-    version: int | None = None  # what it reports, e.g. 12090
-    version_from: str | None = None  # the function that said so, or the wheel it came with
-    distribution: str | None = None  # the installed distribution that ships it, "torch 2.11.0"
-    static: bool = False  # a runtime linked into another library (cuda.bindings.runtime)
-    by_doctor: bool = (
-        False  # mapped after diagnose() began: the doctor's own load, not the program's
-    )
-    note: str | None = None  # why the version is missing
-    # Whether the mapped file is still the one at ``path``: "same", or, where /proc/self/maps
-    # marks it "(deleted)", "deleted" (no file there now) or "replaced" (another file there
-    # now, as `pip install -U` leaves it under a running process).
-    file: str = "same"
-    on_disk: str | None = None  # for deleted or replaced: what is at ``path`` now, in words
 
 
 @dataclass
@@ -217,3 +194,43 @@ class GuardInfo:
     def _same(self) -> bool:
         # The guard's handle with the id it saw, against the id the driver gives it now.
         return same_context((self.handle, self.seen_id), (self.handle, self.driver_id))
+
+
+@dataclass
+class DiagnosisRecord:
+    """The whole of what the doctor saw, as data (:class:`~.report.Diagnosis` adds its JSON and
+    human forms): what :func:`~.render.render` reads, so that it need not know the report."""
+
+    simulated: bool
+    driver_library: str | None
+    driver_version: int | None
+    driver_error: str | None
+    runtime: RuntimeInfo | None
+    other_runtimes: list[RuntimeInfo]
+    devices: list[DeviceInfo]
+    thread_name: str
+    thread_native_id: int
+    context: ContextInfo | None
+    guards: list[GuardInfo]
+    findings: list[Finding]
+    pid: int = field(default_factory=os.getpid)
+    forked_from: int | None = None
+    versions: dict[str, str | None] = field(default_factory=dict)
+    loaded: list[LoadedLibrary] = field(default_factory=list)
+
+    @property
+    def cuda_usable(self) -> bool:
+        """A driver and a device are usable."""
+        return not any(f.severity == "unavailable" for f in self.findings)
+
+    @property
+    def ok(self) -> bool:
+        """No finding is an error and CUDA is usable."""
+        return not any(f.severity in ("error", "unavailable") for f in self.findings)
+
+    @property
+    def exit_status(self) -> int:
+        """0 nothing wrong, 1 a problem was found, 3 no usable driver or GPU."""
+        if any(f.severity == "error" for f in self.findings):
+            return EXIT_PROBLEM
+        return EXIT_OK if self.cuda_usable else EXIT_NO_CUDA

@@ -12,25 +12,9 @@ from cyctx._doctor.cu import call, cstr, driver, error_name
 from cyctx._doctor.model import ContextInfo, DeviceInfo, GuardInfo
 from cyctx._errors import GuardError
 from cyctx._guard import fork_state, live_guards
-from cyctx.testing import loaded_libcuda, sim_library_path, simulated
 
 # CU_CTX_MAP_HOST: every active primary context reports it in cuCtxGetFlags.
 MAP_HOST = 0x08
-
-
-def simulated_driver_path() -> str | None:
-    """Path of cyctx's simulated ``libcuda.so.1`` when it is this process's driver."""
-    sim = simulated()
-    if sim is not None:
-        return sim.path
-    loaded = loaded_libcuda()
-    try:
-        sim_path = sim_library_path()
-    except FileNotFoundError:
-        return None
-    if loaded and os.path.realpath(loaded) == os.path.realpath(sim_path):
-        return loaded
-    return None
 
 
 def forked_from() -> int | None:

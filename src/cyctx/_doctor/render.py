@@ -1,10 +1,10 @@
 """The doctor's words on screen: the human report, and the styling (colour, wrapping, the
 simulated label) that the demo shares.
 
-:func:`render` prints a :class:`~.report.Diagnosis`. At run time it imports only :mod:`.model`
-(:mod:`.report` imports this module for ``Diagnosis.render()``); the annotation names
-``Diagnosis`` itself, imported for type checkers only, so that what render reads is checked
-against the record's own fields rather than against a copy of them that could drift.
+:func:`render` prints a :class:`~.report.Diagnosis`, annotated with the record it is made of
+(:class:`~.model.DiagnosisRecord`): it imports only :mod:`.model`, and :mod:`.report` imports it
+for ``Diagnosis.render()``. What render reads is checked against the record's own fields, not
+against a copy of them that could drift.
 """
 
 from __future__ import annotations
@@ -12,16 +12,14 @@ from __future__ import annotations
 import os
 import textwrap
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cyctx._doctor.model import (
     EXIT_NO_CUDA,
     EXIT_PROBLEM,
+    DiagnosisRecord,
     version_str,
 )
-
-if TYPE_CHECKING:  # report imports this module: the name is for type checkers only
-    from cyctx._doctor.report import Diagnosis
 
 
 class Style:
@@ -85,7 +83,7 @@ def flags_str(flags: int) -> str:
     return f"0x{flags:x} ({'|'.join(names) if names else 'SCHED_AUTO'})"
 
 
-def render(r: Diagnosis, colour: bool = False, width: int = 88, cli: bool = False) -> str:
+def render(r: DiagnosisRecord, colour: bool = False, width: int = 88, cli: bool = False) -> str:
     """The human report of ``r`` (:meth:`Diagnosis.render <cyctx.doctor.Diagnosis.render>`)."""
     s = Style(colour)
     tag = f"  {SIM_TAG}" if r.simulated else ""

@@ -1,38 +1,27 @@
 """The report: :class:`Diagnosis`, the whole of what :func:`~.findings.diagnose` saw, with its
 JSON form (:meth:`Diagnosis.to_dict`) and its human form (:meth:`Diagnosis.render`).
 
-It sits above both of its parts: the records of :mod:`.model` and the words of :mod:`.render`,
-which know nothing of this module.
+It sits above both of its parts: the records of :mod:`.model` (its fields are
+:class:`~.model.DiagnosisRecord`'s) and the words of :mod:`.render`, which know nothing of this
+module.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from cyctx._doctor.model import (
-    EXIT_NO_CUDA,
-    EXIT_OK,
-    EXIT_PROBLEM,
-    ContextInfo,
-    DeviceInfo,
-    Finding,
-    GuardInfo,
-    LoadedLibrary,
-    RuntimeInfo,
-    version_str,
-)
+from cyctx._doctor.model import DiagnosisRecord, version_str
 from cyctx._doctor.render import render
 
 SCHEMA = "cyctx.diagnosis/2"
 
 
 @dataclass
-class Diagnosis:
+class Diagnosis(DiagnosisRecord):
     """What :func:`diagnose` saw; ``str()`` gives the human report, :meth:`to_dict` the JSON one.
 
     Attributes
@@ -45,40 +34,6 @@ class Diagnosis:
         The census: every CUDA library loaded in the process, with the version it reports
         and the installed distribution that ships it.
     """
-
-    simulated: bool
-    driver_library: str | None
-    driver_version: int | None
-    driver_error: str | None
-    runtime: RuntimeInfo | None
-    other_runtimes: list[RuntimeInfo]
-    devices: list[DeviceInfo]
-    thread_name: str
-    thread_native_id: int
-    context: ContextInfo | None
-    guards: list[GuardInfo]
-    findings: list[Finding]
-    pid: int = field(default_factory=os.getpid)
-    forked_from: int | None = None
-    versions: dict[str, str | None] = field(default_factory=dict)
-    loaded: list[LoadedLibrary] = field(default_factory=list)
-
-    @property
-    def cuda_usable(self) -> bool:
-        """A driver and a device are usable."""
-        return not any(f.severity == "unavailable" for f in self.findings)
-
-    @property
-    def ok(self) -> bool:
-        """No finding is an error and CUDA is usable."""
-        return not any(f.severity in ("error", "unavailable") for f in self.findings)
-
-    @property
-    def exit_status(self) -> int:
-        """0 nothing wrong, 1 a problem was found, 3 no usable driver or GPU."""
-        if any(f.severity == "error" for f in self.findings):
-            return EXIT_PROBLEM
-        return EXIT_OK if self.cuda_usable else EXIT_NO_CUDA
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain JSON-able data (schema ``cyctx.diagnosis/2``)."""

@@ -17,7 +17,7 @@ import os
 import re
 import sys
 
-from cyctx._doctor.census import mapped_paths
+from cyctx._census import mapped_paths
 
 _CUPTI = re.compile(r"libcupti\.so(\.(\d+))?")
 _DRIVER = re.compile(r"libcuda\.so(\.|$)")

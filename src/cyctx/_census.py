@@ -1,5 +1,6 @@
 """The census: every CUDA library loaded in this process, the version each reports, and the
-installed distribution that ships it.
+installed distribution that ships it. The doctor lists it, the fork checks and the tracer look
+libraries up in it; it imports none of them.
 
 The libraries are found in the process's memory map (``/proc/self/maps``: a plain file read,
 with no loader lock held, unlike ``dl_iterate_phdr``, whose callback would take the GIL inside
@@ -25,7 +26,35 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cyctx._doctor.model import LoadedLibrary, plausible_version
+
+def plausible_version(v: int) -> bool:
+    """Whether ``v`` can be a CUDA version as the version functions encode it (1000 * major +
+    10 * minor, major 1 to 99, minor 0 to 99): anything else is a broken or foreign library's
+    answer, which the doctor reports as such and never takes for a version."""
+    return 1000 <= v <= 99990 and v % 10 == 0
+
+
+@dataclass
+class LoadedLibrary:
+    """A CUDA library loaded in the process (one entry of the census)."""
+
+    kind: str  # "driver", "runtime", "nvrtc", "nvjitlink" or "library" (cuBLAS, cuDNN, ...)
+    name: str  # the file name, e.g. libcudart.so.12
+    path: str
+    version: int | None = None  # what it reports, e.g. 12090
+    version_from: str | None = None  # the function that said so, or the wheel it came with
+    distribution: str | None = None  # the installed distribution that ships it, "torch 2.11.0"
+    static: bool = False  # a runtime linked into another library (cuda.bindings.runtime)
+    by_doctor: bool = (
+        False  # mapped after diagnose() began: the doctor's own load, not the program's
+    )
+    note: str | None = None  # why the version is missing
+    # Whether the mapped file is still the one at ``path``: "same", or, where /proc/self/maps
+    # marks it "(deleted)", "deleted" (no file there now) or "replaced" (another file there
+    # now, as `pip install -U` leaves it under a running process).
+    file: str = "same"
+    on_disk: str | None = None  # for deleted or replaced: what is at ``path`` now, in words
+
 
 # The libraries of the census, by the start of their file name, with the version function
 # each answers (None: listed with its path and distribution only). Order: how they are shown.
