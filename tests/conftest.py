@@ -26,6 +26,25 @@ def pytest_addoption(parser):
         default=os.environ.get("CYCTX_TEST_DRIVER", "auto"),
         help="driver to test against: real NVIDIA driver, cyctx's simulated one, or auto",
     )
+    parser.addoption(
+        "--tooling",
+        action="store_true",
+        help="also run the tests of the project's own tools (marked tooling; CI runs them)",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    # The suite a user runs is the product's; the tools' tests take minutes (a mutation run,
+    # wheel builds) and CI runs them in a stage of their own.
+    if config.getoption("--tooling"):
+        return
+    skip = pytest.mark.skip(
+        reason="a test of the project's own tools (mutation, benchmarks, wheel building): "
+        "run with --tooling; CI does"
+    )
+    for item in items:
+        if item.get_closest_marker("tooling"):
+            item.add_marker(skip)
 
 
 def pytest_configure(config):

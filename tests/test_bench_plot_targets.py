@@ -10,7 +10,10 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "bench")
-pytestmark = pytest.mark.skipif(not os.path.isdir(BENCH), reason="needs the source tree's bench/")
+pytestmark = [
+    pytest.mark.tooling,
+    pytest.mark.skipif(not os.path.isdir(BENCH), reason="needs the source tree's bench/"),
+]
 
 
 def _plot_source():

@@ -18,9 +18,13 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(REPO, "bench")
-pytestmark = pytest.mark.skipif(
-    not os.path.isfile(os.path.join(BENCH, "run_all.py")), reason="needs the source tree's bench/"
-)
+pytestmark = [
+    pytest.mark.tooling,
+    pytest.mark.skipif(
+        not os.path.isfile(os.path.join(BENCH, "run_all.py")),
+        reason="needs the source tree's bench/",
+    ),
+]
 
 PATHS = ("fast", "from_none", "from_other")  # the simulated driver has two devices
 EXPECTED_ROWS = (

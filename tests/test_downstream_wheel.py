@@ -13,10 +13,13 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
-pytestmark = pytest.mark.skipif(
-    not os.path.isfile(os.path.join(ROOT, "setup.py")) or not os.path.isfile(README),
-    reason="needs the source tree (setup.py, README.md)",
-)
+pytestmark = [
+    pytest.mark.tooling,
+    pytest.mark.skipif(
+        not os.path.isfile(os.path.join(ROOT, "setup.py")) or not os.path.isfile(README),
+        reason="needs the source tree (setup.py, README.md)",
+    ),
+]
 
 
 def _command() -> str:

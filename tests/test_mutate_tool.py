@@ -17,6 +17,7 @@ from helpers import drivers
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 TOOL = os.path.join(REPO, "scripts", "quality", "mutate.py")
+pytestmark = pytest.mark.tooling
 
 if not os.path.isfile(TOOL):
     pytest.skip(
