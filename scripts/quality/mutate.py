@@ -82,7 +82,13 @@ TARGETS = (
 )
 
 # The tests that cover a file: the first entry whose prefix the file's path starts with.
-GUARD_TESTS = ["tests/guard", "tests/test_thread_stack*.py", "tests/test_registry.py"]
+# The guard through Python, then its nogil Cython API (the consumer, compiled against the build).
+GUARD_TESTS = [
+    "tests/guard",
+    "tests/test_thread_stack*.py",
+    "tests/test_registry.py",
+    "tests/test_consumer.py",
+]
 DOCTOR_TESTS = ["tests/test_doctor*.py", "tests/test_runtime.py", "tests/test_lookup_orders.py"]
 COVERS = (
     ("src/cyctx/_trace/", ["tests/trace"]),
@@ -395,6 +401,8 @@ def operator_mutants(rel, text):
                     or re.search(r"except\s*[-+]?\s*$", code[:a])
                 ):
                     continue  # p[0] is a dereference in Cython and C; `except -1` a declaration
+                if new == "(0 + 1)" and code.strip() == "return 0" and _status_only(lines, span):
+                    continue  # a status whose only other value is -1: 1 reads as 0 (equivalent)
                 if kind == "swapped arguments" and not rel.endswith(".py"):
                     x, y = (_shape(v) for v in code[a:b].split(", ", 1))
                     if x != y:
@@ -423,6 +431,18 @@ def operator_mutants(rel, text):
                     }
                 )
     return out
+
+
+def _status_only(lines, span):
+    """Whether the Cython function of `span` returns a status: `except -1`, its return value
+    read for nothing but that -1 (the guard's convention)."""
+    if span is None:
+        return False
+    header, k = "", span[1]
+    while k <= len(lines) and not header.rstrip().endswith(":"):
+        header += lines[k - 1].blank()
+        k += 1
+    return bool(re.search(r"\bint\b.*\bexcept\s+-1\b", header))
 
 
 def _shape(arg):
