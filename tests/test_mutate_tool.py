@@ -2,8 +2,9 @@
 (each kind, never in a comment, a string, a signature or a declaration), its sample and its
 anchoring of listed mutants to functions; and a run for real on a small suite: a mutant of a
 header that only the compiler's include path reaches (cyctx/switch.h, under include/) is rebuilt
-into the extension and killed, an operator mutant is killed by the tests of its file's area, and
-a mutant that hangs is reported with the test that hung."""
+into the extension and killed, as is one of the simulated CUPTI (a C library of its own), an
+operator mutant is killed by the tests of its file's area, and a mutant that hangs is reported
+with the test that hung."""
 
 import importlib.util
 import json
@@ -176,6 +177,9 @@ UNKNOWN_TEST = (
     "tests/guard/test_dead_contexts.py::"
     "test_a_handle_unknown_to_the_driver_at_the_enter_is_not_restored_when_a_context_answers_there"
 )
+# Killed only when the simulated CUPTI, a C library of its own beside the simulated driver, is
+# rebuilt with the mutant.
+CUPTI_TEST = "tests/trace/test_trace_sim_cupti.py::test_bad_enable_is_refused"
 # Formats an ordinal for its message (int_text): the hang mutant loops there for ever.
 BOUND_TEST = (
     "tests/guard/test_bad_inputs.py::"
@@ -190,6 +194,15 @@ find = "#define CYCTX_PREV_UNKNOWN (~0ULL)"
 replace = "#define CYCTX_PREV_UNKNOWN (0ULL)"
 why = "a handle the driver did not know at the enter is taken for a dead one, and restored"
 tests = ["{UNKNOWN_TEST}"]
+
+[[mutant]]
+id = "simcupti-domain-zero-valid"
+file = "src/cyctx/_sim/simcupti.c"
+function = "valid"
+find = "domain > 0"
+replace = "domain >= 0"
+why = "the simulated CUPTI accepts callbacks of domain 0, which names none"
+tests = ["{CUPTI_TEST}"]
 
 [[mutant]]
 id = "python-hang"
@@ -223,7 +236,9 @@ def test_a_header_mutant_is_rebuilt_and_killed_and_a_hang_names_its_test(tmp_pat
     proc = subprocess.run(
         [sys.executable, TOOL, "--mutants", str(toml), "--operators", "--json", str(report)]
         + ["--files", "src/cyctx/_bind.py", "src/cyctx/_inputs.py", "src/cyctx/include/*"]
-        + ["--only", "header-prev-unknown-is-dead", "python-hang", op["id"]]
+        + ["src/cyctx/_sim/simcupti.c"]
+        + ["--only", "header-prev-unknown-is-dead", "simcupti-domain-zero-valid", "python-hang"]
+        + [op["id"]]
         + ["--timeout", "40"],
         cwd=REPO,
         capture_output=True,
@@ -240,8 +255,10 @@ def test_a_header_mutant_is_rebuilt_and_killed_and_a_hang_names_its_test(tmp_pat
     assert hang["status"] == "timeout" and hang["by"] == BOUND_TEST, (hang, out[-3000:])
     assert hang["note"].startswith(f"hung in {BOUND_TEST}: no result after 40 s"), hang
     assert f"python-hang: timeout hung in {BOUND_TEST}" in proc.stdout, proc.stdout[-3000:]
+    cupti = got["simcupti-domain-zero-valid"]
+    assert cupti["status"] == "killed" and cupti["by"].startswith(CUPTI_TEST), cupti
     bound = got[op["id"]]
     assert bound["status"] == "killed", (bound, out[-3000:])
     assert bound["by"].startswith(("tests/guard/test_bind.py", "tests/test_pools.py")), bound
-    assert data["counts"]["killed"] == 2 and data["counts"]["timeout"] == 1, data["counts"]
+    assert data["counts"]["killed"] == 3 and data["counts"]["timeout"] == 1, data["counts"]
     assert data["score"] == 1.0 and proc.returncode == 0, out[-3000:]

@@ -30,9 +30,10 @@ Each mutant faces its `tests` (a listed mutant's own key), else the tests of its
 How a mutant is built: the scratch tree is built once with `setup.py build_ext --inplace`,
 whose compiler and linker commands are recorded. A mutated .pyx/.pxi/.h is re-Cythonized and
 recompiled only for the extension modules that include it (found by following cimports,
-`include`, `cdef extern from` and #include as the compilers resolve them); a mutated
-simdriver.c is recompiled into the simulator library alone, _trace/tracer.c into the tracer's
-module alone; a Python file needs no build. The built package lives in its own folder on
+`include`, `cdef extern from` and #include as the compilers resolve them); a mutated C library
+source (C_LIBRARIES: the simulated driver, its CUPTI, the tracer's module) is recompiled into
+that library alone, a header beside it into each library of its folder; a Python file needs no
+build. The built package lives in its own folder on
 PYTHONPATH (outside the scratch tree's src/, as the consumer tests require), and every file a
 mutant touched there is put back from a pristine copy before the next one.
 
@@ -63,8 +64,12 @@ from collections import Counter
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PKG_REL = os.path.join("src", "cyctx")
-SIM_REL = os.path.join(PKG_REL, "_sim", "simdriver.c")
-TRACER_REL = os.path.join(PKG_REL, "_trace", "tracer.c")  # the C extension cyctx._trace._native
+# The C libraries setup.py builds beside the extension modules, each from one source: the
+# simulated driver and its CUPTI, and the tracer's module (cyctx._trace._native).
+C_LIBRARIES = tuple(
+    os.path.join(PKG_REL, *p.split("/"))
+    for p in ("_sim/simdriver.c", "_sim/simcupti.c", "_trace/tracer.c")
+)
 CURATED = os.path.join(REPO, "scripts", "quality", "mutants.toml")
 FIELDS = {"id", "file", "function", "find", "replace", "why", "tests", "equivalent"}
 
@@ -621,7 +626,7 @@ class Build:
         self.pristine = os.path.join(scratch, "pristine")
         self.log = log
         self.exts = {}  # "_guard" -> {"compile": argv, "link": argv, "out": built .so}
-        self.sim = None
+        self.clibs = {}  # "src/cyctx/_sim/simdriver.c" -> {"compile", "link", "out"}
 
     def setup(self):
         copy_tree(self.tree)
@@ -669,28 +674,19 @@ class Build:
                 "link": link[-1],
                 "out": link[-1][link[-1].index("-o") + 1],
             }
-        comp = [c for c in cmds if "-c" in c and any(a.endswith("simdriver.c") for a in c)]
-        obj = comp[-1][comp[-1].index("-o") + 1] if comp else None
-        link = [c for c in cmds if obj and obj in c and "-shared" in c]
-        if not comp or not link:
-            raise SystemExit(
-                "could not find the simulated driver's build commands in setup.py's output"
-            )
-        self.sim = {
-            "compile": comp[-1],
-            "link": link[-1],
-            "out": link[-1][link[-1].index("-o") + 1],
-        }
-        comp = [c for c in cmds if "-c" in c and any(a.endswith(TRACER_REL) for a in c)]
-        obj = comp[-1][comp[-1].index("-o") + 1] if comp else None
-        link = [c for c in cmds if obj and obj in c and "-shared" in c]
-        if not comp or not link:
-            raise SystemExit("could not find the tracer's build commands in setup.py's output")
-        self.tracer = {
-            "compile": comp[-1],
-            "link": link[-1],
-            "out": link[-1][link[-1].index("-o") + 1],
-        }
+        for src in C_LIBRARIES:
+            if not os.path.isfile(os.path.join(self.tree, src)):
+                continue
+            comp = [c for c in cmds if "-c" in c and any(a.endswith(src) for a in c)]
+            obj = comp[-1][comp[-1].index("-o") + 1] if comp else None
+            link = [c for c in cmds if obj and obj in c and "-shared" in c]
+            if not comp or not link:
+                raise SystemExit(f"could not find the build commands of {src} in setup.py's output")
+            self.clibs[src] = {
+                "compile": comp[-1],
+                "link": link[-1],
+                "out": link[-1][link[-1].index("-o") + 1],
+            }
 
     # -- what a file compiles into
 
@@ -752,24 +748,28 @@ class Build:
         return seen
 
     def targets(self, rel):
-        """('ext', name) / ('sim',) targets that a change of `rel` must rebuild."""
-        if os.path.dirname(rel) == os.path.dirname(SIM_REL):
-            return [("sim",)] if rel.endswith((".c", ".h")) else []
-        if rel == TRACER_REL:
-            return [("tracer",)]
+        """('ext', name) / ('c', source) targets that a change of `rel` must rebuild (a header
+        beside a C library's source: every library of that folder)."""
+        if rel in self.clibs:
+            return [("c", rel)]
+        if rel.endswith(".h") and any(
+            os.path.dirname(c) == os.path.dirname(rel) for c in self.clibs
+        ):
+            return [("c", c) for c in self.clibs if os.path.dirname(c) == os.path.dirname(rel)]
         return [("ext", e) for e in sorted(self.exts) if rel in self._deps(e)]
+
+    def dest(self, target):
+        """Where a target's build goes in the package folder, from its cyctx/."""
+        if target[0] == "c":
+            rel = os.path.relpath(os.path.dirname(target[1]), PKG_REL)
+            return os.path.join(rel, os.path.basename(self.clibs[target[1]]["out"]))
+        return os.path.basename(self.exts[target[1]]["out"])
 
     def rebuild(self, target):
         """Rebuild one target in the scratch tree and put it into the package folder."""
-        if target[0] == "sim":
-            steps, out, dest = (
-                [self.sim["compile"], self.sim["link"]],
-                self.sim["out"],
-                "_sim/libcuda.so.1",
-            )
-        elif target[0] == "tracer":
-            steps, out = [self.tracer["compile"], self.tracer["link"]], self.tracer["out"]
-            dest = "_trace/" + os.path.basename(out)
+        if target[0] == "c":
+            lib = self.clibs[target[1]]
+            steps, out = [lib["compile"], lib["link"]], lib["out"]
         else:
             name = target[1]
             e = self.exts[name]
@@ -783,16 +783,14 @@ class Build:
                 f"compiler_directives=ast.literal_eval(d), include_path=['src'], force=True, "
                 f"quiet=True)\n"
             )
-            steps, out, dest = (
-                [[sys.executable, "-c", cy], e["compile"], e["link"]],
-                e["out"],
-                os.path.basename(e["out"]),
-            )
+            steps, out = [[sys.executable, "-c", cy], e["compile"], e["link"]], e["out"]
         for argv in steps:
             rc, text, _ = run(argv, self.tree, log=self.log)
             if rc != 0:
                 return text[-3000:]
-        shutil.copyfile(os.path.join(self.tree, out), os.path.join(self.site, "cyctx", dest))
+        shutil.copyfile(
+            os.path.join(self.tree, out), os.path.join(self.site, "cyctx", self.dest(target))
+        )
         return None
 
     def install_source(self, rel):
@@ -904,16 +902,7 @@ def try_mutant(build, m, env, timeout, runs):
         if inside:
             touched.append(inside)
         for target in build.targets(rel):
-            touched.append(
-                os.path.join(
-                    "cyctx",
-                    "_sim/libcuda.so.1"
-                    if target[0] == "sim"
-                    else "_trace/" + os.path.basename(build.tracer["out"])
-                    if target[0] == "tracer"
-                    else os.path.basename(build.exts[target[1]]["out"]),
-                )
-            )
+            touched.append(os.path.join("cyctx", build.dest(target)))
             err = build.rebuild(target)
             if err is not None:
                 return {"status": "build-error", "note": err[-800:]}
@@ -1126,7 +1115,9 @@ def main(argv=None):
             env = test_env(build, args.driver)
             # The recorded commands rebuild every target once, unmutated, and the tests must
             # pass on that build: the replay is checked before any mutant relies on it.
-            for target in [("ext", e) for e in sorted(build.exts)] + [("sim",), ("tracer",)]:
+            for target in [("ext", e) for e in sorted(build.exts)] + [
+                ("c", c) for c in build.clibs
+            ]:
                 err = build.rebuild(target)
                 if err:
                     raise SystemExit(f"replaying the build of {target} failed:\n{err}")
