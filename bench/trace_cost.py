@@ -1,8 +1,9 @@
 """What cyctx.trace() costs (docs/tracing.md, "Cost"): a traced context change native-only
-(no Python frames), with the Python stack, and bare; calls the trace does not watch; and a
-Python `with guard:` that switches, traced and not.
+(no Python frames), with the Python stack, and bare; calls the trace does not watch; a
+Python `with guard:` that switches, traced and not; and the naming of the events (the table
+"naming", alone with --naming).
 
-    python bench/trace_cost.py [--simulate] [--n 200000] [--json FILE]
+    python bench/trace_cost.py [--simulate] [--n 200000] [--naming] [--json FILE]
 
 Each push+pop figure is the best of 5 runs of n rounds, made in C without the GIL (the tracer
 module's `bench`), so the difference between traced and untraced rows is the tracer's cost per
@@ -29,6 +30,7 @@ def main() -> int:
     ap.add_argument("--simulate", action="store_true", help="on cyctx's simulated driver")
     ap.add_argument("--n", type=int, default=200_000, help="rounds per run (default 200000)")
     ap.add_argument("--json", metavar="FILE", help="write the figures here")
+    ap.add_argument("--naming", action="store_true", help="the naming table only")
     args = ap.parse_args()
     if args.simulate:
         from cyctx.testing import use_simulated_driver
@@ -44,6 +46,11 @@ def main() -> int:
     assert err == 0
     ctx = int(p)
     n = args.n
+    if args.naming:
+        naming = naming_table(d, p)
+        d.cuDevicePrimaryCtxRelease(0)
+        _write(args, {"naming": naming})
+        return 0
 
     def best(mode: int) -> float:
         return min(_native.bench(ctx, n, mode) for _ in range(5)) / n * 1e9
@@ -61,7 +68,7 @@ def main() -> int:
             total += _native.bench(ctx, k, 0)
             left -= k
             t.collect()
-            t._raw.clear()  # a benchmark keeps no events
+            t._forget()  # a benchmark keeps no events
         return total
 
     def guard_loop(blocks: int) -> float:
@@ -76,7 +83,7 @@ def main() -> int:
         for _ in range(3):
             vals.append(guard_loop(min(chunk // 2, max(1, n // 10))))
             t.collect()
-            t._raw.clear()
+            t._forget()
         return min(vals)
 
     rows: dict[str, float] = {}
@@ -128,27 +135,69 @@ def main() -> int:
             return (v - untraced_guard) / 2
         return None
 
+    naming = naming_table(d, p)
     print(f"{'case':<92} {'ns/round':>9} {'per traced call':>16}")
     for k, v in rows.items():
         pc = per_change(k, v)
         extra = f"{pc:16.1f}" if pc is not None else ""
         print(f"{k:<92} {v:9.1f} {extra}")
+    _write(
+        args,
+        {
+            "n": n,
+            "ns_per_round": rows,
+            "ns_per_traced_call": {
+                k: per_change(k, v) for k, v in rows.items() if per_change(k, v) is not None
+            },
+            "naming": naming,
+        },
+    )
+    return 0
+
+
+def naming_table(d, ctx) -> list[dict[str, float]]:
+    """The stop of a trace of N events, timed (best of 3): drain, naming and building; in
+    seconds of the clock and of the process's CPU (on a loaded machine the clock's include
+    the time other processes had the CPU)."""
+    import cyctx
+
+    rows = []
+    print(f"{'naming: events':<24} {'stop (s)':>10} {'us/event':>10} {'CPU us/event':>13}")
+    for events in (1000, 4000, 16000):
+        wall, cpu = [], []
+        for _ in range(3):
+            t = cyctx.trace(capacity=events, quiet=True).start()
+            if t.reason:
+                raise SystemExit(f"cannot trace: {t.reason}")
+            for _ in range(events // 2):
+                d.cuCtxSetCurrent(ctx)
+                d.cuCtxSetCurrent(None)
+            c0, t0 = time.process_time(), time.perf_counter()
+            t.stop()
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+            if len(t.events) != events or t.dropped:
+                raise SystemExit(f"the trace kept {len(t.events)} of {events} events")
+        s, c = min(wall), min(cpu)
+        rows.append({"events": events, "stop_s": s, "us_per_event": s / events * 1e6, "cpu_s": c})
+        print(f"{events:<24} {s:10.3f} {s / events * 1e6:10.1f} {c / events * 1e6:13.1f}")
+    return rows
+
+
+def _write(args: argparse.Namespace, figures: dict) -> None:
+    import cyctx
+
     out = {
         "schema": "cyctx.bench.trace_cost/1",
         "driver": "simulated" if args.simulate else "real",
         "machine": platform.node(),
         "python": sys.version.split()[0],
         "cyctx": cyctx.__version__,
-        "n": n,
-        "ns_per_round": rows,
-        "ns_per_traced_call": {
-            k: per_change(k, v) for k, v in rows.items() if per_change(k, v) is not None
-        },
+        **figures,
     }
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
-    return 0
 
 
 if __name__ == "__main__":

@@ -364,3 +364,47 @@ def test_a_trace_runs_beside_torch_profiler_and_changes_none_of_its_events(tmp_p
         for k in set(alone) | set(beside)
         if alone.get(k) != beside.get(k)
     }
+
+
+NUMBA = """
+import numba.cuda
+from cuda.bindings import driver as d
+
+d.cuInit(0)
+d.cuCtxSetCurrent(None)
+with numba.cuda.gpus[0]:                       # L numba
+    pass
+"""
+
+
+def test_numba_cudas_device_block_is_named_at_the_users_line(tmp_path):
+    """`with numba.cuda.gpus[0]:` reaches the driver through more of numba-cuda's own Python
+    frames than an event keeps (python_frames=4): the read goes on past them to the script's
+    line, and the changes are numba's, made at that line, not "called from beyond" numba's
+    own frames."""
+    import importlib.util
+
+    if importlib.util.find_spec("numba") is None:
+        pytest.skip("needs numba-cuda")
+    data, path = _trace(tmp_path, NUMBA, simulate=False, name="numba")
+    line = next(
+        i
+        for i, text in enumerate(textwrap.dedent(NUMBA).splitlines(), start=1)
+        if "# L numba" in text
+    )
+    mine = [
+        e for e in data["events"] if e["domain"] == "driver" and e["thread_name"] == "MainThread"
+    ]
+    at_line = [e for e in mine if e["where"] and e["where"]["line"] == line]
+    assert at_line, "no driver call at the with-block's line:\n" + _shown(mine)
+    assert any(e["changed"] for e in at_line), _shown(at_line)
+    for e in at_line:
+        assert e["where"]["file"] == str(path), _shown(e)
+        assert e["library"] == "numba", _shown(e)
+    # numba's own frames were read past: the last two kept are the line and the numba frame
+    # it called, deeper than the four kept.
+    deep = [e for e in at_line if e["python"][-1]["depth"] >= 4]
+    assert deep, "the line was within the kept frames: the read past them was not needed\n" + (
+        _shown(at_line)
+    )
+    assert not any("called from beyond" in e["library"] for e in mine), _shown(mine)

@@ -232,7 +232,7 @@ def main():
     while tr is not None and any(t.is_alive() for t in threads):
         tr.collect()  # the consumer of the buffer, against its 16 writers
         collected += len(tr._raw)
-        tr._raw.clear()  # counted, not kept
+        tr._forget()  # counted, not kept
         threading.Event().wait(0.01)
     for t in threads:
         t.join()

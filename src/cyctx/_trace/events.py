@@ -55,9 +55,13 @@ class ContextRef:
 
 @dataclass(frozen=True)
 class Frame:
+    """A Python frame: its file, line and function (qualified name) as Python shows them, and
+    its place in the thread's stack (``depth``, 0 the innermost; None where not known)."""
+
     file: str
     line: int
     function: str
+    depth: int | None = None
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line} ({self.function})"
@@ -70,9 +74,12 @@ class NativeFrame:
     owner: str  # the library it belongs to, in words: "cyctx", "torch", "cupy", ...
 
 
-@dataclass
+@dataclass(repr=False, slots=True)
 class ContextEvent:
-    """One traced call (or resource event) and where it came from."""
+    """One traced call (or resource event) and where it came from. It prints (``str``,
+    ``repr``) as its line of the report: the time, the thread, the call and its argument, the
+    contexts before and after when it changed them, the call it ran inside, who made it and
+    at which line. :meth:`describe` is the shorter form the report's answers use."""
 
     seq: int
     time_s: float  # since the trace started
@@ -104,7 +111,33 @@ class ContextEvent:
             return False
         return (self.before.handle, self.before.id) != (self.after.handle, self.after.id)
 
+    def _line(self) -> str:
+        """Its line of the report (the time right-aligned, as the report's lines are)."""
+        name = self.thread_name or "?"
+        if self.domain == "resource":
+            what = f"{self.call} {self.target}"
+        else:
+            what = self.call
+            if self.device is not None:
+                what += f"({self.device})"
+            elif self.target is not None:
+                what += f"({self.target.handle:#x})"
+            what += f" -> {self.result}" if self.result else ""
+            if self.changed:
+                what += f"  current {self.before} => {self.after}"
+        who = "cyctx guard" if self.cyctx_guard else self.library
+        at = f" at {self.where}" if self.where else ""
+        via = f" [in {self.via}]" if self.via else ""
+        return f"{self.time_s * 1e3:10.3f} ms  {self.thread} {name:<12} {what}{via}  by {who}{at}"
+
+    def __str__(self) -> str:
+        return self._line().lstrip()
+
+    __repr__ = __str__
+
     def describe(self) -> str:
+        """The call, the call it ran inside, who made it and where: ``cuCtxSetCurrent by
+        cuda-bindings at app.py:12 (main)``."""
         who = "cyctx guard" if self.cyctx_guard else self.library
         at = f" at {self.where}" if self.where else ""
         if not self.python and self.python_state != "read":
@@ -131,7 +164,8 @@ class ContextEvent:
             "changed": self.changed,
             "held_gil": self.held_gil,
             "python": [
-                {"file": f.file, "line": f.line, "function": f.function} for f in self.python
+                {"file": f.file, "line": f.line, "function": f.function, "depth": f.depth}
+                for f in self.python
             ],
             "python_state": self.python_state,
             "native_state": self.native_state,

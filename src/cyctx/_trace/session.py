@@ -1,35 +1,27 @@
-"""The :class:`Trace` object: starts and stops the native subscriber (``_native``, built from
-tracer.c), collects and names its raw records, builds the events and answers the questions."""
+"""The :class:`Trace` object: checks its options, starts and stops the native subscriber
+(``_native``, built from tracer.c), collects its raw records and builds them into events as it
+collects them (``building``), and answers the questions."""
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
-import os
+import gc
 import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
-from cyctx._trace.attribution import (
-    _attribute,
-    _is_driver_side,
-    _live_thread_names,
-    _owner_of,
-    _package_dirs,
-)
-from cyctx._trace.events import (
-    _DOMAINS,
-    _NATIVE_STATES,
-    _PY_STATES,
-    _UNLOADED,
-    SCHEMA,
-    ContextEvent,
-    ContextRef,
-    Frame,
-    NativeFrame,
-    TraceError,
+from cyctx._trace.attribution import _live_thread_names, library_markers
+from cyctx._trace.building import Builder
+from cyctx._trace.events import SCHEMA, ContextEvent, ContextRef, TraceError
+from cyctx._trace.options import check_options
+
+NEVER_STARTED = (
+    "the trace was never started (start it with `with cyctx.trace() as t:` or t.start())"
 )
 
 _lock = threading.Lock()
@@ -71,14 +63,9 @@ class Trace:
     ) -> None:
         import cyctx._trace._native as _native  # type: ignore[import-not-found]  # compiled
 
-        if not 0 <= python_frames <= _native.MAX_PY:
-            raise ValueError(f"python_frames must be 0..{_native.MAX_PY}, not {python_frames!r}")
-        if not 0 <= native_frames <= _native.MAX_NATIVE:
-            raise ValueError(
-                f"native_frames must be 0..{_native.MAX_NATIVE}, not {native_frames!r}"
-            )
-        if not 1 <= capacity <= 1 << 24:
-            raise ValueError(f"capacity must be 1..{1 << 24} events, not {capacity!r}")
+        python_frames, native_frames, capacity, quiet = check_options(
+            _native, python_frames, native_frames, capacity, quiet
+        )
         self._native = _native
         self.python_frames = python_frames
         self.native_frames = native_frames
@@ -92,12 +79,18 @@ class Trace:
         self.cupti_found_via: str | None = None
         self.events: list[ContextEvent] = []
         self.dropped: int = 0
+        self._started = False
         self._t0 = 0
         self._raw: list[dict[str, Any]] = []
-        self._threads: dict[tuple[int, int], str] = {}
+        # The events built so far, in the order of the buffer (each built once, as collected),
+        # and the thread state of each, which names its thread at the stop.
+        self._built: list[ContextEvent] = []
+        self._ts: list[tuple[int, int]] = []
+        self._builder: Builder | None = None
         # Names of return addresses (dladdr), kept while no library is unloaded (collect()):
         # given under the loader's count of unloads _names_subs.
         self._names: dict[int, tuple[str | None, str | None]] = {}
+        self._stack_names: dict[tuple[tuple[int, ...], tuple[int, ...]], list] = {}
         self._names_subs = -1
         self._collecting = threading.Lock()  # a collection's naming and its check, together
         self.unloaded: int = 0  # events whose native frames may be wrong (a library was unloaded)
@@ -121,14 +114,18 @@ class Trace:
                 return self._refuse(how)
             self.cupti, self.cupti_found_via = path, how
             self._t0 = time.monotonic_ns()
-            why = self._native.start(path, self.python_frames, self.native_frames, self.capacity)
+            self._builder = Builder(self)
+            why = self._native.start(
+                path, self.python_frames, self.native_frames, self.capacity, library_markers()
+            )
             if why is not None:
                 return self._refuse(why)
-            self.active = True
+            self.active = self._started = True
             _running = self
         return self
 
     def _refuse(self, why: str) -> Trace:
+        self._started = True
         self.reason = why
         self.finished = True
         if not self.quiet:
@@ -140,19 +137,20 @@ class Trace:
         if not self.active:
             return self
         self._native.stop()
-        self.collect()
-        dropped = self._native.drain()[1]
-        raw = self._raw
-        self._native.release()
-        self._threads = _live_thread_names(self._native)
-        with _lock:
-            _running = None
-        self.active = False
-        self.finished = True
-        self.dropped = dropped
-        self._raw = raw
-        self.events = self._build(raw)
-        self.unloaded = sum(r["unloaded"] for r in raw)
+        with _collector_paused():
+            self.collect()
+            dropped = self._native.drain()[1]
+            self._native.release()
+            threads = _live_thread_names(self._native)
+            for e, ts in zip(self._built, self._ts, strict=True):
+                e.thread_name = threads.get(ts) if ts[1] else None
+            with _lock:
+                _running = None
+            self.active = False
+            self.finished = True
+            self.dropped = dropped
+            self.events = _in_time_order(self._built)
+            self.unloaded = sum(r["unloaded"] for r in self._raw)
         if dropped and not self.quiet:
             sys.stderr.write(
                 f"cyctx trace: {dropped} events were lost (the buffer of {self.capacity} was full;"
@@ -173,7 +171,7 @@ class Trace:
         (docs/tracing.md, "A library unloaded while tracing")."""
         if not self.active:
             return
-        with self._collecting:
+        with self._collecting, _collector_paused():
             self._collect()
 
     def _collect(self) -> None:
@@ -184,24 +182,29 @@ class Trace:
         subs = self._native.unloads()
         if subs < 0 or subs != self._names_subs:
             self._names.clear()
+            self._stack_names.clear()
             self._names_subs = subs
-        # A frame that was in no loaded object when it was walked (a JIT's code) is named so: a
-        # library loaded at its address since would otherwise give it its name.
+        # Each distinct stack is named once (a trace has few): its return addresses, and which
+        # of them were in no loaded object when walked (a JIT's code), named so: a library
+        # loaded at its address since would otherwise give it its name.
+        keys = [(tuple(r["native"]), tuple(r["outside"])) for r in batch]
+        new = {k for k in keys if k not in self._stack_names}
         todo = sorted(
             {
                 a
-                for r in batch
-                for i, a in enumerate(r["native"])
-                if a not in self._names and i not in r["outside"]
+                for native, outside in new
+                for i, a in enumerate(native)
+                if a not in self._names and i not in outside
             }
         )
         for a, res in zip(todo, self._native.resolve(todo), strict=True):
             self._names[a] = (res[0], res[1])
-        for r in batch:
-            outside = set(r["outside"])
-            r["names"] = [
-                (None, None) if i in outside else self._names[a] for i, a in enumerate(r["native"])
+        for native, outside in new:
+            self._stack_names[(native, outside)] = [
+                (None, None) if i in outside else self._names[a] for i, a in enumerate(native)
             ]
+        for r, k in zip(batch, keys, strict=True):
+            r["names"] = self._stack_names[k]
         # Then the loader's count of unloads again (tracer.c, unloads): an event whose walk
         # began under the same count was walked and named with nothing unloaded in between;
         # one walked under an earlier count may have been walked through a gone library, or
@@ -209,18 +212,33 @@ class Trace:
         now = self._native.unloads()
         if now != subs:
             self._names.clear()
+            self._stack_names.clear()
             self._names_subs = -1
         for r in batch:
             r["unloaded"] = r["native_state"] != 3 and (now < 0 or r["subs"] != now)
         self._raw.extend(batch)
+        assert self._builder is not None
+        self._built.extend(self._builder.add(batch))
+        self._ts.extend(r["ts"] for r in batch)
 
     def snapshot(self) -> list[ContextEvent]:
         """The events so far of a running trace (all of a stopped one's), for a caller that
-        asks while it runs: the doctor cites them."""
+        asks while it runs: the doctor cites them. Each event is built once, when it is
+        collected: a later snapshot and the stop give the same objects, which later collections
+        may complete (a "context created" event's id, from the exit of the call it ran inside;
+        the thread's name, at the stop)."""
         if not self.active:
             return list(self.events)
         self.collect()
-        return self._build(self._raw)
+        return _in_time_order(self._built)
+
+    def _forget(self) -> None:
+        """Drops what was collected (a benchmark or a stress run counts events and keeps
+        none)."""
+        with self._collecting:
+            self._raw.clear()
+            self._built.clear()
+            self._ts.clear()
 
     def __enter__(self) -> Trace:
         return self.start()
@@ -228,109 +246,27 @@ class Trace:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    # -- building events --
-    def _build(
-        self,
-        raw: list[dict[str, Any]],
-        seen: tuple[dict[int, int], dict[int, int]] | None = None,
-    ) -> list[ContextEvent]:
-        """Events of ``raw`` records. ``seen``: the id and device each handle was last seen
-        with, kept by a caller that builds a trace's records in pieces, in order."""
-        dirs = _package_dirs()
-        skip = (os.path.realpath(self._native.__file__),)
-        last_id, last_dev = seen if seen is not None else ({}, {})
-        events = []
-        for r in raw:
-            native: list[NativeFrame] = []
-            for lib, sym in r["names"]:
-                if _is_driver_side(lib, skip) and not native:
-                    continue  # the tracer, libcupti, the driver: below the caller
-                owner = _owner_of(lib, dirs) or (os.path.basename(lib) if lib else "?")
-                native.append(NativeFrame(lib, sym, owner))
-            python = [Frame(f, line, fn) for f, line, fn in r["python"]]
-            native_state = _UNLOADED if r["unloaded"] else r["native_state"]
-            library, cyctx_guard, where = _attribute(
-                python,
-                len(python) >= self.python_frames,
-                native,
-                native_state,
-                dirs,
-                self.native_frames,
-            )
-            dom = _DOMAINS.get(r["domain"], str(r["domain"]))
+    # -- building events (tests build records again, at once or in pieces) --
+    def _build(self, raw: list[dict[str, Any]]) -> list[ContextEvent]:
+        return self._build_in_pieces([raw])
 
-            def ref(h: int, cid: int, dev: int) -> ContextRef:
-                if h and cid:
-                    last_id[h] = cid
-                if h and dev >= 0:
-                    last_dev[h] = dev
-                return ContextRef(h, cid or None, None if dev < 0 else dev)
-
-            if dom == "resource":
-                h = r["arg_ctx"]
-                before = after = None
-                # Not asked in the callback (the driver holds its locks there). A destroyed
-                # context: the id and device its handle was last seen with (None if never); a
-                # created one is new: the enclosing call's exit tells (below).
-                if r["cbid"] == 2:
-                    target = ContextRef(h, last_id.get(h), last_dev.get(h))
-                else:
-                    target = ContextRef(h, None, None)
-            else:
-                before = ref(r["before"], r["before_id"], r["before_dev"])
-                after = ref(r["after"], r["after_id"], r["after_dev"])
-                # The device argument is the target's device (a retain's, a create's).
-                target = ref(r["arg_ctx"], r["arg_ctx_id"], r["arg_dev"]) if r["arg_ctx"] else None  # type: ignore[assignment]
-            events.append(
-                ContextEvent(
-                    seq=r["seq"],
-                    time_s=(r["t_ns"] - self._t0) * 1e-9,
-                    duration_s=(r["t_ns"] - r["t_enter_ns"]) * 1e-9,
-                    thread=r["tid"],
-                    thread_name=self._threads.get(r["ts"]) if r["ts"][1] else None,
-                    domain=dom,
-                    call=r["func"],
-                    via=r["via"] or None,
-                    result=r["result"],
-                    before=before,
-                    after=after,
-                    target=target,
-                    device=None if r["arg_dev"] < 0 else r["arg_dev"],
-                    held_gil=bool(r["gil"]),
-                    python=python,
-                    python_state=_PY_STATES.get(r["py_state"], "?"),
-                    native=native,
-                    native_state=_NATIVE_STATES.get(native_state, "?"),
-                    library=library,
-                    where=where,
-                    cyctx_guard=cyctx_guard,
-                )
-            )
-        # The buffer is in claim order; a call's event is written at its exit, so order by time.
-        events.sort(key=lambda e: (e.time_s, e.seq))
-        # A resource event happens inside a call (via); that call's exit, later on the same
-        # thread, names the context's id and device (a retain's, a create's result; a
-        # destroy's argument). The first such exit that entered after the event is another
-        # call: this one's exit was lost (a full buffer), and nothing more is known.
-        for i, e in enumerate(events):
-            if e.domain != "resource" or e.target is None or not e.via:
-                continue
-            for later in events[i + 1 :]:
-                if later.thread == e.thread and later.call == e.via and later.domain != "resource":
-                    if later.time_s - later.duration_s <= e.time_s + 1e-9:  # 1 ns: float rounding
-                        t = later.target
-                        cid = e.target.id
-                        if cid is None and t is not None and t.handle == e.target.handle:
-                            cid = t.id
-                        dev = later.device if later.device is not None else e.target.device
-                        e.target = ContextRef(e.target.handle, cid, dev)
-                    break
-        return events
+    def _build_in_pieces(self, pieces: list[list[dict[str, Any]]]) -> list[ContextEvent]:
+        builder = Builder(self)
+        built: list[ContextEvent] = []
+        for piece in pieces:
+            built += builder.add(piece)
+        threads = _live_thread_names(self._native)
+        raw = [r for piece in pieces for r in piece]
+        for e, r in zip(built, raw, strict=True):
+            e.thread_name = threads.get(r["ts"]) if r["ts"][1] else None
+        return _in_time_order(built)
 
     # -- questions --
     def _need_finished(self) -> None:
         if self.active:
             raise TraceError("the trace is still running: ask after its `with` block ends")
+        if not self._started:
+            raise TraceError(NEVER_STARTED)
 
     def changes(self, thread: int | None = None) -> list[ContextEvent]:
         """The calls that changed their thread's current context, in order (optionally one
@@ -393,8 +329,8 @@ class Trace:
     # -- output --
     def report(self) -> str:
         """The trace in words: each event, then the answers per thread."""
-        if self.reason:
-            return f"cyctx trace: not tracing: {self.reason}"
+        if self.reason or not self._started:
+            return f"cyctx trace: not tracing: {self.reason or NEVER_STARTED}"
         self._need_finished()
         driver = (
             "the simulated driver" if self.simulated else f"{self.cupti} ({self.cupti_found_via})"
@@ -410,25 +346,7 @@ class Trace:
                 else ""
             )
         ]
-        for e in self.events:
-            name = e.thread_name or "?"
-            if e.domain == "resource":
-                what = f"{e.call} {e.target}"
-            else:
-                what = f"{e.call}"
-                if e.device is not None:
-                    what += f"({e.device})"
-                elif e.target is not None:
-                    what += f"({e.target.handle:#x})"
-                what += f" -> {e.result}" if e.result else ""
-                if e.changed:
-                    what += f"  current {e.before} => {e.after}"
-            who = "cyctx guard" if e.cyctx_guard else e.library
-            at = f" at {e.where}" if e.where else ""
-            via = f" [in {e.via}]" if e.via else ""
-            lines.append(
-                f"  {e.time_s * 1e3:10.3f} ms  {e.thread} {name:<12} {what}{via}  by {who}{at}"
-            )
+        lines += [f"  {e._line()}" for e in self.events]
         lines.append("who made each thread's context current (its last change):")
         for t in threads:
             last = self.changes(t)
@@ -456,11 +374,13 @@ class Trace:
 
     def to_json(self) -> dict[str, Any]:
         """The trace as plain JSON-able data (schema ``cyctx.trace/1``, docs/tracing.md)."""
-        self._need_finished()
+        if self._started:
+            self._need_finished()
+        reason = self.reason if self._started else NEVER_STARTED
         return {
             "schema": SCHEMA,
-            "active": self.reason is None,
-            "reason": self.reason,
+            "active": reason is None,
+            "reason": reason,
             "driver": None
             if self.simulated is None
             else ("simulated" if self.simulated else "real"),
@@ -479,6 +399,26 @@ def _stop_at_exit() -> None:
 
 
 atexit.register(_stop_at_exit)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cycle collector paused while a collection builds its events: they make no
+    cycles, and each pass of the collector over the trace's growing set of objects would make
+    the cost of naming an event grow with the size of the trace."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _in_time_order(events: list[ContextEvent]) -> list[ContextEvent]:
+    # The buffer is in claim order; a call's event is written at its exit, so order by time
+    # (a few out of place: a sort of runs in order costs about one pass).
+    return sorted(events, key=lambda e: (e.time_s, e.seq))
 
 
 def trace(

@@ -24,14 +24,18 @@
  * the full stack for one holding it (PyGILState_Check says which; the event records it). This
  * needs the interpreter's frame layout (internal/pycore_frame.h; pycore_interpframe.h from
  * 3.14), known for CPython 3.11-3.15; on other versions (and free-threaded builds) no Python
- * frame is read and the events say so.
+ * frame is read and the events say so. The innermost python_frames are kept; when all of them
+ * are a library's (by the file-name markers Python gives at start), the read goes on to the
+ * first frame outside the libraries, the user's line, MAX_PY_WALK frames deep at most.
  * The return addresses become library and symbol (dladdr) when Python drains the buffer; a
  * library unloaded between an event's walk and that naming puts the event in doubt (each walk
  * records the loader's count of unloads, which Python asks again once it named the events).
  *
  * The buffer is a fixed array of slots claimed with a compare-and-swap on the head (no lock);
- * a full buffer drops the event and counts it. stop() unsubscribes, then waits until no
- * callback is running before the buffer may be freed.
+ * a full buffer drops the event and counts it. It is mapped and not touched at start: the
+ * first event written into a page takes the kernel's page fault (it waits for no lock of
+ * this process), so a trace holds the memory of what it recorded. stop() unsubscribes, then
+ * waits until no callback is running before the buffer may be unmapped.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -48,7 +52,9 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <errno.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -119,6 +125,10 @@ static int args_of(int domain, unsigned cbid) {
  * Events and the ring
  * ------------------------------------------------------------------------------------------ */
 #define MAX_PY 6
+/* Frames read past the kept ones, looking for the first outside the libraries (the user's
+ * line): at most this deep. A library's own stack is tens of frames (numba-cuda's with-block
+ * six, a Dask task twenty and more); each frame read costs a comparison of its file name. */
+#define MAX_PY_WALK 256
 #define MAX_NATIVE 256
 #define FILE_LEN 200
 #define FUNC_LEN 72
@@ -132,7 +142,8 @@ enum { PY_OK, PY_NO_THREAD_STATE, PY_UNSUPPORTED, PY_FINALIZING, PY_OFF };
  * ended before the eval loop of a thread that has one (a frame without unwind information). */
 enum { NATIVE_EVAL_LOOP, NATIVE_END, NATIVE_CUT, NATIVE_OFF, NATIVE_STOPPED = 5 };
 
-typedef struct { char file[FILE_LEN]; char func[FUNC_LEN]; int line; } PyFrameRec;
+/* depth: the frame's place in the thread's stack, 0 the innermost. */
+typedef struct { char file[FILE_LEN]; char func[FUNC_LEN]; int line, depth; } PyFrameRec;
 
 typedef struct {
     _Atomic uint64_t ready;          /* seq + 1 once written */
@@ -141,6 +152,8 @@ typedef struct {
     uint64_t t_enter_ns;
     long tid;
     int domain, cbid, result, gil, py_state, n_py, n_native, native_state, nested_overflow;
+    int py_cut;                      /* the Python frames' read stopped at MAX_PY_WALK, with no
+                                        frame outside the libraries found */
     char func[NAME_LEN];
     char via[NAME_LEN];              /* the enclosing traced call on this thread, if any */
     uintptr_t before, after, arg_ctx;
@@ -150,13 +163,18 @@ typedef struct {
     uintptr_t ts_interp;             /* the calling thread's thread state: its interpreter ... */
     uint64_t ts_id;                  /* ... and unique id (0: none); names the thread at stop */
     uint64_t outside[MAX_NATIVE / 64]; /* bit i: native[i] was in no loaded object when walked */
-    PyFrameRec py[MAX_PY];
-    uintptr_t native[];              /* native_frames of them: a slot is Event plus those */
+    /* A slot is the Event, then native_frames return addresses, then the Python frames read:
+     * python_frames of them and two more (the user's line found past them and the library
+     * frame it called), PY_EXTRA. */
+    uintptr_t native[];
 } Event;
+#define PY_EXTRA 2
 
-static char *g_ring;
+static char *g_ring;                 /* mapped, its pages touched as events fill them */
+static size_t g_ring_bytes;
 static uint64_t g_cap;
 static size_t g_slot;                /* bytes per slot */
+static size_t g_py_off;              /* where a slot's Python frames begin */
 static _Atomic uint64_t g_head, g_tail, g_dropped;
 static _Atomic int g_on;             /* the callback records */
 static _Atomic int g_inflight;       /* callbacks inside record code now */
@@ -219,6 +237,19 @@ static Event *claim(void) {
     return e;
 }
 
+/* A slot's layout for python_frames and native_frames (see Event). */
+static size_t py_offset(int native_max) {
+    size_t off = offsetof(Event, native) + (size_t)native_max * sizeof(uintptr_t);
+    return (off + _Alignof(PyFrameRec) - 1) & ~(_Alignof(PyFrameRec) - 1);
+}
+
+static size_t slot_size(int py_max, int native_max) {
+    size_t py = py_max ? (size_t)(py_max + PY_EXTRA) * sizeof(PyFrameRec) : 0;
+    return (py_offset(native_max) + py + 63) & ~(size_t)63;
+}
+
+static PyFrameRec *py_of(Event *e) { return (PyFrameRec *)((char *)e + g_py_off); }
+
 static void publish(Event *e) { atomic_store_explicit(&e->ready, e->seq + 1, memory_order_release); }
 
 static void copy_name(char *dst, size_t n, const char *src) {
@@ -231,51 +262,142 @@ static void copy_name(char *dst, size_t n, const char *src) {
 /* ------------------------------------------------------------------------------------------
  * Python frames, read without the GIL (see the head comment)
  * ------------------------------------------------------------------------------------------ */
+/* What marks a file as a library's (attribution.py, library_markers): a prefix, or a part
+ * found anywhere in it; given at start, freed at release. */
+typedef struct { Py_UCS4 *text; Py_ssize_t len; int anywhere; } Marker;
+static Marker *g_markers;
+static int g_n_markers;
+
 #if CYCTX_TRACE_FRAMES
-/* A str's characters as UTF-8 where the object already has them (ASCII, or a cached UTF-8
- * copy), else its Latin-1 characters with '?' for the rest: reads only. A long path keeps its
- * tail, the part that names the file. */
+static size_t utf8_len(Py_UCS4 c) { return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4; }
+
+static size_t put_utf8(char *d, Py_UCS4 c) {
+    if (c < 0x80) {
+        d[0] = (char)c;
+        return 1;
+    }
+    if (c < 0x800) {
+        d[0] = (char)(0xC0 | (c >> 6));
+        d[1] = (char)(0x80 | (c & 0x3F));
+        return 2;
+    }
+    if (c < 0x10000) {
+        d[0] = (char)(0xE0 | (c >> 12));
+        d[1] = (char)(0x80 | ((c >> 6) & 0x3F));
+        d[2] = (char)(0x80 | (c & 0x3F));
+        return 3;
+    }
+    d[0] = (char)(0xF0 | (c >> 18));
+    d[1] = (char)(0x80 | ((c >> 12) & 0x3F));
+    d[2] = (char)(0x80 | ((c >> 6) & 0x3F));
+    d[3] = (char)(0x80 | (c & 0x3F));
+    return 4;
+}
+
+/* A str's characters as UTF-8, encoded here from its code points (a lone surrogate, which a
+ * file name Python could not decode holds, in the 3-byte form that "surrogatepass" reads back):
+ * reads only. A long one keeps its tail, the part that names the file, behind "...", cut
+ * between characters. */
 static void copy_str(char *dst, size_t n, PyObject *s) {
     dst[0] = 0;
-    if (!s || !PyUnicode_Check(s) || !PyUnicode_IS_COMPACT(s)) return;
-    const char *src = NULL;
-    Py_ssize_t len = 0;
+    if (!s || !PyUnicode_Check(s) || !PyUnicode_IS_COMPACT(s) || n < 8) return;
+    Py_ssize_t m = PyUnicode_GET_LENGTH(s);
+    size_t room = n - 1;
     if (PyUnicode_IS_ASCII(s)) {
-        src = (const char *)PyUnicode_DATA(s);
-        len = PyUnicode_GET_LENGTH(s);
-    } else if (((PyCompactUnicodeObject *)s)->utf8) {
-        src = ((PyCompactUnicodeObject *)s)->utf8;
-        len = ((PyCompactUnicodeObject *)s)->utf8_length;
-    }
-    if (src) {
-        Py_ssize_t skip = len > (Py_ssize_t)n - 1 ? len - ((Py_ssize_t)n - 1) : 0;
-        memcpy(dst, src + skip, (size_t)(len - skip));
-        dst[len - skip] = 0;
-        if (skip && n > 4) memcpy(dst, "...", 3);
+        const char *src = (const char *)PyUnicode_DATA(s);
+        size_t skip = (size_t)m > room ? (size_t)m - room : 0;
+        memcpy(dst, src + skip, (size_t)m - skip);
+        dst[(size_t)m - skip] = 0;
+        if (skip) memcpy(dst, "...", 3);
         return;
     }
-    Py_ssize_t m = PyUnicode_GET_LENGTH(s);
     int kind = PyUnicode_KIND(s);
     const void *data = PyUnicode_DATA(s);
-    Py_ssize_t skip = m > (Py_ssize_t)n - 1 ? m - ((Py_ssize_t)n - 1) : 0;
-    Py_ssize_t j = 0;
-    for (Py_ssize_t i = skip; i < m; i++) {
-        Py_UCS4 c = PyUnicode_READ(kind, data, i);
-        dst[j++] = c < 128 ? (char)c : '?';
+    Py_ssize_t start = m;
+    size_t len = 0;
+    while (start > 0) {
+        size_t l = utf8_len(PyUnicode_READ(kind, data, start - 1));
+        if (len + l > room) break;
+        len += l;
+        start--;
     }
+    size_t j = 0;
+    if (start > 0) {
+        while (len > room - 3) len -= utf8_len(PyUnicode_READ(kind, data, start++));
+        memcpy(dst, "...", 3);
+        j = 3;
+    }
+    for (Py_ssize_t i = start; i < m; i++) j += put_utf8(dst + j, PyUnicode_READ(kind, data, i));
     dst[j] = 0;
 }
 
-static int read_frames(PyThreadState *ts, PyFrameRec *out, int max) {
-    int n = 0;
-    for (_PyInterpreterFrame *f = cyctx_frame_top(ts); f && n < max; f = cyctx_frame_next(f)) {
+static int marker_at(int kind, const void *data, Py_ssize_t at, const Marker *m) {
+    for (Py_ssize_t j = 0; j < m->len; j++)
+        if (PyUnicode_READ(kind, data, at + j) != m->text[j]) return 0;
+    return 1;
+}
+
+/* Whether a code object's file is a library's (reads only). One that cannot be read is not:
+ * the read stops there, and Python's naming judges the frames it has. */
+static int is_library(PyObject *file) {
+    if (!file || !PyUnicode_Check(file) || !PyUnicode_IS_COMPACT(file)) return 0;
+    int kind = PyUnicode_KIND(file);
+    const void *data = PyUnicode_DATA(file);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(file);
+    for (int i = 0; i < g_n_markers; i++) {
+        const Marker *m = &g_markers[i];
+        if (m->len > n) continue;
+        if (!m->anywhere) {
+            if (marker_at(kind, data, 0, m)) return 1;
+            continue;
+        }
+        for (Py_ssize_t at = 0; at + m->len <= n; at++)
+            if (marker_at(kind, data, at, m)) return 1;
+    }
+    return 0;
+}
+
+static void keep_frame(PyFrameRec *r, _PyInterpreterFrame *f, PyCodeObject *co, int depth) {
+    r->line = cyctx_frame_line(f, co);
+    copy_str(r->file, FILE_LEN, co->co_filename);
+    copy_str(r->func, FUNC_LEN, co->co_qualname);
+    r->depth = depth;
+}
+
+/* The thread's Python frames, innermost first: the `max` innermost are kept. When every one of
+ * them is a library's, the read goes on past them, MAX_PY_WALK frames deep at most, to the
+ * first frame outside the libraries (the user's line), kept with the library frame it called;
+ * a read that finds none keeps the outermost frame it read, and *cut says whether frames lay
+ * beyond it (the bound) or the stack ended there. */
+static int read_frames(PyThreadState *ts, PyFrameRec *out, int max, int *cut) {
+    _PyInterpreterFrame *f = cyctx_frame_top(ts);
+    int n = 0, depth = 0, user = 0;
+    _PyInterpreterFrame *prev = NULL;
+    PyCodeObject *prev_co = NULL;
+    *cut = 0;
+    for (; f; f = cyctx_frame_next(f)) {
         PyCodeObject *co = cyctx_frame_code(f);
         if (!co) continue;
-        out[n].line = cyctx_frame_line(f, co);
-        copy_str(out[n].file, FILE_LEN, co->co_filename);
-        copy_str(out[n].func, FUNC_LEN, co->co_qualname);
-        n++;
+        if (depth < max) {
+            keep_frame(&out[n++], f, co, depth);
+            if (!user && !is_library(co->co_filename)) user = 1;
+        } else {
+            if (user) return n;
+            if (depth >= MAX_PY_WALK) {
+                *cut = 1;
+                break;
+            }
+            if (!is_library(co->co_filename)) {
+                if (prev && depth - 1 >= max) keep_frame(&out[n++], prev, prev_co, depth - 1);
+                keep_frame(&out[n++], f, co, depth);
+                return n;
+            }
+        }
+        prev = f;
+        prev_co = co;
+        depth++;
     }
+    if (!user && prev && depth - 1 >= max) keep_frame(&out[n++], prev, prev_co, depth - 1);
     return n;
 }
 #endif
@@ -403,6 +525,7 @@ static void walk_native(Event *e, uintptr_t boundary) {
 static void capture(Event *e) {
     e->gil = PyGILState_Check();
     e->n_py = 0;
+    e->py_cut = 0;
     uintptr_t boundary = 0;
     /* The thread is named at stop after the living thread whose thread state this is: its OS
      * id alone could be one the kernel gave again to a later thread. Reading this thread's own
@@ -421,7 +544,7 @@ static void capture(Event *e) {
         boundary = cyctx_eval_boundary(ts);
         e->py_state = g_py_max ? PY_OK : PY_OFF;
 #if CYCTX_TRACE_FRAMES
-        if (g_py_max) e->n_py = read_frames(ts, e->py, g_py_max);
+        if (g_py_max) e->n_py = read_frames(ts, py_of(e), g_py_max, &e->py_cut);
 #endif
     }
     /* Before the walk. An unload completes (the loader's lock held throughout) before another
@@ -656,21 +779,64 @@ static int subscribe(void **sub, char *why, size_t n) {
     return r;
 }
 
-/* start(cupti_path, python_frames, native_frames, capacity) -> None or the reason (one line) it
- * could not subscribe; nothing is left changed then. */
+static void free_markers(void) {
+    for (int i = 0; i < g_n_markers; i++) PyMem_Free(g_markers[i].text);
+    PyMem_Free(g_markers);
+    g_markers = NULL;
+    g_n_markers = 0;
+}
+
+/* The markers of library files, from a sequence of (text, anywhere) pairs; under the GIL, while
+ * no callback runs. 0, or -1 with an exception set. */
+static int set_markers(PyObject *seq) {
+    free_markers();
+    if (!seq || seq == Py_None) return 0;
+    PyObject *fast = PySequence_Fast(seq, "the library markers are a sequence of (str, bool)");
+    if (!fast) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    g_markers = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Marker));
+    if (!g_markers) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *text;
+        int anywhere;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "Up", &text, &anywhere)) break;
+        Marker *m = &g_markers[g_n_markers];
+        m->text = PyUnicode_AsUCS4Copy(text);
+        if (!m->text) break;
+        m->len = PyUnicode_GET_LENGTH(text);
+        m->anywhere = anywhere;
+        g_n_markers++;
+    }
+    Py_DECREF(fast);
+    if (PyErr_Occurred()) {
+        free_markers();
+        return -1;
+    }
+    return 0;
+}
+
+/* start(cupti_path, python_frames, native_frames, capacity, library_markers=None) -> None or
+ * the reason (one line) it could not subscribe; nothing is left changed then. */
 static PyObject *t_start(PyObject *self, PyObject *args) {
     (void)self;
     const char *cupti_path;
     int py_max, native_max;
     unsigned long long cap;
-    if (!PyArg_ParseTuple(args, "ziiK", &cupti_path, &py_max, &native_max, &cap))
+    PyObject *markers = NULL;
+    if (!PyArg_ParseTuple(args, "ziiK|O", &cupti_path, &py_max, &native_max, &cap, &markers))
         return NULL;
     if (g_subscribed) return PyUnicode_FromString("a cyctx trace is already running in this process");
+    size_t slot = slot_size(py_max, native_max);
     if (py_max < 0 || py_max > MAX_PY || native_max < 0 || native_max > MAX_NATIVE || cap < 1 ||
-        cap > (1ull << 24)) {
+        cap > SIZE_MAX / slot) {
         PyErr_SetString(PyExc_ValueError, "bad trace limits");
         return NULL;
     }
+    if (set_markers(markers) < 0) return NULL;
     void *lib = cupti_path ? dlopen(cupti_path, RTLD_NOW | RTLD_LOCAL) : NULL;
     if (!lib) return PyUnicode_FromFormat("libcupti could not be loaded: %s", dlerror());
     const char *why = NULL;
@@ -700,17 +866,26 @@ static PyObject *t_start(PyObject *self, PyObject *args) {
     if (why) {
         c_subscribe = NULL;
         dlclose(lib);
+        free_markers();
         return PyUnicode_FromString(why);
     }
     d_get_current = (pfn_get_current)f1;
     d_get_id = (pfn_get_id)f2;
     d_get_device = (pfn_get_device)f3;
 
-    /* Touched here, every page: a first touch in the callback would be a page fault there. */
-    size_t slot = (sizeof(Event) + (size_t)native_max * sizeof(uintptr_t) + 63) & ~(size_t)63;
-    char *ring = PyMem_RawMalloc((size_t)cap * slot);
-    if (!ring) return PyErr_NoMemory();
-    memset(ring, 0, (size_t)cap * slot);
+    /* Mapped, not touched: a page is the kernel's zeroed page until an event is written into
+     * it (that event's callback takes the page fault), so a trace holds the memory of what it
+     * recorded, not of its capacity, and starts at once whatever its capacity. The size was
+     * bounded by what the process can afford when the trace was made (session.py). */
+    size_t bytes = (size_t)cap * slot;
+    char *ring = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (ring == MAP_FAILED) {
+        int err = errno;
+        dlclose(lib);
+        free_markers();
+        return PyUnicode_FromFormat("its buffer of %llu events (%zu MiB) could not be mapped: %s",
+                                    cap, bytes >> 20, strerror(err));
+    }
     find_spans((void *)callback, (void *)c_subscribe, (void *)d_get_current);
     g_find_object = (pfn_find_object)dlsym(RTLD_DEFAULT, "_dl_find_object");
     {   /* the unwinder's first use reads its tables: here, not in a callback */
@@ -726,13 +901,16 @@ static PyObject *t_start(PyObject *self, PyObject *args) {
     char text[256];
     int r = subscribe(&sub, text, sizeof text);
     if (r != 0) {
-        PyMem_RawFree(ring);
+        munmap(ring, bytes);
         dlclose(lib);
+        free_markers();
         return PyUnicode_FromString(text);
     }
     g_ring = ring;
+    g_ring_bytes = bytes;
     g_cap = cap;
     g_slot = slot;
+    g_py_off = py_offset(native_max);
     atomic_store(&g_head, 0);
     atomic_store(&g_tail, 0);
     atomic_store(&g_dropped, 0);
@@ -766,14 +944,34 @@ static PyObject *t_stop(PyObject *self, PyObject *noargs) {
     Py_RETURN_NONE;
 }
 
-static PyObject *str_or_empty(const char *s) { return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "replace"); }
+/* What copy_str and copy_name wrote, back as the str it was. */
+static PyObject *str_or_empty(const char *s) {
+    return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "surrogatepass");
+}
 
-static PyObject *event_tuple(const Event *e) {
+/* The keys of an event's record (event_tuple), made once (init_keys), in its order. */
+static const char *const KEY_NAMES[] = {
+    "seq", "t_ns", "t_enter_ns", "tid", "domain", "cbid", "func", "via", "result", "gil",
+    "py_state", "native_state", "nested_overflow", "before", "before_id", "before_dev", "after",
+    "after_id", "after_dev", "arg_ctx", "arg_ctx_id", "arg_dev", "subs", "python", "native",
+    "outside", "ts", "py_cut",
+};
+#define N_KEYS ((int)(sizeof KEY_NAMES / sizeof KEY_NAMES[0]))
+static PyObject *g_keys[N_KEYS];
+
+static int init_keys(void) {
+    for (int i = 0; i < N_KEYS; i++)
+        if (!g_keys[i] && !(g_keys[i] = PyUnicode_InternFromString(KEY_NAMES[i]))) return -1;
+    return 0;
+}
+
+static PyObject *event_tuple(Event *e) {
     PyObject *py = PyList_New(e->n_py);
     if (!py) return NULL;
+    const PyFrameRec *rec = e->n_py ? py_of(e) : NULL;
     for (int i = 0; i < e->n_py; i++) {
-        PyObject *t = Py_BuildValue("(NiN)", str_or_empty(e->py[i].file), e->py[i].line,
-                                    str_or_empty(e->py[i].func));
+        PyObject *t = Py_BuildValue("(NiNi)", str_or_empty(rec[i].file), rec[i].line,
+                                    str_or_empty(rec[i].func), rec[i].depth);
         if (!t) { Py_DECREF(py); return NULL; }
         PyList_SET_ITEM(py, i, t);
     }
@@ -791,19 +989,29 @@ static PyObject *event_tuple(const Event *e) {
         }
         Py_DECREF(k);
     }
-    return Py_BuildValue(
-        "{sKsKsKslsisisNsNsisisisisisKsKsisKsKsisKsKsisLsNsNsNsN}", "seq", (unsigned long long)e->seq,
-        "t_ns", (unsigned long long)e->t_ns, "t_enter_ns", (unsigned long long)e->t_enter_ns,
-        "tid", e->tid, "domain", e->domain, "cbid", e->cbid, "func", str_or_empty(e->func), "via",
-        str_or_empty(e->via), "result", e->result, "gil", e->gil, "py_state", e->py_state, "native_state",
-        e->native_state,
-        "nested_overflow", e->nested_overflow, "before", (unsigned long long)e->before,
-        "before_id", (unsigned long long)e->before_id, "before_dev", e->before_dev, "after",
-        (unsigned long long)e->after, "after_id", (unsigned long long)e->after_id, "after_dev",
-        e->after_dev, "arg_ctx", (unsigned long long)e->arg_ctx, "arg_ctx_id",
-        (unsigned long long)e->arg_ctx_id, "arg_dev", e->arg_dev, "subs",
-        e->subs, "python", py, "native", nat, "outside", out, "ts",
-        Py_BuildValue("(KK)", (unsigned long long)e->ts_interp, (unsigned long long)e->ts_id));
+    PyObject *d = PyDict_New();
+    PyObject *v[N_KEYS] = {
+        PyLong_FromUnsignedLongLong(e->seq), PyLong_FromUnsignedLongLong(e->t_ns),
+        PyLong_FromUnsignedLongLong(e->t_enter_ns), PyLong_FromLong(e->tid),
+        PyLong_FromLong(e->domain), PyLong_FromLong(e->cbid), str_or_empty(e->func),
+        str_or_empty(e->via), PyLong_FromLong(e->result), PyLong_FromLong(e->gil),
+        PyLong_FromLong(e->py_state), PyLong_FromLong(e->native_state),
+        PyLong_FromLong(e->nested_overflow), PyLong_FromUnsignedLongLong(e->before),
+        PyLong_FromUnsignedLongLong(e->before_id), PyLong_FromLong(e->before_dev),
+        PyLong_FromUnsignedLongLong(e->after), PyLong_FromUnsignedLongLong(e->after_id),
+        PyLong_FromLong(e->after_dev), PyLong_FromUnsignedLongLong(e->arg_ctx),
+        PyLong_FromUnsignedLongLong(e->arg_ctx_id), PyLong_FromLong(e->arg_dev),
+        PyLong_FromLongLong(e->subs), py, nat, out,
+        Py_BuildValue("(KK)", (unsigned long long)e->ts_interp, (unsigned long long)e->ts_id),
+        PyLong_FromLong(e->py_cut),
+    };
+    int ok = d != NULL;
+    for (int i = 0; i < N_KEYS; i++) {
+        if (ok && (!v[i] || PyDict_SetItem(d, g_keys[i], v[i]) < 0)) ok = 0;
+        Py_XDECREF(v[i]);
+    }
+    if (!ok) Py_CLEAR(d);
+    return d;
 }
 
 /* drain() -> (events, dropped): every event written so far, in the order of the buffer. */
@@ -838,9 +1046,11 @@ static PyObject *t_unloads(PyObject *self, PyObject *noargs) {
 static PyObject *t_release(PyObject *self, PyObject *noargs) {
     (void)self; (void)noargs;
     if (!g_subscribed && g_ring) {
-        PyMem_RawFree(g_ring);
+        munmap(g_ring, g_ring_bytes);
         g_ring = NULL;
+        g_ring_bytes = 0;
         g_cap = 0;
+        free_markers();
     }
     Py_RETURN_NONE;
 }
@@ -860,9 +1070,13 @@ static PyObject *t_resolve(PyObject *self, PyObject *seq) {
         PyObject *t;
         /* A return address points after the call: look one byte back for its symbol. */
         if (a && dladdr((char *)a - 1, &info) && info.dli_fname) {
+            /* Named as Python names files (os.fsdecode): bytes no encoding decodes included. */
             uintptr_t base = (uintptr_t)(info.dli_saddr ? info.dli_saddr : info.dli_fbase);
-            t = Py_BuildValue("(ssn)", info.dli_fname, info.dli_sname,
-                              (Py_ssize_t)((uintptr_t)a - base));
+            PyObject *sym = info.dli_sname ? PyUnicode_DecodeFSDefault(info.dli_sname)
+                                           : Py_NewRef(Py_None);
+            t = sym ? Py_BuildValue("(NNn)", PyUnicode_DecodeFSDefault(info.dli_fname), sym,
+                                    (Py_ssize_t)((uintptr_t)a - base))
+                    : NULL;
         } else {
             t = Py_BuildValue("(OOn)", Py_None, Py_None, (Py_ssize_t)0);
         }
@@ -871,6 +1085,18 @@ static PyObject *t_resolve(PyObject *self, PyObject *seq) {
     }
     Py_DECREF(fast);
     return out;
+}
+
+/* slot_bytes(python_frames, native_frames) -> the bytes of the buffer an event takes. */
+static PyObject *t_slot_bytes(PyObject *self, PyObject *args) {
+    (void)self;
+    int py_max, native_max;
+    if (!PyArg_ParseTuple(args, "ii", &py_max, &native_max)) return NULL;
+    if (py_max < 0 || py_max > MAX_PY || native_max < 0 || native_max > MAX_NATIVE) {
+        PyErr_SetString(PyExc_ValueError, "bad trace limits");
+        return NULL;
+    }
+    return PyLong_FromSize_t(slot_size(py_max, native_max));
 }
 
 static PyObject *t_active(PyObject *self, PyObject *noargs) {
@@ -959,13 +1185,15 @@ static PyObject *t_live_threads(PyObject *self, PyObject *noargs) {
 }
 
 static PyMethodDef methods[] = {
-    {"start", t_start, METH_VARARGS, "start(cupti_path, py_frames, native_frames, capacity)"},
+    {"start", t_start, METH_VARARGS,
+     "start(cupti_path, py_frames, native_frames, capacity, library_markers=None)"},
     {"stop", t_stop, METH_NOARGS, "unsubscribe; returns once no callback runs"},
     {"drain", t_drain, METH_NOARGS, "(events, dropped)"},
     {"release", t_release, METH_NOARGS, "free the buffer of a stopped trace"},
     {"unloads", t_unloads, METH_NOARGS, "the loader's count of unloads now (-1: not counted)"},
     {"resolve", t_resolve, METH_O, "dladdr of return addresses"},
     {"active", t_active, METH_NOARGS, "whether a trace is subscribed"},
+    {"slot_bytes", t_slot_bytes, METH_VARARGS, "bytes an event takes: slot_bytes(py, native)"},
     {"bench", t_bench, METH_VARARGS, "seconds for n rounds of driver calls without the GIL"},
     {"live_threads", t_live_threads, METH_NOARGS, "[((interp, thread state id), OS thread id)]"},
     {NULL, NULL, 0, NULL},
@@ -976,10 +1204,12 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "cyctx._trace._native
                                     NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__native(void) {
+    if (init_keys() < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     if (PyModule_AddIntConstant(m, "FRAMES_SUPPORTED", CYCTX_TRACE_FRAMES) < 0 ||
         PyModule_AddIntConstant(m, "MAX_PY", MAX_PY) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_PY_WALK", MAX_PY_WALK) < 0 ||
         PyModule_AddIntConstant(m, "MAX_NATIVE", MAX_NATIVE) < 0) {
         Py_DECREF(m);
         return NULL;
