@@ -34,10 +34,12 @@ ctypes), so it also works where cyctx cannot be imported.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -620,24 +622,80 @@ class _Checker:
                 tr.write_line(f"  {_title(f)}: " + "; ".join(line for _, line in f["changes"]))
 
 
+class _Owner:
+    """A test or a fixture, as the trace sees it: the traced events of its own stretches of time
+    (a fixture's setup and its teardown; a test's run less its fixtures')."""
+
+    def __init__(self, title: str, since: float = 0.0) -> None:
+        self.title = title
+        self.since = since  # when it began (a fixture: its setup), in the trace's seconds
+        self.events: list[Any] = []
+
+
+def _same(a: Any, b: Any) -> bool:
+    # The same handle with another id is another context (a reset), as the check has it.
+    return (a.handle, a.id) == (b.handle, b.id)
+
+
 class _Tracer:
     """``--cyctx-trace``: one cyctx trace over the session (docs/tracing.md, "In pytest"), cut
-    into each test's stretch; for each test that left its thread's current context changed,
-    the call that made it current and where, and every context a test destroyed or reset.
-    Under pytest-xdist each worker traces its own tests and sends its findings to the
-    controller, which traces nothing. cyctx is imported only here, when the option asks."""
+    into each test's and each fixture's stretches of time as the context check cuts them (a
+    fixture's setup and teardown are the fixture's); for each test or fixture that left the
+    current context of the thread that runs the tests changed, the call that made it current and
+    where, and every context one destroyed or reset. A fixture that puts back at its teardown
+    what was current before its setup changed nothing. Under pytest-xdist each worker traces its
+    own tests and sends its findings to the controller, which traces nothing. cyctx is imported
+    only here, when the option asks."""
 
     def __init__(self) -> None:
         self.trace: Any = None
         self.tests = 0
         self.events = 0
         self.dropped = 0
-        self.found: list[str] = []  # the findings, in the order of the tests
+        self.found: list[str] = []  # the findings, in the order they were made
         self.reason: str | None = None
-        self._mark = 0  # where the running test's records start in the trace's
-        self._thread = 0
-        self._seen: tuple[dict[int, int], dict[int, int]] = ({}, {})
-        self._built: tuple[int, list[Any]] = (0, [])  # records built so far, their events
+        self._thread = threading.get_native_id()  # the thread that runs the tests
+        # Who ran when: the start of each stretch (the trace's seconds) and its owner (None:
+        # between tests); the owners running now, innermost last.
+        self._starts: list[float] = []
+        self._stretch: list[_Owner | None] = []
+        self._running: list[_Owner] = []
+        self._fixtures: dict[int, _Owner] = {}
+        self._test: _Owner | None = None
+        self._nodeid: str | None = None
+        self._given = 0  # the trace's events given to their owners so far
+        # The events of the thread that runs the tests that say what was current, in order:
+        # what was current when a fixture's setup began is the first one's after it.
+        self._on_thread: list[Any] = []
+        self._on_thread_t: list[float] = []
+
+    def _active(self) -> bool:
+        return self.trace is not None and self.trace.active
+
+    def _now(self) -> float:
+        return (time.monotonic_ns() - self.trace._t0) * 1e-9
+
+    def _boundary(self) -> float:
+        now = self._now()
+        self._starts.append(now)
+        self._stretch.append(self._running[-1] if self._running else None)
+        return now
+
+    def _give_out(self) -> None:
+        """Collects the trace and gives each new event to the owner of its time."""
+        t = self.trace
+        t.collect()
+        for e in t._built[self._given :]:
+            i = bisect.bisect_right(self._starts, e.time_s) - 1
+            owner = self._stretch[i] if i >= 0 else None
+            if owner is not None:
+                owner.events.append(e)
+                self.events += 1
+            if e.thread == self._thread and e.before is not None:
+                at = bisect.bisect_right(self._on_thread_t, e.time_s)
+                self._on_thread.insert(at, e)
+                self._on_thread_t.insert(at, e.time_s)
+        self._given = len(t._built)
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -652,57 +710,104 @@ class _Tracer:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: Any) -> Iterator[Any]:
-        t = self.trace
-        if t is None or not t.active:
+        if not self._active():
             return (yield)
-        self.test_events()  # what came before the test, built in order (ids carry over)
-        self._mark = len(t._raw)
-        self._built = (self._mark, [])
         self._thread = threading.get_native_id()
+        self._nodeid = item.nodeid
+        self._test = _Owner(item.nodeid)
+        self._running = [self._test]
+        self._boundary()
         try:
             return (yield)
         finally:
+            self._running = []
+            self._boundary()
+            self._give_out()
             self.tests += 1
-            events = self.test_events()
-            self.events += len(events)
-            self.found += self.findings(item.nodeid, events)
+            self.found += self._findings(self._test)
+            self._test = None
 
-    def test_events(self) -> list[Any]:
-        """The events of the running test so far (built from its records while the trace runs
-        on; each record once, in order, so that a handle's id carries over from test to test)."""
-        t = self.trace
-        t.collect()
-        upto, built = self._built
-        built = built + t._build(t._raw[upto:], self._seen)
-        self._built = (len(t._raw), built)
-        return built
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_fixture_setup(self, fixturedef: Any, request: Any) -> Iterator[Any]:
+        if not self._active() or self._test is None:
+            return (yield)
+        owner = _Owner(f"fixture {fixturedef.argname!r} ({fixturedef.scope} scope")
+        self._running.append(owner)
+        owner.since = self._boundary()
+        self._fixtures[id(fixturedef)] = owner
+        try:
+            result = yield
+        finally:
+            self._running.remove(owner)
+            self._boundary()
+        # Added after the fixture's own teardown, so it runs before it (finalizers run last
+        # added first): the start of the fixture's teardown.
+        fixturedef.addfinalizer(lambda: self._teardown_starts(fixturedef))
+        return result
+
+    def _teardown_starts(self, fixturedef: Any) -> None:
+        owner = self._fixtures.get(id(fixturedef))
+        if owner is not None and self._active():
+            self._running.append(owner)
+            self._boundary()
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_fixture_post_finalizer(self, fixturedef: Any, request: Any) -> None:
+        owner = self._fixtures.pop(id(fixturedef), None)
+        if owner is None or not self._active():
+            return
+        if owner in self._running:
+            self._running.remove(owner)
+        self._boundary()
+        self._give_out()
+        owner.title += f", torn down at the end of {self._nodeid or 'the session'})"
+        self.found += self._findings(owner)
+
+    def _findings(self, owner: _Owner) -> list[str]:
+        from cyctx._trace import made_current_by
+
+        out = []
+        events = sorted(owner.events, key=lambda e: (e.time_s, e.seq))
+        mine = [e for e in events if e.thread == self._thread and e.changed]
+        if mine:
+            found = mine[0].before
+            if owner is not self._test:
+                # A fixture from what was current when its setup began.
+                i = bisect.bisect_left(self._on_thread_t, owner.since)
+                found = self._on_thread[i].before
+            left = mine[-1].after
+            if not _same(found, left):
+                last = made_current_by(mine, self._thread, left.handle) or mine[-1]
+                out.append(
+                    f"{owner.title} left {left} current (it found {found}): made current by "
+                    f"{last.describe()}"
+                )
+        # A context it made itself and destroyed is its own business (a fixture's primary
+        # context, retained at its setup, released at its teardown): what is named is one that
+        # was there before it, which a later test may have been using.
+        made = {
+            (e.target.handle, e.target.id)
+            for e in events
+            if e.call == "context created" and e.target is not None and e.target.id is not None
+        }
+        for e in events:
+            if (
+                e.call == "context destroy starting"
+                and e.target is not None
+                and (e.target.handle, e.target.id) not in made
+            ):
+                out.append(f"{owner.title} destroyed {e.target}: {e.describe()}")
+        return out
 
     def made_current(self, handle: int) -> Any:
         """The running test's last call that made ``handle`` current on its thread."""
-        if self.trace is None or not self.trace.active:
+        if not self._active() or self._test is None:
             return None
         from cyctx._trace import made_current_by
 
-        return made_current_by(self.test_events(), self._thread, handle)
-
-    def findings(self, nodeid: str, events: list[Any]) -> list[str]:
-        out = []
-        mine = [e for e in events if e.thread == self._thread and e.changed]
-        if mine and (mine[0].before.handle, mine[0].before.id) != (
-            mine[-1].after.handle,
-            mine[-1].after.id,
-        ):
-            from cyctx._trace import made_current_by
-
-            last = made_current_by(mine, self._thread, mine[-1].after.handle) or mine[-1]
-            out.append(
-                f"{nodeid} left {mine[-1].after} current (it found {mine[0].before}): made "
-                f"current by {last.describe()}"
-            )
-        for e in events:
-            if e.call == "context destroy starting":
-                out.append(f"{nodeid} destroyed {e.target}: {e.describe()}")
-        return out
+        self._give_out()
+        events = sorted(self._test.events, key=lambda e: (e.time_s, e.seq))
+        return made_current_by(events, self._thread, handle)
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:

@@ -40,9 +40,9 @@ def test_leaks():
 
 def test_puts_back():
     d.cuCtxSetCurrent(None)  # back-line
-    err, p = d.cuDevicePrimaryCtxRetain(0)
-    d.cuDevicePrimaryCtxReset(0)  # reset-line
-    d.cuDevicePrimaryCtxRelease(0)
+    err, p = d.cuDevicePrimaryCtxRetain(DEV)  # the primary context test_clean's guard made
+    d.cuDevicePrimaryCtxReset(DEV)  # reset-line
+    d.cuDevicePrimaryCtxRelease(DEV)
 """
 
 
