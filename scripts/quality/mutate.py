@@ -119,7 +119,10 @@ COVERS = (
             "tests/test_lookup_orders.py",
         ],
     ),
-    ("src/cyctx/testing.py", ["tests/test_testing_module.py", "tests/sim"]),
+    (
+        "src/cyctx/testing.py",
+        ["tests/test_testing_module.py", "tests/test_lookup_orders.py", "tests/sim"],
+    ),
     (
         "src/cyctx/_fork.py",
         ["tests/test_fork_checks.py", "tests/guard/test_fork.py", "tests/test_doctor_fork.py"],
