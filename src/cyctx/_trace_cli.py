@@ -117,7 +117,7 @@ def run(tr: argparse.ArgumentParser, args: argparse.Namespace, script_args: list
         print(f"cyctx trace: not tracing: {t.reason}{_hint(args, script)}", file=sys.stderr)
     traced = os.getpid()
     once = threading.RLock()  # RLock: an os._exit from a signal handler while writing them
-    written = []
+    written: list[bool] = []
 
     def write():
         # The report and the JSON: once, by the traced process (a child it forked is the
@@ -200,7 +200,7 @@ def _run_module(name: str, args: list[str]) -> tuple[int, BaseException | None]:
     _new_main()
     sys.argv = ["-m", *args]
     sys.path[0] = os.getcwd()
-    return _as_python_ends(lambda: runpy._run_module_as_main(name))
+    return _as_python_ends(lambda: runpy._run_module_as_main(name))  # type: ignore[attr-defined]
 
 
 def _new_main() -> types.ModuleType:
