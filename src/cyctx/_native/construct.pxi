@@ -126,12 +126,11 @@ cdef int _init_context(ContextGuard self, size_t handle, count) except -1:
     return 0
 
 
-cdef int _after_reset(ContextGuard g, cydriver.CUresult err, unsigned long long ctx_id) except -1 nogil:
+cdef int _after_reset(ContextGuard g, cydriver.CUresult err) except -1 nogil:
     # The primary context was reset since this guard last saw it. Our retain survived the
     # reset (docs/evidence.md, "A reset keeps the retain count"), so a retain+release pair
     # re-activates it
     # and leaves the refcount as it was. GIL: only to warn.
-    cdef cydriver.CUcontext ctx = NULL
     if err != cydriver.CUresult.CUDA_SUCCESS and err != cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED:
         return check(err, "cuCtxGetId")
     if ctx_load(&g._ctx) == NULL:
@@ -154,24 +153,39 @@ cdef int _after_reset(ContextGuard g, cydriver.CUresult err, unsigned long long 
         gate_leave(&g._gate)
         return _raise_closed(g)  # closed while the warning ran
     cdef const DriverApi* d = driver_api()  # loaded: the guard was constructed
-    try:
-        # Look again: Python code ran in the warning (another thread, or a hook, may have
-        # re-activated or reset the context since), so act on what the driver says now.
-        err = d.CtxGetId(ctx_load(&g._ctx), &ctx_id)
-        if err != cydriver.CUresult.CUDA_SUCCESS and err != cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED:
-            check(err, "cuCtxGetId")
-        if err != cydriver.CUresult.CUDA_SUCCESS:
-            check(d.PrimaryCtxRetain(&ctx, g._dev), "cuDevicePrimaryCtxRetain")
-            if d.PrimaryCtxRelease(g._dev) != cydriver.CUresult.CUDA_SUCCESS:
-                # Still balanced overall: close() releases it with the guard's own retain.
-                int_add(&g._extra_retains, 1)
-            ctx_store(&g._ctx, ctx)  # the driver reuses the handle; take whatever it says
-            check(d.CtxGetId(ctx, &ctx_id), "cuCtxGetId")
-        u64_store(&g._ctx_id, ctx_id)
-        int_add(&g._resets, 1)
-    finally:
-        gate_leave(&g._gate)
+    cdef const char* failed = _reactivate(g, d, &err)
+    gate_leave(&g._gate)
+    # Raised only now: raising takes the GIL, which a thread may never get back (a daemon thread
+    # while the interpreter finalizes), and the gate must not stay held then.
+    if failed != NULL:
+        return check(err, failed)
     return 0
+
+
+cdef const char* _reactivate(ContextGuard g, const DriverApi* d, cydriver.CUresult* err) noexcept nogil:
+    # _after_reset's driver calls, with the gate held: NULL, or the call that failed (its code in
+    # *err). No GIL is taken here.
+    cdef cydriver.CUcontext ctx = NULL
+    cdef unsigned long long ctx_id = 0
+    # Look again: Python code ran in the warning (another thread, or a hook, may have
+    # re-activated or reset the context since), so act on what the driver says now.
+    err[0] = d.CtxGetId(ctx_load(&g._ctx), &ctx_id)
+    if err[0] != cydriver.CUresult.CUDA_SUCCESS and err[0] != cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED:
+        return "cuCtxGetId"
+    if err[0] != cydriver.CUresult.CUDA_SUCCESS:
+        err[0] = d.PrimaryCtxRetain(&ctx, g._dev)
+        if err[0] != cydriver.CUresult.CUDA_SUCCESS:
+            return "cuDevicePrimaryCtxRetain"
+        if d.PrimaryCtxRelease(g._dev) != cydriver.CUresult.CUDA_SUCCESS:
+            # Still balanced overall: close() releases it with the guard's own retain.
+            int_add(&g._extra_retains, 1)
+        ctx_store(&g._ctx, ctx)  # the driver reuses the handle; take whatever it says
+        err[0] = d.CtxGetId(ctx, &ctx_id)
+        if err[0] != cydriver.CUresult.CUDA_SUCCESS:
+            return "cuCtxGetId"
+    u64_store(&g._ctx_id, ctx_id)
+    int_add(&g._resets, 1)
+    return NULL
 
 
 cdef size_t _context_of(kind, size_t handle) except? 0:

@@ -2,6 +2,8 @@
 // statement's exit binding, else the strand (strand.h), else refused with nothing changed
 // (docs/guarantees.md, "Which block an exit belongs to"; docs/design.md, "Block identity").
 // GIL: held by every caller.
+// No function here is noexcept: a thread's first block makes its contextvars Context (strand.h),
+// an allocation that can run finalizers, and so Python code (methods.h says why that matters).
 #pragma once
 #include <Python.h>
 #include <cstdint>
@@ -22,24 +24,24 @@ struct Pending {
 static_assert(sizeof(Pending) == 4 * sizeof(unsigned long long), "ContextGuard._announced");
 
 // Called by methods.h when `with` binds an exact guard's __exit__.
-inline void block_expect(void *announced, unsigned long long serial) noexcept {
+inline void block_expect(void *announced, unsigned long long serial) {
     PyThreadState *ts = block_tstate();
     *static_cast<Pending *>(announced) = Pending{ts, serial, block_context(ts), block_item_now(ts)};
 }
 
 // The binding `serial` is being called: it no longer announces an enter.
-inline void block_called(void *announced, unsigned long long serial) noexcept {
+inline void block_called(void *announced, unsigned long long serial) {
     Pending *p = static_cast<Pending *>(announced);
     if (p->serial == serial) p->ts = nullptr;
 }
 
-inline void block_strand(PyThreadState *ts, BlockId *id) noexcept {
+inline void block_strand(PyThreadState *ts, BlockId *id) {
     id->ctx = block_context(ts);
     block_items(ts, &id->inner, &id->root);
 }
 
 // The identity of the block a Python enter of the guard whose announcement is `announced` opens.
-inline void block_here(void *announced, BlockId *id) noexcept {
+inline void block_here(void *announced, BlockId *id) {
     PyThreadState *ts = block_tstate();
     block_strand(ts, id);
     Pending *p = static_cast<Pending *>(announced);
@@ -56,7 +58,7 @@ enum { kTop = 0, kOwn = 1, kSpliced = 2, kHanded = 3, kNone = -1, kAmbiguous = -
 // kOwn, or kNone (no entry of the guard here), or kAmbiguous (several could be, none is told).
 // `serial`: the exit binding it was called through (0: the plain method).
 inline int block_search(unsigned long long token, unsigned long long serial, std::size_t *at,
-                        std::size_t *candidates) noexcept {
+                        std::size_t *candidates) {
     Stack &s = *my_stack();
     std::size_t n = 0, last = 0;
     for (std::size_t i = s.depth; i-- > 0;) {
@@ -125,7 +127,7 @@ inline int block_search(unsigned long long token, unsigned long long serial, std
 // into the exit): the innermost entry is not plainly this exit's own.
 __attribute__((noinline)) inline int block_find_slow(unsigned long long token, unsigned long long serial,
                                                      std::size_t *at, std::size_t *dropped,
-                                                     std::size_t *candidates) noexcept {
+                                                     std::size_t *candidates) {
     Stack &s = *my_stack();
     int r = block_search(token, serial, at, candidates);
     if (r != kOwn || *at + 1 == s.depth) return r;
@@ -150,7 +152,7 @@ __attribute__((noinline)) inline int block_find_slow(unsigned long long token, u
 // the same, under entries of the same guard and strand only (no disorder). kNone, kAmbiguous:
 // nothing to take, nothing changed but the drop.
 inline int block_find(unsigned long long token, unsigned long long serial, std::size_t *at,
-                      std::size_t *dropped, std::size_t *candidates) noexcept {
+                      std::size_t *dropped, std::size_t *candidates) {
     // The stack as it is (not made: no entries, the slow path says so), so that the pop that
     // follows reads it again for free.
     Stack *s = t_stack;
@@ -168,7 +170,7 @@ inline int block_find(unsigned long long token, unsigned long long serial, std::
 // coroutine that is not running now), kTagged (entered by `with guard:` itself), kNogil (by the
 // nogil enter()); -1 past the last.
 enum { kSameStrand = 1, kInside = 2, kTagged = 4, kNogil = 8 };
-inline int block_describe(unsigned long long token, std::size_t i) noexcept {
+inline int block_describe(unsigned long long token, std::size_t i) {
     Stack &s = *my_stack();
     PyThreadState *ts = block_tstate();
     for (std::size_t j = s.depth; j-- > 0;) {

@@ -2,6 +2,9 @@
 // from a free list that call the guard's C code directly and stand for the plain bound methods
 // in everything else (docs/design.md, "The quick bound methods"). Public CPython API only;
 // free-threaded builds do not install them (the free list relies on the GIL). GIL: held.
+// No function here is noexcept: each can run Python code (a call, a finalizer, a warning), and
+// a daemon thread that wants the GIL back while the interpreter finalizes is ended there by
+// pthread_exit (CPython 3.11-3.13), whose unwinding a noexcept frame turns into std::terminate.
 #pragma once
 #include <Python.h>
 #include "blocks.h"
@@ -36,14 +39,14 @@ struct Bound {
 static unsigned long long g_serial = 0;  // GIL held: the Slots are not installed without one
 
 // The plain bound method a Bound stands for (a new reference), for everything but the call.
-inline PyObject *bound_plain(Bound *b) noexcept {
+inline PyObject *bound_plain(Bound *b) {
     PyObject *m = b->slot->method;
     return Py_TYPE(m)->tp_descr_get(m, b->self, reinterpret_cast<PyObject *>(Py_TYPE(b->self)));
 }
 
 // A call the quick path does not take (other arguments, keywords): the plain method's, which
 // also gives its errors.
-inline PyObject *bound_call_plain(Bound *b, PyObject *const *args, size_t nargsf, PyObject *kwnames) noexcept {
+inline PyObject *bound_call_plain(Bound *b, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     PyObject *m = bound_plain(b);
     if (!m) return nullptr;
     PyObject *r = PyObject_Vectorcall(m, args, nargsf, kwnames);
@@ -51,7 +54,7 @@ inline PyObject *bound_call_plain(Bound *b, PyObject *const *args, size_t nargsf
     return r;
 }
 
-inline PyObject *bound_call(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) noexcept {
+inline PyObject *bound_call(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Bound *b = reinterpret_cast<Bound *>(callable);
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
     if (!kwnames) {
@@ -68,7 +71,7 @@ enum { kFreeMax = 16 };
 static Bound *g_free = nullptr;
 static int g_nfree = 0;
 
-inline void bound_dealloc(PyObject *o) noexcept {
+inline void bound_dealloc(PyObject *o) {
     Bound *b = reinterpret_cast<Bound *>(o);
     if (b->weakreflist) PyObject_ClearWeakRefs(o);
     PyObject *self = b->self;
@@ -83,7 +86,7 @@ inline void bound_dealloc(PyObject *o) noexcept {
     Py_DECREF(self);  // last: freeing the guard may run Python code (its ResourceWarning)
 }
 
-inline PyObject *bound_getattro(PyObject *o, PyObject *name) noexcept {
+inline PyObject *bound_getattro(PyObject *o, PyObject *name) {
     PyObject *m = bound_plain(reinterpret_cast<Bound *>(o));
     if (!m) return nullptr;
     PyObject *r = PyObject_GetAttr(m, name);
@@ -91,7 +94,7 @@ inline PyObject *bound_getattro(PyObject *o, PyObject *name) noexcept {
     return r;
 }
 
-inline PyObject *bound_repr(PyObject *o) noexcept {
+inline PyObject *bound_repr(PyObject *o) {
     PyObject *m = bound_plain(reinterpret_cast<Bound *>(o));
     if (!m) return nullptr;
     PyObject *r = PyObject_Repr(m);
@@ -104,7 +107,7 @@ static PyTypeObject BoundType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 // As a method object: equal to another bound to the same guard for the same function,
 // whether it is one of these or a plain method (types.MethodType(ContextGuard.__enter__, g));
 // the hash is the plain method's.
-inline PyObject *bound_richcompare(PyObject *a, PyObject *b, int op) noexcept {
+inline PyObject *bound_richcompare(PyObject *a, PyObject *b, int op) {
     if (op != Py_EQ && op != Py_NE) Py_RETURN_NOTIMPLEMENTED;
     Bound *x = reinterpret_cast<Bound *>(a);
     bool eq;
@@ -119,7 +122,7 @@ inline PyObject *bound_richcompare(PyObject *a, PyObject *b, int op) noexcept {
     return PyBool_FromLong(op == Py_EQ ? eq : !eq);
 }
 
-inline Py_hash_t bound_hash(PyObject *o) noexcept {
+inline Py_hash_t bound_hash(PyObject *o) {
     PyObject *m = bound_plain(reinterpret_cast<Bound *>(o));
     if (!m) return -1;
     Py_hash_t h = PyObject_Hash(m);
@@ -128,7 +131,7 @@ inline Py_hash_t bound_hash(PyObject *o) noexcept {
 }
 
 // type(m)(func, self), as weakref.WeakMethod rebuilds the method it holds: a plain method.
-inline PyObject *bound_new(PyTypeObject *, PyObject *args, PyObject *kw) noexcept {
+inline PyObject *bound_new(PyTypeObject *, PyObject *args, PyObject *kw) {
     if (kw && PyDict_GET_SIZE(kw)) {
         PyErr_SetString(PyExc_TypeError, "bound_method() takes no keyword arguments");
         return nullptr;
@@ -138,7 +141,7 @@ inline PyObject *bound_new(PyTypeObject *, PyObject *args, PyObject *kw) noexcep
     return PyMethod_New(func, self);
 }
 
-inline PyObject *slot_get(PyObject *descr, PyObject *obj, PyObject *type) noexcept {
+inline PyObject *slot_get(PyObject *descr, PyObject *obj, PyObject *type) {
     Slot *s = reinterpret_cast<Slot *>(descr);
     if (!obj || Py_TYPE(obj) != s->owner) return Py_TYPE(s->method)->tp_descr_get(s->method, obj, type);
     Bound *b = g_free;
@@ -163,22 +166,22 @@ inline PyObject *slot_get(PyObject *descr, PyObject *obj, PyObject *type) noexce
     return reinterpret_cast<PyObject *>(b);
 }
 
-inline PyObject *slot_getattro(PyObject *o, PyObject *name) noexcept {
+inline PyObject *slot_getattro(PyObject *o, PyObject *name) {
     return PyObject_GetAttr(reinterpret_cast<Slot *>(o)->method, name);
 }
 
-inline PyObject *slot_repr(PyObject *o) noexcept {
+inline PyObject *slot_repr(PyObject *o) {
     return PyObject_Repr(reinterpret_cast<Slot *>(o)->method);
 }
 
 // Calling ContextGuard.__dict__["__enter__"] directly: as the method it replaces.
-inline PyObject *slot_call(PyObject *o, PyObject *args, PyObject *kw) noexcept {
+inline PyObject *slot_call(PyObject *o, PyObject *args, PyObject *kw) {
     return PyObject_Call(reinterpret_cast<Slot *>(o)->method, args, kw);
 }
 
 static PyTypeObject SlotType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
-inline int slot_types_ready() noexcept {
+inline int slot_types_ready() {
     if (BoundType.tp_name) return 0;
     BoundType.tp_name = "cyctx._guard.bound_method";
     BoundType.tp_basicsize = sizeof(Bound);
@@ -207,7 +210,7 @@ inline int slot_types_ready() noexcept {
 
 // Put Slots in place of `cls`'s __enter__ and __exit__ (a static type: its dict is set at
 // module initialisation, before any instance is made, as Cython's own set-up does).
-inline int install_quick_with(PyObject *cls, void *enter, void *exit, void *announced_of) noexcept {
+inline int install_quick_with(PyObject *cls, void *enter, void *exit, void *announced_of) {
 #if defined(Py_GIL_DISABLED)
     (void)cls; (void)enter; (void)exit; (void)announced_of;
     return 0;

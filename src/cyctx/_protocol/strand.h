@@ -8,6 +8,7 @@
 //   for one, sits outermost in every task's frames), so no strand is told from another: an exit
 //   without its tag takes the guard's sole entry on the thread, or is refused.
 // GIL: held by every caller.
+// Not noexcept: block_context allocates, which can run Python code (methods.h says why).
 #pragma once
 #include <Python.h>
 #include "_cpython.h"
@@ -24,33 +25,33 @@ namespace cyctx {
 
 static const char g_unknown_context = 0;  // the Context of every Python entry: unreadable here
 
-inline PyThreadState *block_tstate() noexcept { return PyThreadState_Get(); }
-inline const void *block_context(PyThreadState *) noexcept { return &g_unknown_context; }
+inline PyThreadState *block_tstate() { return PyThreadState_Get(); }
+inline const void *block_context(PyThreadState *) { return &g_unknown_context; }
 
 // What a binding and the enter it announces share: the frame running both (`with` binds and
 // enters from the frame of its own statement). A frame of another strand is another object,
 // alive while that strand is suspended.
-inline const void *block_item_now(PyThreadState *) noexcept { return PyEval_GetFrame(); }
+inline const void *block_item_now(PyThreadState *) { return PyEval_GetFrame(); }
 
-inline void block_items(PyThreadState *, const void **inner, const void **root) noexcept {
+inline void block_items(PyThreadState *, const void **inner, const void **root) {
     *inner = *root = nullptr;
 }
 
-inline bool block_running(PyThreadState *, const void *) noexcept { return false; }
+inline bool block_running(PyThreadState *, const void *) { return false; }
 
 // No strand is told from another: an exit without its tag takes the guard's sole entry on the
 // thread, or refuses.
-inline bool strand_told(const void *, const void *) noexcept { return false; }
+inline bool strand_told(const void *, const void *) { return false; }
 
 #else  // tested
 
-inline PyThreadState *block_tstate() noexcept { return cyctx_tstate(); }
+inline PyThreadState *block_tstate() { return cyctx_tstate(); }
 
 // The thread's contextvars Context, made if it has none yet (what contextvars.copy_context()
 // does on first use), so that strands that never set a context variable still differ. NULL
 // only when memory ran out (the exception cleared: the block then has no strand of its own, and
 // its exit is found by tag or refused).
-inline const void *block_context(PyThreadState *ts) noexcept {
+inline const void *block_context(PyThreadState *ts) {
     if (!cyctx_ts_context(ts)) {
         PyObject *copy = PyContext_CopyCurrent();  // creates the thread's context first
         if (!copy) {
@@ -64,9 +65,9 @@ inline const void *block_context(PyThreadState *ts) noexcept {
 
 // Each running generator, CPython's or Cython's, pushes an exception-state item on the thread's
 // chain (its base, ts->exc_state, is the thread's own).
-inline const void *block_item_now(PyThreadState *ts) noexcept { return cyctx_ts_exc_info(ts); }
+inline const void *block_item_now(PyThreadState *ts) { return cyctx_ts_exc_info(ts); }
 
-inline void block_items(PyThreadState *ts, const void **inner, const void **root) noexcept {
+inline void block_items(PyThreadState *ts, const void **inner, const void **root) {
     _PyErr_StackItem *base = cyctx_ts_exc_base(ts), *it = cyctx_ts_exc_info(ts);
     if (it == base || !it) {
         *inner = *root = nullptr;
@@ -77,14 +78,14 @@ inline void block_items(PyThreadState *ts, const void **inner, const void **root
     *root = it;
 }
 
-inline bool block_running(PyThreadState *ts, const void *item) noexcept {
+inline bool block_running(PyThreadState *ts, const void *item) {
     _PyErr_StackItem *base = cyctx_ts_exc_base(ts);
     for (_PyErr_StackItem *it = cyctx_ts_exc_info(ts); it && it != base; it = it->previous_item)
         if (it == item) return true;
     return false;
 }
 
-inline bool strand_told(const void *ctx, const void *) noexcept { return ctx != nullptr; }
+inline bool strand_told(const void *ctx, const void *) { return ctx != nullptr; }
 
 #endif
 
