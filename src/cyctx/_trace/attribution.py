@@ -31,7 +31,7 @@ _PKG_OWNERS = (
 def _imported_package_paths() -> list[tuple[str, str]]:
     """(directory as imported, owner) of the libraries already imported (nothing is imported
     here)."""
-    out = []
+    out: list[tuple[str, str]] = []
     for mod, owner in _PKG_OWNERS:
         m = sys.modules.get(mod)
         f = getattr(m, "__file__", None) if m else None
@@ -339,8 +339,8 @@ def _attribute(
             where,
         )
     if entry_native is None:
-        cut = where is None and python_cut and python
-        return (f"? ({_beyond(python)})" if cut else "?"), False, where
+        read_short = where is None and python_cut and bool(python)
+        return (f"? ({_beyond(python)})" if read_short else "?"), False, where
     if where is None and python_cut and python:
         # The line that called into the library code read is further out than the read went:
         # what called it is not known, and said so.

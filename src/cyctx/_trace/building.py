@@ -99,6 +99,7 @@ class Builder:
         native_state = _UNLOADED if r["unloaded"] else r["native_state"]
         python, native, library, cyctx_guard, where = self._stack(r, native_state)
         dom = _DOMAINS.get(r["domain"], str(r["domain"]))
+        target: ContextRef | None
         if dom == "resource":
             h = r["arg_ctx"]
             before = after = None
