@@ -98,14 +98,38 @@ def _rss() -> int:
 def test_a_large_buffer_takes_memory_as_events_fill_it(d):
     from cyctx._trace import _native
 
-    cap = (512 << 20) // _native.slot_bytes(4, 64)  # half a gigabyte of slots
+    # Sixteen times what is touched at the start (all of a default buffer, whose events then
+    # take no page fault).
+    assert _native.PREFAULT_BYTES >= 16384 * _native.slot_bytes(4, 64)
+    cap = 16 * _native.PREFAULT_BYTES // _native.slot_bytes(4, 64)
     before = _rss()
     with cyctx.trace(capacity=cap) as t:
         grown = _rss() - before
         for _ in range(100):
             drivers.ok(d.cuCtxSetCurrent(None))
     assert t.reason is None and len(t.events) == 100
-    assert grown < 64 << 20, f"the start took {grown >> 20} MiB for a {cap}-event buffer"
+    assert grown < 2 * _native.PREFAULT_BYTES, (
+        f"the start took {grown >> 20} MiB for a {cap}-event buffer"
+    )
+
+
+def test_the_events_of_a_default_buffer_take_no_page_fault(d):
+    # Its pages are touched at the start: a first touch in the callback would be a page fault
+    # there, about doubling that event's cost.
+    import resource
+
+    from cyctx._trace import _native
+
+    p = drivers.ok(d.cuDevicePrimaryCtxRetain(0))
+    try:
+        with cyctx.trace() as t:
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            _native.bench(int(p), 2000, 0)  # 4,000 events (10 MB), made in C
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    finally:
+        drivers.ok(d.cuDevicePrimaryCtxRelease(0))
+    assert len(t.events) == 4000 and not t.dropped
+    assert faults < 100, f"{faults} page faults while recording 4,000 events"
 
 
 @pytest.fixture

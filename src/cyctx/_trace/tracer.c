@@ -32,10 +32,11 @@
  * records the loader's count of unloads, which Python asks again once it named the events).
  *
  * The buffer is a fixed array of slots claimed with a compare-and-swap on the head (no lock);
- * a full buffer drops the event and counts it. It is mapped and not touched at start: the
- * first event written into a page takes the kernel's page fault (it waits for no lock of
- * this process), so a trace holds the memory of what it recorded. stop() unsubscribes, then
- * waits until no callback is running before the buffer may be unmapped.
+ * a full buffer drops the event and counts it. It is mapped, and only its first PREFAULT_BYTES
+ * are touched at start: an event written beyond them into a page not yet touched takes the
+ * kernel's page fault (it waits for no lock of this process), so a large buffer costs the
+ * memory of what it recorded. stop() unsubscribes, then waits until no callback is running
+ * before the buffer may be unmapped.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -169,6 +170,7 @@ typedef struct {
     uintptr_t native[];
 } Event;
 #define PY_EXTRA 2
+#define PREFAULT_BYTES ((size_t)64 << 20)
 
 static char *g_ring;                 /* mapped, its pages touched as events fill them */
 static size_t g_ring_bytes;
@@ -264,7 +266,12 @@ static void copy_name(char *dst, size_t n, const char *src) {
  * ------------------------------------------------------------------------------------------ */
 /* What marks a file as a library's (attribution.py, library_markers): a prefix, or a part
  * found anywhere in it; given at start, freed at release. */
-typedef struct { Py_UCS4 *text; Py_ssize_t len; int anywhere; } Marker;
+typedef struct {
+    Py_UCS4 *text;
+    char *ascii;                     /* the same, where it is ASCII (NULL otherwise) */
+    Py_ssize_t len;
+    int anywhere;
+} Marker;
 static Marker *g_markers;
 static int g_n_markers;
 
@@ -341,6 +348,18 @@ static int marker_at(int kind, const void *data, Py_ssize_t at, const Marker *m)
  * the read stops there, and Python's naming judges the frames it has. */
 static int is_library(PyObject *file) {
     if (!file || !PyUnicode_Check(file) || !PyUnicode_IS_COMPACT(file)) return 0;
+    if (PyUnicode_IS_ASCII(file)) {  /* most are: compared as bytes, where no other can match */
+        const char *c = (const char *)PyUnicode_DATA(file);
+        size_t n = (size_t)PyUnicode_GET_LENGTH(file);
+        for (int i = 0; i < g_n_markers; i++) {
+            const Marker *m = &g_markers[i];
+            if (!m->ascii || (size_t)m->len > n) continue;
+            if (m->anywhere ? memmem(c, n, m->ascii, (size_t)m->len) != NULL
+                            : memcmp(c, m->ascii, (size_t)m->len) == 0)
+                return 1;
+        }
+        return 0;
+    }
     int kind = PyUnicode_KIND(file);
     const void *data = PyUnicode_DATA(file);
     Py_ssize_t n = PyUnicode_GET_LENGTH(file);
@@ -780,7 +799,10 @@ static int subscribe(void **sub, char *why, size_t n) {
 }
 
 static void free_markers(void) {
-    for (int i = 0; i < g_n_markers; i++) PyMem_Free(g_markers[i].text);
+    for (int i = 0; i < g_n_markers; i++) {
+        PyMem_Free(g_markers[i].text);
+        PyMem_Free(g_markers[i].ascii);
+    }
     PyMem_Free(g_markers);
     g_markers = NULL;
     g_n_markers = 0;
@@ -810,6 +832,14 @@ static int set_markers(PyObject *seq) {
         m->len = PyUnicode_GET_LENGTH(text);
         m->anywhere = anywhere;
         g_n_markers++;
+        if (PyUnicode_IS_ASCII(text)) {
+            m->ascii = PyMem_Malloc((size_t)m->len + 1);
+            if (!m->ascii) {
+                PyErr_NoMemory();
+                break;
+            }
+            memcpy(m->ascii, PyUnicode_DATA(text), (size_t)m->len + 1);
+        }
     }
     Py_DECREF(fast);
     if (PyErr_Occurred()) {
@@ -873,10 +903,11 @@ static PyObject *t_start(PyObject *self, PyObject *args) {
     d_get_id = (pfn_get_id)f2;
     d_get_device = (pfn_get_device)f3;
 
-    /* Mapped, not touched: a page is the kernel's zeroed page until an event is written into
-     * it (that event's callback takes the page fault), so a trace holds the memory of what it
-     * recorded, not of its capacity, and starts at once whatever its capacity. The size was
-     * bounded by what the process can afford when the trace was made (session.py). */
+    /* Mapped; its first PREFAULT_BYTES touched here (all of a default buffer), so that their
+     * events take no page fault in the callback (a first touch there doubles an event's cost).
+     * The rest is the kernel's zeroed page until an event is written into it, so a large
+     * buffer costs the memory of what it recorded and starts at once. Its size was bounded by
+     * what the process can afford when the trace was made (options.py). */
     size_t bytes = (size_t)cap * slot;
     char *ring = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (ring == MAP_FAILED) {
@@ -886,6 +917,7 @@ static PyObject *t_start(PyObject *self, PyObject *args) {
         return PyUnicode_FromFormat("its buffer of %llu events (%zu MiB) could not be mapped: %s",
                                     cap, bytes >> 20, strerror(err));
     }
+    memset(ring, 0, bytes < PREFAULT_BYTES ? bytes : PREFAULT_BYTES);
     find_spans((void *)callback, (void *)c_subscribe, (void *)d_get_current);
     g_find_object = (pfn_find_object)dlsym(RTLD_DEFAULT, "_dl_find_object");
     {   /* the unwinder's first use reads its tables: here, not in a callback */
@@ -1210,6 +1242,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (PyModule_AddIntConstant(m, "FRAMES_SUPPORTED", CYCTX_TRACE_FRAMES) < 0 ||
         PyModule_AddIntConstant(m, "MAX_PY", MAX_PY) < 0 ||
         PyModule_AddIntConstant(m, "MAX_PY_WALK", MAX_PY_WALK) < 0 ||
+        PyModule_AddIntConstant(m, "PREFAULT_BYTES", (long)PREFAULT_BYTES) < 0 ||
         PyModule_AddIntConstant(m, "MAX_NATIVE", MAX_NATIVE) < 0) {
         Py_DECREF(m);
         return NULL;
