@@ -398,7 +398,9 @@ def prev_died(prev, err, switched, cur, popped=True):
     if not switched:
         undone = "cyctx left the stack as the block left it"
     elif popped:
-        undone = "cyctx popped its own switch, as cuCtxDestroy pops a destroyed context that is current"
+        undone = (
+            "cyctx popped its own switch, as cuCtxDestroy pops a destroyed context that is current"
+        )
     else:
         undone = (
             "cyctx could not pop its own switch (cuCtxPopCurrent failed twice), so the block's "
@@ -457,7 +459,10 @@ def exit_stuck(err, call, cur, before, why):
         what = "could not pop the context it pushed onto the empty stack"
         todo = "Pop it yourself (cuCtxPopCurrent)"
     else:
-        what = f"could not read which context is current, so it changed nothing more ({was} was current before the block)"
+        what = (
+            "could not read which context is current, so it changed nothing more "
+            f"({was} was current before the block)"
+        )
         todo = "Check with cuCtxGetCurrent and restore it yourself"
     return driver_error(
         err,

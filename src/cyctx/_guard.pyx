@@ -34,7 +34,8 @@ from cyctx._errors import ContextResetWarning, CyctxError, driver_error
 # (.pxd) per concept; the Python-protocol layer's is _pyproto.pxd.
 from cyctx._registry cimport new_token, live_add, live_remove
 from cyctx._entries cimport (
-    BlockId, CYCTX_PREV_UNKNOWN, tls_push, tls_pop_own, tls_pop_innermost, tls_splice_at, tls_depth, tls_count, tls_top_token,
+    BlockId, CYCTX_PREV_UNKNOWN, tls_push, tls_pop_own, tls_pop_innermost, tls_splice_at,
+    tls_depth, tls_count, tls_top_token,
 )
 from cyctx._fields cimport (
     ctx_load, ctx_store, u64_load, u64_store, int_add, int_load, int_store, gate_enter, gate_leave,

@@ -318,11 +318,15 @@ def test_a_call_failing_twice_in_an_exit_names_the_state_it_leaves(sim, path, st
 
 
 # A Cython consumer built against the installed cyctx (tests/test_consumer.py builds it).
-from test_consumer import consumer_dir  # noqa: E402, F401  (a fixture)
+import test_consumer  # noqa: E402
+
+consumer_dir = test_consumer.consumer_dir  # a fixture
 
 
 @pytest.mark.parametrize(("path", "state"), NATIVE_CASES, ids=[f"{p}/{s}" for p, s in NATIVE_CASES])
-def test_one_failing_call_of_a_cython_exit_leaves_the_thread_as_found(sim, consumer_dir, path, state):
+def test_one_failing_call_of_a_cython_exit_leaves_the_thread_as_found(
+    sim, consumer_dir, path, state
+):
     problems = _problems(sim, once_problems, path, state, consumer_dir)
     assert not problems, "\n".join(problems)
 
