@@ -3,7 +3,14 @@
 import os
 
 import pytest
+from helpers import drivers
 from helpers.simcupti import CUPTI_13_2, Cupti
+
+
+@pytest.fixture
+def d(sim):
+    """The driver (cuda.bindings), on the simulated one."""
+    return drivers.driver()
 
 
 @pytest.fixture

@@ -26,11 +26,6 @@ def line_of(marker):
     return hits[0]
 
 
-@pytest.fixture
-def d(sim):
-    return drivers.driver()
-
-
 def api(t, call):
     return [e for e in t.events if e.call == call]
 

@@ -15,7 +15,6 @@ import threading
 import time
 
 import pytest
-from helpers import drivers
 
 import cyctx
 from cyctx._trace import _native
@@ -71,11 +70,6 @@ def site(tmp_path, monkeypatch):
     yield install
     for name in installed:
         sys.modules.pop(name, None)
-
-
-@pytest.fixture
-def d(sim):
-    return drivers.driver()
 
 
 @pytest.mark.parametrize("depth", [1, 4, 6, 20, 100])

@@ -5,7 +5,6 @@ they are as they always are."""
 import inspect
 import sys
 
-import pytest
 from helpers import drivers
 
 import cyctx
@@ -15,11 +14,6 @@ def _line(marker):
     src = inspect.getsource(sys.modules[__name__]).splitlines()
     (n,) = [i + 1 for i, text in enumerate(src) if text.rstrip().endswith(f"# {marker}")]
     return n
-
-
-@pytest.fixture
-def d(sim):
-    return drivers.driver()
 
 
 def _finding(diag, code):

@@ -35,11 +35,6 @@ NAMES = {
 }
 
 
-@pytest.fixture
-def d(sim):
-    return drivers.driver()
-
-
 def _import_from(directory, name, fn, method):
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"{name}.py")

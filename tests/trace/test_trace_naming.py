@@ -5,15 +5,9 @@ snapshot, the doctor's, the stop), so stopping a trace costs in proportion to it
 import os
 import time
 
-import pytest
 from helpers import drivers
 
 import cyctx
-
-
-@pytest.fixture
-def d(sim):
-    return drivers.driver()
 
 
 def _events(d, n):

@@ -130,8 +130,3 @@ def test_the_events_of_a_default_buffer_take_no_page_fault(d):
         drivers.ok(d.cuDevicePrimaryCtxRelease(0))
     assert len(t.events) == 4000 and not t.dropped
     assert faults < 100, f"{faults} page faults while recording 4,000 events"
-
-
-@pytest.fixture
-def d(sim):
-    return drivers.driver()

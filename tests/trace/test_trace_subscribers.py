@@ -32,11 +32,6 @@ def line_of(marker):
     return n
 
 
-@pytest.fixture
-def d(sim):
-    return drivers.driver()
-
-
 def _subscribe_v1(cupti, seen):
     h = ctypes.c_void_p()
     r = cupti.cuptiSubscribe(ctypes.byref(h), ctypes.cast(seen.cb, ctypes.c_void_p), None)
