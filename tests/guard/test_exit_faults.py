@@ -21,7 +21,7 @@ import warnings
 
 import pytest
 from helpers.children import run_child
-from helpers.drivers import driver, ok, retains
+from helpers.drivers import create_context, driver, ok, retains
 from helpers.threads import in_thread
 
 import cyctx
@@ -345,7 +345,7 @@ def test_the_pop_in_place_of_a_context_destroyed_in_the_block_says_what_it_left(
     # cuCtxDestroy pops a current context. That pop failing once is made again; failing twice,
     # the error says the block's context is still current, not that it was popped.
     def body():
-        ctx = ok(driver().cuCtxCreate(None, 0, ok(driver().cuDeviceGet(0))))  # current, depth 1
+        ctx = create_context(0)  # current, depth 1
         g = ContextGuard(1)
         try:
             g.__enter__()  # replaces ctx on top of the stack
