@@ -205,3 +205,28 @@ def test_a_static_runtimes_implausible_version_is_a_note(tmp_path, value):
     assert cp["note"] == f"cudaRuntimeGetVersion returned an implausible version ({value})", cp
     assert not [f for f in d["findings"] if f["code"] == "runtime_majors_mixed"], d["findings"]
     _no_run_together(text)
+
+
+# --- a mapped path that is not UTF-8 ----------------------------------------------------------
+
+
+def test_a_library_whose_path_is_not_utf8_is_listed_by_the_name_the_os_gives_it(tmp_path):
+    # A directory named in Latin-1 (an old home directory, a mounted share): its bytes are no
+    # UTF-8, and os names it with surrogate escapes. Reading the memory map must neither stop
+    # there nor alter the name, in the census, the doctor's runtime search and the driver lookup.
+    where = tmp_path / os.fsdecode(b"caf\xe9") / "lib"
+    old = _build(str(where), "cudart", 13000)
+    load = old[: -len(".new")]
+    os.replace(old, load)
+    then = """
+    from _cyctx_libcuda import loaded_libcuda
+    from cyctx._census import mapped_paths
+    from cyctx._doctor.runtime import loaded_cudart
+    assert LIB._name in mapped_paths(), mapped_paths()
+    assert loaded_cudart() == LIB._name and os.path.exists(loaded_cudart()), loaded_cudart()
+    assert loaded_libcuda() is not None
+    """
+    d, text, calls = _diagnose(tmp_path, load, then)
+    (entry,) = [x for x in d["loaded"] if x["path"] == load]
+    assert (entry["kind"], entry["version"], entry["file"]) == ("runtime", 13000, "same"), entry
+    assert calls == 1

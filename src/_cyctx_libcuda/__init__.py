@@ -9,6 +9,8 @@ and loads nothing.
 
 from __future__ import annotations
 
+import os
+
 __all__ = ["loaded_libcuda", "same_context", "simulated_libcuda"]
 
 
@@ -17,10 +19,12 @@ def loaded_libcuda() -> str | None:
     None. It reads ``/proc/self/maps`` and loads nothing, so it is safe before the choice of
     driver is made."""
     try:
-        with open("/proc/self/maps") as f:
+        # Bytes, decoded as the file system encodes names: a mapped path that is not UTF-8
+        # elsewhere in the map neither stops the read nor comes back altered.
+        with open("/proc/self/maps", "rb") as f:
             for line in f:
-                if "libcuda.so" in line:
-                    return line.split(None, 5)[-1].strip()
+                if b"libcuda.so" in line:
+                    return os.fsdecode(line.split(None, 5)[-1].strip())
     except OSError:
         pass
     return None
@@ -34,7 +38,6 @@ def simulated_libcuda() -> str | None:
     if path is None:
         return None
     import ctypes
-    import os
 
     try:
         lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)

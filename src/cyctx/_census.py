@@ -102,9 +102,9 @@ def mapped_files() -> list[Mapped]:
     (deleted)``)."""
     seen: dict[tuple[str, int], Mapped] = {}
     try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                parts = line.split(None, 5)
+        with open("/proc/self/maps", "rb") as f:  # bytes: a name as os names it, never altered
+            for raw in f:
+                parts = os.fsdecode(raw).split(None, 5)
                 if len(parts) != 6 or not parts[5].startswith("/"):
                     continue
                 path = parts[5].rstrip("\n")

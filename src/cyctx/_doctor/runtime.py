@@ -237,9 +237,9 @@ def doctors_own() -> set[str]:
 def _mapped_cudarts() -> list[str]:
     out = []
     try:
-        with open("/proc/self/maps") as f:
+        with open("/proc/self/maps", "rb") as f:  # bytes: any mapped name, as os names it
             for line in f:
-                name = line.split(None, 5)[-1].strip()
+                name = os.fsdecode(line.split(None, 5)[-1].strip())
                 if os.path.basename(name).startswith("libcudart.so") and name not in out:
                     out.append(name)
     except OSError:
