@@ -4,9 +4,10 @@
 A staticmethod or classmethod is seen through: its function is wrapped and the descriptor
 kept, so the method binds as it did. What the wrapper makes binds as a function does (a plain
 function, or an object with a function's ``__get__``): on a class it is a method and gets its
-``self``. A callable whose body runs in steps (async def, async generator, generator, however
-wrapped) is refused: its body runs later, on whatever thread resumes it, so a context made
-current around the call would not be current around the work.
+``self``. A class is refused: only its construction would run inside. A callable whose body
+runs in steps (async def, async generator, generator, however wrapped) is refused: its body
+runs later, on whatever thread resumes it, so a context made current around the call would
+not be current around the work.
 
 Imported at decoration time only: ``import cyctx`` does not pay for ``inspect``.
 """
@@ -27,6 +28,14 @@ def decorate(func, wrap, who, not_callable):
         return type(func)(decorate(func.__func__, wrap, who, not_callable))
     if not callable(func):
         raise TypeError(not_callable())
+    if isinstance(func, type):
+        # Wrapped, only the construction would run in the context, and the name would stop
+        # being a class: isinstance, subclassing and class attributes would break.
+        raise TypeError(
+            f"cannot decorate a class ({func.__qualname__}) with {who}: only its construction "
+            f"would run in the context, and the name would no longer be a class. Decorate the "
+            f"methods that make driver calls"
+        )
     kind = steps_kind(func)
     if kind is not None:
         raise TypeError(

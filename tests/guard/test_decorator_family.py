@@ -48,6 +48,29 @@ def test_what_runs_in_steps_is_refused_at_decoration(deco, name):
     assert str(e.value).count(". ") <= 1  # two sentences
 
 
+@pytest.mark.parametrize(
+    "how",
+    ["guard", "cyctx.device(0)", "@cyctx.bind(device=0)", "bind(C, device=0)", "@cyctx.bind"],
+)
+def test_a_class_is_refused_at_decoration_by_every_decorator(deco, how):
+    # Wrapped, only the construction would run in the context and the name would stop being a
+    # class; refused before the driver is asked anything (no context is current here).
+    class C:
+        pass
+
+    apply = {
+        "guard": deco,
+        "cyctx.device(0)": cyctx.device(0),
+        "@cyctx.bind(device=0)": cyctx.bind(device=0),
+        "bind(C, device=0)": lambda c: cyctx.bind(c, device=0),
+        "@cyctx.bind": cyctx.bind,
+    }[how]
+    with pytest.raises(TypeError, match=r"^cannot decorate a class \(.*C\) with ") as e:
+        apply(C)
+    assert "Decorate the methods that make driver calls" in str(e.value)
+    assert cyctx.current_device() is None
+
+
 def test_plain_callables_are_still_decorated(deco):
     class Call:
         def __call__(self, x):
