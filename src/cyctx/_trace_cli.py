@@ -14,7 +14,9 @@
 * ``--simulate N``: cyctx's simulated driver with N devices, which a script's own
   ``use_simulated_driver(k)`` gets when k is N (an error otherwise). ``--simulate`` alone: the
   count the script asks for in its own ``use_simulated_driver(k)`` before its first driver
-  call, else 2.
+  call, else 2. The processes the script starts (a spawn pool, a subprocess) run on the same
+  simulated driver with the same count: ``LD_PRELOAD`` and ``CYCTX_SIM_DEVICES`` in the
+  script's environment say so. They are not traced.
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ def run(tr: argparse.ArgumentParser, args: argparse.Namespace, script_args: list
         except (RuntimeError, OSError) as exc:
             print(f"cyctx trace: cannot use the simulated driver: {exc}", file=sys.stderr)
             return 3
+        testing._export_to_children()
         if not args.simulate:
             testing._count_open_to_the_script()
     import cyctx

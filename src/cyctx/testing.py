@@ -39,6 +39,8 @@ _sim: Sim | None = None
 # The device count was chosen for a script that may ask for its own (`cyctx trace --simulate`
 # with no count): its first use_simulated_driver(n) takes n, if the driver is not initialised.
 _count_open = False
+# Set by `cyctx trace --simulate`: the count goes on to the script's child processes too.
+_exported = False
 _MAX_DEVICES = 64  # SIM_MAX_DEVICES of simdriver.c: cyctxsim_configure takes 1..64
 
 
@@ -206,7 +208,8 @@ def use_simulated_driver(device_count: int = 2) -> Sim:
     if _sim is not None:
         if _count_open:
             _count_open = False
-            _sim._lib.cyctxsim_configure(device_count)  # refused once the driver initialised
+            if _sim._lib.cyctxsim_configure(device_count) == 0:  # refused once initialised
+                _export_count(device_count)
         in_use = _sim.device_count
         if in_use != device_count:
             raise RuntimeError(
@@ -237,6 +240,26 @@ def use_simulated_driver(device_count: int = 2) -> Sim:
         raise RuntimeError(f"simulated driver already initialised with {sim.device_count} devices")
     _sim = sim
     return sim
+
+
+def _export_to_children() -> None:
+    """For `cyctx trace --simulate`: the processes the script starts (a spawn pool, a
+    subprocess) run on the same simulated driver, preloaded as ``libcuda.so.1`` with the same
+    count, rather than on whatever driver their machine has (or none)."""
+    global _exported
+    if _sim is None:
+        raise RuntimeError("the simulated driver is not loaded")
+    path = os.path.realpath(_sim.path)
+    preload = os.environ.get("LD_PRELOAD", "").split()
+    if path not in preload:
+        os.environ["LD_PRELOAD"] = " ".join([path, *preload])
+    _exported = True
+    _export_count(_sim.device_count)
+
+
+def _export_count(n: int) -> None:
+    if _exported:
+        os.environ["CYCTX_SIM_DEVICES"] = str(n)
 
 
 def _count_open_to_the_script() -> None:

@@ -207,3 +207,47 @@ def test_without_a_driver_it_says_how_to_simulate_and_writes_the_refusal(tmp_pat
     assert "not tracing" in line and f"cyctx trace --simulate {script}" in line, line
     data = json.loads((tmp_path / "t.json").read_text())
     assert data["active"] is False and data["reason"] and data["events"] == []
+
+
+# Starts a spawn pool and a subprocess; each child says which driver it has and its devices.
+CHILDREN = """
+import json, multiprocessing, subprocess, sys
+from concurrent.futures import ProcessPoolExecutor
+
+ASK = '''
+import json
+from cuda.bindings import driver as d
+from _cyctx_libcuda import simulated_libcuda
+d.cuInit(0)
+print(json.dumps([simulated_libcuda() is not None, d.cuDeviceGetCount()[1]]))
+'''
+
+def child():
+    return json.loads(subprocess.run([sys.executable, "-c", ASK], capture_output=True,
+                                     text=True, check=True).stdout)
+
+if __name__ == "__main__":
+    OWN
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        in_pool = pool.submit(child).result()
+    print(json.dumps({"pool": in_pool, "subprocess": child()}))
+"""
+
+
+@pytest.mark.parametrize(
+    "options, own, devices",
+    [(["--simulate", "3"], "", 3), (["--simulate"], "", 2), (["--simulate"], 4, 4)],
+    ids=["option-3", "default-2", "script-4"],
+)
+def test_the_scripts_child_processes_run_on_the_same_simulated_driver(
+    tmp_path, options, own, devices
+):
+    # A spawn pool's worker and a subprocess (and the pool worker's own subprocess) have the
+    # simulated driver with the same count, not whatever driver the machine has, or none.
+    app = tmp_path / "children.py"
+    ask = f"from cyctx.testing import use_simulated_driver; use_simulated_driver({own})"
+    app.write_text(textwrap.dedent(CHILDREN).replace("OWN", ask if own else "pass"))
+    got = _trace("python -m cyctx", *options, str(app), cwd=tmp_path)
+    assert got.returncode == 0, got.stderr[-3000:]
+    said = json.loads(got.stdout.splitlines()[-1])
+    assert said == {"pool": [True, devices], "subprocess": [True, devices]}, said
