@@ -444,7 +444,11 @@ def _recognise(obj, default_as_device):
     for sp in SPELLINGS:
         if sp.library is None and sp.match(t, mod, name, obj):
             return sp.read(obj, default_as_device)
-    raise TypeError(f"ContextGuard takes {takes()}; got {mod}.{name} {shown(obj)}")
+    hint = ""
+    if isinstance(obj, str) and obj.startswith("cuda:") and obj[5:].isdecimal():
+        # torch's spelling of a device: named, never parsed (a str is no device here).
+        hint = f"; for {obj!r} pass the ordinal {int(obj[5:])} or torch.device({obj!r})"
+    raise TypeError(f"ContextGuard takes {takes()}; got {mod}.{name} {shown(obj)}{hint}")
 
 
 def shared_ordinal(device):

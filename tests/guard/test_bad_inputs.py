@@ -319,6 +319,25 @@ def test_bad_device_argument(bad, exc):
         ContextGuard(bad)
 
 
+@pytest.mark.parametrize(
+    "spelled, hint",
+    [
+        ("cuda:1", "; for 'cuda:1' pass the ordinal 1 or torch.device('cuda:1')"),
+        ("cuda:01", "; for 'cuda:01' pass the ordinal 1 or torch.device('cuda:01')"),
+        ("cuda", ""),  # torch's current device: which library's current device is unknown
+        ("cuda:-1", ""),
+        ("cuda:1.0", ""),
+        ("1", ""),
+    ],
+)
+def test_a_string_is_never_parsed_and_torchs_spelling_is_named(spelled, hint):
+    # A torch user types "cuda:1": refused (a str is no device), the message says what to pass.
+    for make in (ContextGuard, cyctx.device, ContextGuard.shared):
+        with pytest.raises(TypeError) as e:
+            make(spelled)
+        assert str(e.value).endswith(f"got builtins.str {spelled!r}{hint}"), str(e.value)
+
+
 @pytest.mark.parametrize("bad", [10**9, SIM_DEVICES + 40, 10**30])
 def test_nonexistent_device(bad, sim):
     with retains_unchanged():
