@@ -4,7 +4,6 @@ it refuses when it cannot subscribe."""
 
 import ctypes
 import ctypes.util
-import inspect
 import json
 import os
 import sys
@@ -12,18 +11,11 @@ import threading
 
 import pytest
 from helpers import drivers
+from helpers.lines import line_of
 
 import cyctx
 
 HERE = __file__
-
-
-def line_of(marker):
-    """The line of this file that carries `# <marker>`: where an event must point."""
-    src = inspect.getsource(sys.modules[__name__]).splitlines()
-    hits = [i + 1 for i, text in enumerate(src) if text.rstrip().endswith(f"# {marker}")]
-    assert len(hits) == 1, marker
-    return hits[0]
 
 
 def api(t, call):

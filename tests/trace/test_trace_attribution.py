@@ -4,13 +4,12 @@ what they show and that they were cut, never a pick. The rule on constructed fra
 case of it), then on the simulated driver: a call made through the C API of another extension,
 and stacks cut at every depth."""
 
-import inspect
 import os
 import pickle
-import sys
 
 import pytest
 from helpers import drivers
+from helpers.lines import line_of
 
 import cyctx
 from cyctx._trace import Frame, NativeFrame
@@ -142,14 +141,8 @@ def test_an_extension_calling_another_through_the_c_api_is_named_after_the_outer
     owners = [n.owner for n in e.native]
     assert os.path.basename(_pickle.__file__) in owners, owners
     assert e.library == os.path.basename(_pickle.__file__), (e.library, owners)
-    assert e.where is not None and e.where.line == _line("pickle-call"), e.where
+    assert e.where is not None and e.where.line == line_of("pickle-call"), e.where
     assert not e.cyctx_guard
-
-
-def _line(marker):
-    src = inspect.getsource(sys.modules[__name__]).splitlines()
-    (n,) = [i + 1 for i, text in enumerate(src) if text.rstrip().endswith(f"# {marker}")]
-    return n
 
 
 @pytest.mark.parametrize("limit", range(1, 12))
@@ -158,7 +151,7 @@ def test_a_stack_cut_at_any_depth_is_said_to_be_cut_or_named_right(sim, limit):
     with cyctx.trace(native_frames=limit) as t:
         drivers.ok(d.cuCtxSetCurrent(None))  # cut-call
     (e,) = t.events
-    assert e.where is not None and e.where.line == _line("cut-call")
+    assert e.where is not None and e.where.line == line_of("cut-call")
     if e.native_state == "the eval loop":
         assert e.library == "cuda-bindings", e
     else:

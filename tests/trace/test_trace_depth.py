@@ -8,13 +8,13 @@ The libraries here are packages the test writes into a site-packages directory o
 
 import functools
 import importlib.util
-import inspect
 import sys
 import textwrap
 import threading
 import time
 
 import pytest
+from helpers.lines import line_of
 
 import cyctx
 from cyctx._trace import _native
@@ -46,12 +46,6 @@ import threading
 """
 
 
-def _line(marker):
-    src = inspect.getsource(sys.modules[__name__]).splitlines()
-    (n,) = [i + 1 for i, text in enumerate(src) if text.rstrip().endswith(f"# {marker}")]
-    return n
-
-
 @pytest.fixture
 def site(tmp_path, monkeypatch):
     """Installs packages into a site-packages directory on sys.path; removed after."""
@@ -79,7 +73,7 @@ def test_the_users_line_is_named_through_any_library_depth(site, d, depth):
         assert deep.set_none(depth) == (0,)  # user-line
     (e,) = t.events
     assert e.where is not None, e
-    assert (e.where.file, e.where.line) == (__file__, _line("user-line")), e.where
+    assert (e.where.file, e.where.line) == (__file__, line_of("user-line")), e.where
     assert e.where.function == "test_the_users_line_is_named_through_any_library_depth"
     # The library the line called: the package's own frame that the line called, read too.
     assert e.python[0].file == deep.__file__ and e.python[-2].file == deep.__file__
@@ -87,7 +81,7 @@ def test_the_users_line_is_named_through_any_library_depth(site, d, depth):
     # Innermost first: the lambda, `depth` frames of call(), set_none(), the line.
     assert e.python[-1].depth == depth + 2 and e.python[0].depth == 0
     assert "called from beyond" not in e.library and e.library == "cuda-bindings", e.library
-    assert t.to_json()["events"][0]["where"]["line"] == _line("user-line")
+    assert t.to_json()["events"][0]["where"]["line"] == line_of("user-line")
 
 
 def test_a_library_cyctx_knows_is_named_at_the_users_line_however_deep(site, d):
@@ -100,7 +94,7 @@ def test_a_library_cyctx_knows_is_named_at_the_users_line_however_deep(site, d):
         numba_like.set_none(20)  # numba-line
     (e,) = t.events
     assert e.library == "numba", e.library
-    assert e.where is not None and e.where.line == _line("numba-line"), e
+    assert e.where is not None and e.where.line == line_of("numba-line"), e
 
 
 def test_a_worker_threads_user_function_is_its_line(site, d):
@@ -113,7 +107,7 @@ def test_a_worker_threads_user_function_is_its_line(site, d):
         assert deep.run_on_a_thread(20, task) == (0,)
     (e,) = t.events
     assert e.thread != threading.get_native_id()
-    assert e.where is not None and e.where.line == _line("task-line"), e
+    assert e.where is not None and e.where.line == line_of("task-line"), e
     assert e.where.function.endswith("task")
 
 

@@ -3,17 +3,11 @@ that made it current, and a reset guard's the call that reset its context; witho
 they are as they always are."""
 
 import inspect
-import sys
 
 from helpers import drivers
+from helpers.lines import line_of
 
 import cyctx
-
-
-def _line(marker):
-    src = inspect.getsource(sys.modules[__name__]).splitlines()
-    (n,) = [i + 1 for i, text in enumerate(src) if text.rstrip().endswith(f"# {marker}")]
-    return n
 
 
 def _finding(diag, code):
@@ -32,9 +26,9 @@ def test_a_dead_current_context_is_cited_with_the_call_that_made_it_current(d):
         fn = "(test_a_dead_current_context_is_cited_with_the_call_that_made_it_current)"
         assert f.explanation.endswith(
             "The running trace saw it made current by cuCtxSetCurrent by cuda-bindings at "
-            f"{__file__}:{_line('made-current')} {fn}, then destroyed: context destroy starting "
+            f"{__file__}:{line_of('made-current')} {fn}, then destroyed: context destroy starting "
             f"inside cuDevicePrimaryCtxRelease_v2 by cuda-bindings at {__file__}:"
-            f"{_line('destroyed-here')} {fn}."
+            f"{line_of('destroyed-here')} {fn}."
         ), f.explanation
         assert t.reason is None
         untraced = _finding(cyctx.diagnose(), "inactive_primary_current")

@@ -8,6 +8,7 @@ import json
 import textwrap
 
 from helpers import drivers
+from helpers.lines import line_of
 
 pytest_plugins = ["pytester"]
 
@@ -46,11 +47,6 @@ def test_puts_back():
 """
 
 
-def _line(text, marker):
-    (n,) = [i + 1 for i, ln in enumerate(text.splitlines()) if ln.endswith(f"# {marker}")]
-    return n
-
-
 def _session(pytester, *args):
     pytester.makeconftest(CONFTEST)
     text = textwrap.dedent(TESTS).lstrip("\n")
@@ -74,15 +70,15 @@ def _check_findings(out, text, path, leak):
     assert f"(device {leak['device']}, id {leak['id']}) current" in lines[0], (leak, out)
     assert "(it found none)" in lines[0], out
     assert lines[0].endswith(
-        f"made current by cuCtxSetCurrent by cuda-bindings at {path}:{_line(text, 'leak-line')} (test_leaks)"
+        f"made current by cuCtxSetCurrent by cuda-bindings at {path}:{line_of('leak-line', text)} (test_leaks)"
     ), out
     # test_puts_back undid test_leaks' change: a change against what it found, so it is named.
     assert lines[1].startswith("test_inner.py::test_puts_back left none current (it found "), out
-    assert lines[1].endswith(f"at {path}:{_line(text, 'back-line')} (test_puts_back)"), out
+    assert lines[1].endswith(f"at {path}:{line_of('back-line', text)} (test_puts_back)"), out
     assert lines[2].startswith("test_inner.py::test_puts_back destroyed "), out
     assert lines[2].endswith(
         "context destroy starting inside cuDevicePrimaryCtxReset_v2 by cuda-bindings at "
-        f"{path}:{_line(text, 'reset-line')} (test_puts_back)"
+        f"{path}:{line_of('reset-line', text)} (test_puts_back)"
     ), out
 
 
@@ -93,14 +89,14 @@ def test_trace_names_the_test_the_call_and_the_line(pytester):
 def test_the_context_check_cites_the_call_that_made_the_context_current(pytester):
     out, text, path, leak = _session(pytester, "--cyctx-check-contexts")
     _check_findings(out, text, path, leak)
-    at = f"at {path}:{_line(text, 'leak-line')} (test_leaks)"
+    at = f"at {path}:{line_of('leak-line', text)} (test_leaks)"
     (cited,) = [ln for ln in out.splitlines() if ln.strip().startswith("current context: none ->")]
     assert f"(device {leak['device']}, id {leak['id']})" in cited, out
     assert cited.endswith(f": made current by cuCtxSetCurrent by cuda-bindings {at}"), out
     back = [ln for ln in out.splitlines() if "-> none" in ln and "current context:" in ln]
     assert len(back) == 1 and back[0].endswith(
         f"made current by cuCtxSetCurrent by cuda-bindings at {path}:"
-        f"{_line(text, 'back-line')} (test_puts_back)"
+        f"{line_of('back-line', text)} (test_puts_back)"
     ), out
 
 
@@ -143,7 +139,7 @@ def test_under_xdist_with_two_workers_every_test_is_accounted_for(pytester):
 
 
 def _marker_line(pytester, marker):
-    return _line((pytester.path / "test_inner.py").read_text(), marker)
+    return line_of(marker, (pytester.path / "test_inner.py").read_text())
 
 
 def test_without_the_option_nothing_of_cyctx_is_imported_by_the_plugin(pytester):

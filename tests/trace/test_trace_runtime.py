@@ -4,24 +4,17 @@ simulated runtime (tests/sim/test_sim_runtime.py), as CUPTI reported them on the
 (``via``, ``[in cudaSetDevice]`` in the report), a resource event names the innermost call, and
 the runtime call is an event of its own."""
 
-import inspect
-import sys
 import threading
 
 import pytest
 from helpers import drivers
+from helpers.lines import line_of
 from helpers.threads import in_thread
 
 import cyctx
 from cyctx._trace import ContextRef
 
 ok = drivers.ok
-
-
-def line_of(marker):
-    src = inspect.getsource(sys.modules[__name__]).splitlines()
-    (n,) = [i + 1 for i, text in enumerate(src) if text.rstrip().endswith(f"# {marker}")]
-    return n
 
 
 @pytest.fixture

@@ -4,11 +4,10 @@ callbacks; where it cannot, it records nothing, leaves the other undisturbed, an
 names the other where CUPTI does (cuptiSubscribe_v2, 13.0 and newer) or says that it cannot."""
 
 import ctypes
-import inspect
-import sys
 
 import pytest
 from helpers import drivers
+from helpers.lines import line_of
 from helpers.simcupti import (
     CUPTI_12,
     CUPTI_13_0,
@@ -24,12 +23,6 @@ from helpers.simcupti import (
 import cyctx
 
 SET_CURRENT = 303
-
-
-def line_of(marker):
-    src = inspect.getsource(sys.modules[__name__]).splitlines()
-    (n,) = [i + 1 for i, text in enumerate(src) if text.rstrip().endswith(f"# {marker}")]
-    return n
 
 
 def _subscribe_v1(cupti, seen):

@@ -8,7 +8,6 @@ The deep chains come from a recursive C function that the test compiles (frames 
 of its own between the line and the driver, as CuPy's runtime calls are)."""
 
 import ctypes
-import inspect
 import os
 import platform
 import shutil
@@ -17,6 +16,7 @@ import sys
 
 import pytest
 from helpers import drivers, fakelibs
+from helpers.lines import line_of
 
 import cyctx
 from cyctx._trace import _native
@@ -72,12 +72,6 @@ def set_current_ptr(sim):
     return ctypes.cast(fn, ctypes.c_void_p).value
 
 
-def _line(marker):
-    src = inspect.getsource(sys.modules[__name__]).splitlines()
-    (n,) = [i + 1 for i, text in enumerate(src) if text.rstrip().endswith(f"# {marker}")]
-    return n
-
-
 def _deep_event(lib, fn, depth, **kw):
     with cyctx.trace(**kw) as t:
         assert lib.cyctx_test_deep(depth, fn) == 0  # deep-call
@@ -91,7 +85,7 @@ def test_a_chain_deeper_than_the_old_limit_reaches_the_eval_loop_by_default(
     lib, path = deep_lib
     e = _deep_event(lib, set_current_ptr, 40)
     assert e.native_state == "the eval loop", e
-    assert e.where is not None and e.where.line == _line("deep-call"), e
+    assert e.where is not None and e.where.line == line_of("deep-call"), e
     assert sum(n.library == path for n in e.native) == 41, [n.library for n in e.native]
     # The library the line called: ctypes' compiled module (libffi is passed through).
     import _ctypes
@@ -120,7 +114,7 @@ def test_a_chain_past_the_hard_maximum_says_cut_at_the_right_line(deep_lib, set_
     assert _native.MAX_NATIVE == 256
     assert e.native_state == "cut", e
     assert len(e.native) == 256 and all(n.library == path for n in e.native)
-    assert e.where is not None and e.where.line == _line("deep-call"), e
+    assert e.where is not None and e.where.line == line_of("deep-call"), e
     assert e.library == (
         f"libcyctxdeep.so (called from {e.where}, through native code beyond cyctx_test_deep: "
         "the native stack was cut at native_frames=256)"
@@ -177,7 +171,7 @@ def test_an_unload_puts_in_doubt_only_the_events_walked_before_it_and_named_afte
         g.close()
     _unload(b, b_path)
     named, walked, after, checked = _calls(t)
-    where = lambda e, marker: e.where is not None and e.where.line == _line(marker)  # noqa: E731
+    where = lambda e, marker: e.where is not None and e.where.line == line_of(marker)  # noqa: E731
     assert where(named, "named-before") and where(walked, "walked-before")
     assert where(after, "walked-after") and where(checked, "after-check")
     # Walked and named while A was loaded (named at its collection, not at the stop).
