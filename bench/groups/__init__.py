@@ -36,9 +36,8 @@ class Case(NamedTuple):
     paths: tuple  # the start paths it runs on (from_other only where there are two devices)
     make: Callable  # make(env, path) -> loop(n)
     note: str
-    python: bool  # a Python-level body: probed once (harness.probe), and an exception is its
-    # row's result rather than the process's
-    checks: tuple  # what that first run records: "current_inside", "restored"
+    checks: tuple  # what its first run records: "current_inside" (a Python-level body, probed
+    # by harness.probe), "restored"
 
 
 CASES = {}  # group -> [Case], in the order of the tables
@@ -53,7 +52,7 @@ def registrar(group, layer, python=False):
 
         def register(make):
             CASES.setdefault(group, []).append(
-                Case(row_id, label, layer, paths, make, note, python, checks)
+                Case(row_id, label, layer, paths, make, note, checks)
             )
             return make
 
