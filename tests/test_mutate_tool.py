@@ -174,8 +174,8 @@ def test_the_curated_list_is_anchored_in_the_tree():
 # did not know at the enter (CYCTX_PREV_UNKNOWN) becomes the one of a context dead at the enter
 # (0), which the exit makes current again.
 UNKNOWN_TEST = (
-    "tests/guard/test_dead_contexts.py::"
-    "test_a_handle_unknown_to_the_driver_at_the_enter_is_not_restored_when_a_context_answers_there"
+    "tests/guard/test_restore_rules.py::"
+    "test_prev_recorded_as_dead_versus_unknown[unknown-at-the-enter-is-not]"
 )
 # Killed only when the simulated CUPTI, a C library of its own beside the simulated driver, is
 # rebuilt with the mutant.

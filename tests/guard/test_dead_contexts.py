@@ -113,31 +113,6 @@ def test_a_context_already_dead_at_the_enter_is_restored_as_it_was():
     in_thread(body)
 
 
-def test_a_handle_unknown_to_the_driver_at_the_enter_is_not_restored_when_a_context_answers_there(
-    sim,
-):
-    # CUDA_ERROR_INVALID_CONTEXT for what was current: the driver no longer knows the handle
-    # (its context was freed). By the exit a new context may live at the same address; it is
-    # not what was current, so it is not made current. (The simulator never forgets a handle:
-    # the id read of the enter is made to fail instead, and the context then answers.)
-    def body():
-        ctx = create_context(0)  # current, depth 1
-        g = ContextGuard(D1)
-        # The enter reads the guard's id, then the id of what it replaces: the second read fails.
-        sim.inject_fault("cuCtxGetId", 201, nth=2)
-        g.__enter__()
-        assert current() == g.handle
-        sets = handed_over()
-        with pytest.raises(ContextDestroyedError, match="did not survive"):
-            g.__exit__(None, None, None)
-        assert handed_over() == sets  # the context at that address was not handed over
-        assert current() == 0 and depth() == 0 and open_entries() == 0
-        ok(driver().cuCtxDestroy(ctx))
-        g.close()
-
-    in_thread(body)
-
-
 # --- on the real driver only ------------------------------------------------------------------
 
 

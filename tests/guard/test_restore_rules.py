@@ -5,7 +5,15 @@ what the refusal of a restore says about what is current after it."""
 import warnings
 
 import pytest
-from helpers.drivers import create_context, current, driver, ok, reset_primary, second_device
+from helpers.drivers import (
+    create_context,
+    current,
+    driver,
+    handed_over,
+    ok,
+    reset_primary,
+    second_device,
+)
 from helpers.finalizers import freed_on_purpose
 from helpers.threads import in_thread
 
@@ -56,7 +64,8 @@ def test_prev_recorded_as_dead_versus_unknown(sim, code, restored):
     # The id read of what the enter replaces answers 709 (dead: its handle is still the
     # driver's) or 201 (the driver does not know the handle). At the exit a live context answers
     # at that handle. Dead: the handle is the thread's, restored. Unknown: whatever answers there
-    # now is not what was current, so it is not made current.
+    # now is not what was current (its context may have been freed and a new one made at the
+    # same address), so it is not made current, nor handed to the driver at all.
     def body():
         ctx = create_context(0)  # current, depth 1
         g = ContextGuard(D1)
@@ -68,8 +77,10 @@ def test_prev_recorded_as_dead_versus_unknown(sim, code, restored):
             g.__exit__(None, None, None)
             assert current() == int(ctx) and sim.stack_depth() == 1
         else:
-            with pytest.raises(ContextDestroyedError, match="its id changed"):
+            sets = handed_over()
+            with pytest.raises(ContextDestroyedError, match="did not survive.*its id changed"):
                 g.__exit__(None, None, None)
+            assert handed_over() == sets
             assert current() == 0 and sim.stack_depth() == 0  # the switch's place popped
             ok(driver().cuCtxPushCurrent(ctx))
         assert open_entries() == 0
