@@ -53,3 +53,12 @@ def run_child(code, timeout=120, check=True, init=True, env=None):
         "PYTHONPATH": TESTS_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""),
     }
     return run_python(code, prologue, env=env, timeout=timeout, check=check, cwd=TESTS_DIR)
+
+
+def run_as_a_user(cmd, cwd, pythonpath=True, timeout=120):
+    """Run `cmd` in `cwd` as a user would: without this run's driver choice (CYCTX_TEST_DRIVER:
+    a script picks its own) or NO_COLOR; pythonpath=False: without PYTHONPATH too (a module is
+    then found from the working directory, as `python -m` finds it)."""
+    drop = {"CYCTX_TEST_DRIVER", "NO_COLOR"} | (set() if pythonpath else {"PYTHONPATH"})
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)

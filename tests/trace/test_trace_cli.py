@@ -1,19 +1,19 @@
 """`cyctx trace SCRIPT ARGS` against `python SCRIPT ARGS`, as users run it: the script gets the
 same arguments, ends with the same status and traceback however it ends (an exception,
 sys.exit, KeyboardInterrupt), and the report and --json are written in every case; --json is
-checked before the script runs, relative to where cyctx trace ran; --simulate N and the
-script's own choice of the simulated driver; `python -m cyctx trace` and the `cyctx` console
-script alike. Each script picks the simulated driver itself, so that `python SCRIPT` runs it
-too (the real driver's trace is tests/trace/test_trace_gpu.py's)."""
+checked before the script runs (`-` is refused), relative to where cyctx trace ran; --simulate
+N and the script's own choice of the simulated driver; `python -m cyctx trace` and the `cyctx`
+console script alike. Each script picks the simulated driver itself, so that `python SCRIPT`
+runs it too (the real driver's trace is tests/trace/test_trace_gpu.py's)."""
 
 import json
 import os
 import shutil
-import subprocess
 import sys
 import textwrap
 
 import pytest
+from helpers.children import run_as_a_user
 
 CONSOLE = shutil.which("cyctx", path=os.path.dirname(sys.executable))
 INVOCATIONS = {
@@ -58,16 +58,11 @@ def _app(tmp_path, devices=4):
     return path
 
 
-def _run(cmd, cwd, timeout=120):
-    env = {k: v for k, v in os.environ.items() if k not in ("CYCTX_TEST_DRIVER", "NO_COLOR")}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
-
-
 def _trace(invocation, *args, cwd):
     cmd = INVOCATIONS[invocation]
     if cmd is None:
         pytest.skip("the cyctx console script is not installed beside this Python")
-    return _run([*cmd, "trace", *args], cwd)
+    return run_as_a_user([*cmd, "trace", *args], cwd)
 
 
 def _said(proc):
@@ -95,7 +90,7 @@ def _traceback(stderr):
 @pytest.mark.parametrize("invocation", list(INVOCATIONS))
 def test_the_script_gets_its_arguments_as_python_gives_them(tmp_path, invocation, args):
     app = _app(tmp_path)
-    ref = _run([sys.executable, str(app), *args], tmp_path)
+    ref = run_as_a_user([sys.executable, str(app), *args], tmp_path)
     got = _trace(invocation, "--simulate", str(app), *args, cwd=tmp_path)
     assert ref.returncode == got.returncode == 0, got.stderr[-3000:]
     assert _said(got) == _said(ref)
@@ -119,7 +114,7 @@ def test_however_the_script_ends_its_status_and_account_and_the_report(
 ):
     args, status = ENDINGS[ending]
     app = _app(tmp_path)
-    ref = _run([sys.executable, str(app), *args], tmp_path)
+    ref = run_as_a_user([sys.executable, str(app), *args], tmp_path)
     got = _trace(invocation, "--simulate", "--json", "t.json", str(app), *args, cwd=tmp_path)
     assert ref.returncode == got.returncode == status, (ref.stderr, got.stderr[-3000:])
     if "Traceback" in ref.stderr:
@@ -163,6 +158,16 @@ def test_a_json_path_that_cannot_be_written_is_a_usage_error_before_the_script(t
     assert got.stdout == "", "the script did not start"
     assert f"--json {bad}: cannot write {tmp_path / bad}" in got.stderr, got.stderr
     assert "usage:" in got.stderr
+
+
+def test_json_dash_is_refused_before_the_script_and_writes_no_file(tmp_path):
+    # The script's own output goes to stdout, which the JSON would be mixed into, and a file
+    # named '-' is what nobody who types '-' means (it was written, silently).
+    got = _trace("python -m cyctx", "--simulate", "--json", "-", str(_app(tmp_path)), cwd=tmp_path)
+    assert got.returncode == 2, got.stderr
+    assert got.stdout == "", "the script did not start"
+    assert "--json -: " in got.stderr and "stdout" in got.stderr and "usage:" in got.stderr
+    assert not (tmp_path / "-").exists()
 
 
 @pytest.mark.parametrize(

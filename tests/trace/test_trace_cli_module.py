@@ -4,12 +4,11 @@ imports inside its package, a package's __main__, the same status and account of
 that is missing, cannot be run or raises, and the report and --json as for a script."""
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
+from helpers.children import run_as_a_user
 
 MOD = """
 import json, sys
@@ -41,9 +40,7 @@ def project(tmp_path):
 
 
 def _run(cmd, cwd):
-    env = {k: v for k, v in os.environ.items() if k not in ("CYCTX_TEST_DRIVER", "NO_COLOR")}
-    env.pop("PYTHONPATH", None)  # the module is found from the working directory, as python -m
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=cwd, env=env)
+    return run_as_a_user(cmd, cwd, pythonpath=False)  # the module is found from the cwd
 
 
 def _trace(cwd, *args):

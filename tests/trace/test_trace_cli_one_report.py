@@ -4,12 +4,11 @@ the script forks is the script's, and ends as the script says without a report o
 (which repeated the parent's events and wrote a second document into the parent's JSON)."""
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
+from helpers.children import run_as_a_user
 
 # Picks the simulated driver, makes one context change, then does what its arguments say:
 # `parent ENDING` ends the traced process so; `child ENDING` forks a child that ends so, waits
@@ -54,11 +53,8 @@ else:
 def _trace(tmp_path, *args):
     app = tmp_path / "app.py"
     app.write_text(textwrap.dedent(APP))
-    env = {k: v for k, v in os.environ.items() if k not in ("CYCTX_TEST_DRIVER", "NO_COLOR")}
     cmd = [sys.executable, "-m", "cyctx", "trace", "--simulate", "--json", "t.json"]
-    return subprocess.run(
-        [*cmd, str(app), *args], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env
-    )
+    return run_as_a_user([*cmd, str(app), *args], tmp_path)
 
 
 def _one_report(tmp_path, got, events):
