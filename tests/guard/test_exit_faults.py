@@ -305,15 +305,13 @@ CASES = [(p, s) for p in PATHS if p not in NATIVE for s in STATES]
 NATIVE_CASES = [(p, s) for p in NATIVE for s in STATES]
 
 
-@pytest.mark.parametrize(("path", "state"), CASES, ids=[f"{p}/{s}" for p, s in CASES])
-def test_one_failing_call_of_an_exit_leaves_the_thread_as_found(sim, path, state):
-    problems = _problems(sim, once_problems, path, state)
-    assert not problems, "\n".join(problems)
+FAILING = {"once": once_problems, "twice": twice_problems}
 
 
+@pytest.mark.parametrize("failing", list(FAILING))
 @pytest.mark.parametrize(("path", "state"), CASES, ids=[f"{p}/{s}" for p, s in CASES])
-def test_a_call_failing_twice_in_an_exit_names_the_state_it_leaves(sim, path, state):
-    problems = _problems(sim, twice_problems, path, state)
+def test_a_call_failing_in_an_exit_is_made_again_or_names_what_it_leaves(sim, path, state, failing):
+    problems = _problems(sim, FAILING[failing], path, state)
     assert not problems, "\n".join(problems)
 
 
@@ -323,19 +321,12 @@ import test_consumer  # noqa: E402
 consumer_dir = test_consumer.consumer_dir  # a fixture
 
 
+@pytest.mark.parametrize("failing", list(FAILING))
 @pytest.mark.parametrize(("path", "state"), NATIVE_CASES, ids=[f"{p}/{s}" for p, s in NATIVE_CASES])
-def test_one_failing_call_of_a_cython_exit_leaves_the_thread_as_found(
-    sim, consumer_dir, path, state
+def test_a_call_failing_in_a_cython_exit_is_made_again_or_names_what_it_leaves(
+    sim, consumer_dir, path, state, failing
 ):
-    problems = _problems(sim, once_problems, path, state, consumer_dir)
-    assert not problems, "\n".join(problems)
-
-
-@pytest.mark.parametrize(("path", "state"), NATIVE_CASES, ids=[f"{p}/{s}" for p, s in NATIVE_CASES])
-def test_a_call_failing_twice_in_a_cython_exit_names_the_state_it_leaves(
-    sim, consumer_dir, path, state
-):
-    problems = _problems(sim, twice_problems, path, state, consumer_dir)
+    problems = _problems(sim, FAILING[failing], path, state, consumer_dir)
     assert not problems, "\n".join(problems)
 
 
