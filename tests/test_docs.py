@@ -69,25 +69,35 @@ def test_link_checker_finds_a_missing_page_and_a_missing_anchor(tmp_path):
     assert _check_links(tmp_path).returncode == 0
 
 
-@pytest.mark.slow
-def test_site_builds_without_warnings_and_its_links_hold(tmp_path):
+def _needs_sphinx():
     pytest.importorskip(
         "sphinx", reason="Sphinx is not installed here (CI's documentation step builds the site)"
     )
     pytest.importorskip(
         "furo", reason="the theme is not installed here (pip install -r docs/requirements.txt)"
     )
+
+
+def _site(tmp_path, top):
+    """The site Sphinx builds from top/docs, with warnings as errors; its links checked."""
+    _needs_sphinx()
     site = tmp_path / "html"
     out = subprocess.run(
-        [sys.executable, "-m", "sphinx", "-W", "-n", "-q", "-b", "html", DOCS, str(site)],
+        [sys.executable, "-m", "sphinx", "-W", "-n", "-q", "-b", "html", "docs", str(site)],
         capture_output=True,
         text=True,
         timeout=600,
-        cwd=ROOT,
+        cwd=top,
     )
-    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.returncode == 0, f"Sphinx in {top}:\n{out.stdout}{out.stderr}"
     links = _check_links(site)
     assert links.returncode == 0, links.stdout
+    return site
+
+
+@pytest.mark.slow
+def test_site_builds_without_warnings_and_its_links_hold(tmp_path):
+    site = _site(tmp_path, ROOT)
     for page in (
         "api",
         "cython-api",
@@ -142,27 +152,10 @@ def _sdist(tmp_path):
 def test_site_builds_from_the_unpacked_sdist(tmp_path):
     # The README says the documentation ships in the sdist: it builds there as it does here,
     # with warnings as errors (a missing image or include is one).
-    pytest.importorskip(
-        "sphinx", reason="Sphinx is not installed here (CI's documentation step builds the site)"
-    )
-    pytest.importorskip(
-        "furo", reason="the theme is not installed here (pip install -r docs/requirements.txt)"
-    )
+    _needs_sphinx()
     import tarfile
 
     with tarfile.open(_sdist(tmp_path)) as tar:
         tar.extractall(tmp_path / "unpacked", filter="data")
     (top,) = (tmp_path / "unpacked").iterdir()
-    site = tmp_path / "html"
-    out = subprocess.run(
-        [sys.executable, "-m", "sphinx", "-W", "-n", "-q", "-b", "html", "docs", str(site)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=top,
-    )
-    assert out.returncode == 0, (
-        f"Sphinx in the unpacked sdist {top.name}:\n{out.stdout}{out.stderr}"
-    )
-    links = _check_links(site)
-    assert links.returncode == 0, links.stdout
+    _site(tmp_path, top)
