@@ -109,12 +109,8 @@ def _live_thread_names(native) -> dict[tuple[int, int], str]:
     return {ts: by_tid[tid] for ts, tid in live if tid in by_tid}
 
 
-def _is_driver_side(path: str | None, skip: tuple[str, ...]) -> bool:
-    """A frame of the tracer, of libcupti or of the driver: not a caller."""
-    return Naming([], skip).is_driver_side(path)
-
-
 def _driver_side(path: str | None, skip: tuple[str, ...], names: Naming) -> bool:
+    """A frame of the tracer, of libcupti or of the driver: not a caller."""
     if not path:
         return True
     base = os.path.basename(path)

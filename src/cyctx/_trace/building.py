@@ -26,7 +26,6 @@ class Builder:
 
     def __init__(self, trace: Any) -> None:
         self._t0 = trace._t0
-        self._python_frames = trace.python_frames
         self._native_frames = trace.native_frames
         self._names = Naming(skip=(os.path.realpath(trace._native.__file__),))
         self._frames: dict[tuple[str | None, str | None], NativeFrame] = {}
