@@ -220,7 +220,7 @@ def test_json_schema():
 
 def test_json_schema_with_a_context_and_a_guard():
     g = ContextGuard(0)
-    handle = g.handle
+    handle, context_id = g.handle, g.context_id
     try:
         with g:
             d = diagnose(cudart=False).to_dict()
@@ -240,7 +240,8 @@ def test_json_schema_with_a_context_and_a_guard():
         "why",
         "error",
     }
-    assert c["handle"] == handle and c["usable"] is True
+    assert c["handle"] == handle and c["usable"] is True and c["error"] is None, c
+    assert c["id"] == context_id and c["device"] == 0, c
     (mine,) = [x for x in d["guards"] if x["handle"] == handle]
     assert set(mine) == {
         "device",
