@@ -64,7 +64,7 @@ def test_destroyed_context_is_refused_on_enter():
     g.close()
 
 
-def test_dead_handles_and_bad_objects():
+def test_a_dead_or_null_handle_is_refused():
     d = driver()
     ctx = create_context(0, current=False)
     ok(d.cuCtxDestroy(ctx))
@@ -72,10 +72,6 @@ def test_dead_handles_and_bad_objects():
         ContextGuard(ctx)  # checked at construction too
     with pytest.raises(ValueError, match="NULL"):
         ContextGuard(d.CUcontext(0))
-    with pytest.raises(TypeError):
-        ContextGuard.from_handle("0x1234")
-    with pytest.raises(TypeError, match=r"takes a device \(an int ordinal"):
-        ContextGuard(object())
 
 
 def test_cudevice_is_an_ordinal(sim):
@@ -111,15 +107,6 @@ def test_framework_objects_by_type(make, device):
     g = ContextGuard(make())
     assert g.device == device and g.is_primary
     g.close()
-
-
-def test_framework_object_errors():
-    with pytest.raises(ValueError, match="not a CUDA device"):
-        ContextGuard(fake("torch", "device", type="cpu", index=None))
-    stream = fake("somelib", "S")
-    type(stream).__cuda_stream__ = lambda self: (0, 0)
-    with pytest.raises(ValueError, match="default stream"):
-        ContextGuard(stream)
 
 
 def test_no_framework_is_imported():

@@ -68,10 +68,11 @@ def test_a_cuda_core_stream_of_its_own_is_a_stream_whatever_its_device():
     assert recognise(_core_stream(0x9000, 1)) == Target(Kind.STREAM, 0x9000)
 
 
-def test_a_default_stream_that_knows_no_device_is_refused():
+@pytest.mark.parametrize("handle", [0, 1, 2])
+def test_a_default_stream_that_knows_no_device_is_refused(handle):
     class Proto:
         def __cuda_stream__(self):
-            return (0, 2)
+            return (0, handle)
 
     with pytest.raises(ValueError, match="default stream .* has no context of its own"):
         recognise(Proto())
