@@ -74,13 +74,6 @@ def test_a_dead_or_null_handle_is_refused():
         ContextGuard(d.CUcontext(0))
 
 
-def test_cudevice_is_an_ordinal(sim):
-    d = driver()
-    g = ContextGuard(ok(d.cuDeviceGet(1)))
-    assert g.device == 1 and g.is_primary
-    g.close()
-
-
 # --- framework objects, recognised without importing the framework ----------------------------
 
 
