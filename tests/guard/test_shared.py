@@ -134,27 +134,6 @@ def test_thread_stalled_inside_the_first_shared_does_not_block_others(sim):
     assert "MAIN True True" in out.stdout
 
 
-def test_shared_first_use_raced_by_many_threads(sim):
-    out = run_child(
-        """
-        import threading, cyctx
-        from helpers.threads import run_threads
-        for k in (0, 1):
-            got = []
-            b = threading.Barrier(16)
-            def f():
-                b.wait()
-                with cyctx.ContextGuard.shared(k) as g:  # its first use, raced
-                    got.append(g)
-            run_threads(*[f] * 16)
-            assert len(got) == 16 and all(g is got[0] for g in got) and got[0].is_shared
-        print("RETAINS", [drivers.SIM.retain_count(i) for i in range(2)])
-    """,
-        timeout=60,
-    )
-    assert "RETAINS [1, 1]" in out.stdout
-
-
 def test_first_use_lost_by_a_stalled_thread_publishes_only_the_winner(sim):
     # Deterministic race: the first thread's construction is held in its retain (the driver
     # call releases the GIL) while 15 others race first use and one of them publishes; the
