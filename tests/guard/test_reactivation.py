@@ -72,8 +72,9 @@ def test_one_reset_more_than_the_bound_gives_up_with_the_number_of_tries(sim):
         assert "no retain is kept" in msg, msg
 
 
-def test_a_release_failing_in_the_loop_is_kept_and_given_back_at_close(sim):
-    with retains_unchanged() as base:
+@pytest.mark.parametrize("given_back_by", ["close", "collection"])
+def test_a_release_failing_in_the_loop_is_kept_and_given_back(sim, given_back_by):
+    with retains_unchanged() as base:  # given back: by close(), or by the deallocation
         sim.inject_fault("cuCtxGetId", 709, nth=1)
         sim.inject_fault("cuDevicePrimaryCtxRelease", 999, nth=1)  # the re-activation's release
         try:
@@ -85,21 +86,11 @@ def test_a_release_failing_in_the_loop_is_kept_and_given_back_at_close(sim):
         with g:
             pass
         assert sim.retain_count(0) == base[0] + 2
-        g.close()
-        assert sim.retain_count(0) == base[0]
-
-
-def test_a_release_failing_in_the_loop_is_given_back_when_the_guard_is_collected(sim):
-    with retains_unchanged() as base:
-        sim.inject_fault("cuCtxGetId", 709, nth=1)
-        sim.inject_fault("cuDevicePrimaryCtxRelease", 999, nth=1)
-        try:
-            g = ContextGuard(0)
-        finally:
-            sim.clear_faults()
-        assert sim.retain_count(0) == base[0] + 2
-        with freed_on_purpose():
-            del g  # no close(): the deallocation releases both
+        if given_back_by == "close":
+            g.close()
+        else:
+            with freed_on_purpose():
+                del g
 
 
 def test_a_failed_construction_gives_back_the_retain_whose_release_failed_in_the_loop(sim):
