@@ -3,8 +3,8 @@ from an ordinal, a primary or created CUcontext, the current context and from_ha
 shared(); enter, exit and close; current_handle -- is failed, one at a time, with each
 plausible code. After each failure the thread's context stack is as before the failed
 operation (an exit's: as before the enter it ends, the call made again), no retain is leaked or
-released twice, and the error is a DriverError with that code (every way a block is left:
-guard/test_exit_faults.py).
+released twice, and the error is a DriverError with that code, naming the call (every way a
+block is left: guard/test_exit_faults.py).
 
 The calls an operation makes are discovered by counting them, not listed by hand, so a new
 driver call in the guard is covered automatically.
@@ -258,7 +258,7 @@ def test_every_driver_call_failing(sim, name):
                     assert exc is None, where
                     continue
                 assert isinstance(exc, DriverError), f"{where}: raised {exc!r}"
-                assert exc.code == code, where
+                assert (exc.code, exc.call) == (code, func), where
                 if name.startswith("exit"):
                     # The exit made the call again: the thread is as the enter found it.
                     found = _FOUND["state"]
@@ -281,17 +281,6 @@ def test_every_driver_call_failing(sim, name):
         # Every retain taken in the case was released by its cleanup.
         assert retains() == base, f"{name}/{func}: retain leaked"
     assert tried > 0
-
-
-def test_construct_fault_leaks_nothing(sim):
-    base = retains()
-    for func in ("cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxGetId"):
-        sim.inject_fault(func, 999)
-        with pytest.raises(DriverError) as ei:
-            ContextGuard(0)
-        sim.clear_faults()
-        assert ei.value.code == 999 and ei.value.call == func
-        assert retains() == base, func
 
 
 @pytest.mark.parametrize("func", ["cuInit", "cuDeviceGetCount"])
@@ -408,57 +397,3 @@ def test_driver_error_on_enter_changes_nothing(guard, guard1, sim):
         return current()
 
     assert in_thread(body) == 0
-
-
-def test_construction_failure_leaks_no_retain(sim):
-    before = sim.retain_count(0)
-    sim.inject_fault("cuCtxGetId", 999)
-    with pytest.raises(DriverError):
-        ContextGuard(0)
-    assert sim.retain_count(0) == before
-
-
-# --- construction from a context: the device probe under faults -------------------------------
-
-
-def test_probe_pop_failure_leaves_the_stack_as_it_was(sim):
-    def body():
-        ctx = create_context(current=False)
-        depth = sim.stack_depth()
-        sim.inject_fault("cuCtxPopCurrent", 999)
-        try:
-            with pytest.raises(DriverError):
-                ContextGuard(ctx)
-        finally:
-            sim.clear_faults()
-        # Before: the probe's push stayed on the stack.
-        assert sim.stack_depth() == depth and current() == 0
-        ok(driver().cuCtxDestroy(ctx))
-
-    in_thread(body)
-
-
-def test_probe_release_failure_leaks_no_retain(sim):
-    base = sim.retain_count(0)
-
-    def body():
-        holder = ContextGuard(0)  # primary active: the probe retains it to compare handles
-        ctx = create_context(current=False)
-        sim.inject_fault("cuDevicePrimaryCtxRelease", 999)
-        try:
-            try:
-                g = ContextGuard(ctx)
-            except DriverError:
-                g = None
-        finally:
-            sim.clear_faults()
-        if g is not None:
-            assert not g.is_primary
-            g.close()
-        # Before: the probe's retain was never released.
-        assert sim.retain_count(0) == base + 1
-        holder.close()
-        ok(driver().cuCtxDestroy(ctx))
-
-    in_thread(body)
-    assert sim.retain_count(0) == base
