@@ -142,34 +142,6 @@ def test_a_refused_restore_without_a_switch_names_the_context_the_block_left_cur
     in_thread(body)
 
 
-@pytest.mark.parametrize("failures", [1, 2])
-def test_an_id_read_that_fails_otherwise_at_the_exit_is_made_again_and_never_guessed(sim, failures):
-    # cuCtxGetId of what was current answers neither "destroyed" nor "unknown": the exit cannot
-    # tell whether it survived, so it asks again. Answered, it restores it; failing again, it
-    # changes nothing (its switch is not popped as if it had died) and says so. The driver's
-    # error is raised either way.
-    def body():
-        ctx = create_context(0)  # current, depth 1
-        g = ContextGuard(D1)
-        g.__enter__()  # switched over ctx
-        sim.inject_fault("cuCtxGetId", 999, nth=1, count=failures)  # the exit's look at ctx
-        try:
-            with pytest.raises(cyctx.DriverError) as ei:
-                g.__exit__(None, None, None)
-        finally:
-            sim.clear_faults()
-        assert ei.value.code == 999 and not isinstance(ei.value, ContextDestroyedError)
-        left = ctx if failures == 1 else g.handle
-        assert int(current()) == int(left) and sim.stack_depth() == 1 and open_entries() == 0
-        if failures == 2:
-            assert f"context 0x{g.handle:x} is current" in str(ei.value)
-        ok(driver().cuCtxSetCurrent(ctx))
-        ok(driver().cuCtxDestroy(ctx))
-        g.close()
-
-    in_thread(body)
-
-
 @pytest.mark.parametrize(
     "code, says",
     [
