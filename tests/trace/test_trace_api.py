@@ -218,20 +218,6 @@ def test_a_second_trace_says_so_and_changes_nothing(d, capfd):
     assert t2.report() == f"cyctx trace: not tracing: {t2.reason}"
 
 
-def test_bad_arguments_are_typed_errors():
-    for kw in (
-        {"python_frames": -1},
-        {"python_frames": 99},
-        {"native_frames": -1},
-        {"native_frames": 257},
-        {"capacity": 0},
-    ):
-        with pytest.raises(ValueError):
-            cyctx.trace(**kw)
-    # The hard maximum of native frames is 256.
-    assert cyctx.trace(native_frames=256).native_frames == 256
-
-
 def test_asking_while_running_and_restarting_are_errors(d):
     t = cyctx.trace()
     with t:

@@ -48,6 +48,8 @@ def test_an_int_like_count_is_taken_as_its_value():
     t = cyctx.trace(python_frames=Three(), native_frames=Three(), capacity=Three())
     assert (t.python_frames, t.native_frames, t.capacity) == (3, 3, 3)
     assert all(type(v) is int for v in (t.python_frames, t.native_frames, t.capacity))
+    t = cyctx.trace(python_frames=6, native_frames=256)  # the top of each range is taken
+    assert (t.python_frames, t.native_frames) == (6, 256)
 
 
 @pytest.mark.parametrize("value", [1, 0, "yes", None])
