@@ -130,10 +130,10 @@ def test_nogil_exit_out_of_order_is_refused_and_changes_nothing(consumer_dir):
 
 
 @pytest.mark.parametrize("start", ["none", "other", "target"])
-def test_raw_layer_under_every_fault(consumer_dir, start, sim):
-    # switch_to/switch_back are reachable from Cython only: every driver call they make is
-    # failed once with each code, from each starting state. switch_to changes nothing when it
-    # fails; a failed switch_back leaves the block's context, and a retry restores.
+def test_raw_layer_switch_to_under_every_fault(consumer_dir, start, sim):
+    # switch_to is reachable from Cython only: every driver call it makes is failed once with
+    # each code, from each starting state, and it changes nothing when it fails. (switch_back
+    # under every fault: tests/guard/test_exit_faults.py, with the exits.)
     out = run_child(f"""
         import sys; sys.path.insert(0, {consumer_dir!r})
         import cyctx, cyctx_consumer
@@ -149,47 +149,26 @@ def test_raw_layer_under_every_fault(consumer_dir, start, sim):
             elif start == "target":
                 d.cuCtxSetCurrent(g0.context)
             return (drivers.current(), sim.stack_depth())
-        def calls(fn):
-            c0 = {{f: sim.call_count(f) for f in FUNCS}}
-            fn()
-            return {{f: sim.call_count(f) - c0[f] for f in FUNCS}}
         tried = 0
-        for phase in ("to", "back"):
-            before = prepare()
-            if phase == "to":
-                box = []
-                made = calls(lambda: box.append(cyctx_consumer.switch_to_only(g0.handle)))
-                cyctx_consumer.switch_back_only(*box[0])
-            else:
-                s = cyctx_consumer.switch_to_only(g0.handle)
-                made = calls(lambda: cyctx_consumer.switch_back_only(*s))
-            for f, n in made.items():
-                for nth in range(1, n + 1):
-                    for code in (201, 709, 999):
-                        before = prepare()
-                        if phase == "to":
-                            sim.inject_fault(f, code, nth=nth)
-                            try:
-                                cyctx_consumer.switch_to_only(g0.handle)
-                                raise SystemExit("no error")
-                            except cyctx.DriverError as e:
-                                assert e.code == code
-                            finally:
-                                sim.clear_faults()
-                            assert (drivers.current(), sim.stack_depth()) == before, (phase, f, nth, code)
-                        else:
-                            s = cyctx_consumer.switch_to_only(g0.handle)
-                            sim.inject_fault(f, code, nth=nth)
-                            try:
-                                cyctx_consumer.switch_back_only(*s)
-                                raise SystemExit("no error")
-                            except cyctx.DriverError as e:
-                                assert e.code == code
-                            finally:
-                                sim.clear_faults()
-                            cyctx_consumer.switch_back_only(*s)  # the retry restores
-                            assert (drivers.current(), sim.stack_depth()) == before, (phase, f, nth, code)
-                        tried += 1
+        prepare()
+        c0 = {{f: sim.call_count(f) for f in FUNCS}}
+        s = cyctx_consumer.switch_to_only(g0.handle)
+        made = {{f: sim.call_count(f) - c0[f] for f in FUNCS}}
+        cyctx_consumer.switch_back_only(*s)
+        for f, n in made.items():
+            for nth in range(1, n + 1):
+                for code in (201, 709, 999):
+                    before = prepare()
+                    sim.inject_fault(f, code, nth=nth)
+                    try:
+                        cyctx_consumer.switch_to_only(g0.handle)
+                        raise SystemExit("no error")
+                    except cyctx.DriverError as e:
+                        assert e.code == code
+                    finally:
+                        sim.clear_faults()
+                    assert (drivers.current(), sim.stack_depth()) == before, (f, nth, code)
+                    tried += 1
         d.cuCtxSetCurrent(None)
         g0.close(); g1.close()
         print("TRIED", tried, "RETAINS", [sim.retain_count(i) for i in range(2)])
