@@ -44,7 +44,7 @@ def test_what_runs_in_steps_is_refused_at_decoration(deco, name):
         TypeError, match=r"cannot decorate an? (async def|async generator|generator) function"
     ) as e:
         deco(HIDDEN[name])
-    assert "Write `with guard:` inside it" in str(e.value)
+    assert "Write `with guard:` inside it" in str(e.value) and "thread" in str(e.value)
     assert str(e.value).count(". ") <= 1  # two sentences
 
 

@@ -7,7 +7,6 @@ process, which the per-test state check of this process would (rightly) report."
 
 import asyncio
 import copy
-import functools
 import gc
 import json
 import pickle
@@ -163,50 +162,6 @@ def test_decorated_function_keeps_its_guard_alive(sim):
         gc.collect()
     assert drivers.retains()[0] == before
     assert [x.category for x in w] == [ResourceWarning]
-
-
-async def _coroutine():
-    pass
-
-
-async def _async_generator():
-    yield 1
-
-
-def _generator():
-    yield 1
-
-
-@pytest.mark.parametrize(
-    "func, kind",
-    [
-        (_coroutine, "an async def function"),
-        (functools.partial(_coroutine), "an async def function"),
-        (_async_generator, "an async generator function"),
-        (_generator, "a generator function"),
-    ],
-)
-def test_decorator_refuses_async_and_generators_at_decoration(guard, func, kind):
-    with pytest.raises(TypeError) as ei:
-        guard(func)
-    msg = str(ei.value)
-    assert kind in msg and "with guard:" in msg and "thread" in msg
-
-
-def test_device_decorator_refuses_async_and_generators_too():
-    out = run_child("""
-        import functools, cyctx
-        async def co(): pass
-        async def agen(): yield 1
-        def gen(): yield 1
-        for f in (co, functools.partial(co), agen, gen):
-            try:
-                cyctx.device(0)(f)
-                print("ACCEPTED")
-            except TypeError as e:
-                print("REFUSED", "cannot decorate" in str(e))
-    """)
-    assert out.stdout.split() == ["REFUSED", "True"] * 4
 
 
 def test_device_used_as_a_bare_decorator_says_to_call_it():
