@@ -152,36 +152,22 @@ def test_many_threads_at_once():
     assert out == [(i, 1) for i in range(200)]
 
 
-async def _coro():
-    return 1
-
-
-def _gen():
-    yield 1
-
-
+# (What runs in steps, refused at bind: tests/guard/test_bind_edges.py, with the decorator's.)
 @pytest.mark.parametrize(
     "args, kwargs, error, words",
     [
-        ((_coro,), {"device": 0}, TypeError, "runs later, in steps"),
-        ((_gen,), {"device": 0}, TypeError, "runs later, in steps"),
         ((42,), {"device": 0}, TypeError, "takes a function (any callable)"),
         ((), {}, TypeError, "needs a function or a device"),
         ((where,), {"device": "x"}, TypeError, ""),
         ((where,), {"device": 2**31}, cyctx.InvalidDeviceError, ""),
     ],
-    ids=["coroutine", "generator", "not-callable", "nothing", "bad-device", "no-device-has-it"],
+    ids=["not-callable", "nothing", "bad-device", "no-device-has-it"],
 )
 def test_bad_input_is_refused_at_bind(args, kwargs, error, words):
     with pytest.raises(error) as e:
         cyctx.bind(*args, **kwargs)
     assert words in str(e.value)
     assert current() == 0
-
-
-def test_decorator_refuses_an_async_function():
-    with pytest.raises(TypeError, match="runs later, in steps"):
-        cyctx.bind(device=0)(_coro)
 
 
 def test_a_device_that_does_not_exist_is_refused_at_the_first_call():
