@@ -5,15 +5,8 @@ what the refusal of a restore says about what is current after it."""
 import warnings
 
 import pytest
-from helpers.drivers import (
-    create_context,
-    current,
-    driver,
-    handed_over,
-    ok,
-    reset_primary,
-    second_device,
-)
+from helpers import drivers
+from helpers.drivers import create_context, current, driver, ok, reset_primary, second_device
 from helpers.finalizers import freed_on_purpose
 from helpers.threads import in_thread
 
@@ -77,10 +70,10 @@ def test_prev_recorded_as_dead_versus_unknown(sim, code, restored):
             g.__exit__(None, None, None)
             assert current() == int(ctx) and sim.stack_depth() == 1
         else:
-            sets = handed_over()
+            sets = drivers.handed_over()
             with pytest.raises(ContextDestroyedError, match="did not survive.*its id changed"):
                 g.__exit__(None, None, None)
-            assert handed_over() == sets
+            assert drivers.handed_over() == sets
             assert current() == 0 and sim.stack_depth() == 0  # the switch's place popped
             ok(driver().cuCtxPushCurrent(ctx))
         assert open_entries() == 0
