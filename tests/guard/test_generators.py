@@ -159,23 +159,6 @@ def test_spliced_exit_restores_what_was_before_the_late_block():
     assert in_thread(body) == 0
 
 
-def test_generator_closed_explicitly_under_another_guard_raises_on_close():
-    def body():
-        g0, g1 = ContextGuard(0), ContextGuard(D1)
-
-        it = suspended_in(g0)
-        with g1:
-            with pytest.raises(GuardError, match="generator"):
-                it.close()
-            assert current() == g1.handle
-        assert current() == 0
-        g0.close()
-        g1.close()
-        return open_entries()
-
-    assert in_thread(body) == 0
-
-
 def test_generator_closed_on_another_thread_raises_and_keeps_the_entering_threads_entry():
     # Documented limit: the guard cannot reach another thread's entries. The close is not
     # silent: a GuardError raised while GeneratorExit propagates must not end up as a mere note
