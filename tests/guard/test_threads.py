@@ -71,8 +71,9 @@ def test_many_short_lived_threads_racing_first_use_in_a_fresh_process(sim):
 def test_signal_handler_using_guards_during_enter_exit_loops():
     # A handler that uses a guard and shared() (first use included) runs at every instruction
     # boundary of a loop of other guards' blocks, and of any Python code those blocks run: where
-    # a signal handler can run, each one visited once, deterministically (an opcode trace, not a
-    # timer, so that load cannot change what is covered).
+    # a signal handler can run, each one visited once, deterministically (instruction events,
+    # not a timer, so that load cannot change what is covered). Instruction events come from
+    # sys.monitoring from 3.12 (3.12.0-3.12.1 send no opcode events to a settrace function).
     out = run_child(
         """
         import sys, cyctx
@@ -93,14 +94,26 @@ def test_signal_handler_using_guards_during_enter_exit_loops():
             if event == "opcode":
                 handler()
             return trace
+        def on_instruction(code, offset):
+            if not busy[0]:
+                handler()
         def loop(n):
             for i in range(n):
                 with g1:
                     with g0:
                         pass
-        sys.settrace(trace)
-        loop(3)
-        sys.settrace(None)
+        if sys.version_info >= (3, 12):
+            M = sys.monitoring
+            M.use_tool_id(M.DEBUGGER_ID, "test")
+            M.register_callback(M.DEBUGGER_ID, M.events.INSTRUCTION, on_instruction)
+            M.set_events(M.DEBUGGER_ID, M.events.INSTRUCTION)
+            loop(3)
+            M.set_events(M.DEBUGGER_ID, 0)
+            M.free_tool_id(M.DEBUGGER_ID)
+        else:
+            sys.settrace(trace)
+            loop(3)
+            sys.settrace(None)
         from cyctx._guard import open_entries
         print("HITS", hits[0], "STATE", drivers.current(), open_entries())
         g0.close(); g1.close()
