@@ -126,6 +126,8 @@ def test_a_failed_construction_says_how_many_retains_it_could_not_give_back(sim)
     try:
         assert ei.value.code == 2 and ei.value.call == "cuDevicePrimaryCtxRetain", ei.value
         assert "keeps 1 retain(s) more" in str(ei.value), ei.value
+        # The release that failed is named with its code, not the one after it that succeeded.
+        assert "(cuDevicePrimaryCtxRelease: 999)" in str(ei.value), ei.value
         assert sim.retain_count(0) == base + 1
     finally:
         while sim.retain_count(0) > base:  # what the error said is left, given back here

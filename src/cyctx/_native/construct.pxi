@@ -7,7 +7,7 @@ cdef int _init_primary(ContextGuard self, ordinal, count) except -1:
     cdef cydriver.CUcontext ctx = NULL
     cdef cydriver.CUdevice dev = 0
     cdef unsigned long long ctx_id = 0
-    cdef cydriver.CUresult err, rerr
+    cdef cydriver.CUresult err, rerr, own
     if ordinal >= count:
         raise _errors.no_such_device(_inputs.int_text(ordinal), count)
     cdef int extra = 0
@@ -32,14 +32,21 @@ cdef int _init_primary(ContextGuard self, ordinal, count) except -1:
                 extra += 1  # still balanced: released with the guard's own retain
             err = d.CtxGetId(ctx, &ctx_id)
     if err != cydriver.CUresult.CUDA_SUCCESS:
-        # Construction failed: no retain may be kept. If even the release fails, say so
-        # rather than claim nothing was left behind.
-        while extra and d.PrimaryCtxRelease(dev) == cydriver.CUresult.CUDA_SUCCESS:
+        # Construction failed: no retain may be kept. If even a release fails, say so (with
+        # its code) rather than claim nothing was left behind.
+        rerr = cydriver.CUresult.CUDA_SUCCESS
+        while extra:
+            rerr = d.PrimaryCtxRelease(dev)
+            if rerr != cydriver.CUresult.CUDA_SUCCESS:
+                break
             extra -= 1
-        rerr = d.PrimaryCtxRelease(dev)
-        if rerr != cydriver.CUresult.CUDA_SUCCESS or extra:
+        own = d.PrimaryCtxRelease(dev)  # the construction's own retain
+        if own != cydriver.CUresult.CUDA_SUCCESS:
+            rerr = own
+            extra += 1
+        if extra:
             raise _errors.construction_kept_retains(<int>err, failed.decode(), <int>rerr, ordinal,
-                                                    (1 if rerr else 0) + extra)
+                                                    extra)
         if err == cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED:
             raise _errors.reset_during_construction(ordinal, tries)
         check(err, failed)
