@@ -79,6 +79,9 @@ DIRECTIVES = {
     "boundscheck": False,
     "wraparound": False,
     "cdivision": True,
+    # Free-threaded CPython keeps the GIL off (docs/guarantees.md, "Free-threading"); from 3.14,
+    # whose PyUnstable_TryIncRef the guards' registry reads with (3.13t turns the GIL on).
+    "freethreading_compatible": sys.version_info >= (3, 14),
 }
 
 

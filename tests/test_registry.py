@@ -1,5 +1,6 @@
-"""The registry of live guards (a hash set of tokens in _cpp/thread_entries.h): exit's slow path asks it
-whether an entry left on the thread's stack belongs to a guard that still exists. Checked
+"""The registry of live guards (a hash set of tokens in _cpp/registry.h): exit's slow path asks it
+whether an entry left on the thread's stack belongs to a guard that still exists, and
+cyctx.live_guards lists the guards it holds. Checked
 through that path after thousands of additions and removals in random order, which grow the
 table several times and delete from the middle of probe runs."""
 
@@ -61,23 +62,44 @@ def test_registry_keeps_every_live_guard_and_forgets_every_freed_one(sim):
 
 MODEL_CHECK = r"""
 #include "_cpp/thread_entries.h"
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <set>
 #include <vector>
 
+// Each token's guard address stands in as the token itself, plus one: the snapshot gives back
+// what was added with each token alive now, moved with it by growth and backward shifts.
+static int take(void *) { return 1; }
+
+static bool snapshot_matches(const std::set<unsigned long long> &model) {
+    void **got = nullptr;
+    size_t n = 0;
+    if (cyctx::live_take(take, &got, &n) != 0) return false;
+    std::set<unsigned long long> seen;
+    for (size_t i = 0; i < n; i++) seen.insert((unsigned long long)(uintptr_t)got[i] - 1);
+    std::free(got);
+    return n == model.size() && seen == model;
+}
+
 // Random adds, removals and lookups of random tokens (random, unlike real tokens, so that
-// probe runs form and removals happen inside them), checked against std::set at every step.
+// probe runs form and removals happen inside them), checked against std::set at every step,
+// and the snapshot of the guards' addresses every thousand steps.
 int main() {
     std::mt19937_64 rng(12345);
     std::set<unsigned long long> model;
     std::vector<unsigned long long> pool;
-    for (int i = 0; i < 4000; i++) pool.push_back(rng() | 1);  // never 0
+    for (int i = 0; i < 4000; i++) pool.push_back((rng() >> 1) | 1);  // never 0, nor ~0 (+1 above)
     for (int step = 0; step < 300000; step++) {
         unsigned long long t = pool[rng() % (step < 150000 ? pool.size() : pool.size() / 4)];
+        if (step % 1000 == 0 && !snapshot_matches(model)) {
+            std::printf("snapshot mismatch at step %d\n", step);
+            return 1;
+        }
         switch (rng() % 3) {
         case 0:
-            if (cyctx::live_add(t) != 0) { std::puts("add failed"); return 1; }
+            if (cyctx::live_add(t, (void *)(uintptr_t)(t + 1)) != 0) { std::puts("add failed"); return 1; }
             model.insert(t);
             break;
         case 1:
@@ -95,6 +117,7 @@ int main() {
     }
     for (unsigned long long t : pool)
         if (cyctx::live_has(t) != (model.count(t) != 0)) { std::puts("final mismatch"); return 1; }
+    if (!snapshot_matches(model)) { std::puts("final snapshot mismatch"); return 1; }
     std::printf("ok %zu live\n", model.size());
     return 0;
 }

@@ -13,3 +13,5 @@ cdef extern from "_cpp/shared_fields.h" namespace "cyctx" nogil:
     int gate_enter(int* gate) noexcept
     void gate_leave(int* gate) noexcept
     int gate_close(int* gate) noexcept
+    int gate_close_mark(int* gate) noexcept
+    bint gate_drained(int* gate) noexcept

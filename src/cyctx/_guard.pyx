@@ -21,7 +21,8 @@ import warnings
 
 cimport cython
 from cpython.long cimport PyLong_AsLongAndOverflow
-from cpython.ref cimport PyObject
+from cpython.ref cimport PyObject, Py_XDECREF
+from libc.stdlib cimport free
 
 from cuda.bindings cimport cydriver
 
@@ -32,19 +33,20 @@ from cyctx._errors import ContextResetWarning, CyctxError, driver_error
 
 # The native state this module owns (docs/design.md, "One owner of native state"), one door
 # (.pxd) per concept; the Python-protocol layer's is _pyproto.pxd.
-from cyctx._registry cimport new_token, live_add, live_remove
+from cyctx._registry cimport new_token, live_add, live_remove, live_take
 from cyctx._entries cimport (
     BlockId, CYCTX_PREV_UNKNOWN, tls_push, tls_pop_own, tls_pop_innermost, tls_splice_at,
     tls_depth, tls_count, tls_top_token,
 )
 from cyctx._fields cimport (
     ctx_load, ctx_store, u64_load, u64_store, int_add, int_load, int_store, gate_enter, gate_leave,
-    gate_close,
+    gate_close, gate_close_mark, gate_drained,
 )
 from cyctx._forkstate cimport forked_after_cuda, fork_child, mark_cuda_initialised, install_fork_handler
 from cyctx._pyproto cimport (
     block_here, block_find, block_describe, BLOCK_TOP, BLOCK_OWN, BLOCK_NONE, BLOCK_HANDED, BLOCK_AMBIGUOUS,
     install_quick_with, PyEval_GetFrame, CYCTX_FREE_THREADED, cyctx_finalizing, CYCTX_PLAIN,
+    cyctx_gates_held, cyctx_gates_add, cyctx_yield_detached,
 )
 
 # Built for a CPython the suite has not run on (or with CYCTX_PLAIN_PROTOCOL=1): public CPython
@@ -76,12 +78,27 @@ cdef dict _shared_guards = {}
 cdef enum:
     _FAST_ORDINALS = 64
 cdef PyObject* _shared_fast[_FAST_ORDINALS]
-# Every guard alive in this process, for diagnostics (cyctx's doctor compares the ids the
-# guards last saw with the driver's): token -> the guard's address, a borrowed reference that
-# __dealloc__ removes before anything else (with the GIL held from the last reference's drop
-# on, so no other thread can read an entry of a guard being freed). A weak set would cost a
-# weak reference and its callback per guard, most of a temporary guard's construction.
-cdef dict _all_guards = {}
+# Every guard alive in this process, for diagnostics (cyctx's doctor compares the ids the guards
+# last saw with the driver's): the live-guard registry (_cpp/registry.h) holds each one's
+# address, not a reference (a weak set would cost a weak reference and its callback per guard,
+# most of a temporary guard's construction), which __dealloc__ removes before anything else.
+# Between the last reference's drop and that removal the address is a guard being freed: with
+# the GIL no other thread runs then; on a free-threaded build a reader takes a reference only
+# while the guard's count is above zero, under the registry's lock, which the removal waits for.
+cdef extern from *:
+    """
+    #if defined(Py_GIL_DISABLED) && PY_VERSION_HEX >= 0x030E0000
+    /* Made once per guard: its count becomes shared, so that a try cannot miss it. */
+    #define cyctx_enable_try_ref(o) PyUnstable_EnableTryIncRef(o)
+    static int cyctx_try_ref(void *o) { return PyUnstable_TryIncRef((PyObject *)o); }
+    #else
+    /* 3.13t has no such call: there the GIL stays on (setup.py), under which this is read. */
+    #define cyctx_enable_try_ref(o) ((void)0)
+    static int cyctx_try_ref(void *o) { Py_INCREF((PyObject *)o); return 1; }
+    #endif
+    """
+    void _enable_try_ref "cyctx_enable_try_ref"(object o)
+    int _try_ref "cyctx_try_ref"(void* o) noexcept nogil
 # What __cinit__ takes from shared() for a shared guard that is not used yet (no driver call).
 cdef object _NOT_YET_USED = object()
 cdef long long _MAX_ORDINAL = 2147483647  # _ordinal is a C int: no device has a larger one
@@ -178,12 +195,12 @@ cdef class ContextGuard:
                 _init_primary(self, target.value, count)
             else:
                 _init_context(self, _context_of(target.kind, target.value), count)
-        added = live_add(self._token)
+        _enable_try_ref(self)
+        added = live_add(self._token, <void*>self)
         if added == -1:
             raise MemoryError("cyctx: no memory to register the guard")  # __dealloc__ releases
         if added != 0:  # token 0, the registry's empty mark: the counter wrapped past 2**64
             raise SystemError("cyctx: the guard token counter wrapped; no guard can be made")
-        _all_guards[self._token] = <size_t><PyObject*>self
 
     @staticmethod
     def from_handle(handle):
@@ -212,8 +229,6 @@ cdef class ContextGuard:
         cdef bint kept = False
         if self._token:
             live_remove(self._token)
-            if _all_guards is not None:  # None late in interpreter shutdown
-                _all_guards.pop(self._token, None)
         if ctx_load(&self._ctx) != NULL and not forked_after_cuda():
             if self._owns_retain:
                 if not self._shared and _hand_to_process(self._ordinal):
@@ -283,7 +298,9 @@ cdef class ContextGuard:
         ------
         GuardError
             The guard is entered on this thread, or it is a :meth:`shared` guard, or another
-            thread is closing it or re-activating it after a reset right now (nothing done).
+            thread is closing it or (with the GIL) re-activating it after a reset right now
+            (nothing done). On a free-threaded build ``close()`` waits for the enters and
+            re-activations in flight instead.
         DriverError
             The release failed; the guard stays open (the retain is still held) so a later
             ``close()`` or garbage collection can release it.
@@ -297,8 +314,18 @@ cdef class ContextGuard:
             raise _errors.close_refused(repr(self), "inside")
         # Claim the guard against a reset re-activation on another thread (which would
         # otherwise re-open it after this close and, later, release a retain that is not its
-        # own) and against a second close() (a double release). Never waits.
-        busy = gate_close(&self._gate)
+        # own) and against a second close() (a double release). With the GIL: never waits (the
+        # other side may need it). Free-threaded: those in flight (re-activations, Python
+        # enters) hold the gate across driver calls only, so close() marks it (later ones say
+        # closed) and waits for them; but never for an enter of this thread's own (a finalizer
+        # or a signal handler run inside it), nor while another close() holds it.
+        if CYCTX_FREE_THREADED and not cyctx_gates_held():
+            busy = gate_close_mark(&self._gate)
+            if busy == 0:
+                while not gate_drained(&self._gate):
+                    cyctx_yield_detached()
+        else:
+            busy = gate_close(&self._gate)
         if busy > 0:
             raise _errors.close_refused(repr(self), "busy")
         if busy < 0:
@@ -452,7 +479,7 @@ def device(device):
     if type(device) is int:
         k = PyLong_AsLongAndOverflow(device, &overflow)
         if not overflow and 0 <= k < _FAST_ORDINALS:
-            g = _shared_fast[k]
+            g = <PyObject*>_ptr_load(<void**>&_shared_fast[k])  # published by another thread
             if g != NULL:
                 return <object>g
     if isinstance(device, (types.FunctionType, types.MethodType)):
@@ -503,17 +530,23 @@ def current_handle():
 def live_guards():
     """The ContextGuards alive in this process (a snapshot list; other threads may close or
     free them meanwhile)."""
-    # Each address is a live guard until its __dealloc__ removes it, which cannot happen while
-    # this loop runs: it holds the GIL, calls no Python code and allocates nothing but the
-    # list's growth (a realloc, which never runs the collector and so no finalizer).
+    cdef void** got = NULL
+    cdef size_t n = 0
+    cdef size_t i
+    if live_take(_try_ref, &got, &n) != 0:
+        raise MemoryError("cyctx: no memory to list the live guards")
     # A shared guard not used yet holds nothing: it is no guard of a context yet.
     cdef list out = []
-    cdef size_t a
     cdef ContextGuard g
-    for a in _all_guards.values():
-        g = <ContextGuard><PyObject*>a
-        if not g._shared or ctx_load(&g._ctx) != NULL:
-            out.append(g)
+    try:
+        for i in range(n):
+            g = <ContextGuard>got[i]
+            if not g._shared or ctx_load(&g._ctx) != NULL:
+                out.append(g)
+    finally:
+        for i in range(n):
+            Py_XDECREF(<PyObject*>got[i])  # the reference the registry's take gave
+        free(got)
     return out
 
 

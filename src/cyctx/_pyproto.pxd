@@ -31,9 +31,39 @@ cdef extern from "Python.h":
 
 # CPython's internals (_cpython.h). Free-threaded CPython: the Python-level enter takes the
 # guard's gate so that close() cannot release the retain between the enter's read of the handle
-# and its switch; with the GIL the two cannot interleave (the enter holds the GIL throughout), so
-# the check compiles away. At interpreter shutdown a guard freed then must make no Python call
+# and its switch, and close() waits for the enters in flight; with the GIL the two cannot
+# interleave (the enter holds the GIL throughout), so the check compiles away. At interpreter shutdown a guard freed then must make no Python call
 # (no warning either).
 cdef extern from "_cpython.h":
     bint CYCTX_FREE_THREADED
     int cyctx_finalizing() noexcept nogil
+
+# The gates this thread's Python enters hold (free-threaded; a count only this thread touches):
+# a close() run inside one of them (a finalizer or a signal handler during its error) must not
+# wait for it.
+cdef extern from *:
+    """
+    #ifdef Py_GIL_DISABLED
+    static thread_local int cyctx_t_gates __attribute__((tls_model("initial-exec")));
+    #define cyctx_gates_held() (cyctx_t_gates)
+    #define cyctx_gates_add(n) ((void)(cyctx_t_gates += (n)))
+    #else
+    #define cyctx_gates_held() 0
+    #define cyctx_gates_add(n) ((void)0)
+    #endif
+    """
+    int cyctx_gates_held() noexcept nogil
+    void cyctx_gates_add(int n) noexcept nogil
+
+# A wait's turn on a free-threaded build, detached from the interpreter (which may need to stop
+# every thread meanwhile, for its collector). Called with the thread attached.
+cdef extern from *:
+    """
+    #include <sched.h>
+    static void cyctx_yield_detached(void) {
+        Py_BEGIN_ALLOW_THREADS
+        sched_yield();
+        Py_END_ALLOW_THREADS
+    }
+    """
+    void cyctx_yield_detached() noexcept nogil

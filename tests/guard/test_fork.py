@@ -120,10 +120,13 @@ def test_driver_error_blames_fork_only_in_a_forked_process():
 
 def test_fork_while_other_threads_construct_and_free_guards():
     # The live-guard registry's mutex is held across fork by the atfork handlers: a child
-    # never inherits it locked, so a dealloc or an exit's slow path in the child cannot hang.
+    # never inherits it locked, so a dealloc, an exit's slow path or a listing of the live
+    # guards in the child cannot hang. (Without the GIL the other threads run during the fork:
+    # a lock of the interpreter's own that one of them held, a dict's, would stay held.)
     out = run_child(
         """
         import threading, cyctx
+        from cyctx._guard import live_guards
         from helpers.forking import run_forked
         from helpers.threads import running
         stop = threading.Event()
@@ -137,6 +140,8 @@ def test_fork_while_other_threads_construct_and_free_guards():
                 return "no ForkError"
             except cyctx.ForkError:
                 pass
+            if not any(x is g for x in live_guards()):
+                return "g not listed"
             g.__exit__(None, None, None)
             del g
             return "left"

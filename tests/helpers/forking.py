@@ -29,19 +29,11 @@ def run_forked(fn, timeout=FORK_TIMEOUT):
         # Python 3.12+ warns about fork in a process with threads: these tests fork on purpose.
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()
-    if pid == 0:
-        status = 1
-        try:
-            os.close(r)
-            try:
-                report = (True, fn())
-            except BaseException:  # noqa: BLE001 - sent to the parent
-                report = (False, traceback.format_exc())
-            with os.fdopen(w, "wb") as f:
-                pickle.dump(report, f)
-            status = 0
-        finally:
-            os._exit(status)
+        if pid == 0:
+            # Leaves from inside the block: its end takes the warnings module's lock, which
+            # CPython does not reset in a child, and which another thread of the parent may
+            # have held at the fork (one warning while the test forks).
+            _child(fn, r, w)
     os.close(w)
     try:
         data, status = _collect(pid, r, time.monotonic() + timeout, timeout)
@@ -55,6 +47,21 @@ def run_forked(fn, timeout=FORK_TIMEOUT):
     if not returned:
         raise ForkedChildError(f"forked child raised:\n{value}")
     return value
+
+
+def _child(fn, r, w):
+    status = 1
+    try:
+        os.close(r)
+        try:
+            report = (True, fn())
+        except BaseException:  # noqa: BLE001 - sent to the parent
+            report = (False, traceback.format_exc())
+        with os.fdopen(w, "wb") as f:
+            pickle.dump(report, f)
+        status = 0
+    finally:
+        os._exit(status)
 
 
 def raised_in_fork(fn, timeout=FORK_TIMEOUT):

@@ -1,6 +1,7 @@
 // A guard's fields that threads may touch concurrently, and the gate between close() and a
 // reset re-activation (or, on free-threaded builds, a Python-level enter).
 #pragma once
+#include <climits>
 #include <cuda.h>
 
 namespace cyctx {
@@ -35,5 +36,18 @@ inline int gate_close(int *gate) noexcept {
     if (__atomic_compare_exchange_n(gate, &expected, -1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return 0;
     return expected;
 }
+
+// Free-threaded builds, where a close() can wait (no GIL to hold up those it waits for): it
+// marks the gate closing (its sign bit: from then on every gate_enter refuses), 0, or -1 when
+// another close() did; it owns the gate once gate_drained says those in flight have left.
+inline int gate_close_mark(int *gate) noexcept {
+    int g = __atomic_load_n(gate, __ATOMIC_ACQUIRE);
+    do {
+        if (g < 0) return -1;
+    } while (!__atomic_compare_exchange_n(gate, &g, g | INT_MIN, true, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+    return 0;
+}
+
+inline bool gate_drained(int *gate) noexcept { return __atomic_load_n(gate, __ATOMIC_ACQUIRE) == INT_MIN; }
 
 }  // namespace cyctx

@@ -98,26 +98,28 @@ cdef int _warn_collected(int ordinal, bint destroyed) except -1:
 # filter whose category and message match acts. Where that filter names a module or line, the
 # answer depends on the code running (the collector runs anywhere): not decided here, warn
 # decides. A warn that ends ignored still costs ~1 us, most of a temporary guard's cost; the
-# decision is kept while warnings.filters is the same list with the same items.
-cdef object _rw_filters = None     # the warnings.filters list decided against
-cdef list _rw_items = None         # its items then
-cdef dict _rw_decided = {}         # msg -> ignored
+# decision is kept while warnings.filters is the same list with the same items. The kept state
+# is one tuple (the list, its items then, msg -> ignored) in a dict: replaced whole, so threads
+# deciding at once (free-threaded) never mix two states, and a decision made against an older
+# one lands in that one, no longer read.
+cdef dict _rw_state = {}
 # 3.14+ may keep filters in a context variable (fixed at start-up): then warn always decides.
 cdef bint _rw_context_aware = bool(getattr(__import__("sys").flags, "context_aware_warnings", 0))
 
 
 cdef bint _ignored_resource_warning(str msg) except -1:
-    global _rw_filters, _rw_items
     if _rw_context_aware:
         return False
     filters = warnings.filters
-    if filters is not _rw_filters or filters != _rw_items:
-        _rw_filters, _rw_items = filters, list(filters)
-        _rw_decided.clear()
-    r = _rw_decided.get(msg)
+    state = _rw_state.get(None)
+    if state is None or filters is not state[0] or filters != state[1]:
+        state = (filters, list(filters), {})
+        _rw_state[None] = state
+    items, decided = state[1], state[2]
+    r = decided.get(msg)
     if r is None:
         r = False
-        for action, text, category, module, lineno in _rw_items:
+        for action, text, category, module, lineno in items:
             if not issubclass(ResourceWarning, category):
                 continue
             if text is not None and not text.match(msg):
@@ -126,7 +128,7 @@ cdef bint _ignored_resource_warning(str msg) except -1:
             break
         else:
             r = warnings.defaultaction == "ignore"
-        _rw_decided[msg] = r
+        decided[msg] = r
     return r
 
 

@@ -23,16 +23,36 @@ struct Pending {
 };
 static_assert(sizeof(Pending) == 4 * sizeof(unsigned long long), "ContextGuard._announced");
 
+// On a free-threaded build threads bind and enter one guard at once: each word is read and
+// written whole (relaxed atomics), and a mix of two threads' words is harmless: an enter takes
+// a tag only from its own thread's announcement, and a tag is matched only by the exit binding
+// that made it, on the thread of its entry.
+#ifdef Py_GIL_DISABLED
+template <class T> inline T pending_get(T *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+template <class T> inline void pending_set(T *p, T v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+#else
+template <class T> inline T pending_get(T *p) { return *p; }
+template <class T> inline void pending_set(T *p, T v) { *p = v; }
+#endif
+
 // Called by methods.h when `with` binds an exact guard's __exit__.
 inline void block_expect(void *announced, unsigned long long serial) {
     PyThreadState *ts = block_tstate();
-    *static_cast<Pending *>(announced) = Pending{ts, serial, block_context(ts), block_item_now(ts)};
+    Pending *p = static_cast<Pending *>(announced);
+#ifdef Py_GIL_DISABLED
+    pending_set(&p->serial, serial);
+    pending_set(&p->ctx, block_context(ts));
+    pending_set(&p->item, block_item_now(ts));
+    pending_set(&p->ts, static_cast<const void *>(ts));
+#else
+    *p = Pending{ts, serial, block_context(ts), block_item_now(ts)};
+#endif
 }
 
 // The binding `serial` is being called: it no longer announces an enter.
 inline void block_called(void *announced, unsigned long long serial) {
     Pending *p = static_cast<Pending *>(announced);
-    if (p->serial == serial) p->ts = nullptr;
+    if (pending_get(&p->serial) == serial) pending_set(&p->ts, static_cast<const void *>(nullptr));
 }
 
 inline void block_strand(PyThreadState *ts, BlockId *id) {
@@ -46,9 +66,10 @@ inline void block_here(void *announced, BlockId *id) {
     block_strand(ts, id);
     Pending *p = static_cast<Pending *>(announced);
     id->tag = 0;
-    if (p->ts == ts) {  // this thread's announcement: taken, whether it tags this enter or not
-        if (p->ctx == id->ctx && p->item == block_item_now(ts)) id->tag = p->serial;
-        p->ts = nullptr;
+    if (pending_get(&p->ts) == ts) {  // this thread's announcement: taken, tagging or not
+        if (pending_get(&p->ctx) == id->ctx && pending_get(&p->item) == block_item_now(ts))
+            id->tag = pending_get(&p->serial);
+        pending_set(&p->ts, static_cast<const void *>(nullptr));
     }
 }
 

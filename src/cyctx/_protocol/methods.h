@@ -1,7 +1,9 @@
 // The bound __enter__/__exit__ a `with` makes of an exact ContextGuard: small method objects
 // from a free list that call the guard's C code directly and stand for the plain bound methods
-// in everything else (docs/design.md, "The quick bound methods"). Public CPython API only;
-// free-threaded builds do not install them (the free list relies on the GIL). GIL: held.
+// in everything else (docs/design.md, "The quick bound methods"). Public CPython API only.
+// GIL: held; on a free-threaded build other threads run meanwhile: the binding serial is an
+// atomic counter there, and there is no free list (one list for all threads would need a lock;
+// the interpreter's allocator keeps a heap per thread).
 // No function here is noexcept: each can run Python code (a call, a finalizer, a warning), and
 // a daemon thread that wants the GIL back while the interpreter finalizes is ended there by
 // pthread_exit (CPython 3.11-3.13), whose unwinding a noexcept frame turns into std::terminate.
@@ -36,7 +38,15 @@ struct Bound {
     Bound *next_free;
 };
 
-static unsigned long long g_serial = 0;  // GIL held: the Slots are not installed without one
+static unsigned long long g_serial = 0;  // the last serial given (next_serial)
+
+inline unsigned long long next_serial() {
+#ifdef Py_GIL_DISABLED
+    return __atomic_add_fetch(&g_serial, 1, __ATOMIC_RELAXED);
+#else
+    return ++g_serial;  // the GIL orders every binding
+#endif
+}
 
 // The plain bound method a Bound stands for (a new reference), for everything but the call.
 inline PyObject *bound_plain(Bound *b) {
@@ -67,7 +77,11 @@ inline PyObject *bound_call(PyObject *callable, PyObject *const *args, size_t na
     return bound_call_plain(b, args, nargsf, kwnames);
 }
 
+#ifdef Py_GIL_DISABLED
+enum { kFreeMax = 0 };  // see the head comment
+#else
 enum { kFreeMax = 16 };
+#endif
 static Bound *g_free = nullptr;
 static int g_nfree = 0;
 
@@ -144,7 +158,7 @@ inline PyObject *bound_new(PyTypeObject *, PyObject *args, PyObject *kw) {
 inline PyObject *slot_get(PyObject *descr, PyObject *obj, PyObject *type) {
     Slot *s = reinterpret_cast<Slot *>(descr);
     if (!obj || Py_TYPE(obj) != s->owner) return Py_TYPE(s->method)->tp_descr_get(s->method, obj, type);
-    Bound *b = g_free;
+    Bound *b = kFreeMax ? g_free : nullptr;
     if (b) {
         g_free = b->next_free;
         g_nfree--;
@@ -160,7 +174,7 @@ inline PyObject *slot_get(PyObject *descr, PyObject *obj, PyObject *type) {
     b->weakreflist = nullptr;
     b->serial = 0;
     if (s->exit) {
-        b->serial = ++g_serial;
+        b->serial = next_serial();
         block_expect(s->announced_of(obj), b->serial);
     }
     return reinterpret_cast<PyObject *>(b);
@@ -211,10 +225,6 @@ inline int slot_types_ready() {
 // Put Slots in place of `cls`'s __enter__ and __exit__ (a static type: its dict is set at
 // module initialisation, before any instance is made, as Cython's own set-up does).
 inline int install_quick_with(PyObject *cls, void *enter, void *exit, void *announced_of) {
-#if defined(Py_GIL_DISABLED)
-    (void)cls; (void)enter; (void)exit; (void)announced_of;
-    return 0;
-#else
     if (slot_types_ready() < 0) return -1;
     PyTypeObject *t = reinterpret_cast<PyTypeObject *>(cls);
     PyObject *dict = t->tp_dict;
@@ -238,7 +248,6 @@ inline int install_quick_with(PyObject *cls, void *enter, void *exit, void *anno
     }
     PyType_Modified(t);
     return 0;
-#endif
 }
 
 }  // namespace cyctx

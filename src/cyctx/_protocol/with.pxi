@@ -22,9 +22,11 @@ cdef object _with_enter(object obj):
         return self
     if gate_enter(&self._gate) != 0:
         _raise_closed(self)  # a close() is in flight: it wins
+    cyctx_gates_add(1)
     try:
         _enter_block(self, &block)
     finally:
+        cyctx_gates_add(-1)
         gate_leave(&self._gate)
     return self
 
