@@ -435,6 +435,63 @@ def test_xdist_workers_findings_are_reported_once_and_fail_the_run(pytester, dis
     ]
 
 
+# --- pytest-run-parallel ---------------------------------------------------------------------
+
+PARALLEL_LEAKS = """
+import cyctx
+from cuda.bindings import driver as d
+
+def test_clean():
+    with cyctx.ContextGuard.shared(1):
+        pass
+
+def test_push():
+    err, ctx = d.cuDevicePrimaryCtxRetain(0)
+    d.cuCtxPushCurrent(ctx)
+
+def test_shared_entered():
+    cyctx.ContextGuard.shared(1).__enter__()
+
+def test_clean_again(thread_index):
+    g = cyctx.ContextGuard(thread_index % 2)
+    with g:
+        pass
+    g.close()
+"""
+
+
+def test_pytest_run_parallel_threads_are_checked(pytester):
+    # pytest-run-parallel calls each test's function on threads of its own: what the function
+    # leaves on them is the test's, said once with how many threads it was found on.
+    pytest.importorskip("pytest_run_parallel")
+    pytester.makeconftest(CONFTEST.format(mode="init", functions=()))
+    pytester.makepyfile(test_inner=PARALLEL_LEAKS)
+    args = ["-p", "no:cacheprovider", "--parallel-threads=4"]
+    result = pytester.runpytest_subprocess(*args, "--cyctx-check-contexts")
+    result.assert_outcomes(passed=4)
+    assert result.ret == 0
+    on = " (on 4 of the threads pytest-run-parallel ran the test on)"
+    result.stdout.fnmatch_lines(
+        [
+            "Collected 4 items to run in parallel",
+            "*= cyctx: 2 tests left the CUDA context state changed =*",
+            "test_inner.py::test_push",
+            f"    current context: none -> 0x* (device 0, id *){on}",
+            f"    context stack depth: 0 -> 1{on}",
+            "test_inner.py::test_shared_entered",
+            f"    current context: none -> 0x* (device 1, id *){on}",
+            f"    cyctx guard entries open on this thread: 0 -> 1{on}",
+        ]
+    )
+    out = result.stdout.str()
+    assert "test_inner.py::test_clean\n" not in out and "test_clean_again" not in out, out
+
+    result = pytester.runpytest_subprocess(*args, "--cyctx-contexts-fail")
+    result.assert_outcomes(passed=4, errors=2)
+    errors = sorted(x.split(" - ")[0] for x in result.outlines if x.startswith("ERROR "))
+    assert errors == ["ERROR test_inner.py::test_push", "ERROR test_inner.py::test_shared_entered"]
+
+
 # --- fixtures -------------------------------------------------------------------------------
 
 

@@ -17,7 +17,9 @@ is the test's. A fixture is judged over its life: what its teardown puts back as
 its setup is no change. The findings are reported in the terminal summary, in junit-xml
 (``user_properties``) and, under pytest-xdist, by the controller from its workers' reports;
 with ``--cyctx-contexts-fail`` each change is an error at the teardown of the test during which
-it was found.
+it was found. Under pytest-run-parallel, which runs a test's function on threads of its own
+(``--parallel-threads``), each of those threads is checked too: what the function left changed
+of that thread's own state (its current context, its stack, its open guards) is the test's.
 
 It only *reads*: it calls no driver function that changes state, not even ``cuInit``, and it
 loads no driver: until something in the process has loaded ``libcuda.so.1`` nothing can be
@@ -35,12 +37,16 @@ ctypes), so it also works where cyctx cannot be imported.
 from __future__ import annotations
 
 import bisect
+import dataclasses
+import functools
+import inspect
 import json
 import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+import types
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -444,6 +450,10 @@ class _Checker:
         self.pending: list[dict] = []  # fixtures torn down, waiting for a teardown to carry them
         self.test: _Ledger | None = None
         self.findings: list[dict] = []  # what the reports carried (the controller's view)
+        self.runner = 0  # the thread pytest runs the tests on (threading.get_ident)
+        # What the running test's function left changed on threads other than the runner
+        # (pytest-run-parallel's): (thread name, changes), appended by those threads.
+        self.on_threads: list[tuple[str, list[tuple[str, str]]]] = []
 
     def _mark(self) -> None:
         now = self.observer.read()
@@ -455,8 +465,32 @@ class _Checker:
         assert self.last is not None
         return _fields(self.last, self.last)
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> Iterator[None]:
+        # pytest-run-parallel wraps each test's function (in its own implementation of this hook,
+        # which runs inside this wrapper) in one that calls it on threads it starts for the call:
+        # the function it finds checks the thread it runs on.
+        if session.config.pluginmanager.get_plugin("_run-parallel") is not None:
+            for item in session.items:
+                _check_each_thread(item, self)
+        return (yield)
+
+    def run_on_thread(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        """Call a test's function; on a thread other than pytest's, check that thread."""
+        if threading.get_ident() == self.runner:  # checked at the test's boundaries
+            return fn(*args, **kwargs)
+        before = _own(self.observer.read())
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            found = changes(before, _own(self.observer.read()))
+            if found:
+                self.on_threads.append((threading.current_thread().name, found))
+
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: Any) -> Iterator[Any]:
+        self.runner = threading.get_ident()
+        self.on_threads = []
         self.last = None
         self._mark()
         self.test = _Ledger(None, since_origin=False)
@@ -531,6 +565,8 @@ class _Checker:
             tracer = item.config.pluginmanager.get_plugin("cyctx-tracer")
             if what and tracer is not None and self.last is not None:
                 what = [(k, _cite(w, tracer, self.last.current)) for k, w in what]
+            what += _on_threads(self.on_threads)
+            self.on_threads = []
             if what:
                 found.append(_finding("test", item.nodeid, item.nodeid, what))
                 marker = item.get_closest_marker(MARKER)
@@ -852,6 +888,52 @@ class _Tracer:
         )
         for line in self.found:
             tr.write_line(line)
+
+
+def _own(state: ContextState) -> ContextState:
+    """A thread's own part of its state: the primary contexts and their retains are the
+    process's, which the other threads of a parallel call change at the same time (the
+    thread pytest runs the test on reads them, before and after the call)."""
+    return dataclasses.replace(state, primaries=(), sim_retains=None)
+
+
+def _on_threads(found: list[tuple[str, list[tuple[str, str]]]]) -> list[tuple[str, str]]:
+    """The changes of a test's function on other threads, each said once with how many
+    threads it was found on."""
+    names: dict[tuple[str, str], list[str]] = {}
+    for name, what in found:
+        for change in what:
+            names.setdefault(change, []).append(name)
+    return [
+        (kind, f"{words} (on {len(who)} of the threads pytest-run-parallel ran the test on)")
+        if len(who) > 1
+        else (kind, f"{words} (on pytest-run-parallel's thread {who[0]!r})")
+        for (kind, words), who in names.items()
+    ]
+
+
+def _check_each_thread(item: pytest.Item, checker: _Checker) -> None:
+    """Make ``item``'s test function check each thread it runs on (``run_on_thread``)."""
+    fn = getattr(item, "obj", None)
+    globals_ = getattr(fn, "__globals__", None)
+    if (
+        not callable(fn)
+        or not isinstance(globals_, dict)
+        or inspect.iscoroutinefunction(fn)
+        or inspect.isasyncgenfunction(fn)
+    ):
+        return
+
+    def each_thread(*args: Any, **kwargs: Any) -> Any:
+        return checker.run_on_thread(fn, args, kwargs)
+
+    # pytest-run-parallel tells a thread-unsafe test by the names its code calls, looked up in
+    # the globals of the function it is given (and reads its source through __wrapped__): the
+    # test's, as the test's own function has them.
+    watched = types.FunctionType(
+        each_thread.__code__, globals_, each_thread.__name__, None, each_thread.__closure__
+    )
+    item.obj = functools.update_wrapper(watched, fn)  # type: ignore[attr-defined]
 
 
 def _xdist_controller(config: Any) -> bool:
