@@ -55,8 +55,10 @@ static inline _PyErr_StackItem *cyctx_ts_exc_info(PyThreadState *ts) { return ts
 static inline _PyErr_StackItem *cyctx_ts_exc_base(PyThreadState *ts) { return &ts->exc_state; }
 #endif
 
-/* The frame layout (the tracer's): on GIL builds of the known versions. */
-#if defined(CYCTX_CPYTHON_WANT_FRAMES) && CYCTX_CPYTHON_KNOWN && !CYCTX_FREE_THREADED
+/* The frame layout (the tracer's): on GIL builds of the known versions, and on the
+ * free-threaded 3.14. */
+#if defined(CYCTX_CPYTHON_WANT_FRAMES) && CYCTX_CPYTHON_KNOWN && \
+    (!CYCTX_FREE_THREADED || (PY_VERSION_HEX >= 0x030E0000 && PY_VERSION_HEX < 0x030F0000))
 #define CYCTX_CPYTHON_FRAMES 1
 #define Py_BUILD_CORE 1
 #if PY_VERSION_HEX >= 0x030E0000
@@ -66,7 +68,34 @@ static inline _PyErr_StackItem *cyctx_ts_exc_base(PyThreadState *ts) { return &t
 #else
 #include "internal/pycore_frame.h"
 #endif
+#if CYCTX_FREE_THREADED
+#include "internal/pycore_pystate.h" /* HEAD_LOCK */
+#endif
 #undef Py_BUILD_CORE
+
+#if CYCTX_FREE_THREADED
+/* The bytecode f's instruction pointer points into, NULL where that is not known for sure.
+ * 3.14t gives each thread its own copy of a code object's bytecode, found in an array that
+ * another thread replaces when it grows it and frees once every attached thread has moved on:
+ * a thread that is not attached (inside a C call without the GIL) does not hold that back. So
+ * the copy's address is taken only where the instruction pointer lies inside it. */
+static inline _Py_CODEUNIT *cyctx_frame_bytecode(_PyInterpreterFrame *f, PyCodeObject *co) {
+    _Py_CODEUNIT *base = _PyCode_CODE(co); /* copy 0: the code object's own */
+    if (f->tlbc_index != 0) {
+        _PyCodeArray *tlbc = _PyCode_GetTLBCArray(co);
+        if (!tlbc || f->tlbc_index < 0 || f->tlbc_index >= tlbc->size) return NULL;
+        base = (_Py_CODEUNIT *)tlbc->entries[f->tlbc_index];
+    }
+    if (!base || f->instr_ptr < base || f->instr_ptr >= base + Py_SIZE(co)) return NULL;
+    return base;
+}
+
+/* The interpreter's list of its thread states, which an ending thread unlinks under this
+ * lock (its memory freed after): held, the list may be read without the GIL. Nothing may
+ * allocate or call Python while it is held. */
+static inline void cyctx_threads_lock(void) { HEAD_LOCK(&_PyRuntime); }
+static inline void cyctx_threads_unlock(void) { HEAD_UNLOCK(&_PyRuntime); }
+#endif
 
 /* The thread's innermost frame (NULL: none), and the one that called f. */
 static inline _PyInterpreterFrame *cyctx_frame_top(PyThreadState *ts) {
@@ -82,6 +111,17 @@ static inline _PyInterpreterFrame *cyctx_frame_next(_PyInterpreterFrame *f) { re
 /* The code object f runs, NULL for a frame that is not a complete Python function's (one being
  * set up, or the interpreter's own). */
 static inline PyCodeObject *cyctx_frame_code(_PyInterpreterFrame *f) {
+#if CYCTX_FREE_THREADED
+    /* _PyFrame_IsIncomplete, with cyctx_frame_bytecode's check. */
+    if (f->owner >= FRAME_OWNED_BY_INTERPRETER || PyStackRef_IsNull(f->f_executable)) return NULL;
+    PyObject *ex = PyStackRef_AsPyObjectBorrow(f->f_executable);
+    if (!ex || !PyCode_Check(ex)) return NULL;
+    PyCodeObject *co = (PyCodeObject *)ex;
+    _Py_CODEUNIT *base = cyctx_frame_bytecode(f, co);
+    if (base && f->owner != FRAME_OWNED_BY_GENERATOR && f->instr_ptr < base + co->_co_firsttraceable)
+        return NULL;
+    return co;
+#else
     if (_PyFrame_IsIncomplete(f)) return NULL;
 #if PY_VERSION_HEX >= 0x030E0000
     if (PyStackRef_IsNull(f->f_executable)) return NULL;
@@ -93,11 +133,17 @@ static inline PyCodeObject *cyctx_frame_code(_PyInterpreterFrame *f) {
 #else
     return f->f_code;
 #endif
+#endif
 }
 
-/* The line f is at (f runs co, from cyctx_frame_code). */
+/* The line f is at (f runs co, from cyctx_frame_code); -1 where it is not known. */
 static inline int cyctx_frame_line(_PyInterpreterFrame *f, PyCodeObject *co) {
+#if CYCTX_FREE_THREADED
+    _Py_CODEUNIT *base = cyctx_frame_bytecode(f, co);
+    return base ? PyCode_Addr2Line(co, (int)(f->instr_ptr - base) * (int)sizeof(_Py_CODEUNIT)) : -1;
+#else
     return PyCode_Addr2Line(co, _PyInterpreterFrame_LASTI(f) * (int)sizeof(_Py_CODEUNIT));
+#endif
 }
 
 /* An address inside the C stack frame of the eval loop that runs the thread's innermost Python

@@ -23,7 +23,8 @@
  * read gives "the Python line that entered this native code" for a thread without the GIL and
  * the full stack for one holding it (PyGILState_Check says which; the event records it). This
  * needs the interpreter's frame layout (internal/pycore_frame.h; pycore_interpframe.h from
- * 3.14), known for CPython 3.11-3.15; on other versions (and free-threaded builds) no Python
+ * 3.14), known for CPython 3.11-3.15 and the free-threaded 3.14 (whose frames are read the same
+ * way, through the thread's own copy of the bytecode: _cpython.h); on other versions no Python
  * frame is read and the events say so. The innermost python_frames are kept; when all of them
  * are a library's (by the file-name markers Python gives at start), the read goes on to the
  * first frame outside the libraries, the user's line, MAX_PY_WALK frames deep at most.
@@ -849,10 +850,31 @@ static int set_markers(PyObject *seq) {
     return 0;
 }
 
+/* The module's functions that start, stop, drain and free the trace run one at a time, as the
+ * GIL had them: without it two threads may call them at once (two stop()s of one trace, a
+ * collect() beside a stop()), and a drain would read a buffer a release unmaps. */
+#ifdef Py_GIL_DISABLED
+static PyMutex g_api_mu;
+#define API_LOCK() PyMutex_Lock(&g_api_mu)
+#define API_UNLOCK() PyMutex_Unlock(&g_api_mu)
+#else
+#define API_LOCK() ((void)0)
+#define API_UNLOCK() ((void)0)
+#endif
+
+static PyObject *start_locked(PyObject *args);
+
 /* start(cupti_path, python_frames, native_frames, capacity, library_markers=None) -> None or
  * the reason (one line) it could not subscribe; nothing is left changed then. */
 static PyObject *t_start(PyObject *self, PyObject *args) {
     (void)self;
+    API_LOCK();
+    PyObject *r = start_locked(args);
+    API_UNLOCK();
+    return r;
+}
+
+static PyObject *start_locked(PyObject *args) {
     const char *cupti_path;
     int py_max, native_max;
     unsigned long long cap;
@@ -970,9 +992,11 @@ static void stop_native(void) {
 
 static PyObject *t_stop(PyObject *self, PyObject *noargs) {
     (void)self; (void)noargs;
+    API_LOCK();
     Py_BEGIN_ALLOW_THREADS
     stop_native();
     Py_END_ALLOW_THREADS
+    API_UNLOCK();
     Py_RETURN_NONE;
 }
 
@@ -1047,8 +1071,17 @@ static PyObject *event_tuple(Event *e) {
 }
 
 /* drain() -> (events, dropped): every event written so far, in the order of the buffer. */
+static PyObject *drain_locked(void);
+
 static PyObject *t_drain(PyObject *self, PyObject *noargs) {
     (void)self; (void)noargs;
+    API_LOCK();
+    PyObject *r = drain_locked();
+    API_UNLOCK();
+    return r;
+}
+
+static PyObject *drain_locked(void) {
     PyObject *out = PyList_New(0);
     if (!out) return NULL;
     if (g_ring) {
@@ -1077,6 +1110,7 @@ static PyObject *t_unloads(PyObject *self, PyObject *noargs) {
 /* release(): frees the buffer once the trace is stopped and drained. */
 static PyObject *t_release(PyObject *self, PyObject *noargs) {
     (void)self; (void)noargs;
+    API_LOCK();
     if (!g_subscribed && g_ring) {
         munmap(g_ring, g_ring_bytes);
         g_ring = NULL;
@@ -1084,6 +1118,7 @@ static PyObject *t_release(PyObject *self, PyObject *noargs) {
         g_cap = 0;
         free_markers();
     }
+    API_UNLOCK();
     Py_RETURN_NONE;
 }
 
@@ -1133,7 +1168,10 @@ static PyObject *t_slot_bytes(PyObject *self, PyObject *args) {
 
 static PyObject *t_active(PyObject *self, PyObject *noargs) {
     (void)self; (void)noargs;
-    return PyBool_FromLong(g_subscribed);
+    API_LOCK();
+    int on = g_subscribed;
+    API_UNLOCK();
+    return PyBool_FromLong(on);
 }
 
 /* bench(ctx, n, mode) -> seconds for n rounds made through the driver without the GIL
@@ -1191,27 +1229,39 @@ static PyObject *t_bench(PyObject *self, PyObject *args) {
 }
 
 /* live_threads() -> [((interpreter, thread state id), OS thread id)] of every thread state now,
- * or None where they cannot be read safely (a build without the GIL). Under the GIL: a thread
- * state is unlinked only under it; one being made without it may be missed (it then names no
- * event, which is said as an unknown name, not a wrong one). */
+ * or None where they cannot be read safely (a free-threaded build whose layout cyctx does not
+ * know). Under the GIL: a thread state is unlinked only under it; one being made without it may
+ * be missed (it then names no event, which is said as an unknown name, not a wrong one).
+ * Without the GIL the list is read under the interpreter's own lock of it (_cpython.h). Read
+ * into a local array first: nothing may allocate or call Python under that lock. */
+#define MAX_THREADS 4096
+typedef struct { uintptr_t interp; uint64_t id; unsigned long os_id; } LiveThread;
+
 static PyObject *t_live_threads(PyObject *self, PyObject *noargs) {
     (void)self; (void)noargs;
-#ifdef Py_GIL_DISABLED
+#if defined(Py_GIL_DISABLED) && !CYCTX_TRACE_FRAMES
     Py_RETURN_NONE;
 #else
-    PyObject *out = PyList_New(0);
-    if (!out) return NULL;
+    LiveThread *got = PyMem_RawMalloc(MAX_THREADS * sizeof *got);
+    if (!got) return PyErr_NoMemory();
+    int n = 0;
+#ifdef Py_GIL_DISABLED
+    cyctx_threads_lock();
+#endif
     for (PyInterpreterState *i = PyInterpreterState_Head(); i; i = PyInterpreterState_Next(i))
-        for (PyThreadState *t = PyInterpreterState_ThreadHead(i); t; t = PyThreadState_Next(t)) {
-            PyObject *x = Py_BuildValue("((KK)k)", (unsigned long long)(uintptr_t)i,
-                                        (unsigned long long)t->id, t->native_thread_id);
-            if (!x || PyList_Append(out, x) < 0) {
-                Py_XDECREF(x);
-                Py_DECREF(out);
-                return NULL;
-            }
-            Py_DECREF(x);
-        }
+        for (PyThreadState *t = PyInterpreterState_ThreadHead(i); t && n < MAX_THREADS; t = PyThreadState_Next(t))
+            got[n++] = (LiveThread){(uintptr_t)i, t->id, t->native_thread_id};
+#ifdef Py_GIL_DISABLED
+    cyctx_threads_unlock();
+#endif
+    PyObject *out = PyList_New(0);
+    for (int k = 0; out && k < n; k++) {
+        PyObject *x = Py_BuildValue("((KK)k)", (unsigned long long)got[k].interp,
+                                    (unsigned long long)got[k].id, got[k].os_id);
+        if (!x || PyList_Append(out, x) < 0) Py_CLEAR(out);
+        Py_XDECREF(x);
+    }
+    PyMem_RawFree(got);
     return out;
 #endif
 }
@@ -1239,6 +1289,11 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (init_keys() < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
+#ifdef Py_GIL_DISABLED
+    /* Its state is safe without the GIL: the buffer's atomics, the functions above one at a
+     * time, the frames read by their own thread, the thread list under its lock. */
+    PyUnstable_Module_SetGIL(m, Py_MOD_GIL_NOT_USED);
+#endif
     if (PyModule_AddIntConstant(m, "FRAMES_SUPPORTED", CYCTX_TRACE_FRAMES) < 0 ||
         PyModule_AddIntConstant(m, "MAX_PY", MAX_PY) < 0 ||
         PyModule_AddIntConstant(m, "MAX_PY_WALK", MAX_PY_WALK) < 0 ||
