@@ -236,3 +236,23 @@ def test_pytest_driver_real_without_a_gpu_is_a_usage_error():
         "ERROR: --driver=real, but no NVIDIA driver with a GPU loads here: run on a GPU "
         "machine, or use --driver=sim (or auto)"
     ], proc.stderr
+
+
+class _ReprRaises(ContextGuard):
+    def __repr__(self):
+        raise RuntimeError("repr of a guard subclass")
+
+
+def test_a_closed_guard_whose_repr_raises_is_still_closed_and_the_doctor_skips_it():
+    # A subclass may override __repr__; the error for a closed guard names its type instead,
+    # and the doctor, which reads every live guard's handle while other threads may close
+    # them, leaves the closed one out.
+    g = _ReprRaises(0)
+    g.close()
+    with pytest.raises(GuardError, match=r"<_ReprRaises object> is closed"):
+        g.handle
+    with pytest.raises(GuardError, match="is closed"):
+        with g:
+            pass
+    report = cyctx.diagnose(cudart=False)
+    assert all(info.handle for info in report.guards)

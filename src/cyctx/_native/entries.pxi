@@ -96,7 +96,9 @@ cdef int _raise_destroyed(ContextGuard g) except -1 with gil:
 
 
 cdef int _raise_closed(ContextGuard g) except -1 with gil:
-    raise _errors.closed(repr(g))
+    # Shown safely: a subclass's __repr__ may raise, and the error must stay "closed" (the
+    # doctor reads the guards of other threads, which one of them may close meanwhile).
+    raise _errors.closed(_inputs.shown(g, 200))
 
 
 cdef int _raise_no_memory() except -1 with gil:
