@@ -11,6 +11,7 @@ Subprocess tests inherit it through CYCTX_TEST_DRIVER and the prologue of
 
 import os
 import sys
+import types
 
 import pytest
 
@@ -58,6 +59,36 @@ def pytest_configure(config):
         )
     kind = drivers.select(config.getoption("--driver"))
     config._cyctx_driver = kind
+
+
+# What all the copies of a test share, which pytest-run-parallel's many threads running one
+# test at once would read and change under each other: such a test runs on one thread (its
+# report lists it).
+_PROCESS_WIDE_FIXTURES = {"sim": "reads or changes the simulated driver's counters (sim)"}
+_PROCESS_WIDE_CALLS = {
+    "retains_unchanged": "counts the process's retains (retains_unchanged)",
+    "reset_primary": "resets a device's primary context, which every copy uses (reset_primary)",
+}
+
+
+def _names_called(code):
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):  # a function or lambda defined in the test
+            names |= _names_called(const)
+    return names
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.pluginmanager.has_plugin("run-parallel"):
+        return
+    for item in items:
+        code = getattr(getattr(item, "obj", None), "__code__", None)
+        called = _names_called(code) if code is not None else set()
+        reasons = [r for f, r in _PROCESS_WIDE_FIXTURES.items() if f in item.fixturenames]
+        reasons += [r for f, r in _PROCESS_WIDE_CALLS.items() if f in called]
+        if reasons:
+            item.add_marker(pytest.mark.thread_unsafe(reason="; ".join(reasons)))
 
 
 def pytest_report_header(config):

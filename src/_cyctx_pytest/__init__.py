@@ -470,7 +470,7 @@ class _Checker:
         # pytest-run-parallel wraps each test's function (in its own implementation of this hook,
         # which runs inside this wrapper) in one that calls it on threads it starts for the call:
         # the function it finds checks the thread it runs on.
-        if session.config.pluginmanager.get_plugin("_run-parallel") is not None:
+        if session.config.pluginmanager.has_plugin("run-parallel"):  # its entry point's name
             for item in session.items:
                 _check_each_thread(item, self)
         return (yield)

@@ -37,6 +37,7 @@ def test_use_after_close(guard):
         _ = guard.handle
 
 
+@pytest.mark.thread_unsafe(reason="closes the guard fixture, which all its copies share")
 def test_close_inside_block_refused(guard):
     with guard:
         with pytest.raises(GuardError, match="inside a with-block"):

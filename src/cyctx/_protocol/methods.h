@@ -158,7 +158,7 @@ inline PyObject *bound_new(PyTypeObject *, PyObject *args, PyObject *kw) {
 inline PyObject *slot_get(PyObject *descr, PyObject *obj, PyObject *type) {
     Slot *s = reinterpret_cast<Slot *>(descr);
     if (!obj || Py_TYPE(obj) != s->owner) return Py_TYPE(s->method)->tp_descr_get(s->method, obj, type);
-    Bound *b = kFreeMax ? g_free : nullptr;
+    Bound *b = kFreeMax > 0 ? g_free : nullptr;
     if (b) {
         g_free = b->next_free;
         g_nfree--;
