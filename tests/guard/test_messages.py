@@ -250,7 +250,7 @@ def test_a_closed_guard_whose_repr_raises_is_still_closed_and_the_doctor_skips_i
     g = _ReprRaises(0)
     g.close()
     with pytest.raises(GuardError, match=r"<_ReprRaises object> is closed"):
-        g.handle
+        _ = g.handle
     with pytest.raises(GuardError, match="is closed"):
         with g:
             pass
