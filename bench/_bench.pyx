@@ -1,5 +1,6 @@
 # distutils: language = c++
 # cython: language_level=3, boundscheck=False, wraparound=False
+# cython: freethreading_compatible=True
 """Compiled loops for the benchmarks (built by bench/harness.py into a scratch directory).
 
 Every loop runs without the GIL, so the timing is the driver's and cyctx's, not the

@@ -15,3 +15,8 @@ find_python() {
     [ -n "$p" ] || p=$(command -v "python$1" || true)
     echo "$p"
 }
+
+# free_threaded PYTHON -> status 0 when PYTHON is a free-threaded CPython (built without the GIL).
+free_threaded() {
+    [ "$("$1" -c 'import sysconfig; print(int(bool(sysconfig.get_config_var("Py_GIL_DISABLED"))))' 2>/dev/null)" = 1 ]
+}

@@ -2,10 +2,15 @@
 # Release artefacts into wheelhouse/: the sdist, and one manylinux wheel per supported CPython.
 #
 #   bash scripts/release/build_wheels.sh [PYTHON ...]
+#   CYCTX_FREE_THREADED_PYTHON=/path/to/python3.14t bash scripts/release/build_wheels.sh [PYTHON ...]
 #
 # PYTHONs default to the CPythons of pyproject.toml's classifiers: each from pyenv (or PATH), else
 # from Debian unstable in a chroot (scripts/release/sid_chroot.sh: the newest ones, which need a
-# newer glibc than older hosts have). A PYTHON is a path, or sid:3.N for the chroot's. Each wheel
+# newer glibc than older hosts have). A PYTHON is a path, or sid:3.N for the chroot's. A
+# free-threaded CPython (a cp3NNt wheel) is built when one is given, as a PYTHON or in
+# CYCTX_FREE_THREADED_PYTHON (added to the others): no distribution packages one, so none is
+# looked for. Its wheel is checked as the others are, and also installed into a venv of that
+# interpreter, where every module of cyctx must import with the GIL off. Each wheel
 # is built in an isolated environment (the build requirements of pyproject.toml: cuda-bindings
 # and CUDA headers 13.0, or 13.4 where 13.0 has no wheel, so the wheel serves every
 # cuda-bindings 12.9+ and 13.x), linked stripped, without run paths and against glibc 2.2.5-versioned link stubs
@@ -30,6 +35,11 @@ if [ ${#pythons[@]} -eq 0 ]; then
         p=$(find_python "$v")
         if [ -n "$p" ]; then pythons+=("$p"); else pythons+=("sid:$v"); fi
     done
+fi
+if [ -n "${CYCTX_FREE_THREADED_PYTHON:-}" ]; then
+    free_threaded "$CYCTX_FREE_THREADED_PYTHON" \
+        || { echo "CYCTX_FREE_THREADED_PYTHON=$CYCTX_FREE_THREADED_PYTHON is not a free-threaded CPython"; exit 2; }
+    pythons+=("$CYCTX_FREE_THREADED_PYTHON")
 fi
 
 # The tools, in a venv of their own (nothing installed by hand is assumed).
@@ -119,6 +129,36 @@ for whl in "$OUT"/*.whl; do
     done
     rm -rf "$tmp"
 done
+# A free-threaded interpreter's wheel, installed as a user would: every module of cyctx (the
+# guard, the tracer's native half, the pytest plugin, cyctx.testing, the command line) imports
+# with the GIL off and not forced (the interpreter warns when a module turns it on: an error
+# here), and a guard works on the simulated driver.
+for py in "${pythons[@]}"; do
+    case "$py" in sid:*) continue ;; esac
+    free_threaded "$py" || continue
+    tag=$("$py" -c 'import sys; print("cp%d%dt" % sys.version_info[:2])')
+    whl=$(ls "$OUT"/cyctx-*-"$tag"-"$tag"-*.whl 2>/dev/null || true)
+    [ -n "$whl" ] || { echo "FAIL: no $tag wheel for $py"; status=1; continue; }
+    venv=$PWD/$RAW/venv-$tag
+    "$py" -m venv "$venv" --clear
+    "$venv/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+    "$venv/bin/python" -m pip install -q "$whl" 2>&1 | grep -v "^WARNING: Location" || true
+    probe=$PWD/scripts/release/guard_probe.py
+    # Outside the checkout, so that the installed cyctx is imported.
+    (cd "$RAW" && PYTHON_GIL='' "$venv/bin/python" -W error -c '
+import importlib, pkgutil, sys
+import cyctx, _cyctx_cli, _cyctx_libcuda, _cyctx_pytest
+names = [m.name for m in pkgutil.walk_packages(cyctx.__path__, "cyctx.") if m.name != "cyctx.__main__"]
+for name in names:
+    importlib.import_module(name)
+from cyctx.__main__ import run
+assert not sys._is_gil_enabled(), "a module of cyctx turned the GIL on"
+print(f"{len(names)} modules of cyctx imported with the GIL off")
+' && "$venv/bin/python" "$probe") \
+        || { echo "FAIL: $(basename "$whl") on $py"; status=1; }
+    rm -rf "$venv"
+done
+
 listing=$(tar -tzf "$OUT"/cyctx-*.tar.gz)
 if grep -E '\.cpp$|_build_info\.py$|\.so' <<<"$listing"; then echo "FAIL: the sdist holds generated files"; status=1; fi
 for f in src/cyctx/_guard.pyx src/cyctx/_native/switch.pxi src/cyctx/_protocol/blocks.h src/cyctx/_errors.py src/cyctx/_inputs.py src/cyctx/_cpp/driver.h src/cyctx/_sim/simdriver.c \
