@@ -136,13 +136,14 @@ done
 for py in "${pythons[@]}"; do
     case "$py" in sid:*) continue ;; esac
     free_threaded "$py" || continue
-    tag=$("$py" -c 'import sys; print("cp%d%dt" % sys.version_info[:2])')
-    whl=$(ls "$OUT"/cyctx-*-"$tag"-"$tag"-*.whl 2>/dev/null || true)
-    [ -n "$whl" ] || { echo "FAIL: no $tag wheel for $py"; status=1; continue; }
+    tag=$("$py" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')  # its wheel: cpXY-cpXYt
+    whl=$(ls "$OUT"/cyctx-*-"$tag"-"$tag"t-*.whl 2>/dev/null || true)
+    [ -n "$whl" ] || { echo "FAIL: no ${tag}t wheel for $py"; status=1; continue; }
     venv=$PWD/$RAW/venv-$tag
     "$py" -m venv "$venv" --clear
     "$venv/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-    "$venv/bin/python" -m pip install -q "$whl" 2>&1 | grep -v "^WARNING: Location" || true
+    # (pytest: the plugin's module imports it, as pytest loads the plugin.)
+    "$venv/bin/python" -m pip install -q "$whl" pytest 2>&1 | grep -v "^WARNING: Location" || true
     probe=$PWD/scripts/release/guard_probe.py
     # Outside the checkout, so that the installed cyctx is imported.
     (cd "$RAW" && PYTHON_GIL='' "$venv/bin/python" -W error -c '
