@@ -13,5 +13,7 @@ cdef extern from "_cpp/shared_fields.h" namespace "cyctx" nogil:
     int gate_enter(int* gate) noexcept
     void gate_leave(int* gate) noexcept
     int gate_close(int* gate) noexcept
+    int gate_enter_python(int* gate) noexcept
+    void gate_leave_python(int* gate) noexcept
     int gate_close_mark(int* gate) noexcept
     bint gate_drained(int* gate) noexcept

@@ -40,7 +40,7 @@ from cyctx._entries cimport (
 )
 from cyctx._fields cimport (
     ctx_load, ctx_store, u64_load, u64_store, int_add, int_load, int_store, gate_enter, gate_leave,
-    gate_close, gate_close_mark, gate_drained,
+    gate_close, gate_enter_python, gate_leave_python, gate_close_mark, gate_drained,
 )
 from cyctx._forkstate cimport forked_after_cuda, fork_child, mark_cuda_initialised, install_fork_handler
 from cyctx._pyproto cimport (
@@ -298,9 +298,8 @@ cdef class ContextGuard:
         ------
         GuardError
             The guard is entered on this thread, or it is a :meth:`shared` guard, or another
-            thread is closing it or (with the GIL) re-activating it after a reset right now
-            (nothing done). On a free-threaded build ``close()`` waits for the enters and
-            re-activations in flight instead.
+            thread is closing it or re-activating it after a reset right now (nothing done). On
+            a free-threaded build ``close()`` waits for the Python enters in flight.
         DriverError
             The release failed; the guard stays open (the retain is still held) so a later
             ``close()`` or garbage collection can release it.
@@ -315,10 +314,10 @@ cdef class ContextGuard:
         # Claim the guard against a reset re-activation on another thread (which would
         # otherwise re-open it after this close and, later, release a retain that is not its
         # own) and against a second close() (a double release). With the GIL: never waits (the
-        # other side may need it). Free-threaded: those in flight (re-activations, Python
-        # enters) hold the gate across driver calls only, so close() marks it (later ones say
-        # closed) and waits for them; but never for an enter of this thread's own (a finalizer
-        # or a signal handler run inside it), nor while another close() holds it.
+        # other side may need it). Free-threaded: Python enters hold the gate across driver
+        # calls only, so close() marks it (later ones say closed) and waits for those in flight;
+        # but never for an enter of this thread's own (a finalizer or a signal handler run
+        # inside it), nor for a re-activation (refused as with the GIL) or another close().
         if CYCTX_FREE_THREADED and not cyctx_gates_held():
             busy = gate_close_mark(&self._gate)
             if busy == 0:

@@ -37,13 +37,29 @@ inline int gate_close(int *gate) noexcept {
     return expected;
 }
 
-// Free-threaded builds, where a close() can wait (no GIL to hold up those it waits for): it
-// marks the gate closing (its sign bit: from then on every gate_enter refuses), 0, or -1 when
-// another close() did; it owns the gate once gate_drained says those in flight have left.
+// Free-threaded builds: a Python enter holds the gate too, across its driver calls, counted
+// apart from re-activations (kGateEnter each). A close() marks the gate closing (its sign bit:
+// from then on every gate_enter refuses) and waits for the enters in flight (gate_drained);
+// it refuses as gate_close does while a re-activation is in flight (n > 0: a driver call of
+// its may stall, and the thread that would end the stall may be this close()'s own), and when
+// another close() marked it (-1). 0: marked.
+enum { kGateEnter = 1 << 15 };
+
+inline int gate_enter_python(int *gate) noexcept {
+    int g = __atomic_load_n(gate, __ATOMIC_ACQUIRE);
+    do {
+        if (g < 0) return -1;
+    } while (!__atomic_compare_exchange_n(gate, &g, g + kGateEnter, true, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+    return 0;
+}
+
+inline void gate_leave_python(int *gate) noexcept { __atomic_sub_fetch(gate, kGateEnter, __ATOMIC_ACQ_REL); }
+
 inline int gate_close_mark(int *gate) noexcept {
     int g = __atomic_load_n(gate, __ATOMIC_ACQUIRE);
     do {
         if (g < 0) return -1;
+        if (g % kGateEnter) return g % kGateEnter;
     } while (!__atomic_compare_exchange_n(gate, &g, g | INT_MIN, true, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
     return 0;
 }

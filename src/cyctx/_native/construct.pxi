@@ -156,14 +156,14 @@ cdef int _after_reset(ContextGuard g, cydriver.CUresult err, bint gated) except 
     # another guard's at its next close. The gate is held across driver calls only, never
     # across Python code.
     if gated:
-        gate_leave(&g._gate)
+        gate_leave_python(&g._gate)
     try:
         _warn_reset(g, err == cydriver.CUresult.CUDA_SUCCESS)
     finally:
         if gated:
             # A close() in flight holds the gate across driver calls only, and waits for no
             # one who let go of it: wait it out.
-            while gate_enter(&g._gate) != 0:
+            while gate_enter_python(&g._gate) != 0:
                 cyctx_yield_detached()
     if gate_enter(&g._gate) != 0:
         return _raise_closed(g)  # a close() is in flight: it wins

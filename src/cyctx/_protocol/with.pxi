@@ -20,14 +20,14 @@ cdef object _with_enter(object obj):
     if not CYCTX_FREE_THREADED:
         _enter_block(self, &block)
         return self
-    if gate_enter(&self._gate) != 0:
+    if gate_enter_python(&self._gate) != 0:
         _raise_closed(self)  # a close() is in flight: it wins
     cyctx_gates_add(1)
     try:
         _enter_block(self, &block)
     finally:
         cyctx_gates_add(-1)
-        gate_leave(&self._gate)
+        gate_leave_python(&self._gate)
     return self
 
 
