@@ -254,7 +254,10 @@ def nowhere(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     real_isdir = os.path.isdir
     monkeypatch.setattr(
-        locate.os.path, "isdir", lambda p: not p.startswith("/usr/local/cuda") and real_isdir(p)
+        # (os.fspath: from 3.14 pathlib asks it with a Path, in mkdir(exist_ok=True))
+        locate.os.path,
+        "isdir",
+        lambda p: not os.fspath(p).startswith("/usr/local/cuda") and real_isdir(p),
     )
     return monkeypatch
 
