@@ -68,6 +68,8 @@ _PROCESS_WIDE_FIXTURES = {"sim": "reads or changes the simulated driver's counte
 _PROCESS_WIDE_CALLS = {
     "retains_unchanged": "counts the process's retains (retains_unchanged)",
     "reset_primary": "resets a device's primary context, which every copy uses (reset_primary)",
+    "collect_unraisable": "replaces sys.unraisablehook, which every copy shares (collect_unraisable)",
+    "getrefcount": "counts the references to an object its copies share (sys.getrefcount)",
 }
 
 
