@@ -133,13 +133,11 @@ cdef int _init_context(ContextGuard self, size_t handle, count) except -1:
     return 0
 
 
-cdef int _after_reset(ContextGuard g, cydriver.CUresult err, bint gated) except -1 nogil:
+cdef int _after_reset(ContextGuard g, cydriver.CUresult err) except -1 nogil:
     # The primary context was reset since this guard last saw it. Our retain survived the
     # reset (docs/evidence.md, "A reset keeps the retain count"), so a retain+release pair
     # re-activates it
     # and leaves the refcount as it was. GIL: only to warn.
-    # `gated`: the caller, a Python enter on a free-threaded build, holds the gate; it is let go
-    # while the warning runs Python code (a close() there goes ahead) and taken back after.
     if err != cydriver.CUresult.CUDA_SUCCESS and err != cydriver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED:
         return check(err, "cuCtxGetId")
     if ctx_load(&g._ctx) == NULL:
@@ -155,16 +153,7 @@ cdef int _after_reset(ContextGuard g, cydriver.CUresult err, bint gated) except 
     # instead of re-opening it: a re-opened guard would hold no retain of its own and release
     # another guard's at its next close. The gate is held across driver calls only, never
     # across Python code.
-    if gated:
-        gate_leave_python(&g._gate)
-    try:
-        _warn_reset(g, err == cydriver.CUresult.CUDA_SUCCESS)
-    finally:
-        if gated:
-            # A close() in flight holds the gate across driver calls only, and waits for no
-            # one who let go of it: wait it out.
-            while gate_enter_python(&g._gate) != 0:
-                cyctx_yield_detached()
+    _warn_reset(g, err == cydriver.CUresult.CUDA_SUCCESS)
     if gate_enter(&g._gate) != 0:
         return _raise_closed(g)  # a close() is in flight: it wins
     if ctx_load(&g._ctx) == NULL:
@@ -204,6 +193,22 @@ cdef const char* _reactivate(ContextGuard g, const DriverApi* d, cydriver.CUresu
     u64_store(&g._ctx_id, ctx_id)
     int_add(&g._resets, 1)
     return NULL
+
+
+cdef int _after_reset_let_go(ContextGuard g, cydriver.CUresult err) except -1 nogil:
+    # _after_reset for a Python enter on a free-threaded build, which holds the guard's gate: the
+    # warning runs Python code (a close() there goes ahead), so the hold is let go around it and
+    # taken back after, waiting out a close() in flight (it holds the gate across driver calls
+    # only, and waits for no one who let go). A close() meanwhile leaves the guard closed.
+    gate_leave_python(&g._gate)
+    try:
+        _after_reset(g, err)
+    finally:
+        while gate_enter_python(&g._gate) != 0:
+            cyctx_yield_detached()
+    if ctx_load(&g._ctx) == NULL:
+        return _raise_closed(g)
+    return 0
 
 
 cdef size_t _context_of(kind, size_t handle) except? 0:

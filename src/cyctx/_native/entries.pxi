@@ -20,7 +20,10 @@ cdef inline int _enter_block(ContextGuard self, const BlockId* block) except -1 
     # every enter.
     err = d.CtxGetId(ctx, &ctx_id)
     if err != cydriver.CUresult.CUDA_SUCCESS or ctx_id != u64_load(&self._ctx_id):
-        _after_reset(self, err, CYCTX_FREE_THREADED and block != NULL)
+        if CYCTX_FREE_THREADED and block != NULL:
+            _after_reset_let_go(self, err)  # a Python enter holding the gate
+        else:
+            _after_reset(self, err)
         ctx = ctx_load(&self._ctx)
         ctx_id = u64_load(&self._ctx_id)
     _switch_into(&s, d, ctx, &ctx_id)
