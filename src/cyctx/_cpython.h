@@ -1,7 +1,8 @@
 /* CPython's internals that cyctx reads, in one file, so that a new CPython release is this file:
  * the versions whose layout is known, the thread state's fields that the Python-protocol layer
- * reads (_protocol/strand.h), the frame layout that the tracer reads (_trace/tracer.c), and
- * whether the interpreter is finalizing.
+ * reads (_protocol/strand.h), the frame layout that the tracer reads (_trace/tracer.c), whether
+ * the interpreter is finalizing, and what a free-threaded build needs besides (a reference
+ * taken only from a live object, a wait that lets the interpreter stop the thread).
  *
  * Stateless (macros and static inline functions), so both extensions compile it; plain C, so the
  * guard (C++) and the tracer (C) both can. The frame layout needs the interpreter's core
@@ -11,6 +12,7 @@
 #define CYCTX_CPYTHON_H
 
 #include <Python.h>
+#include <sched.h>
 #include <stdint.h>
 
 /* The versions whose internals are known here: those the suite runs on. Any other gets public
@@ -44,6 +46,31 @@ static inline PyThreadState *cyctx_tstate(void) {
 #else
     return _PyThreadState_UncheckedGet();
 #endif
+}
+
+/* A reference to an object that another thread may be freeing: taken only while its count is
+ * above zero (0: not taken). Free-threaded 3.14+: PyUnstable_TryIncRef, for an object that
+ * cyctx_enable_try_ref was given once (its count made shared, so that no try can miss it).
+ * Elsewhere the GIL is held by the reader and by the last reference's drop, so the object is
+ * alive: a plain reference (3.13t has no such call; there the GIL stays on, setup.py). */
+#if CYCTX_FREE_THREADED && PY_VERSION_HEX >= 0x030E0000
+static inline void cyctx_enable_try_ref(PyObject *o) { PyUnstable_EnableTryIncRef(o); }
+static inline int cyctx_try_ref(void *o) { return PyUnstable_TryIncRef((PyObject *)o); }
+#else
+static inline void cyctx_enable_try_ref(PyObject *o) { (void)o; }
+static inline int cyctx_try_ref(void *o) {
+    Py_INCREF((PyObject *)o);
+    return 1;
+}
+#endif
+
+/* One turn of a wait for another thread (free-threaded builds), detached from the interpreter
+ * meanwhile: it may need to stop every thread (its collector), and a thread that spins attached
+ * would hold that up. Called with the thread attached. */
+static inline void cyctx_yield_detached(void) {
+    Py_BEGIN_ALLOW_THREADS
+    sched_yield();
+    Py_END_ALLOW_THREADS
 }
 
 #if CYCTX_CPYTHON_KNOWN

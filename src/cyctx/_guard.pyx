@@ -46,7 +46,7 @@ from cyctx._forkstate cimport forked_after_cuda, fork_child, mark_cuda_initialis
 from cyctx._pyproto cimport (
     block_here, block_find, block_describe, BLOCK_TOP, BLOCK_OWN, BLOCK_NONE, BLOCK_HANDED, BLOCK_AMBIGUOUS,
     install_quick_with, PyEval_GetFrame, CYCTX_FREE_THREADED, cyctx_finalizing, CYCTX_PLAIN,
-    cyctx_gates_held, cyctx_gates_add, cyctx_yield_detached,
+    cyctx_gates_held, cyctx_gates_add, cyctx_yield_detached, cyctx_enable_try_ref, cyctx_try_ref,
 )
 
 # Built for a CPython the suite has not run on (or with CYCTX_PLAIN_PROTOCOL=1): public CPython
@@ -84,21 +84,8 @@ cdef PyObject* _shared_fast[_FAST_ORDINALS]
 # most of a temporary guard's construction), which __dealloc__ removes before anything else.
 # Between the last reference's drop and that removal the address is a guard being freed: with
 # the GIL no other thread runs then; on a free-threaded build a reader takes a reference only
-# while the guard's count is above zero, under the registry's lock, which the removal waits for.
-cdef extern from *:
-    """
-    #if defined(Py_GIL_DISABLED) && PY_VERSION_HEX >= 0x030E0000
-    /* Made once per guard: its count becomes shared, so that a try cannot miss it. */
-    #define cyctx_enable_try_ref(o) PyUnstable_EnableTryIncRef(o)
-    static int cyctx_try_ref(void *o) { return PyUnstable_TryIncRef((PyObject *)o); }
-    #else
-    /* 3.13t has no such call: there the GIL stays on (setup.py), under which this is read. */
-    #define cyctx_enable_try_ref(o) ((void)0)
-    static int cyctx_try_ref(void *o) { Py_INCREF((PyObject *)o); return 1; }
-    #endif
-    """
-    void _enable_try_ref "cyctx_enable_try_ref"(object o)
-    int _try_ref "cyctx_try_ref"(void* o) noexcept nogil
+# while the guard's count is above zero (cyctx_try_ref), under the registry's lock, which the
+# removal waits for.
 # What __cinit__ takes from shared() for a shared guard that is not used yet (no driver call).
 cdef object _NOT_YET_USED = object()
 cdef long long _MAX_ORDINAL = 2147483647  # _ordinal is a C int: no device has a larger one
@@ -195,7 +182,7 @@ cdef class ContextGuard:
                 _init_primary(self, target.value, count)
             else:
                 _init_context(self, _context_of(target.kind, target.value), count)
-        _enable_try_ref(self)
+        cyctx_enable_try_ref(self)
         added = live_add(self._token, <void*>self)
         if added == -1:
             raise MemoryError("cyctx: no memory to register the guard")  # __dealloc__ releases
@@ -532,7 +519,7 @@ def live_guards():
     cdef void** got = NULL
     cdef size_t n = 0
     cdef size_t i
-    if live_take(_try_ref, &got, &n) != 0:
+    if live_take(cyctx_try_ref, &got, &n) != 0:
         raise MemoryError("cyctx: no memory to list the live guards")
     # A shared guard not used yet holds nothing: it is no guard of a context yet.
     cdef list out = []

@@ -31,12 +31,17 @@ cdef extern from "Python.h":
 
 # CPython's internals (_cpython.h). Free-threaded CPython: the Python-level enter takes the
 # guard's gate so that close() cannot release the retain between the enter's read of the handle
-# and its switch, and close() waits for the enters in flight; with the GIL the two cannot
-# interleave (the enter holds the GIL throughout), so the check compiles away. At interpreter shutdown a guard freed then must make no Python call
-# (no warning either).
+# and its switch, and close() waits for the enters in flight (one turn at a time, detached:
+# cyctx_yield_detached); with the GIL the two cannot interleave (the enter holds the GIL
+# throughout), so the check compiles away. At interpreter shutdown a guard freed then must make
+# no Python call (no warning either). cyctx_try_ref: a reference to a guard that another thread
+# may be freeing, taken only while it is alive (cyctx.live_guards, on a free-threaded build).
 cdef extern from "_cpython.h":
     bint CYCTX_FREE_THREADED
     int cyctx_finalizing() noexcept nogil
+    void cyctx_yield_detached() noexcept nogil
+    void cyctx_enable_try_ref(object o) noexcept
+    int cyctx_try_ref(void* o) noexcept nogil
 
 # The gates this thread's Python enters hold (free-threaded; a count only this thread touches):
 # a close() run inside one of them (a finalizer or a signal handler during its error) must not
@@ -54,16 +59,3 @@ cdef extern from *:
     """
     int cyctx_gates_held() noexcept nogil
     void cyctx_gates_add(int n) noexcept nogil
-
-# A wait's turn on a free-threaded build, detached from the interpreter (which may need to stop
-# every thread meanwhile, for its collector). Called with the thread attached.
-cdef extern from *:
-    """
-    #include <sched.h>
-    static void cyctx_yield_detached(void) {
-        Py_BEGIN_ALLOW_THREADS
-        sched_yield();
-        Py_END_ALLOW_THREADS
-    }
-    """
-    void cyctx_yield_detached() noexcept nogil
