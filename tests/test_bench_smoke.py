@@ -374,3 +374,37 @@ def test_a_verdict_is_met_missed_or_not_measured_here_on_the_simulated_driver(be
         "n/a",
     ]
     assert report.verdict({"met": None}, sim) == "not measured here"
+
+
+FREE_THREADING_ROWS = (
+    "with guard",
+    "with cyctx.device(0)",
+    "nogil enter+exit",
+    "with guard, 16 Python threads",
+    "nogil, 16 OpenMP threads",
+)
+
+
+def test_the_free_threading_costs_run_and_say_which_interpreter(build_dir):
+    # bench/free_threading.py (docs/evidence.md, "Free-threading"): its own process, one round;
+    # every row timed, and the interpreter and its GIL named (no pyperf needed).
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(BENCH, "free_threading.py"),
+            "--sim",
+            "--rounds",
+            "1",
+            "--build-dir",
+            str(build_dir / "free-threading"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    version = "{}.{}.".format(*sys.version_info[:2])
+    assert out["driver"] == "simulated" and out["python"].startswith(version)
+    assert out["gil"] == (sys._is_gil_enabled() if hasattr(sys, "_is_gil_enabled") else True)
+    assert list(out["ns"]) == list(FREE_THREADING_ROWS) and all(v > 0 for v in out["ns"].values())
