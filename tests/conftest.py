@@ -34,20 +34,6 @@ def pytest_addoption(parser):
     )
 
 
-def pytest_collection_modifyitems(config, items):
-    # The suite a user runs is the product's; the tools' tests take minutes (a mutation run,
-    # wheel builds) and CI runs them in a stage of their own.
-    if config.getoption("--tooling"):
-        return
-    skip = pytest.mark.skip(
-        reason="a test of the project's own tools (mutation, benchmarks, wheel building): "
-        "run with --tooling; CI does"
-    )
-    for item in items:
-        if item.get_closest_marker("tooling"):
-            item.add_marker(skip)
-
-
 def pytest_configure(config):
     from cyctx import testing
 
@@ -82,15 +68,24 @@ def _names_called(code):
 
 
 def pytest_collection_modifyitems(config, items):
-    if not config.pluginmanager.has_plugin("run-parallel"):
-        return
-    for item in items:
-        code = getattr(getattr(item, "obj", None), "__code__", None)
-        called = _names_called(code) if code is not None else set()
-        reasons = [r for f, r in _PROCESS_WIDE_FIXTURES.items() if f in item.fixturenames]
-        reasons += [r for f, r in _PROCESS_WIDE_CALLS.items() if f in called]
-        if reasons:
-            item.add_marker(pytest.mark.thread_unsafe(reason="; ".join(reasons)))
+    # The suite a user runs is the product's; the tools' tests take minutes (a mutation run,
+    # wheel builds) and CI runs them in a stage of their own.
+    if not config.getoption("--tooling"):
+        skip = pytest.mark.skip(
+            reason="a test of the project's own tools (mutation, benchmarks, wheel building): "
+            "run with --tooling; CI does"
+        )
+        for item in items:
+            if item.get_closest_marker("tooling"):
+                item.add_marker(skip)
+    if config.pluginmanager.has_plugin("run-parallel"):
+        for item in items:
+            code = getattr(getattr(item, "obj", None), "__code__", None)
+            called = _names_called(code) if code is not None else set()
+            reasons = [r for f, r in _PROCESS_WIDE_FIXTURES.items() if f in item.fixturenames]
+            reasons += [r for f, r in _PROCESS_WIDE_CALLS.items() if f in called]
+            if reasons:
+                item.add_marker(pytest.mark.thread_unsafe(reason="; ".join(reasons)))
 
 
 def pytest_report_header(config):
