@@ -10,7 +10,7 @@ import re
 import textwrap
 
 import pytest
-from helpers.children import run_child
+from helpers.children import run_child, run_python
 
 # Stand-ins: each answers its version function with what the case gives and counts the calls.
 SOURCES = {
@@ -230,3 +230,45 @@ def test_a_library_whose_path_is_not_utf8_is_listed_by_the_name_the_os_gives_it(
     (entry,) = [x for x in d["loaded"] if x["path"] == load]
     assert (entry["kind"], entry["version"], entry["file"]) == ("runtime", 13000, "same"), entry
     assert calls == 1
+
+
+def test_a_library_that_is_not_what_was_asked_at_a_path_that_is_not_utf8_is_refused_in_words(
+    tmp_path,
+):
+    # ctypes reports a missing function (or a library that does not load) with the loader's
+    # message, which names the path: not UTF-8 there, it raises UnicodeDecodeError instead of
+    # AttributeError/OSError. The doctor's runtime, the driver lookup and the simulator's
+    # choice each say what they found, in their own words.
+    where = tmp_path / os.fsdecode(b"caf\xe9")
+    old = _build(str(where), "cudart", 13000)  # has cudaRuntimeGetVersion only
+    load = old[: -len(".new")]
+    os.replace(old, load)
+    code = f"""
+    import ctypes, json, os
+    from _cyctx_libcuda import exports
+    from cyctx._doctor.runtime import load_cudart
+    from cyctx import testing
+    lib = ctypes.CDLL({load!r})
+    out = [exports(lib, "cudaRuntimeGetVersion"), exports(lib, "cudaGetDevice")]
+    rt, why = load_cudart({load!r})
+    out.append([rt, why])
+    os.environ["CYCTX_SIM_LIBRARY"] = {load!r}
+    try:
+        testing.use_simulated_driver()
+    except RuntimeError as e:
+        out.append(str(e))
+    os.environ["CYCTX_SIM_LIBRARY"] = {load + ".missing"!r}
+    try:
+        testing.use_simulated_driver()
+    except (RuntimeError, FileNotFoundError) as e:
+        out.append(type(e).__name__)
+    print(json.dumps(out))
+    """
+    proc = run_python(code)  # no driver chosen: the simulator's choice is the case's
+    exported, has_get_device, (rt, why), not_sim, missing = json.loads(
+        proc.stdout.strip().splitlines()[-1]
+    )
+    assert (exported, has_get_device, rt) == (True, False, None)
+    assert why == f"cannot load {load} as a libcudart (a function is missing, or it does not load)"
+    assert not_sim.endswith("is not cyctx's simulated driver: it has no cyctxsim_is_simulated")
+    assert missing in ("RuntimeError", "FileNotFoundError")

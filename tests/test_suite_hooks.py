@@ -21,7 +21,19 @@ SIM_TEST = os.path.join(
 
 def pytest_run(tmp_path, *args):
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rs", "-v", *args],
+        # pytest-benchmark, where installed beside xdist, warns at configure: an error here.
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:benchmark",
+            "-rs",
+            "-v",
+            *args,
+        ],
         capture_output=True,
         text=True,
         cwd=tmp_path,  # outside the checkout, as the suite is run

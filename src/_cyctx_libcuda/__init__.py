@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["loaded_libcuda", "same_context", "simulated_libcuda"]
+__all__ = ["LOAD_ERRORS", "exports", "loaded_libcuda", "same_context", "simulated_libcuda"]
+
+# What ctypes raises for a library that does not load: its message is the loader's, which names
+# the path, and where the path is not UTF-8 ctypes fails to decode it (UnicodeDecodeError).
+LOAD_ERRORS = (OSError, UnicodeDecodeError)
 
 
 def loaded_libcuda() -> str | None:
@@ -41,9 +45,19 @@ def simulated_libcuda() -> str | None:
 
     try:
         lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-    except OSError:  # no longer mapped, or "(deleted)": not a library to ask
+    except LOAD_ERRORS:  # no longer mapped, or "(deleted)": not a library to ask
         return None
-    return path if hasattr(lib, "cyctxsim_is_simulated") else None
+    return path if exports(lib, "cyctxsim_is_simulated") else None
+
+
+def exports(lib, name: str) -> bool:
+    """Whether the loaded ctypes library ``lib`` has ``name``: hasattr, but for a library whose
+    path is not UTF-8, where ctypes reports a missing name with a UnicodeDecodeError."""
+    try:
+        getattr(lib, name)
+    except (AttributeError, UnicodeDecodeError):
+        return False
+    return True
 
 
 def same_context(before: tuple[int, int | None], after: tuple[int, int | None]) -> bool:

@@ -22,7 +22,7 @@ import ctypes
 import os
 
 # One lookup, shared with the pytest plugin, which must not import cyctx: it lives beside cyctx.
-from _cyctx_libcuda import loaded_libcuda
+from _cyctx_libcuda import LOAD_ERRORS, exports, loaded_libcuda
 
 __all__ = [
     "Sim",
@@ -226,11 +226,11 @@ def use_simulated_driver(device_count: int = 2) -> Sim:
         )
     try:
         lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-    except OSError as exc:
+    except LOAD_ERRORS as exc:
         raise RuntimeError(f"{path}{_from_env()} is not a library that loads: {exc}") from None
     # A library that loads but is not the simulator (another libcuda.so.1, an older build):
     # say so before any of its functions is called.
-    missing = [name for name, _, _ in CONTROL_API if not hasattr(lib, name)]
+    missing = [name for name, _, _ in CONTROL_API if not exports(lib, name)]
     if missing:
         raise RuntimeError(
             f"{path}{_from_env()} is not cyctx's simulated driver: it has no {missing[0]}"

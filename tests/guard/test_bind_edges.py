@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 from helpers.children import TESTS_DIR, run_child, run_python
+from helpers.drivers import second_device
 from helpers.stepwise import HIDDEN
 
 import cyctx
@@ -237,18 +238,21 @@ def test_bind_of_the_current_primary_binds_its_shared_guard(sim):
 # A library whose functions are decorated at its import: importing it must ask nothing of the
 # driver, so a forked child that calls them can still use CUDA.
 MYLIB = """
+import os
 import cyctx
+
+D1 = int(os.environ["CYCTX_TEST_D1"])  # run_child's second device, else 0
 
 @cyctx.device(0)
 def on_device():
     return cyctx.current_device()
 
-@cyctx.bind(device=1)
+@cyctx.bind(device=D1)
 def bound():
     return cyctx.current_device()
 
 class K:
-    @cyctx.device(1)
+    @cyctx.device(D1)
     def method(self):
         return cyctx.current_device()
 
@@ -300,9 +304,10 @@ def test_decorators_at_import_initialise_nothing_and_a_forked_child_can_call(tmp
     sim = out["after import"][1] is not None
     assert out["after import"] == [False, [0, 0] if sim else None], out
     assert out["parent after fork"] == out["after import"], "the parent still has done nothing"
-    assert out["child"][:4] == [0, 1, 1, 0], out["child"]
+    d1 = second_device()
+    assert out["child"][:4] == [0, d1, d1, 0], out["child"]
     assert out["child"][4] == [True, [1, 1] if sim else None], "the child's first calls retained"
-    assert out["parent calls"] == [0, 1]
+    assert out["parent calls"] == [0, d1]
     assert out["parent end"] == [True, [1, 1] if sim else None]
 
 

@@ -386,7 +386,8 @@ def test_numba_cudas_device_block_is_named_at_the_users_line(tmp_path):
 
     if importlib.util.find_spec("numba") is None:
         pytest.skip("needs numba-cuda")
-    data, path = _trace(tmp_path, NUMBA, simulate=False, name="numba")
+    # The script is not numba.py: it would shadow numba itself.
+    data, path = _trace(tmp_path, NUMBA, simulate=False, name="numba_user")
     line = next(
         i
         for i, text in enumerate(textwrap.dedent(NUMBA).splitlines(), start=1)

@@ -283,7 +283,14 @@ def load_cudart(path: str | None = None) -> tuple[Cudart | None, str | None]:
         return None, f"no libcudart found ({source}: {err})"
     try:
         return Cudart(found, source), None
-    except (OSError, AttributeError) as exc:  # not loadable, or not a libcudart
+    # Not loadable, or not a libcudart; where its path is not UTF-8, ctypes says either as a
+    # UnicodeDecodeError (the loader's message names the path).
+    except (OSError, AttributeError, UnicodeDecodeError) as exc:
+        if isinstance(exc, UnicodeDecodeError):
+            return (
+                None,
+                f"cannot load {found} as a libcudart (a function is missing, or it does not load)",
+            )
         return None, f"cannot load {found}: {exc}"
 
 

@@ -31,16 +31,15 @@ _running: Trace | None = None
 def _driver() -> tuple[bool, int | None]:
     """(simulated, CUDA major of the driver) of the libcuda.so.1 in the process; loads the real
     one if none is loaded yet (libcupti would load it anyway)."""
+    from _cyctx_libcuda import LOAD_ERRORS, exports
+
     try:
         lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
+    except LOAD_ERRORS:
         return False, None
-    simulated = hasattr(lib, "cyctxsim_is_simulated")
+    simulated = exports(lib, "cyctxsim_is_simulated")
     v = ctypes.c_int(0)
-    try:
-        ok = lib.cuDriverGetVersion(ctypes.byref(v)) == 0
-    except AttributeError:
-        ok = False
+    ok = exports(lib, "cuDriverGetVersion") and lib.cuDriverGetVersion(ctypes.byref(v)) == 0
     return simulated, (v.value // 1000 if ok else None)
 
 
