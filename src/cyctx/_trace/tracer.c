@@ -1174,60 +1174,6 @@ static PyObject *t_active(PyObject *self, PyObject *noargs) {
     return PyBool_FromLong(on);
 }
 
-/* bench(ctx, n, mode) -> seconds for n rounds made through the driver without the GIL
- * (bench/trace_cost.py): mode 0 a cuCtxPushCurrent + cuCtxPopCurrent pair (traced calls),
- * mode 1 a cuCtxGetCurrent + cuCtxGetId pair (calls a trace does not watch). */
-static PyObject *t_bench(PyObject *self, PyObject *args) {
-    (void)self;
-    unsigned long long ctx;
-    long n;
-    int mode;
-    if (!PyArg_ParseTuple(args, "Kli", &ctx, &n, &mode)) return NULL;
-    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    typedef int (*pfn_proc)(const char *, void **, int, uint64_t, int *);
-    pfn_proc proc = cuda ? (pfn_proc)dlsym(cuda, "cuGetProcAddress_v2") : NULL;
-    void *fa = NULL, *fb = NULL;
-    int status = 0;
-    if (proc) {
-        proc(mode ? "cuCtxGetCurrent" : "cuCtxPushCurrent", &fa, 4000, 0, &status);
-        proc(mode ? "cuCtxGetId" : "cuCtxPopCurrent", &fb, mode ? 12000 : 4000, 0, &status);
-    }
-    if (cuda) dlclose(cuda);
-    if (!fa || !fb) {
-        PyErr_SetString(PyExc_RuntimeError, "no driver loaded");
-        return NULL;
-    }
-    int bad = 0;
-    uint64_t t0, t1;
-    Py_BEGIN_ALLOW_THREADS
-    t0 = now_ns();
-    if (mode == 0) {
-        int (*push)(void *) = (int (*)(void *))fa;
-        int (*pop)(void **) = (int (*)(void **))fb;
-        for (long i = 0; i < n; i++) {
-            void *x;
-            bad |= push((void *)(uintptr_t)ctx);
-            bad |= pop(&x);
-        }
-    } else {
-        int (*get)(void **) = (int (*)(void **))fa;
-        int (*get_id)(void *, unsigned long long *) = (int (*)(void *, unsigned long long *))fb;
-        for (long i = 0; i < n; i++) {
-            void *x;
-            unsigned long long id;
-            bad |= get(&x);
-            bad |= get_id((void *)(uintptr_t)ctx, &id);
-        }
-    }
-    t1 = now_ns();
-    Py_END_ALLOW_THREADS
-    if (bad) {
-        PyErr_SetString(PyExc_RuntimeError, "a driver call failed");
-        return NULL;
-    }
-    return PyFloat_FromDouble((double)(t1 - t0) * 1e-9);
-}
-
 /* live_threads() -> [((interpreter, thread state id), OS thread id)] of every thread state now,
  * or None where they cannot be read safely (a free-threaded build whose layout cyctx does not
  * know). Under the GIL: a thread state is unlinked only under it; one being made without it may
@@ -1276,7 +1222,6 @@ static PyMethodDef methods[] = {
     {"resolve", t_resolve, METH_O, "dladdr of return addresses"},
     {"active", t_active, METH_NOARGS, "whether a trace is subscribed"},
     {"slot_bytes", t_slot_bytes, METH_VARARGS, "bytes an event takes: slot_bytes(py, native)"},
-    {"bench", t_bench, METH_VARARGS, "seconds for n rounds of driver calls without the GIL"},
     {"live_threads", t_live_threads, METH_NOARGS, "[((interp, thread state id), OS thread id)]"},
     {NULL, NULL, 0, NULL},
 };
