@@ -18,33 +18,15 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import sysconfig
 import tempfile
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from harness import built
+
 THREADS = 16
-
-
-def build(build_dir):
-    """_bench.pyx compiled against the installed cyctx (harness.build_here), in a process of
-    its own (it changes directory)."""
-    if not os.path.exists(build_dir) or not any(
-        f.startswith("_bench.") and f.endswith(".so") for f in os.listdir(build_dir)
-    ):
-        os.makedirs(build_dir, exist_ok=True)
-        subprocess.run(
-            [sys.executable, os.path.join(HERE, "harness.py"), "build", build_dir],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
-    sys.path.insert(0, build_dir)
-    import _bench
-
-    return _bench
 
 
 def with_loop(cm, n):
@@ -103,7 +85,7 @@ def main(argv=None):
         use_simulated_driver(2)  # before any driver call in this process
     import cyctx
 
-    bench = build(args.build_dir or tempfile.mkdtemp(prefix="cyctx-ft-bench-"))
+    bench = built(args.build_dir or tempfile.mkdtemp(prefix="cyctx-ft-bench-"))
     g = cyctx.ContextGuard(0)
     with g:  # the threads start from no context, each row from the same state
         pass

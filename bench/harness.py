@@ -13,6 +13,7 @@ benchmarks, one suite, which the report, the plot and `pyperf compare_to` read.
   rows, benchmark the compiled rows of a group as pyperf benchmarks, each run's metadata
                   naming its row (group, row, path, layer, label) and its checks
   build_here      compile bench/_bench.pyx against the installed cyctx, into a scratch folder
+  built           the same in a process of its own, unless done already, and import it
   gpu_info, packages  the machine's GPU, driver and package versions, for the report
 
 A compiled group is a worker process of run_all.py:
@@ -227,6 +228,24 @@ def build_here(build_dir):
         ext_modules=cythonize([ext], quiet=True),
         script_args=["build_ext", "--inplace"],
     )
+
+
+def built(build_dir):
+    """The _bench module, compiled in build_dir unless it is there already (by `harness.py
+    build`, in a process of its own: build_here changes directory), imported."""
+    if not os.path.exists(build_dir) or not any(
+        f.startswith("_bench.") and f.endswith(".so") for f in os.listdir(build_dir)
+    ):
+        os.makedirs(build_dir, exist_ok=True)
+        subprocess.run(
+            [sys.executable, os.path.join(HERE, "harness.py"), "build", build_dir],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+    sys.path.insert(0, build_dir)
+    import _bench
+
+    return _bench
 
 
 def run_group(args):

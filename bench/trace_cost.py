@@ -4,10 +4,12 @@ Python `with guard:` that switches, traced and not; and the naming of the events
 "naming", alone with --naming).
 
     python bench/trace_cost.py [--simulate] [--n 200000] [--naming] [--json FILE]
+                               [--build-dir DIR]
 
-Each push+pop figure is the best of 5 runs of n rounds, made in C without the GIL (the tracer
-module's `bench`), so the difference between traced and untraced rows is the tracer's cost per
-call: a push+pop round is two traced calls, each an entry and an exit callback. The switching
+Each push+pop figure is the best of 5 runs of n rounds, made in C without the GIL (the loops of
+bench/_bench.pyx, compiled against the installed cyctx in --build-dir as the benchmarks do),
+so the difference between traced and untraced rows is the tracer's cost per call: a push+pop
+round is two traced calls, each an entry and an exit callback. The switching
 guard's block is two traced changes (a push at its entry, a pop at its exit), made by cyctx's
 compiled module holding the GIL. Each is measured in parts: bare (the driver's questions and
 the record), native frames only, Python frames only, both. Every traced call is recorded (runs
@@ -22,7 +24,10 @@ import argparse
 import json
 import platform
 import sys
+import tempfile
 import time
+
+from harness import built
 
 
 def main() -> int:
@@ -31,6 +36,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=200_000, help="rounds per run (default 200000)")
     ap.add_argument("--json", metavar="FILE", help="write the figures here")
     ap.add_argument("--naming", action="store_true", help="the naming table only")
+    ap.add_argument("--build-dir", help="where _bench is compiled (default: a scratch folder)")
     args = ap.parse_args()
     if args.simulate:
         from cyctx.testing import use_simulated_driver
@@ -39,7 +45,6 @@ def main() -> int:
     from cuda.bindings import driver as d
 
     import cyctx
-    from cyctx._trace import _native
 
     assert d.cuInit(0)[0] == 0
     err, p = d.cuDevicePrimaryCtxRetain(0)
@@ -52,8 +57,23 @@ def main() -> int:
         _write(args, {"naming": naming})
         return 0
 
+    bench = built(args.build_dir or tempfile.mkdtemp(prefix="cyctx-trace-bench-"))
+    bench.checked()  # the loops do not check the driver's results: each call once, checked
+
+    def timed(loop, *a) -> float:
+        t0 = time.perf_counter_ns()
+        loop(*a)
+        return (time.perf_counter_ns() - t0) * 1e-9
+
+    def run(mode: int, k: int) -> float:
+        # mode 0: a cuCtxPushCurrent + cuCtxPopCurrent round (traced calls); mode 1: a
+        # cuCtxGetCurrent + cuCtxGetId round (calls a trace does not watch), as two loops.
+        if mode == 0:
+            return timed(bench.pushpop, ctx, k)
+        return timed(bench.getcurrent, k) + timed(bench.getid, ctx, k)
+
     def best(mode: int) -> float:
-        return min(_native.bench(ctx, n, mode) for _ in range(5)) / n * 1e9
+        return min(run(mode, n) for _ in range(5)) / n * 1e9
 
     # Every traced call must be recorded: a full buffer drops events, and a dropped event costs
     # far less than a recorded one. So each run is made of chunks the buffer holds, collected
@@ -65,7 +85,7 @@ def main() -> int:
         total, left = 0.0, n
         while left:
             k = min(chunk, left)
-            total += _native.bench(ctx, k, 0)
+            total += run(0, k)
             left -= k
             t.collect()
             t._forget()  # a benchmark keeps no events

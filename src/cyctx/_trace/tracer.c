@@ -2,42 +2,16 @@
  * tracer.c -- the native half of cyctx.trace(): a CUPTI callback subscriber that records every
  * context change of the process into a ring buffer (docs/tracing.md, "How it works").
  *
- * The callback runs on the thread that made the driver call, sometimes while the driver holds
- * its own locks (the resource events). It therefore never takes, waits for or touches the GIL,
- * and calls nothing that can block: no Python API that allocates, no malloc, no lock, no
- * dladdr (which takes the loader's lock, held by a dlopen whose constructors may call the
- * driver). What it does:
- *   - at an API entry: remembers the context current at the call (CUPTI's `context`), its id
- *     and device (cuCtxGetId, cuCtxGetDevice: calls that are never traced themselves);
- *   - at the exit: asks the context current now, then writes one event with the Python frames
- *     of the calling thread and the raw return addresses of its native stack, walked outward
- *     (_Unwind_Backtrace) until the C frame of the eval loop that runs the innermost Python
- *     frame (eval_boundary), so that the native code that frame called is all seen, however
- *     deep the driver's and CUPTI's frames are;
- *     the event says whether the walk reached the eval loop, the stack's end, or its limit;
- *   - a resource event (context created / destroy starting) asks the driver nothing.
- * The Python frames are read without the GIL, from the calling thread's own frame chain: a
- * thread that released the GIL is inside a C call and cannot change its frames until it
- * returns, and every object read (code objects, their name and file strings and line tables)
- * is kept alive by those frames and is immutable; nothing is INCREF'd or allocated. So the same
- * read gives "the Python line that entered this native code" for a thread without the GIL and
- * the full stack for one holding it (PyGILState_Check says which; the event records it). This
- * needs the interpreter's frame layout (internal/pycore_frame.h; pycore_interpframe.h from
- * 3.14), known for CPython 3.11-3.15 and the free-threaded 3.14 (whose frames are read the same
- * way, through the thread's own copy of the bytecode: _cpython.h); on other versions no Python
- * frame is read and the events say so. The innermost python_frames are kept; when all of them
- * are a library's (by the file-name markers Python gives at start), the read goes on to the
- * first frame outside the libraries, the user's line, MAX_PY_WALK frames deep at most.
- * The return addresses become library and symbol (dladdr) when Python drains the buffer; a
- * library unloaded between an event's walk and that naming puts the event in doubt (each walk
- * records the loader's count of unloads, which Python asks again once it named the events).
- *
- * The buffer is a fixed array of slots claimed with a compare-and-swap on the head (no lock);
- * a full buffer drops the event and counts it. It is mapped, and only its first PREFAULT_BYTES
- * are touched at start: an event written beyond them into a page not yet touched takes the
- * kernel's page fault (it waits for no lock of this process), so a large buffer costs the
- * memory of what it recorded. stop() unsubscribes, then waits until no callback is running
- * before the buffer may be unmapped.
+ * The callback runs on the thread that made the driver call, sometimes while the driver holds its
+ * own locks, so it never takes, waits for or touches the GIL and calls nothing that can block: no
+ * Python API that allocates, no malloc, no lock, no dladdr (the loader's lock, held by a dlopen
+ * whose constructors may call the driver). It records the contexts current at the call's entry and
+ * exit, the calling thread's Python frames (read without the GIL from its own frame chain: nothing
+ * INCREF'd or allocated; the layouts are _cpython.h's) and the return addresses of its native
+ * stack, walked out to the C frame of the eval loop that runs the innermost Python frame; they are
+ * named (dladdr) when Python drains the buffer. The buffer's slots are claimed with a
+ * compare-and-swap on the head (no lock); a full buffer drops the event and counts it. stop()
+ * unsubscribes, then waits until no callback runs before the buffer may be unmapped.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -69,26 +43,17 @@
 #define CB_RESOURCE_CONTEXT_DESTROY_STARTING 2
 #define API_ENTER 0
 
-typedef struct {
+typedef struct {                   /* CUpti_CallbackData, up to the last field read */
     int callbackSite;
     const char *functionName;
     const void *functionParams;
     void *functionReturnValue;
     const char *symbolName;
     void *context;
-    uint32_t contextUid;
-    uint64_t *correlationData;
-    uint32_t correlationId;
 } CallbackData;
+typedef struct { void *context; } ResourceData;  /* CUpti_ResourceData's first field */
 
-typedef struct {
-    void *context;
-    void *stream;
-    void *resourceDescriptor;
-} ResourceData;
-
-/* What each traced call's parameters are (generated_cuda_meta.h): which argument is a context,
- * a context out-pointer, a device. */
+/* Each traced call, and which of its parameters (generated_cuda_meta.h) are contexts, devices. */
 enum { ARG_NONE, ARG_CTX, ARG_PCTX, ARG_DEV, ARG_PCTX_DEV, ARG_PCTX_CREATE_V2, ARG_PCTX_CREATE_V3,
        ARG_PCTX_CREATE_V4, ARG_RT_DEV };
 typedef struct { int domain; unsigned cbid; int args; } Traced;
@@ -123,13 +88,9 @@ static int args_of(int domain, unsigned cbid) {
     return ARG_NONE;
 }
 
-/* ------------------------------------------------------------------------------------------
- * Events and the ring
- * ------------------------------------------------------------------------------------------ */
+/* ---- Events and the ring --------------------------------------------------------------------- */
 #define MAX_PY 6
-/* Frames read past the kept ones, looking for the first outside the libraries (the user's
- * line): at most this deep. A library's own stack is tens of frames (numba-cuda's with-block
- * six, a Dask task twenty and more); each frame read costs a comparison of its file name. */
+/* Frames read past the kept ones for the first outside the libraries (the user's line), at most. */
 #define MAX_PY_WALK 256
 #define MAX_NATIVE 256
 #define FILE_LEN 200
@@ -137,11 +98,9 @@ static int args_of(int domain, unsigned cbid) {
 #define NAME_LEN 48
 
 enum { PY_OK, PY_NO_THREAD_STATE, PY_UNSUPPORTED, PY_FINALIZING, PY_OFF };
-/* How the native walk ended: in the interpreter's eval loop (the native code between it and
- * the driver is all there), at the stack's end (a thread no Python started), or at its limit
- * (cut short: whoever called the outermost frame seen is not known). */
-/* 4 is given in Python (a library unloaded after the walk, before its naming). NATIVE_STOPPED: the walk
- * ended before the eval loop of a thread that has one (a frame without unwind information). */
+/* How the native walk ended: in the eval loop, at the stack's end (a thread no Python started),
+ * at its limit, not walked; 4 is given in Python (a library unloaded before the naming); STOPPED:
+ * before the eval loop of a thread that has one (a frame without unwind information). */
 enum { NATIVE_EVAL_LOOP, NATIVE_END, NATIVE_CUT, NATIVE_OFF, NATIVE_STOPPED = 5 };
 
 /* depth: the frame's place in the thread's stack, 0 the innermost. */
@@ -154,8 +113,7 @@ typedef struct {
     uint64_t t_enter_ns;
     long tid;
     int domain, cbid, result, gil, py_state, n_py, n_native, native_state, nested_overflow;
-    int py_cut;                      /* the Python frames' read stopped at MAX_PY_WALK, with no
-                                        frame outside the libraries found */
+    int py_cut;                      /* the read stopped at MAX_PY_WALK, no user's line found */
     char func[NAME_LEN];
     char via[NAME_LEN];              /* the enclosing traced call on this thread, if any */
     uintptr_t before, after, arg_ctx;
@@ -165,9 +123,8 @@ typedef struct {
     uintptr_t ts_interp;             /* the calling thread's thread state: its interpreter ... */
     uint64_t ts_id;                  /* ... and unique id (0: none); names the thread at stop */
     uint64_t outside[MAX_NATIVE / 64]; /* bit i: native[i] was in no loaded object when walked */
-    /* A slot is the Event, then native_frames return addresses, then the Python frames read:
-     * python_frames of them and two more (the user's line found past them and the library
-     * frame it called), PY_EXTRA. */
+    /* Then native_frames return addresses, then python_frames Python frames and PY_EXTRA more
+     * (the user's line found past them and the library frame it called). */
     uintptr_t native[];
 } Event;
 #define PY_EXTRA 2
@@ -185,12 +142,9 @@ static int g_subscribed;
 static int g_py_max = 4, g_native_max = 16;
 
 /* Driver calls the callback makes (never traced): resolved at start. */
-typedef int (*pfn_get_current)(void **);
-typedef int (*pfn_get_id)(void *, unsigned long long *);
-typedef int (*pfn_get_device)(int *);
-static pfn_get_current d_get_current;
-static pfn_get_id d_get_id;
-static pfn_get_device d_get_device;
+static int (*d_get_current)(void **);
+static int (*d_get_id)(void *, unsigned long long *);
+static int (*d_get_device)(int *);
 
 /* CUPTI: its callback API (cupti_callbacks.h), found in the libcupti given at start. */
 typedef struct {                   /* CUpti_SubscriberParams of CUDA 13.2 */
@@ -207,18 +161,12 @@ typedef struct {                   /* CUpti_SubscriberParams of CUDA 13.2 */
 #define PARAMS_SIZE_13_2 (offsetof(SubscriberParams, padding) + sizeof(((SubscriberParams *)0)->padding))
 #define OLD_SUBSCRIBER_NAME_MIN_LEN 64 /* CUPTI_OLD_SUBSCRIBER_NAME_MIN_LEN */
 #define CUPTI_MULTIPLE_SUBSCRIBERS 39  /* CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED */
-typedef int (*pfn_subscribe)(void **, void *, void *);
-typedef int (*pfn_subscribe_v2)(void **, void *, void *, SubscriberParams *);
-typedef int (*pfn_get_version)(uint32_t *);
-typedef int (*pfn_unsubscribe)(void *);
-typedef int (*pfn_enable)(uint32_t, void *, int, uint32_t);
-typedef int (*pfn_result_string)(int, const char **);
-static pfn_subscribe c_subscribe;
-static pfn_subscribe_v2 c_subscribe_v2;
-static pfn_get_version c_get_version;
-static pfn_unsubscribe c_unsubscribe;
-static pfn_enable c_enable;
-static pfn_result_string c_result_string;
+static int (*c_subscribe)(void **, void *, void *);
+static int (*c_subscribe_v2)(void **, void *, void *, SubscriberParams *);
+static int (*c_get_version)(uint32_t *);
+static int (*c_unsubscribe)(void *);
+static int (*c_enable)(uint32_t, void *, int, uint32_t);
+static int (*c_result_string)(int, const char **);
 static void *g_subscriber;
 
 static uint64_t now_ns(void) {
@@ -253,8 +201,6 @@ static size_t slot_size(int py_max, int native_max) {
 
 static PyFrameRec *py_of(Event *e) { return (PyFrameRec *)((char *)e + g_py_off); }
 
-static void publish(Event *e) { atomic_store_explicit(&e->ready, e->seq + 1, memory_order_release); }
-
 static void copy_name(char *dst, size_t n, const char *src) {
     size_t i = 0;
     if (src)
@@ -262,11 +208,8 @@ static void copy_name(char *dst, size_t n, const char *src) {
     dst[i] = 0;
 }
 
-/* ------------------------------------------------------------------------------------------
- * Python frames, read without the GIL (see the head comment)
- * ------------------------------------------------------------------------------------------ */
-/* What marks a file as a library's (attribution.py, library_markers): a prefix, or a part
- * found anywhere in it; given at start, freed at release. */
+/* ---- Python frames, read without the GIL (see the head comment) ------------------------------ */
+/* What marks a file as a library's (attribution.py): a prefix, or a part found anywhere in it. */
 typedef struct {
     Py_UCS4 *text;
     char *ascii;                     /* the same, where it is ASCII (NULL otherwise) */
@@ -280,32 +223,18 @@ static int g_n_markers;
 static size_t utf8_len(Py_UCS4 c) { return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4; }
 
 static size_t put_utf8(char *d, Py_UCS4 c) {
-    if (c < 0x80) {
+    size_t n = utf8_len(c);
+    if (n == 1) {
         d[0] = (char)c;
         return 1;
     }
-    if (c < 0x800) {
-        d[0] = (char)(0xC0 | (c >> 6));
-        d[1] = (char)(0x80 | (c & 0x3F));
-        return 2;
-    }
-    if (c < 0x10000) {
-        d[0] = (char)(0xE0 | (c >> 12));
-        d[1] = (char)(0x80 | ((c >> 6) & 0x3F));
-        d[2] = (char)(0x80 | (c & 0x3F));
-        return 3;
-    }
-    d[0] = (char)(0xF0 | (c >> 18));
-    d[1] = (char)(0x80 | ((c >> 12) & 0x3F));
-    d[2] = (char)(0x80 | ((c >> 6) & 0x3F));
-    d[3] = (char)(0x80 | (c & 0x3F));
-    return 4;
+    d[0] = (char)(((0xFF00 >> n) & 0xFF) | (c >> (6 * (n - 1))));  /* 110x, 1110x, 11110x */
+    for (size_t i = 1; i < n; i++) d[i] = (char)(0x80 | ((c >> (6 * (n - 1 - i))) & 0x3F));
+    return n;
 }
 
-/* A str's characters as UTF-8, encoded here from its code points (a lone surrogate, which a
- * file name Python could not decode holds, in the 3-byte form that "surrogatepass" reads back):
- * reads only. A long one keeps its tail, the part that names the file, behind "...", cut
- * between characters. */
+/* A str's characters as UTF-8 (a lone surrogate in the 3-byte form "surrogatepass" reads back),
+ * read only. A long one keeps its tail, the part that names the file, behind "...". */
 static void copy_str(char *dst, size_t n, PyObject *s) {
     dst[0] = 0;
     if (!s || !PyUnicode_Check(s) || !PyUnicode_IS_COMPACT(s) || n < 8) return;
@@ -384,11 +313,9 @@ static void keep_frame(PyFrameRec *r, _PyInterpreterFrame *f, PyCodeObject *co, 
     r->depth = depth;
 }
 
-/* The thread's Python frames, innermost first: the `max` innermost are kept. When every one of
- * them is a library's, the read goes on past them, MAX_PY_WALK frames deep at most, to the
- * first frame outside the libraries (the user's line), kept with the library frame it called;
- * a read that finds none keeps the outermost frame it read, and *cut says whether frames lay
- * beyond it (the bound) or the stack ended there. */
+/* The thread's Python frames, innermost first: the `max` innermost are kept; when all are a
+ * library's, the first frame outside the libraries (MAX_PY_WALK deep at most) and the library frame
+ * it called too. Finding none, the outermost read is kept; *cut: the bound stopped the read. */
 static int read_frames(PyThreadState *ts, PyFrameRec *out, int max, int *cut) {
     _PyInterpreterFrame *f = cyctx_frame_top(ts);
     int n = 0, depth = 0, user = 0;
@@ -423,8 +350,7 @@ static int read_frames(PyThreadState *ts, PyFrameRec *out, int max, int *cut) {
 #endif
 
 /* The objects whose frames are the tracer's, CUPTI's and the driver's own (found at start):
- * the walk does not keep a run of them below the caller, nor count it against the limit, so
- * native_frames bounds the caller's frames only however deep the driver's are. */
+ * a run of them below the caller is not kept, nor counted against native_frames. */
 #define N_SKIP 3
 static uintptr_t g_skip_lo[N_SKIP], g_skip_hi[N_SKIP];
 
@@ -434,14 +360,10 @@ static int driver_side(uintptr_t ip) {
     return 0;
 }
 
-/* Whether pc is in a loaded object. Code outside every object (a JIT's, its unwind information
- * registered with __register_frame) can be freed and its addresses reused by other code, or a
- * library loaded there, without an unload the loader would count: its frame is marked so that
- * the naming does not give it the name of a library loaded at its address since
- * (mark_outside). Asked for each kept frame, at the walk: of glibc's _dl_find_object (2.35+,
- * lock-free; found at start), else of dl_iterate_phdr, safe in a callback (unloads_now). */
-typedef int (*pfn_find_object)(void *, void *);
-static pfn_find_object g_find_object;       /* _dl_find_object, or NULL */
+/* Whether pc is in a loaded object (code outside every one, a JIT's, can be freed and reused
+ * without an unload the loader counts: its frame is marked, never named after what is loaded
+ * there later). Of glibc's _dl_find_object (2.35+, lock-free), else of dl_iterate_phdr. */
+static int (*g_find_object)(void *, void *);       /* _dl_find_object, or NULL */
 
 static int in_segment_of(struct dl_phdr_info *info, size_t size, void *arg) {
     (void)size;
@@ -462,59 +384,40 @@ static int in_loaded_object(uintptr_t pc) {
     return dl_iterate_phdr(in_segment_of, &pc) == 1;
 }
 
-/* A kept frame that was in no loaded object: named so at the naming, whatever a library
- * loaded at its address by then (dladdr would name that library). */
-static void mark_outside(Event *e, int i) { e->outside[i >> 6] |= 1ull << (i & 63); }
-
-/* An event before a walk: no frame, none marked, ended where the stack ends. */
-static void walk_reset(Event *e) {
-    e->n_native = 0;
-    memset(e->outside, 0, sizeof e->outside);
-    e->native_state = NATIVE_END;
-}
-
 /* At most this many frames are walked, kept or not: a longer stack is cut. */
 #define MAX_STEPS 1024
 typedef struct { Event *e; int max; uintptr_t boundary; int below; int steps; } Walk;
 
-/* One frame of a walk, given its return address and its stack pointer (the
- * CFA of the frame it called): says whether the walk goes on. A stack pointer beyond the
- * boundary ends the walk: the frame kept last, whose stack area holds the boundary, was the
- * eval loop's activation. The run of driver-side frames below the caller is not kept. */
-static int walk_keep(Walk *w, uintptr_t ip, uintptr_t sp) {
-    if (w->boundary && sp > w->boundary) {
-        w->e->native_state = NATIVE_EVAL_LOOP;
-        return 0;
-    }
-    if (++w->steps > MAX_STEPS) {          /* a stack that never ends: said so, not trusted */
-        w->e->native_state = NATIVE_CUT;
-        return 0;
-    }
-    if (w->below && driver_side(ip)) return 1;
-    w->below = 0;
-    if (w->e->n_native >= w->max) {
-        w->e->native_state = NATIVE_CUT;
-        return 0;
-    }
-    w->e->native[w->e->n_native++] = ip;
-    return 1;
-}
-
+/* One frame of a walk. A stack pointer (the CFA of the frame it called) beyond the boundary ends
+ * the walk: the frame kept last was the eval loop's. The driver-side run below the caller is not
+ * kept; a kept frame in no loaded object is marked. */
 static _Unwind_Reason_Code walk_step(struct _Unwind_Context *ctx, void *arg) {
     Walk *w = (Walk *)arg;
+    Event *e = w->e;
     uintptr_t ip = (uintptr_t)_Unwind_GetIP(ctx);
     if (!ip) return _URC_END_OF_STACK;
-    int n = w->e->n_native;
-    if (!walk_keep(w, ip, (uintptr_t)_Unwind_GetCFA(ctx))) return _URC_END_OF_STACK;
-    if (w->e->n_native > n && !in_loaded_object(ip - 1)) mark_outside(w->e, n);
+    if (w->boundary && (uintptr_t)_Unwind_GetCFA(ctx) > w->boundary) {
+        e->native_state = NATIVE_EVAL_LOOP;
+        return _URC_END_OF_STACK;
+    }
+    if (++w->steps > MAX_STEPS) {          /* a stack that never ends: said so, not trusted */
+        e->native_state = NATIVE_CUT;
+        return _URC_END_OF_STACK;
+    }
+    if (w->below && driver_side(ip)) return _URC_NO_REASON;
+    w->below = 0;
+    if (e->n_native >= w->max) {
+        e->native_state = NATIVE_CUT;
+        return _URC_END_OF_STACK;
+    }
+    int n = e->n_native++;
+    e->native[n] = ip;
+    if (!in_loaded_object(ip - 1)) e->outside[n >> 6] |= 1ull << (n & 63);
     return _URC_NO_REASON;
 }
 
-/* How many objects the process has unloaded (glibc's and musl's dlpi_subs); -1 where the
- * loader does not say. Safe in a callback: dl_iterate_phdr takes the loader's list lock
- * (glibc's dl_load_write_lock, held only while the list changes, never while a library's
- * constructors run, unlike the lock dlopen holds; musl runs them after its lock), and reads the
- * first object only. The unwinder asks it too. */
+/* How many objects the process has unloaded (dlpi_subs; -1: not said). Safe in a callback:
+ * dl_iterate_phdr takes the loader's list lock, never held while a library's constructors run. */
 static int subs_of(struct dl_phdr_info *info, size_t size, void *arg) {
     long long *out = (long long *)arg;
     if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof info->dlpi_subs)
@@ -529,11 +432,10 @@ static long long unloads_now(void) {
 }
 
 static void walk_native(Event *e, uintptr_t boundary) {
-    walk_reset(e);
-    if (!g_native_max) {
-        e->native_state = NATIVE_OFF;
-        return;
-    }
+    e->n_native = 0;
+    memset(e->outside, 0, sizeof e->outside);
+    e->native_state = g_native_max ? NATIVE_END : NATIVE_OFF;
+    if (!g_native_max) return;
     /* Only an address on this thread's stack, above (outward of) this frame, can be one. */
     uintptr_t here = (uintptr_t)&boundary;
     Walk w = {e, g_native_max, boundary > here ? boundary : 0, 1, 0};
@@ -541,15 +443,14 @@ static void walk_native(Event *e, uintptr_t boundary) {
     if (w.boundary && e->native_state == NATIVE_END) e->native_state = NATIVE_STOPPED;
 }
 
-
+/* The event's thread, Python frames and native stack; then it is published. */
 static void capture(Event *e) {
+    e->tid = (long)syscall(SYS_gettid);
     e->gil = PyGILState_Check();
     e->n_py = 0;
     e->py_cut = 0;
     uintptr_t boundary = 0;
-    /* The thread is named at stop after the living thread whose thread state this is: its OS
-     * id alone could be one the kernel gave again to a later thread. Reading this thread's own
-     * state needs no GIL (PyGILState_GetThisThreadState is a thread-local read). */
+    /* Named at stop by its thread state (an OS id may be given again): a thread-local read. */
     int fin = cyctx_finalizing();
     PyThreadState *ts = fin ? NULL : PyGILState_GetThisThreadState();
     e->ts_interp = ts ? (uintptr_t)ts->interp : 0;
@@ -567,16 +468,13 @@ static void capture(Event *e) {
         if (g_py_max) e->n_py = read_frames(ts, py_of(e), g_py_max, &e->py_cut);
 #endif
     }
-    /* Before the walk. An unload completes (the loader's lock held throughout) before another
-     * library can be loaded at its addresses, so a walk whose count the naming (later) still
-     * finds was named after the libraries it walked. */
+    /* Before the walk: a walk whose count the naming still finds was named by its libraries. */
     e->subs = g_native_max ? unloads_now() : -1;
     walk_native(e, boundary);
+    atomic_store_explicit(&e->ready, e->seq + 1, memory_order_release);  /* published */
 }
 
-/* ------------------------------------------------------------------------------------------
- * The callback
- * ------------------------------------------------------------------------------------------ */
+/* ---- The callback ---------------------------------------------------------------------------- */
 #define MAX_NEST 8
 typedef struct {
     int domain, cbid;
@@ -605,7 +503,6 @@ static void on_resource(unsigned cbid, const ResourceData *r) {
     Event *e = claim();
     if (!e) return;
     e->t_ns = e->t_enter_ns = now_ns();
-    e->tid = (long)syscall(SYS_gettid);
     e->domain = CB_DOMAIN_RESOURCE;
     e->cbid = (int)cbid;
     e->result = 0;
@@ -619,7 +516,6 @@ static void on_resource(unsigned cbid, const ResourceData *r) {
     e->before_dev = e->after_dev = e->arg_dev = -1;
     e->arg_ctx = (uintptr_t)(r ? r->context : NULL);
     capture(e);
-    publish(e);
 }
 
 static void on_api(int domain, unsigned cbid, const CallbackData *d) {
@@ -636,8 +532,7 @@ static void on_api(int domain, unsigned cbid, const CallbackData *d) {
         q->before = (uintptr_t)d->context;
         q->before_id = id_of(d->context);
         q->before_dev = d->context ? device_now() : -1;
-        q->arg_ctx = 0;
-        q->arg_ctx_id = 0;
+        q->arg_ctx = q->arg_ctx_id = 0;
         if (p && args == ARG_CTX) {
             q->arg_ctx = (uintptr_t) * (void *const *)p;
             q->arg_ctx_id = id_of(*(void *const *)p);
@@ -653,7 +548,6 @@ static void on_api(int domain, unsigned cbid, const CallbackData *d) {
     if (!e) return;
     e->t_enter_ns = q->t;
     e->t_ns = now_ns();
-    e->tid = (long)syscall(SYS_gettid);
     e->domain = domain;
     e->cbid = (int)cbid;
     e->result = d->functionReturnValue ? *(const int *)d->functionReturnValue : 0;
@@ -684,11 +578,10 @@ static void on_api(int domain, unsigned cbid, const CallbackData *d) {
             pp = *(void *const *const *)p;
             e->arg_dev = *(const int *)((const char *)p + sizeof(void *) + sizeof(unsigned));
             break;
-        case ARG_PCTX_CREATE_V3: {    /* pctx, paramsArray, numParams, flags, dev */
+        case ARG_PCTX_CREATE_V3:      /* pctx, paramsArray, numParams, flags, dev */
             pp = *(void *const *const *)p;
             e->arg_dev = *(const int *)((const char *)p + 2 * sizeof(void *) + 2 * sizeof(int));
             break;
-        }
         case ARG_PCTX_CREATE_V4:      /* pctx, ctxCreateParams, flags, dev */
             pp = *(void *const *const *)p;
             e->arg_dev = *(const int *)((const char *)p + 2 * sizeof(void *) + sizeof(unsigned));
@@ -701,7 +594,6 @@ static void on_api(int domain, unsigned cbid, const CallbackData *d) {
         }
     }
     capture(e);
-    publish(e);
 }
 
 static void callback(void *userdata, int domain, uint32_t cbid, const void *data) {
@@ -719,17 +611,8 @@ static void callback(void *userdata, int domain, uint32_t cbid, const void *data
     atomic_fetch_sub(&g_inflight, 1);
 }
 
-/* ------------------------------------------------------------------------------------------
- * The module
- * ------------------------------------------------------------------------------------------ */
-static const char *result_name(int r) {
-    const char *s = NULL;
-    if (c_result_string && c_result_string(r, &s) == 0 && s) return s;
-    return "an unknown CUPTI result";
-}
-
-/* The address span of the loaded object holding each of these addresses (the driver-side
- * objects of driver_side()); found under the GIL at start, never in a callback. */
+/* ---- The module ------------------------------------------------------------------------------ */
+/* The span of the loaded object holding addr (driver_side()'s): at start, not in a callback. */
 typedef struct { uintptr_t addr, lo, hi; } Span;
 
 static int span_of(struct dl_phdr_info *info, size_t size, void *arg) {
@@ -751,20 +634,8 @@ static int span_of(struct dl_phdr_info *info, size_t size, void *arg) {
     return 0;
 }
 
-static void find_spans(void *a, void *b, void *c) {
-    void *addrs[N_SKIP] = {a, b, c};
-    for (int i = 0; i < N_SKIP; i++) {
-        Span sp = {(uintptr_t)addrs[i], 0, 0};
-        if (sp.addr) dl_iterate_phdr(span_of, &sp);
-        g_skip_lo[i] = sp.lo;
-        g_skip_hi[i] = sp.hi;
-    }
-}
-
-/* Subscribes `callback`: with several subscribers allowed where the CUPTI has them (13.2 and
- * newer, as cuptiGetVersion says), else as its only subscriber. A refusal because another
- * subscriber exists is said in words into `why`, naming the other where CUPTI names it
- * (cuptiSubscribe_v2, 13.0 and newer), saying that it cannot otherwise. */
+/* Subscribes `callback`, allowing several subscribers where CUPTI has them (13.2+); a refusal is
+ * said into `why`, naming the other subscriber where CUPTI can (cuptiSubscribe_v2, 13.0+). */
 static int subscribe(void **sub, char *why, size_t n) {
     uint32_t version = 0;
     if (!c_get_version || c_get_version(&version) != 0) version = 0;
@@ -783,7 +654,9 @@ static int subscribe(void **sub, char *why, size_t n) {
         r = c_subscribe(sub, (void *)callback, NULL);
     }
     if (r != CUPTI_MULTIPLE_SUBSCRIBERS) {
-        snprintf(why, n, "cuptiSubscribe failed: %s (%d)", result_name(r), r);
+        const char *s = NULL;
+        if (!c_result_string || c_result_string(r, &s) != 0 || !s) s = "an unknown CUPTI result";
+        snprintf(why, n, "cuptiSubscribe failed: %s (%d)", s, r);
         return r;
     }
     other[sizeof other - 1] = 0;
@@ -862,18 +735,6 @@ static PyMutex g_api_mu;
 #define API_UNLOCK() ((void)0)
 #endif
 
-static PyObject *start_locked(PyObject *args);
-
-/* start(cupti_path, python_frames, native_frames, capacity, library_markers=None) -> None or
- * the reason (one line) it could not subscribe; nothing is left changed then. */
-static PyObject *t_start(PyObject *self, PyObject *args) {
-    (void)self;
-    API_LOCK();
-    PyObject *r = start_locked(args);
-    API_UNLOCK();
-    return r;
-}
-
 static PyObject *start_locked(PyObject *args) {
     const char *cupti_path;
     int py_max, native_max;
@@ -892,12 +753,12 @@ static PyObject *start_locked(PyObject *args) {
     void *lib = cupti_path ? dlopen(cupti_path, RTLD_NOW | RTLD_LOCAL) : NULL;
     if (!lib) return PyUnicode_FromFormat("libcupti could not be loaded: %s", dlerror());
     const char *why = NULL;
-    c_subscribe = (pfn_subscribe)dlsym(lib, "cuptiSubscribe");
-    c_subscribe_v2 = (pfn_subscribe_v2)dlsym(lib, "cuptiSubscribe_v2");
-    c_get_version = (pfn_get_version)dlsym(lib, "cuptiGetVersion");
-    c_unsubscribe = (pfn_unsubscribe)dlsym(lib, "cuptiUnsubscribe");
-    c_enable = (pfn_enable)dlsym(lib, "cuptiEnableCallback");
-    c_result_string = (pfn_result_string)dlsym(lib, "cuptiGetResultString");
+    c_subscribe = (__typeof__(c_subscribe))dlsym(lib, "cuptiSubscribe");
+    c_subscribe_v2 = (__typeof__(c_subscribe_v2))dlsym(lib, "cuptiSubscribe_v2");
+    c_get_version = (__typeof__(c_get_version))dlsym(lib, "cuptiGetVersion");
+    c_unsubscribe = (__typeof__(c_unsubscribe))dlsym(lib, "cuptiUnsubscribe");
+    c_enable = (__typeof__(c_enable))dlsym(lib, "cuptiEnableCallback");
+    c_result_string = (__typeof__(c_result_string))dlsym(lib, "cuptiGetResultString");
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     typedef int (*pfn_proc)(const char *, void **, int, uint64_t, int *);
     pfn_proc proc = cuda ? (pfn_proc)dlsym(cuda, "cuGetProcAddress_v2") : NULL;
@@ -921,15 +782,12 @@ static PyObject *start_locked(PyObject *args) {
         free_markers();
         return PyUnicode_FromString(why);
     }
-    d_get_current = (pfn_get_current)f1;
-    d_get_id = (pfn_get_id)f2;
-    d_get_device = (pfn_get_device)f3;
+    d_get_current = (__typeof__(d_get_current))f1;
+    d_get_id = (__typeof__(d_get_id))f2;
+    d_get_device = (__typeof__(d_get_device))f3;
 
-    /* Mapped; its first PREFAULT_BYTES touched here (all of a default buffer), so that their
-     * events take no page fault in the callback (a first touch there doubles an event's cost).
-     * The rest is the kernel's zeroed page until an event is written into it, so a large
-     * buffer costs the memory of what it recorded and starts at once. Its size was bounded by
-     * what the process can afford when the trace was made (options.py). */
+    /* Mapped; its first PREFAULT_BYTES touched here, so that their events take no page fault in
+     * the callback; the rest costs memory as events fill it (docs/tracing.md, "Options"). */
     size_t bytes = (size_t)cap * slot;
     char *ring = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (ring == MAP_FAILED) {
@@ -940,8 +798,14 @@ static PyObject *start_locked(PyObject *args) {
                                     cap, bytes >> 20, strerror(err));
     }
     memset(ring, 0, bytes < PREFAULT_BYTES ? bytes : PREFAULT_BYTES);
-    find_spans((void *)callback, (void *)c_subscribe, (void *)d_get_current);
-    g_find_object = (pfn_find_object)dlsym(RTLD_DEFAULT, "_dl_find_object");
+    void *skip[N_SKIP] = {(void *)callback, (void *)c_subscribe, (void *)d_get_current};
+    for (int i = 0; i < N_SKIP; i++) {
+        Span sp = {(uintptr_t)skip[i], 0, 0};
+        if (sp.addr) dl_iterate_phdr(span_of, &sp);
+        g_skip_lo[i] = sp.lo;
+        g_skip_hi[i] = sp.hi;
+    }
+    g_find_object = (__typeof__(g_find_object))dlsym(RTLD_DEFAULT, "_dl_find_object");
     {   /* the unwinder's first use reads its tables: here, not in a callback */
         _Alignas(Event) char warm[sizeof(Event) + 4 * sizeof(uintptr_t)];
         int saved = g_native_max;
@@ -973,28 +837,32 @@ static PyObject *start_locked(PyObject *args) {
     g_subscriber = sub;
     g_subscribed = 1;
     atomic_store(&g_on, 1);
-    for (int i = 0; i < N_TRACED; i++) {
-        r = c_enable(1, sub, g_traced[i].domain, g_traced[i].cbid);
-        /* The simulator has no runtime; a CUPTI that does not know an old id is not an error. */
-        (void)r;
-    }
+    /* The simulator has no runtime; a CUPTI that does not know an old id is not an error. */
+    for (int i = 0; i < N_TRACED; i++) (void)c_enable(1, sub, g_traced[i].domain, g_traced[i].cbid);
     Py_RETURN_NONE;
 }
 
-static void stop_native(void) {
-    if (!g_subscribed) return;
-    atomic_store(&g_on, 0);
-    c_unsubscribe(g_subscriber);
-    while (atomic_load(&g_inflight) > 0) sched_yield();
-    g_subscribed = 0;
-    g_subscriber = NULL;
+/* start(cupti_path, python_frames, native_frames, capacity, library_markers=None) -> None or
+ * the reason (one line) it could not subscribe; nothing is left changed then. */
+static PyObject *t_start(PyObject *self, PyObject *args) {
+    (void)self;
+    API_LOCK();
+    PyObject *r = start_locked(args);
+    API_UNLOCK();
+    return r;
 }
 
 static PyObject *t_stop(PyObject *self, PyObject *noargs) {
     (void)self; (void)noargs;
     API_LOCK();
     Py_BEGIN_ALLOW_THREADS
-    stop_native();
+    if (g_subscribed) {
+        atomic_store(&g_on, 0);
+        c_unsubscribe(g_subscriber);
+        while (atomic_load(&g_inflight) > 0) sched_yield();
+        g_subscribed = 0;
+        g_subscriber = NULL;
+    }
     Py_END_ALLOW_THREADS
     API_UNLOCK();
     Py_RETURN_NONE;
@@ -1005,7 +873,7 @@ static PyObject *str_or_empty(const char *s) {
     return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "surrogatepass");
 }
 
-/* The keys of an event's record (event_tuple), made once (init_keys), in its order. */
+/* The keys of an event's record (event_tuple), in its order: made once, at import. */
 static const char *const KEY_NAMES[] = {
     "seq", "t_ns", "t_enter_ns", "tid", "domain", "cbid", "func", "via", "result", "gil",
     "py_state", "native_state", "nested_overflow", "before", "before_id", "before_dev", "after",
@@ -1014,12 +882,6 @@ static const char *const KEY_NAMES[] = {
 };
 #define N_KEYS ((int)(sizeof KEY_NAMES / sizeof KEY_NAMES[0]))
 static PyObject *g_keys[N_KEYS];
-
-static int init_keys(void) {
-    for (int i = 0; i < N_KEYS; i++)
-        if (!g_keys[i] && !(g_keys[i] = PyUnicode_InternFromString(KEY_NAMES[i]))) return -1;
-    return 0;
-}
 
 static PyObject *event_tuple(Event *e) {
     PyObject *py = PyList_New(e->n_py);
@@ -1035,16 +897,13 @@ static PyObject *event_tuple(Event *e) {
     if (!nat) { Py_DECREF(py); return NULL; }
     for (int i = 0; i < e->n_native; i++) PyList_SET_ITEM(nat, i, PyLong_FromSize_t(e->native[i]));
     PyObject *out = PyList_New(0);
-    if (!out) { Py_DECREF(py); Py_DECREF(nat); return NULL; }
-    for (int i = 0; i < e->n_native; i++) {
+    for (int i = 0; out && i < e->n_native; i++) {
         if (!(e->outside[i >> 6] >> (i & 63) & 1)) continue;
         PyObject *k = PyLong_FromLong(i);
-        if (!k || PyList_Append(out, k) < 0) {
-            Py_XDECREF(k); Py_DECREF(py); Py_DECREF(nat); Py_DECREF(out);
-            return NULL;
-        }
-        Py_DECREF(k);
+        if (!k || PyList_Append(out, k) < 0) Py_CLEAR(out);
+        Py_XDECREF(k);
     }
+    if (!out) { Py_DECREF(py); Py_DECREF(nat); return NULL; }
     PyObject *d = PyDict_New();
     PyObject *v[N_KEYS] = {
         PyLong_FromUnsignedLongLong(e->seq), PyLong_FromUnsignedLongLong(e->t_ns),
@@ -1070,17 +929,6 @@ static PyObject *event_tuple(Event *e) {
     return d;
 }
 
-/* drain() -> (events, dropped): every event written so far, in the order of the buffer. */
-static PyObject *drain_locked(void);
-
-static PyObject *t_drain(PyObject *self, PyObject *noargs) {
-    (void)self; (void)noargs;
-    API_LOCK();
-    PyObject *r = drain_locked();
-    API_UNLOCK();
-    return r;
-}
-
 static PyObject *drain_locked(void) {
     PyObject *out = PyList_New(0);
     if (!out) return NULL;
@@ -1099,9 +947,17 @@ static PyObject *drain_locked(void) {
     return Py_BuildValue("(NK)", out, (unsigned long long)atomic_load(&g_dropped));
 }
 
-/* unloads() -> the loader's count of unloads now (-1: it does not count). Asked before and
- * after a collection's naming: an event whose walk began under the count found after it was
- * walked and named with no library unloaded in between; any other is in doubt. */
+/* drain() -> (events, dropped): every event written so far, in the order of the buffer. */
+static PyObject *t_drain(PyObject *self, PyObject *noargs) {
+    (void)self; (void)noargs;
+    API_LOCK();
+    PyObject *r = drain_locked();
+    API_UNLOCK();
+    return r;
+}
+
+/* unloads() -> the loader's count of unloads now (-1: it does not count), asked around a
+ * collection's naming (session.py). */
 static PyObject *t_unloads(PyObject *self, PyObject *noargs) {
     (void)self; (void)noargs;
     return PyLong_FromLongLong(unloads_now());
@@ -1166,74 +1022,11 @@ static PyObject *t_slot_bytes(PyObject *self, PyObject *args) {
     return PyLong_FromSize_t(slot_size(py_max, native_max));
 }
 
-static PyObject *t_active(PyObject *self, PyObject *noargs) {
-    (void)self; (void)noargs;
-    API_LOCK();
-    int on = g_subscribed;
-    API_UNLOCK();
-    return PyBool_FromLong(on);
-}
-
-/* bench(ctx, n, mode) -> seconds for n rounds made through the driver without the GIL
- * (bench/trace_cost.py): mode 0 a cuCtxPushCurrent + cuCtxPopCurrent pair (traced calls),
- * mode 1 a cuCtxGetCurrent + cuCtxGetId pair (calls a trace does not watch). */
-static PyObject *t_bench(PyObject *self, PyObject *args) {
-    (void)self;
-    unsigned long long ctx;
-    long n;
-    int mode;
-    if (!PyArg_ParseTuple(args, "Kli", &ctx, &n, &mode)) return NULL;
-    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    typedef int (*pfn_proc)(const char *, void **, int, uint64_t, int *);
-    pfn_proc proc = cuda ? (pfn_proc)dlsym(cuda, "cuGetProcAddress_v2") : NULL;
-    void *fa = NULL, *fb = NULL;
-    int status = 0;
-    if (proc) {
-        proc(mode ? "cuCtxGetCurrent" : "cuCtxPushCurrent", &fa, 4000, 0, &status);
-        proc(mode ? "cuCtxGetId" : "cuCtxPopCurrent", &fb, mode ? 12000 : 4000, 0, &status);
-    }
-    if (cuda) dlclose(cuda);
-    if (!fa || !fb) {
-        PyErr_SetString(PyExc_RuntimeError, "no driver loaded");
-        return NULL;
-    }
-    int bad = 0;
-    uint64_t t0, t1;
-    Py_BEGIN_ALLOW_THREADS
-    t0 = now_ns();
-    if (mode == 0) {
-        int (*push)(void *) = (int (*)(void *))fa;
-        int (*pop)(void **) = (int (*)(void **))fb;
-        for (long i = 0; i < n; i++) {
-            void *x;
-            bad |= push((void *)(uintptr_t)ctx);
-            bad |= pop(&x);
-        }
-    } else {
-        int (*get)(void **) = (int (*)(void **))fa;
-        int (*get_id)(void *, unsigned long long *) = (int (*)(void *, unsigned long long *))fb;
-        for (long i = 0; i < n; i++) {
-            void *x;
-            unsigned long long id;
-            bad |= get(&x);
-            bad |= get_id((void *)(uintptr_t)ctx, &id);
-        }
-    }
-    t1 = now_ns();
-    Py_END_ALLOW_THREADS
-    if (bad) {
-        PyErr_SetString(PyExc_RuntimeError, "a driver call failed");
-        return NULL;
-    }
-    return PyFloat_FromDouble((double)(t1 - t0) * 1e-9);
-}
-
 /* live_threads() -> [((interpreter, thread state id), OS thread id)] of every thread state now,
- * or None where they cannot be read safely (a free-threaded build whose layout cyctx does not
- * know). Under the GIL: a thread state is unlinked only under it; one being made without it may
- * be missed (it then names no event, which is said as an unknown name, not a wrong one).
- * Without the GIL the list is read under the interpreter's own lock of it (_cpython.h). Read
- * into a local array first: nothing may allocate or call Python under that lock. */
+ * or None where they cannot be read safely (a free-threaded build whose layout is not known).
+ * Under the GIL: a thread state is unlinked only under it (one being made may be missed: it then
+ * names no event). Without the GIL the list is read under the interpreter's own lock of it
+ * (_cpython.h), into a local array first: nothing may allocate or call Python under that lock. */
 #define MAX_THREADS 4096
 typedef struct { uintptr_t interp; uint64_t id; unsigned long os_id; } LiveThread;
 
@@ -1274,9 +1067,7 @@ static PyMethodDef methods[] = {
     {"release", t_release, METH_NOARGS, "free the buffer of a stopped trace"},
     {"unloads", t_unloads, METH_NOARGS, "the loader's count of unloads now (-1: not counted)"},
     {"resolve", t_resolve, METH_O, "dladdr of return addresses"},
-    {"active", t_active, METH_NOARGS, "whether a trace is subscribed"},
     {"slot_bytes", t_slot_bytes, METH_VARARGS, "bytes an event takes: slot_bytes(py, native)"},
-    {"bench", t_bench, METH_VARARGS, "seconds for n rounds of driver calls without the GIL"},
     {"live_threads", t_live_threads, METH_NOARGS, "[((interp, thread state id), OS thread id)]"},
     {NULL, NULL, 0, NULL},
 };
@@ -1286,7 +1077,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "cyctx._trace._native
                                     NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__native(void) {
-    if (init_keys() < 0) return NULL;
+    for (int i = 0; i < N_KEYS; i++)
+        if (!g_keys[i] && !(g_keys[i] = PyUnicode_InternFromString(KEY_NAMES[i]))) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
 #ifdef Py_GIL_DISABLED
