@@ -236,9 +236,10 @@ def test_a_library_that_is_not_what_was_asked_at_a_path_that_is_not_utf8_is_refu
     tmp_path,
 ):
     # ctypes reports a missing function (or a library that does not load) with the loader's
-    # message, which names the path: not UTF-8 there, it raises UnicodeDecodeError instead of
-    # AttributeError/OSError. The doctor's runtime, the driver lookup and the simulator's
-    # choice each say what they found, in their own words.
+    # message, which names the path: not UTF-8 there, CPython before 3.14 raises
+    # UnicodeDecodeError instead of AttributeError/OSError (3.14 decodes the message as os
+    # decodes paths). The doctor's runtime, the driver lookup and the simulator's choice each
+    # say what they found, in their own words, or pass the loader's message on.
     where = tmp_path / os.fsdecode(b"caf\xe9")
     old = _build(str(where), "cudart", 13000)  # has cudaRuntimeGetVersion only
     load = old[: -len(".new")]
@@ -250,6 +251,10 @@ def test_a_library_that_is_not_what_was_asked_at_a_path_that_is_not_utf8_is_refu
     from cyctx import testing
     lib = ctypes.CDLL({load!r})
     out = [exports(lib, "cudaRuntimeGetVersion"), exports(lib, "cudaGetDevice")]
+    try:
+        lib.cudaGetDevice
+    except (AttributeError, UnicodeDecodeError) as e:
+        out.append(type(e).__name__)  # what this CPython's ctypes raises for it
     rt, why = load_cudart({load!r})
     out.append([rt, why])
     os.environ["CYCTX_SIM_LIBRARY"] = {load!r}
@@ -265,10 +270,16 @@ def test_a_library_that_is_not_what_was_asked_at_a_path_that_is_not_utf8_is_refu
     print(json.dumps(out))
     """
     proc = run_python(code)  # no driver chosen: the simulator's choice is the case's
-    exported, has_get_device, (rt, why), not_sim, missing = json.loads(
+    exported, has_get_device, raised, (rt, why), not_sim, missing = json.loads(
         proc.stdout.strip().splitlines()[-1]
     )
     assert (exported, has_get_device, rt) == (True, False, None)
-    assert why == f"cannot load {load} as a libcudart (a function is missing, or it does not load)"
+    if raised == "UnicodeDecodeError":
+        assert (
+            why == f"cannot load {load} as a libcudart (a function is missing, or it does not load)"
+        )
+    else:  # the loader's message, the path in it decoded as os decodes paths
+        assert raised == "AttributeError", raised
+        assert why.startswith(f"cannot load {load}: ") and why.endswith("cudaGetDevice"), ascii(why)
     assert not_sim.endswith("is not cyctx's simulated driver: it has no cyctxsim_is_simulated")
     assert missing in ("RuntimeError", "FileNotFoundError")
