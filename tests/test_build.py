@@ -2,6 +2,7 @@
 bindings check, shipped files, the simulated driver's soname."""
 
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -212,6 +213,39 @@ def test_compiled_modules_share_no_state_through_exported_symbols():
         ours = [f[-1] for f in rows if "5cyctx" in f[-1] or f[-1].startswith("__pyx")]
         assert unique == [] and ours == [], (mod, unique, ours)
         assert any(f[-1].startswith("PyInit_") for f in rows), mod
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux")
+    or platform.machine() not in ("x86_64", "aarch64")
+    or os.environ.get("CYCTX_COMPAT_STUBS") == "0",
+    reason="builds link against glibc's old symbol versions on x86-64 and aarch64 Linux only",
+)
+def test_compiled_modules_need_no_glibc_newer_than_2_28():
+    # The manylinux_2_28 wheels: every shared object (the extensions, the tracer, the simulated
+    # driver) loads on glibc 2.28, whichever glibc built it. A build on glibc 2.34+ binds dlopen
+    # and pthread_key_create to GLIBC_2.34 unless it links against the base version's stubs.
+    import glob
+    import shutil
+
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("readelf (binutils) is not installed")
+    objs = [
+        p
+        for p in glob.glob(os.path.join(PKG, "**", "*.so*"), recursive=True)
+        if os.path.isfile(p)
+    ]
+    assert len(objs) >= 3, objs
+    needed = {}
+    for obj in objs:
+        out = subprocess.run(
+            [readelf, "-W", "--version-info", obj], capture_output=True, text=True, check=True
+        ).stdout
+        for major, minor in re.findall(r"Name: GLIBC_(\d+)\.(\d+)", out):
+            needed.setdefault((int(major), int(minor)), []).append(os.path.basename(obj))
+    assert needed, "no glibc symbol version needed at all: readelf's output changed?"
+    assert max(needed) <= (2, 28), {f"GLIBC_{a}.{b}": o for (a, b), o in needed.items()}
 
 
 def test_one_extension_module_owns_the_native_state():
