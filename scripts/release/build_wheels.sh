@@ -113,10 +113,15 @@ for py in "${pythons[@]}"; do
 done
 rm -rf "$RAW/venv"
 
-echo "== auditwheel repair --plat $PLAT"
+# auditwheel's --plat takes the policies of the machine it runs on only; for another
+# architecture it picks the policy from the wheel itself (auto), and the tag check below holds
+# the result to $PLAT.
+plat=$PLAT
+[ "$ARCH" = "$(uname -m)" ] || plat=auto
+echo "== auditwheel repair --plat $plat"
 for whl in "$RAW"/*.whl; do
     # Refuses (non-zero) a wheel that needs more than the policy allows, naming the symbols.
-    auditwheel repair --plat "$PLAT" --wheel-dir "$OUT" "$whl" >"$RAW/repair.log" 2>&1 \
+    auditwheel repair --plat "$plat" --wheel-dir "$OUT" "$whl" >"$RAW/repair.log" 2>&1 \
         || { cat "$RAW/repair.log"; echo "FAIL: $(basename "$whl") cannot be $PLAT"; exit 1; }
     grep -E "Fixed-up wheel" "$RAW/repair.log"
 done
