@@ -199,9 +199,7 @@ class BuildExtWithSim(build_ext):
                 f.write("".join(f"void {fn}(void) {{}}\n" for fn in funcs))
             with open(vmap, "w") as f:
                 f.write(
-                    f"{base} {{ global: "
-                    + " ".join(f"{fn};" for fn in funcs)
-                    + " local: *; };\n"
+                    f"{base} {{ global: " + " ".join(f"{fn};" for fn in funcs) + " local: *; };\n"
                 )
             objects = self.compiler.compile([src], output_dir=out, extra_postargs=["-fPIC"])
             self.compiler.link_shared_object(

@@ -232,9 +232,7 @@ def test_compiled_modules_need_no_glibc_newer_than_2_28():
     if readelf is None:
         pytest.skip("readelf (binutils) is not installed")
     objs = [
-        p
-        for p in glob.glob(os.path.join(PKG, "**", "*.so*"), recursive=True)
-        if os.path.isfile(p)
+        p for p in glob.glob(os.path.join(PKG, "**", "*.so*"), recursive=True) if os.path.isfile(p)
     ]
     assert len(objs) >= 3, objs
     needed = {}
