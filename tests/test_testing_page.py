@@ -38,6 +38,11 @@ def _normal(text: str) -> list[str]:
         ):
             continue
         line = re.sub(r"0x[0-9a-f]+", "0x…", line)
+        if line.endswith("...") and "0x…" in line:
+            # A short-summary line cut at the terminal's width: where it is cut depends on how
+            # many digits the handles before it have, which differs between machines (x86-64,
+            # aarch64, an emulator's address space). Kept up to its first handle.
+            line = line[: line.index("0x…") + 3]
         keep.append(re.sub(r" in \d+\.\d+s ", " in …s ", line))
     return keep
 
