@@ -133,8 +133,22 @@ def run(threads=16, pairs=1_000_000, seed=1, sim=None, edges=False):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ResourceWarning)  # the dropped orphans
-            # Warm up, so the RSS baseline includes the interpreter's steady-state allocations.
-            worker(guards, 1000, seed - 1, shared, dict(stats, pairs=0), lock, edges)
+            # Warm up, so the RSS baseline includes the interpreter's steady-state allocations,
+            # with as many threads as the load: what each thread costs once (the C library's
+            # per-thread malloc arena, which later threads reuse; under an emulator such as
+            # qemu-user also its per-thread state and translated code) is in the baseline, and
+            # the growth measured is what the load's pairs leave.
+            warm, n = dict(stats, pairs=0), max(1000 // threads, 50)
+            wts = [
+                threading.Thread(
+                    target=worker, args=(guards, n, seed - 1 - k, shared, warm, lock, edges)
+                )
+                for k in range(threads)
+            ]
+            for t in wts:
+                t.start()
+            for t in wts:
+                t.join()
             rss0 = rss_kib()
             t0 = time.perf_counter()
             ts = [
