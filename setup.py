@@ -132,20 +132,23 @@ def _ext(name):
 # The oldest glibc the wheels run on: manylinux_2_28 (RHEL 8, Ubuntu 20.04, Debian 11; the
 # baseline of cuda-bindings' and torch's wheels). A build on a newer glibc binds dlopen,
 # dlsym, dlclose, dlerror, dladdr (the extensions) and pthread_key_create,
-# pthread_setspecific (the simulated driver, the guard's per-thread stack) to their GLIBC_2.34 versions, made when glibc
-# merged libdl and libpthread into libc, and 2.34 cannot load them. So the links see link-only stubs first: a libdl.so.2
-# and a libpthread.so.0 defining those functions at version GLIBC_2.2.5, where glibc before
-# 2.34 has them. The result references them exactly as a build on such a glibc does
-# (libdl.so.2 and libpthread.so.0 needed, GLIBC_2.2.5), which every later glibc still serves:
-# they keep the old versions for old binaries. The stubs are not shipped (no run path points
-# at them; the real libraries are found at run time). x86-64 only: GLIBC_2.2.5 is its base.
+# pthread_setspecific (the simulated driver, the guard's per-thread stack) to their GLIBC_2.34
+# versions, made when glibc merged libdl and libpthread into libc, and 2.34 cannot load them. So
+# the links see link-only stubs first: a libdl.so.2 and a libpthread.so.0 defining those
+# functions at the architecture's base version (GLIBC_BASE), where glibc before 2.34 has them.
+# The result references them exactly as a build on such a glibc does (libdl.so.2 and
+# libpthread.so.0 needed, at the base version), which every later glibc still serves: they keep
+# the old versions for old binaries. The stubs are not shipped (no run path points at them; the
+# real libraries are found at run time). Other machines build without them: what they link
+# needs their own glibc or newer.
+GLIBC_BASE = {"x86_64": "GLIBC_2.2.5", "aarch64": "GLIBC_2.17"}
 COMPAT_STUBS = {
     "libdl.so.2": ["dlopen", "dlsym", "dlclose", "dlerror", "dladdr"],
     "libpthread.so.0": ["pthread_key_create", "pthread_setspecific"],
 }
 USE_COMPAT_STUBS = (
     sys.platform.startswith("linux")
-    and platform.machine() == "x86_64"
+    and platform.machine() in GLIBC_BASE
     and platform.libc_ver()[0] == "glibc"
     and os.environ.get("CYCTX_COMPAT_STUBS", "1") == "1"
 )
@@ -189,8 +192,9 @@ class BuildExtWithSim(build_ext):
         super().build_extensions()
 
     def _build_compat_stubs(self):
-        # Each stub: empty functions in a version node GLIBC_2.2.5, soname the real library's,
-        # named lib<x>.so so that -l<x> finds it before the system's.
+        # Each stub: empty functions in the base version node, soname the real library's, named
+        # lib<x>.so so that -l<x> finds it before the system's.
+        base = GLIBC_BASE[platform.machine()]
         out = os.path.join(os.path.abspath(self.build_temp), "compat-stubs")
         os.makedirs(out, exist_ok=True)
         for soname, funcs in COMPAT_STUBS.items():
@@ -201,9 +205,7 @@ class BuildExtWithSim(build_ext):
                 f.write("".join(f"void {fn}(void) {{}}\n" for fn in funcs))
             with open(vmap, "w") as f:
                 f.write(
-                    "GLIBC_2.2.5 { global: "
-                    + " ".join(f"{fn};" for fn in funcs)
-                    + " local: *; };\n"
+                    f"{base} {{ global: " + " ".join(f"{fn};" for fn in funcs) + " local: *; };\n"
                 )
             objects = self.compiler.compile([src], output_dir=out, extra_postargs=["-fPIC"])
             self.compiler.link_shared_object(
@@ -217,7 +219,7 @@ class BuildExtWithSim(build_ext):
                 ],
             )
         print(
-            f"cyctx build: linking against glibc 2.2.5-versioned stubs of {', '.join(COMPAT_STUBS)} "
+            f"cyctx build: linking against {base}-versioned stubs of {', '.join(COMPAT_STUBS)} "
             f"(the wheel runs on glibc 2.28+)",
             flush=True,
         )

@@ -133,18 +133,34 @@ def run(threads=16, pairs=1_000_000, seed=1, sim=None, edges=False):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ResourceWarning)  # the dropped orphans
-            # Warm up, so the RSS baseline includes the interpreter's steady-state allocations.
-            worker(guards, 1000, seed - 1, shared, dict(stats, pairs=0), lock, edges)
-            rss0 = rss_kib()
-            t0 = time.perf_counter()
-            ts = [
-                threading.Thread(
-                    target=worker, args=(guards, per, seed + k, shared, stats, lock, edges)
-                )
-                for k in range(threads)
-            ]
+            # Each thread warms up first, and the RSS baseline is read once all have: it holds
+            # the interpreter's steady-state allocations and what each thread costs once (the C
+            # library's per-thread malloc arena; under an emulator such as qemu-user also its
+            # per-thread state and translated code), so the growth measured is what the load's
+            # pairs leave. The same threads then run the load.
+            warm, n = dict(stats, pairs=0), max(1000 // threads, 50)
+            ready, go = threading.Barrier(threads + 1), threading.Barrier(threads + 1)
+
+            def run_thread(k):
+                try:
+                    worker(guards, n, seed - 1 - k, shared, warm, lock, edges)
+                    ready.wait()
+                    go.wait()
+                except threading.BrokenBarrierError:
+                    return
+                except BaseException:
+                    ready.abort()
+                    go.abort()
+                    raise
+                worker(guards, per, seed + k, shared, stats, lock, edges)
+
+            ts = [threading.Thread(target=run_thread, args=(k,)) for k in range(threads)]
             for t in ts:
                 t.start()
+            ready.wait()  # raises BrokenBarrierError when a warm-up failed
+            rss0 = rss_kib()
+            t0 = time.perf_counter()
+            go.wait()
             for t in ts:
                 t.join()
             secs = time.perf_counter() - t0

