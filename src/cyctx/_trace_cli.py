@@ -106,7 +106,9 @@ def run(tr: argparse.ArgumentParser, args: argparse.Namespace, script_args: list
         except (RuntimeError, OSError) as exc:
             print(f"cyctx trace: cannot use the simulated driver: {exc}", file=sys.stderr)
             return 3
-        testing._export_to_children()
+        why = testing._export_to_children()
+        if why is not None:
+            print(f"cyctx trace: {why}", file=sys.stderr)
         if not args.simulate:
             testing._count_open_to_the_script()
     import cyctx

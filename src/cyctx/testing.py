@@ -242,19 +242,26 @@ def use_simulated_driver(device_count: int = 2) -> Sim:
     return sim
 
 
-def _export_to_children() -> None:
+def _export_to_children() -> str | None:
     """For `cyctx trace --simulate`: the processes the script starts (a spawn pool, a
     subprocess) run on the same simulated driver, preloaded as ``libcuda.so.1`` with the same
-    count, rather than on whatever driver their machine has (or none)."""
+    count, rather than on whatever driver their machine has (or none). Returns why not, where
+    the library's path cannot be written in LD_PRELOAD (a space or ':' separates its items)."""
     global _exported
     if _sim is None:
         raise RuntimeError("the simulated driver is not loaded")
     path = os.path.realpath(_sim.path)
+    if " " in path or ":" in path:
+        return (
+            f"the processes the script starts will not have the simulated driver: its path "
+            f"({path}) holds a space or ':', which separate LD_PRELOAD's items"
+        )
     preload = os.environ.get("LD_PRELOAD", "").split()
     if path not in preload:
         os.environ["LD_PRELOAD"] = " ".join([path, *preload])
     _exported = True
     _export_count(_sim.device_count)
+    return None
 
 
 def _export_count(n: int) -> None:

@@ -256,3 +256,27 @@ def test_the_scripts_child_processes_run_on_the_same_simulated_driver(
     assert got.returncode == 0, got.stderr[-3000:]
     said = json.loads(got.stdout.splitlines()[-1])
     assert said == {"pool": [True, devices], "subprocess": [True, devices]}, said
+
+
+def test_where_the_simulators_path_cannot_go_in_ld_preload_the_children_are_said_to_lack_it(
+    tmp_path, monkeypatch
+):
+    # A copy of the simulated driver under a directory whose name holds a space (CYCTX_SIM_LIBRARY
+    # names it): LD_PRELOAD cannot carry that path, so cyctx trace says the script's children
+    # will not have the simulator, and the script itself still runs on it.
+    from cyctx import testing
+
+    where = tmp_path / "my sims"
+    where.mkdir()
+    shutil.copy(testing.sim_library_path(), where / "libcuda.so.1")
+    app = tmp_path / "app.py"
+    app.write_text("import os\nprint('PRELOAD', repr(os.environ.get('LD_PRELOAD')))\n")
+    monkeypatch.setenv("CYCTX_SIM_LIBRARY", str(where / "libcuda.so.1"))
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    got = run_as_a_user(
+        [sys.executable, "-m", "cyctx", "trace", "--quiet", "--simulate", "2", str(app)], tmp_path
+    )
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert "PRELOAD None" in got.stdout, got.stdout  # nothing was exported
+    assert "will not have the simulated driver: its path (" in got.stderr, got.stderr
+    assert "holds a space or ':', which separate LD_PRELOAD's items" in got.stderr, got.stderr
