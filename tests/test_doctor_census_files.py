@@ -237,13 +237,17 @@ def test_a_library_that_is_not_what_was_asked_at_a_path_that_is_not_utf8_is_refu
 ):
     # ctypes reports a missing function (or a library that does not load) with the loader's
     # message, which names the path: not UTF-8 there, CPython before 3.14 raises
-    # UnicodeDecodeError instead of AttributeError/OSError (3.14 decodes the message as os
-    # decodes paths). The doctor's runtime, the driver lookup and the simulator's choice each
-    # say what they found, in their own words, or pass the loader's message on.
+    # UnicodeDecodeError instead of AttributeError/OSError, or (some 3.11 releases) the error
+    # with no message (3.14 decodes the message as os decodes paths). The doctor's runtime, the
+    # driver lookup and the simulator's choice each pass the loader's message on, or say in
+    # their own words what is known: never an empty reason.
     where = tmp_path / os.fsdecode(b"caf\xe9")
     old = _build(str(where), "cudart", 13000)  # has cudaRuntimeGetVersion only
     load = old[: -len(".new")]
     os.replace(old, load)
+    junk = str(where / "junk.so")
+    with open(junk, "w") as f:
+        f.write("not a library")
     code = f"""
     import ctypes, json, os
     from _cyctx_libcuda import exports
@@ -254,32 +258,46 @@ def test_a_library_that_is_not_what_was_asked_at_a_path_that_is_not_utf8_is_refu
     try:
         lib.cudaGetDevice
     except (AttributeError, UnicodeDecodeError) as e:
-        out.append(type(e).__name__)  # what this CPython's ctypes raises for it
+        # what this CPython's ctypes raises for it, and whether the loader's words came through
+        out.append([type(e).__name__, isinstance(e, AttributeError) and str(e) != ""])
+    try:
+        ctypes.CDLL({junk!r})
+    except (OSError, UnicodeDecodeError) as e:
+        out[-1].append(isinstance(e, OSError) and str(e) != "")
     rt, why = load_cudart({load!r})
     out.append([rt, why])
-    os.environ["CYCTX_SIM_LIBRARY"] = {load!r}
-    try:
-        testing.use_simulated_driver()
-    except RuntimeError as e:
-        out.append(str(e))
-    os.environ["CYCTX_SIM_LIBRARY"] = {load + ".missing"!r}
-    try:
-        testing.use_simulated_driver()
-    except (RuntimeError, FileNotFoundError) as e:
-        out.append(type(e).__name__)
+    for path in ({load!r}, {junk!r}, {load + ".missing"!r}):
+        os.environ["CYCTX_SIM_LIBRARY"] = path
+        try:
+            testing.use_simulated_driver()
+        except (RuntimeError, FileNotFoundError) as e:
+            out.append([type(e).__name__, str(e)])
     print(json.dumps(out))
     """
     proc = run_python(code)  # no driver chosen: the simulator's choice is the case's
-    exported, has_get_device, raised, (rt, why), not_sim, missing = json.loads(
-        proc.stdout.strip().splitlines()[-1]
-    )
+    (
+        exported,
+        has_get_device,
+        (raised, message_kept, load_message_kept),
+        (rt, why),
+        not_sim,
+        junk_says,
+        missing,
+    ) = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (exported, has_get_device, rt) == (True, False, None)
-    if raised == "UnicodeDecodeError":
-        assert (
-            why == f"cannot load {load} as a libcudart (a function is missing, or it does not load)"
-        )
-    else:  # the loader's message, the path in it decoded as os decodes paths
-        assert raised == "AttributeError", raised
+    assert raised in ("AttributeError", "UnicodeDecodeError"), raised
+    lost = "(ctypes cannot decode the loader's message: the path is not UTF-8)"
+    if message_kept:  # the loader's message, the path in it decoded as os decodes paths
         assert why.startswith(f"cannot load {load}: ") and why.endswith("cudaGetDevice"), ascii(why)
+    else:
+        assert why == f"cannot load {load}: a function is missing or it does not load {lost}"
+    assert junk_says[0] == "RuntimeError"
+    assert junk_says[1].startswith(f"{junk} (from CYCTX_SIM_LIBRARY) is not a library that loads: ")
+    if load_message_kept:
+        assert junk_says[1].endswith("invalid ELF header"), ascii(junk_says[1])
+    else:
+        assert junk_says[1].endswith(lost), ascii(junk_says[1])
+    not_sim = not_sim[1]
+    missing = missing[0]
     assert not_sim.endswith("is not cyctx's simulated driver: it has no cyctxsim_is_simulated")
     assert missing in ("RuntimeError", "FileNotFoundError")

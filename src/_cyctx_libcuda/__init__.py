@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["LOAD_ERRORS", "exports", "loaded_libcuda", "same_context", "simulated_libcuda"]
+__all__ = [
+    "LOAD_ERRORS",
+    "exports",
+    "loaded_libcuda",
+    "loader_message",
+    "same_context",
+    "simulated_libcuda",
+]
 
 # What ctypes raises for a library that does not load: its message is the loader's, which names
 # the path, and where the path is not UTF-8 ctypes fails to decode it (UnicodeDecodeError).
@@ -58,6 +65,24 @@ def exports(lib, name: str) -> bool:
     except (AttributeError, UnicodeDecodeError):
         return False
     return True
+
+
+def loader_message(exc: BaseException, path: str) -> str:
+    """What the loader said in ``exc``, the error ctypes raised for ``path`` (a library that
+    does not load, or a name it lacks). The loader's message names the path; where that is not
+    UTF-8, CPython before 3.14 cannot decode it and raises a UnicodeDecodeError or, in some 3.11
+    releases, the error with no message at all: then these words say what is known."""
+    said = "" if isinstance(exc, UnicodeDecodeError) else str(exc)
+    if said:
+        return said
+    try:
+        os.fsencode(path).decode("utf-8")
+    except UnicodeDecodeError:
+        return (
+            "a function is missing or it does not load (ctypes cannot decode the loader's "
+            "message: the path is not UTF-8)"
+        )
+    return f"{type(exc).__name__} with no message from the loader"
 
 
 def same_context(before: tuple[int, int | None], after: tuple[int, int | None]) -> bool:

@@ -22,7 +22,7 @@ import ctypes
 import os
 
 # One lookup, shared with the pytest plugin, which must not import cyctx: it lives beside cyctx.
-from _cyctx_libcuda import LOAD_ERRORS, exports, loaded_libcuda
+from _cyctx_libcuda import LOAD_ERRORS, exports, loaded_libcuda, loader_message
 
 __all__ = [
     "Sim",
@@ -227,7 +227,9 @@ def use_simulated_driver(device_count: int = 2) -> Sim:
     try:
         lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     except LOAD_ERRORS as exc:
-        raise RuntimeError(f"{path}{_from_env()} is not a library that loads: {exc}") from None
+        raise RuntimeError(
+            f"{path}{_from_env()} is not a library that loads: {loader_message(exc, path)}"
+        ) from None
     # A library that loads but is not the simulator (another libcuda.so.1, an older build):
     # say so before any of its functions is called.
     missing = [name for name, _, _ in CONTROL_API if not exports(lib, name)]

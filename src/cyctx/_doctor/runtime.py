@@ -14,6 +14,8 @@ import os
 import sys
 from typing import Any, Protocol
 
+from _cyctx_libcuda import loader_message
+
 from cyctx._doctor.cu import call, driver, error_name
 from cyctx._doctor.model import RuntimeInfo, plausible_version, version_str
 from cyctx._doctor.report import Diagnosis
@@ -283,15 +285,8 @@ def load_cudart(path: str | None = None) -> tuple[Cudart | None, str | None]:
         return None, f"no libcudart found ({source}: {err})"
     try:
         return Cudart(found, source), None
-    # Not loadable, or not a libcudart; where its path is not UTF-8, ctypes says either as a
-    # UnicodeDecodeError (the loader's message names the path).
-    except (OSError, AttributeError, UnicodeDecodeError) as exc:
-        if isinstance(exc, UnicodeDecodeError):
-            return (
-                None,
-                f"cannot load {found} as a libcudart (a function is missing, or it does not load)",
-            )
-        return None, f"cannot load {found}: {exc}"
+    except (OSError, AttributeError, UnicodeDecodeError) as exc:  # not loadable, or not a libcudart
+        return None, f"cannot load {found}: {loader_message(exc, found)}"
 
 
 def add_runtimes(diag: Diagnosis, cudart: str | bool | None, query_device: bool) -> None:
