@@ -11,9 +11,9 @@
 # which need a newer glibc than older hosts have). A PYTHON is a path, or sid:3.N for the chroot's.
 # aarch64: VERSIONs default to the same CPythons, each Debian's arm64 build in an arm64 chroot,
 # run under emulation (qemu-user; scripts/release/debian_chroot.sh); one that no Debian release
-# packages for arm64 (3.12 now) gets no aarch64 wheel, and the script says so. Each aarch64 wheel
-# is built from the sdist, so the sdist is shown to build there too, and then installed there and
-# smoke-tested (a guard on the simulated driver, `cyctx doctor --simulate`). A free-threaded
+# packages for arm64 (3.12 now) gets no aarch64 wheel, and the script says so. A chroot's wheel
+# (aarch64, or Debian unstable's) is built from the sdist, so the sdist is shown to build there
+# too; an aarch64 wheel is then installed there and smoke-tested (a guard on the simulated driver, `cyctx doctor --simulate`). A free-threaded
 # CPython (a cp3NNt wheel) is built when one is given, as a PYTHON or in
 # CYCTX_FREE_THREADED_PYTHON (added to the others): no distribution packages one, so none is
 # looked for. Its wheel is checked as the others are, and also installed into a venv of that
@@ -87,27 +87,17 @@ echo "== sdist"
 
 for py in "${pythons[@]}"; do
     case "$py" in
-    arm64:*)
-        v=${py#arm64:}
-        echo "== aarch64 wheel for Python $v (Debian's python$v for arm64, emulated, in a chroot of scripts/release/debian_chroot.sh), from the sdist"
-        bash scripts/release/debian_chroot.sh "arm64:$v" run "$PWD" bash -c "
+    arm64:* | sid:*)
+        v=${py#*:} arch=amd64 how="Debian unstable's python$v"
+        [ "${py%%:*}" = arm64 ] && arch=arm64 how="Debian's python$v for arm64, emulated"
+        echo "== wheel for Python $v on $arch ($how, in a chroot of scripts/release/debian_chroot.sh), from the sdist"
+        bash scripts/release/debian_chroot.sh "$arch:$v" run "$PWD" bash -c "
             set -e
             python$v -m venv /tmp/build-venv
             /tmp/build-venv/bin/python -m pip install -q --upgrade pip build
             echo \"Python \$(/tmp/build-venv/bin/python -c 'import platform, sys; print(sys.version.split()[0], platform.machine())')\"
             tar -xzf $OUT/cyctx-*.tar.gz -C /tmp
             /tmp/build-venv/bin/python -m build --wheel --outdir $RAW /tmp/cyctx-* >$RAW/build.log 2>&1
-        " || { cat "$RAW/build.log" 2>/dev/null; exit 1; }
-        ;;
-    sid:*)
-        v=${py#sid:}
-        echo "== wheel for Python $v (Debian unstable's python$v, in the chroot of scripts/release/debian_chroot.sh)"
-        bash scripts/release/debian_chroot.sh "amd64:$v" run "$PWD" bash -c "
-            set -e
-            python$v -m venv /tmp/build-venv
-            /tmp/build-venv/bin/python -m pip install -q --upgrade pip build
-            echo \"Python \$(/tmp/build-venv/bin/python -c 'import sys; print(sys.version.split()[0])')\"
-            /tmp/build-venv/bin/python -m build --wheel --outdir $RAW . >$RAW/build.log 2>&1
         " || { cat "$RAW/build.log" 2>/dev/null; exit 1; }
         ;;
     *)
