@@ -216,36 +216,42 @@ class Recorder:
     def sub(self, thread: str) -> Recorder:
         """A recorder for another thread: shares the label table, keeps its own events.
 
-        Merge it back with ``merge`` after ``join`` so the event order is deterministic
+        Its events are merged back by ``join`` so the event order is deterministic
         (each thread's own sequence, one block after another) whatever the interleaving was.
         Scenarios make sure every handle a thread will see was labelled on the main thread
         first, so label numbering does not depend on scheduling either.
         """
         return Recorder(self.d, self.labels, thread)
 
-    def merge(self, sub: Recorder):
-        self.events.extend(sub.events)
-
-    def run_thread(self, name: str, body):
-        """Run ``body(sub_recorder)`` on a new thread, join it, merge its events."""
+    def start_thread(self, name: str, body) -> Recorder:
+        """Start ``body(sub_recorder)`` on a new thread; ``join`` merges its events."""
         sub = self.sub(name)
-        box = {}
+        sub.tb = None
 
         def target():
             try:
                 body(sub)
             except Exception:
-                box["tb"] = traceback.format_exc()
+                sub.tb = traceback.format_exc()
 
-        t = threading.Thread(target=target, name=name)
-        t.start()
-        t.join(60)
-        if t.is_alive():
-            sub._event({"note": "thread did not finish in 60 s", "value": True})
-        self.merge(sub)
-        if "tb" in box:
-            raise RuntimeError(f"thread {name} raised:\n{box['tb']}")
+        sub.runner = threading.Thread(target=target, name=name)
+        sub.runner.start()
         return sub
+
+    def join(self, *subs: Recorder):
+        """Join the threads of ``subs`` and merge their events, in the order given."""
+        for sub in subs:
+            sub.runner.join(60)
+            if sub.runner.is_alive():
+                sub._event({"note": "thread did not finish in 60 s", "value": True})
+            self.events.extend(sub.events)
+        for sub in subs:
+            if sub.tb:
+                raise RuntimeError(f"thread {sub.thread} raised:\n{sub.tb}")
+
+    def run_thread(self, name: str, body):
+        """Run ``body(sub_recorder)`` on a new thread, join it, merge its events."""
+        self.join(self.start_thread(name, body))
 
     # -- fork -------------------------------------------------------------------------------
 
@@ -407,18 +413,9 @@ def probe_current(r, tag):
     r.call("cuCtxSynchronize", tag=tag)
 
 
-def unknown_result(d, value: int):
-    """A CUresult instance carrying a code the enum does not know.
-
-    The binding's ``CUresult(12345)`` raises ValueError, so the driver would never see the
-    value; building the int subclass directly lets the call reach ``cuGetErrorName`` the way
-    a C caller would pass a garbage code.
-    """
-    return _bogus_enum(d.CUresult, value)
-
-
 def _bogus_enum(cls, value: int):
-    """An instance of enum ``cls`` with a value outside it (see ``unknown_result``).
+    """An instance of enum ``cls`` with a value outside it, as a C caller could pass: the
+    binding's ``cls(value)`` raises ValueError, so the driver would never see it.
 
     Only ``_value_`` is set (what a stdlib-IntEnum binding reads; FastEnum reads ``int(self)``);
     no name, so the recorder prints it as the bare number with either kind of binding.
@@ -565,7 +562,7 @@ def s_error_names_and_strings(r):
         r.call("cuGetErrorString", c)
     # An unknown code: the driver says INVALID_VALUE and returns no string.
     for v in (12345, 0x7FFFFFFF):
-        bad = unknown_result(r.d, v)
+        bad = _bogus_enum(r.d.CUresult, v)
         r.call("cuGetErrorName", bad, tag=f"unknown code {v}")
         r.call("cuGetErrorString", bad, tag=f"unknown code {v}")
 
@@ -851,11 +848,9 @@ def s_stack_with_current(r):
     ctx_id(r, pc.val, tag="explicit handle: same id as NULL")
     if has(r, "cuCtxGetDevice_v2"):
         r.call("cuCtxGetDevice_v2", null_ctx(r))
-    if has(r, "cuCtxGetDevice_v2"):
         r.call("cuCtxGetDevice_v2", pc.val)
     if has(r, "cuCtxSynchronize_v2"):
         r.call("cuCtxSynchronize_v2", null_ctx(r))
-    if has(r, "cuCtxSynchronize_v2"):
         r.call("cuCtxSynchronize_v2", pc.val)
     pop(r)
     # A retained but not current primary: explicit-handle calls still work.
@@ -1051,29 +1046,12 @@ def s_destroy_current_on_other_thread(r):
         cur(t)
         pop(t, tag="empty now")
 
-    sub = r.sub("T")
-    th = threading.Thread(target=lambda: _guard(worker, sub))
-    th.start()
+    sub = r.start_thread("T", worker)
     pushed.wait(30)
     r.call("cuCtxDestroy", c.val, tag="while current on T")
     cur(r, tag="main thread: nothing current")
     destroyed.set()
-    th.join(60)
-    r.merge(sub)
-    _raise_from(sub)
-
-
-def _guard(body, sub):
-    try:
-        body(sub)
-    except Exception:
-        sub._tb = traceback.format_exc()
-
-
-def _raise_from(sub):
-    tb = getattr(sub, "_tb", None)
-    if tb:
-        raise RuntimeError(f"thread {sub.thread} raised:\n{tb}")
+    r.join(sub)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1129,20 +1107,11 @@ def s_thread_own_stacks(r):
         cur(t)
         b_done.set()
 
-    sa, sb = r.sub("A"), r.sub("B")
-    ta = threading.Thread(target=lambda: _guard(thread_a, sa))
-    tb = threading.Thread(target=lambda: _guard(thread_b, sb))
-    ta.start()
-    tb.start()
+    sa, sb = r.start_thread("A", thread_a), r.start_thread("B", thread_b)
     b_done.wait(30)
     cur(r, tag="main: own stack untouched")
     a_go.set()
-    ta.join(60)
-    tb.join(60)
-    r.merge(sa)
-    r.merge(sb)
-    _raise_from(sa)
-    _raise_from(sb)
+    r.join(sa, sb)
     pop(r)
     r.call("cuCtxDestroy", c.val)
     release(r)
