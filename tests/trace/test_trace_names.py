@@ -129,18 +129,16 @@ def test_a_native_library_in_a_non_ascii_directory_is_named_by_its_path(sim, tmp
     assert (symbol, owner) == ("cyctx_names_call", "libcyctxnames.so")
 
 
-def test_an_event_prints_as_its_line_of_the_report(d):
-    p = drivers.ok(d.cuDevicePrimaryCtxRetain(0))
+def test_an_event_prints_as_its_line_of_the_report(d, primary):
     g = cyctx.ContextGuard(1)
     try:
         with cyctx.trace() as t:
-            drivers.ok(d.cuCtxSetCurrent(p))
+            drivers.ok(d.cuCtxSetCurrent(primary))
             with g:
                 pass
             drivers.ok(d.cuCtxSetCurrent(None))
     finally:
         g.close()
-        drivers.ok(d.cuDevicePrimaryCtxRelease(0))
     lines = [ln.strip() for ln in t.report().splitlines()]
     assert len(t.events) >= 4
     for e in t.events:

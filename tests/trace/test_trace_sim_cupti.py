@@ -130,20 +130,16 @@ def test_one_subscriber_a_second_is_refused(lib, version):
         pass
 
 
-def test_entry_and_exit_of_an_enabled_call_with_its_data(lib):
-    ctx = drivers.ok(drivers.driver().cuDevicePrimaryCtxRetain(0))
-    try:
-        with Recorder(lib) as rec:
-            assert rec.enable(DRIVER, CB["cuCtxPushCurrent_v2"]) == SUCCESS
-            drivers.ok(drivers.driver().cuCtxPushCurrent(ctx))
-            drivers.ok(drivers.driver().cuCtxPopCurrent())
-        h = int(ctx)
-        assert rec.seen == [
-            ("enter", 323, "cuCtxPushCurrent_v2", 0, None, h),
-            ("exit", 323, "cuCtxPushCurrent_v2", h, 0, h),  # exit: the context current then
-        ]
-    finally:
-        drivers.ok(drivers.driver().cuDevicePrimaryCtxRelease(0))
+def test_entry_and_exit_of_an_enabled_call_with_its_data(lib, primary):
+    with Recorder(lib) as rec:
+        assert rec.enable(DRIVER, CB["cuCtxPushCurrent_v2"]) == SUCCESS
+        drivers.ok(drivers.driver().cuCtxPushCurrent(primary))
+        drivers.ok(drivers.driver().cuCtxPopCurrent())
+    h = int(primary)
+    assert rec.seen == [
+        ("enter", 323, "cuCtxPushCurrent_v2", 0, None, h),
+        ("exit", 323, "cuCtxPushCurrent_v2", h, 0, h),  # exit: the context current then
+    ]
 
 
 def test_failed_calls_report_their_result(lib):
@@ -155,22 +151,18 @@ def test_failed_calls_report_their_result(lib):
     assert rec.seen[1][4] == 201
 
 
-def test_calls_not_enabled_give_nothing_and_disable_works(lib):
-    ctx = drivers.ok(drivers.driver().cuDevicePrimaryCtxRetain(0))
-    try:
-        with Recorder(lib) as rec:
-            rec.enable(DRIVER, CB["cuCtxSetCurrent"])
-            drivers.ok(drivers.driver().cuCtxPushCurrent(ctx))  # not enabled
-            drivers.ok(drivers.driver().cuCtxPopCurrent())
-            assert rec.seen == []
-            state = ctypes.c_uint32(7)
-            assert lib.cuptiGetCallbackState(ctypes.byref(state), rec.handle, DRIVER, 303) == 0
-            assert state.value == 1
-            rec.enable(DRIVER, CB["cuCtxSetCurrent"], on=0)
-            drivers.ok(drivers.driver().cuCtxSetCurrent(None))
-            assert rec.seen == []
-    finally:
-        drivers.ok(drivers.driver().cuDevicePrimaryCtxRelease(0))
+def test_calls_not_enabled_give_nothing_and_disable_works(lib, primary):
+    with Recorder(lib) as rec:
+        rec.enable(DRIVER, CB["cuCtxSetCurrent"])
+        drivers.ok(drivers.driver().cuCtxPushCurrent(primary))  # not enabled
+        drivers.ok(drivers.driver().cuCtxPopCurrent())
+        assert rec.seen == []
+        state = ctypes.c_uint32(7)
+        assert lib.cuptiGetCallbackState(ctypes.byref(state), rec.handle, DRIVER, 303) == 0
+        assert state.value == 1
+        rec.enable(DRIVER, CB["cuCtxSetCurrent"], on=0)
+        drivers.ok(drivers.driver().cuCtxSetCurrent(None))
+        assert rec.seen == []
 
 
 def test_resource_events_for_created_and_destroyed_contexts(lib):
