@@ -2,14 +2,8 @@
 
 The scenarios (``tests/sim/differential/scenarios.py``) run each in a fresh subprocess, so this
 module never calls the driver in the pytest process and is indifferent to which driver the
-session selected.
-
-1. ``test_sim_matches_real_record``: every scenario on the simulated driver against the
-   committed real-driver record ``tests/sim/differential/real_h200.json`` (recorded on the GPU
-   machine with ``run.py record --driver real``), minus the justified entries of
-   ``known_differences.json``.
-2. ``test_real_vs_sim_live`` (``gpu``): both drivers recorded in this run and compared.
-3. Self-tests of the comparer and of label normalisation, which need no driver at all.
+session selected. The committed real records are made on the GPU machine with
+``run.py record --driver real``; the comparer's self-tests need no driver at all.
 """
 
 from __future__ import annotations

@@ -11,10 +11,6 @@ tests here never depend on order: they work with deltas, release what they retai
 leave the thread's stack as they found it (an autouse fixture checks), and run what
 needs a fresh process (before ``cuInit``, exact context ids, several devices, fork
 without ``cuInit``) in a subprocess.
-
-Where the library comes from: one already loaded in this process under the soname
-``libcuda.so.1`` (the package's test fixtures load it), else the path in the
-environment variable ``CYCTX_SIM_LIBRARY``; otherwise the module is skipped.
 """
 
 import ctypes

@@ -1,8 +1,9 @@
 """The simulated CUPTI (libcupti.so.13 beside the simulated driver, simcupti.c), through ctypes
 as a CUPTI client would call it: callbacks enabled one id at a time, entry and exit data with
-CUPTI's layouts, resource events, nothing for calls not enabled; subscribers as each CUPTI
-version has them (one, or several that all allow others from 13.2), a refusal naming the other
-where cuptiSubscribe_v2 can."""
+CUPTI's layout, nothing for calls not enabled; subscribers as each CUPTI version has them (one,
+or several that all allow others from 13.2), a refusal naming the other where
+cuptiSubscribe_v2 can. Its resource events are read through cyctx.trace() (test_trace_api.py:
+the created, destroyed, reset and released-to-zero contexts, by handle)."""
 
 import ctypes
 import threading
@@ -19,7 +20,6 @@ from helpers.simcupti import (
     INVALID_PARAMETER,
     MULTIPLE_SUBSCRIBERS,
     NOT_SUPPORTED,
-    RESOURCE,
     SIZE_13_0,
     SIZE_13_2,
     SUCCESS,
@@ -30,13 +30,7 @@ CB = {  # cupti_driver_cbid.h of CUDA 13
     "cuCtxSetCurrent": 303,
     "cuCtxPushCurrent_v2": 323,
     "cuCtxPopCurrent_v2": 324,
-    "cuDevicePrimaryCtxRetain": 386,
-    "cuDevicePrimaryCtxRelease_v2": 544,
-    "cuDevicePrimaryCtxReset_v2": 545,
-    "cuCtxCreate_v4": 757,
-    "cuCtxDestroy_v2": 322,
 }
-CREATED, DESTROY_STARTING = 1, 2
 
 
 class CallbackData(ctypes.Structure):  # CUpti_CallbackData
@@ -53,14 +47,6 @@ class CallbackData(ctypes.Structure):  # CUpti_CallbackData
     ]
 
 
-class ResourceData(ctypes.Structure):  # CUpti_ResourceData
-    _fields_ = [
-        ("context", ctypes.c_void_p),
-        ("stream", ctypes.c_void_p),
-        ("descriptor", ctypes.c_void_p),
-    ]
-
-
 class Recorder:
     def __init__(self, cupti):
         self.cupti = cupti
@@ -69,27 +55,21 @@ class Recorder:
         self.handle = ctypes.c_void_p()
 
     def _on(self, user, domain, cbid, data):
-        if domain == RESOURCE:
-            r = ResourceData.from_address(data)
-            self.seen.append(("resource", cbid, r.context or 0))
-        else:
-            d = CallbackData.from_address(data)
-            ret = (
-                ctypes.c_int.from_address(d.functionReturnValue).value
-                if d.callbackSite == 1
-                else None
+        d = CallbackData.from_address(data)
+        ret = (
+            ctypes.c_int.from_address(d.functionReturnValue).value if d.callbackSite == 1 else None
+        )
+        first = ctypes.c_void_p.from_address(d.functionParams).value or 0
+        self.seen.append(
+            (
+                "exit" if d.callbackSite else "enter",
+                cbid,
+                d.functionName.decode(),
+                d.context or 0,
+                ret,
+                first,
             )
-            first = ctypes.c_void_p.from_address(d.functionParams).value or 0
-            self.seen.append(
-                (
-                    "exit" if d.callbackSite else "enter",
-                    cbid,
-                    d.functionName.decode(),
-                    d.context or 0,
-                    ret,
-                    first,
-                )
-            )
+        )
 
     def __enter__(self):
         cb = ctypes.cast(self.cb, ctypes.c_void_p)
@@ -154,34 +134,6 @@ def test_calls_not_enabled_give_nothing_and_disable_works(cupti, primary):
         rec.enable(DRIVER, CB["cuCtxSetCurrent"], on=0)
         drivers.ok(drivers.driver().cuCtxSetCurrent(None))
         assert rec.seen == []
-
-
-def test_resource_events_for_created_and_destroyed_contexts(cupti):
-    d = drivers.driver()
-    with Recorder(cupti) as rec:
-        rec.enable(RESOURCE, CREATED)
-        rec.enable(RESOURCE, DESTROY_STARTING)
-        ctx = drivers.create_context(0)
-        drivers.ok(d.cuCtxDestroy(ctx))
-        p = drivers.ok(d.cuDevicePrimaryCtxRetain(1))
-        drivers.ok(d.cuDevicePrimaryCtxReset(1))
-        drivers.ok(d.cuDevicePrimaryCtxRelease(1))
-    h, ph = int(ctx), int(p)
-    assert rec.seen == [
-        ("resource", CREATED, h),
-        ("resource", DESTROY_STARTING, h),
-        ("resource", CREATED, ph),  # the retain activated it
-        ("resource", DESTROY_STARTING, ph),  # the reset; the release then finds it inactive
-    ]
-
-
-def test_release_to_zero_destroys_the_primary(cupti):
-    d = drivers.driver()
-    with Recorder(cupti) as rec:
-        rec.enable(RESOURCE, DESTROY_STARTING)
-        p = drivers.ok(d.cuDevicePrimaryCtxRetain(1))
-        drivers.ok(d.cuDevicePrimaryCtxRelease(1))
-    assert rec.seen == [("resource", DESTROY_STARTING, int(p))]
 
 
 @pytest.mark.parametrize(
