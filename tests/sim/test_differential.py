@@ -132,11 +132,9 @@ def test_real_vs_sim_live(tmp_path):
     )
 
 
-# --------------------------------------------------------------------------------------------
-# The facts C probes measured on the H200 (docs/evidence.md, "Driver behaviour"), as events each scenario must
-# contain in this order (other events may come between). They hold for the real record too,
-# which checks that the scenarios really capture what the lab saw.
-# --------------------------------------------------------------------------------------------
+# --- The facts C probes measured on the H200 (docs/evidence.md, "Driver behaviour") ---------
+# As events each scenario must contain in this order (other events may come between). They hold
+# for the real record too, which checks that the scenarios really capture what the lab saw.
 
 OK, E201, E709, E3 = (
     "CUDA_SUCCESS",
@@ -241,9 +239,7 @@ def test_lab_facts(which, request):
     assert not failures, f"{which} record contradicts the lab logs:\n" + "\n".join(failures)
 
 
-# --------------------------------------------------------------------------------------------
-# Self-tests of the comparer: these must be able to fail, so they use hand-made records.
-# --------------------------------------------------------------------------------------------
+# --- Self-tests of the comparer: these must be able to fail, so they use hand-made records ---
 
 
 def _record(events, skipped=None, error=None, name="s"):

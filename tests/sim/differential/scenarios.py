@@ -35,8 +35,6 @@ import time
 import traceback
 import warnings
 
-_NULL = None  # how a NULL context handle is recorded
-
 SCENARIOS: dict = {}  # name -> scenario function, in definition order (run.py's order)
 
 
@@ -51,9 +49,7 @@ class Skip(Exception):
     """Raised inside a scenario that cannot run on this machine (e.g. fewer than 2 devices)."""
 
 
-# --------------------------------------------------------------------------------------------
-# Recorder
-# --------------------------------------------------------------------------------------------
+# --- Recorder ---------------------------------------------------------------------------------
 
 
 class _Labels:
@@ -67,7 +63,7 @@ class _Labels:
 
     def ctx_label(self, value: int):
         if value == 0:
-            return _NULL
+            return None  # how a NULL context handle is recorded
         with self.lock:
             if value not in self.ctx:
                 self.ctx[value] = f"{self.prefix}ctx#{len(self.ctx) + 1}"
@@ -204,13 +200,6 @@ class Recorder:
             ev["tag"] = tag
         self._event(ev)
 
-    def info(self, what: str, value):
-        """Machine-specific data, recorded for humans and ignored by the comparer."""
-        self._event({"note": what, "info": value})
-
-    def skip(self, reason: str):
-        raise Skip(reason)
-
     # -- threads ----------------------------------------------------------------------------
 
     def sub(self, thread: str) -> Recorder:
@@ -321,9 +310,7 @@ class Recorder:
         self.note("fork child exit status", os.WEXITSTATUS(status))
 
 
-# --------------------------------------------------------------------------------------------
-# Small helpers used by many scenarios
-# --------------------------------------------------------------------------------------------
+# --- Small helpers used by many scenarios -----------------------------------------------------
 
 
 def init(r):
@@ -343,7 +330,7 @@ def same(a: Res, b: Res) -> bool:
 def need_devices(r, n: int) -> int:
     c = count(r)
     if c < n:
-        r.skip(f"needs {n} devices, this machine has {c}")
+        raise Skip(f"needs {n} devices, this machine has {c}")
     return c
 
 
@@ -428,9 +415,7 @@ def _bogus_enum(cls, value: int):
     return obj
 
 
-# --------------------------------------------------------------------------------------------
-# Initialisation, version, devices, error strings
-# --------------------------------------------------------------------------------------------
+# --- Initialisation, version, devices, error strings ------------------------------------------
 
 
 @scenario
@@ -567,9 +552,7 @@ def s_error_names_and_strings(r):
         r.call("cuGetErrorString", bad, tag=f"unknown code {v}")
 
 
-# --------------------------------------------------------------------------------------------
-# Primary context: retain / release / state / flags
-# --------------------------------------------------------------------------------------------
+# --- Primary context: retain / release / state / flags ----------------------------------------
 
 
 @scenario
@@ -596,12 +579,9 @@ def s_primary_release_never_retained(r):
     init(r)
     release(r, tag="release without retain")
     state(r)
-    retain(r, -1, tag="bad ordinal")
-    retain(r, 10**6, tag="bad ordinal")
-    release(r, -1, tag="bad ordinal")
-    release(r, 10**6, tag="bad ordinal")
-    state(r, -1, tag="bad ordinal")
-    state(r, 10**6, tag="bad ordinal")
+    for step in (retain, release, state):
+        for dev in (-1, 10**6):
+            step(r, dev, tag="bad ordinal")
     n = count(r)
     state(r, n, tag="ordinal == count")
     r.call("cuDevicePrimaryCtxReset", -1, tag="bad ordinal")
@@ -669,9 +649,7 @@ def s_primary_set_flags_while_active(r):
     r.call("cuDevicePrimaryCtxSetFlags", 0, 0)
 
 
-# --------------------------------------------------------------------------------------------
-# Primary context reset (cuDevicePrimaryCtxReset, what cudaDeviceReset does underneath)
-# --------------------------------------------------------------------------------------------
+# --- Primary context reset (cuDevicePrimaryCtxReset, what cudaDeviceReset does underneath) ----
 
 
 @scenario
@@ -751,9 +729,7 @@ def s_reset_keeps_flags(r):
     r.call("cuDevicePrimaryCtxSetFlags", 0, 0)
 
 
-# --------------------------------------------------------------------------------------------
-# The per-thread context stack
-# --------------------------------------------------------------------------------------------
+# --- The per-thread context stack -------------------------------------------------------------
 
 
 @scenario
@@ -903,9 +879,7 @@ def s_stack_deep(r):
     release(r)
 
 
-# --------------------------------------------------------------------------------------------
-# Created contexts (cuCtxCreate / cuCtxDestroy)
-# --------------------------------------------------------------------------------------------
+# --- Created contexts (cuCtxCreate / cuCtxDestroy) --------------------------------------------
 #
 # No scenario creates a context after destroying one while the old handle is still used:
 # the real driver may hand out the freed address again, and label equality would then say
@@ -1054,9 +1028,7 @@ def s_destroy_current_on_other_thread(r):
     r.join(sub)
 
 
-# --------------------------------------------------------------------------------------------
-# Threads
-# --------------------------------------------------------------------------------------------
+# --- Threads ----------------------------------------------------------------------------------
 
 
 @scenario
@@ -1196,9 +1168,7 @@ def s_threads_concurrent_push_pop(r):
     state(r)
 
 
-# --------------------------------------------------------------------------------------------
-# Two devices (skipped inside the scenario below 2)
-# --------------------------------------------------------------------------------------------
+# --- Two devices (skipped inside the scenario below 2) ----------------------------------------
 
 
 @scenario
@@ -1270,9 +1240,7 @@ def s_two_devices_created(r):
     release(r, 0)
 
 
-# --------------------------------------------------------------------------------------------
-# fork
-# --------------------------------------------------------------------------------------------
+# --- fork -------------------------------------------------------------------------------------
 
 
 def _child_calls(t, pc=None):
@@ -1337,9 +1305,7 @@ def s_fork_without_init(r):
     release(r)
 
 
-# --------------------------------------------------------------------------------------------
-# Epilogue: the state every scenario leaves behind (compared too; tidy scenarios agree)
-# --------------------------------------------------------------------------------------------
+# --- Epilogue: the state every scenario leaves behind (compared too; tidy scenarios agree) ----
 
 
 def epilogue(r):
