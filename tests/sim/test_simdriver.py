@@ -157,26 +157,20 @@ def _initialised():
     yield
 
 
+def _state():
+    retains = [sim.cyctxsim_retain_count(i) for i in range(sim.cyctxsim_device_count())]
+    current = handle(ok(drv.cuCtxGetCurrent()))
+    return sim.cyctxsim_stack_depth(), current, retains, sim.cyctxsim_live_contexts()
+
+
 @pytest.fixture(autouse=True)
 def _leaves_state_as_found():
     """Each test leaves this thread's stack, every reference count and the created
     contexts as it found them, and no fault pending."""
-    before = (
-        sim.cyctxsim_stack_depth(),
-        ok(drv.cuCtxGetCurrent()),
-        [sim.cyctxsim_retain_count(i) for i in range(sim.cyctxsim_device_count())],
-        sim.cyctxsim_live_contexts(),
-    )
+    before = _state()
     yield
     sim.cyctxsim_clear_faults()
-    after = (
-        sim.cyctxsim_stack_depth(),
-        ok(drv.cuCtxGetCurrent()),
-        [sim.cyctxsim_retain_count(i) for i in range(sim.cyctxsim_device_count())],
-        sim.cyctxsim_live_contexts(),
-    )
-    assert handle(after[1]) == handle(before[1])
-    assert (after[0], after[2], after[3]) == (before[0], before[2], before[3])
+    assert _state() == before
 
 
 @pytest.fixture
