@@ -263,20 +263,10 @@ def test_compare_reports_one_differing_event(tmp_path):
     # The CLI exits 1 for it, and 0 once a justification lists the scenario.
     (tmp_path / "real.json").write_text(json.dumps(_record(EVENTS)))
     (tmp_path / "sim.json").write_text(json.dumps(_record(changed)))
-    assert run.main(["compare", str(tmp_path / "real.json"), str(tmp_path / "sim.json")]) == 1
+    args = ["compare", str(tmp_path / "real.json"), str(tmp_path / "sim.json")]
+    assert run.main(args) == 1
     (tmp_path / "known.json").write_text(json.dumps({"_comment": "x", "s": "because"}))
-    assert (
-        run.main(
-            [
-                "compare",
-                str(tmp_path / "real.json"),
-                str(tmp_path / "sim.json"),
-                "--known-differences",
-                str(tmp_path / "known.json"),
-            ]
-        )
-        == 0
-    )
+    assert run.main([*args, "--known-differences", str(tmp_path / "known.json")]) == 0
 
 
 def test_compare_same_ignores_info_and_tags_but_not_length():
