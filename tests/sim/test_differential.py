@@ -2,14 +2,8 @@
 
 The scenarios (``tests/sim/differential/scenarios.py``) run each in a fresh subprocess, so this
 module never calls the driver in the pytest process and is indifferent to which driver the
-session selected.
-
-1. ``test_sim_matches_real_record``: every scenario on the simulated driver against the
-   committed real-driver record ``tests/sim/differential/real_h200.json`` (recorded on the GPU
-   machine with ``run.py record --driver real``), minus the justified entries of
-   ``known_differences.json``.
-2. ``test_real_vs_sim_live`` (``gpu``): both drivers recorded in this run and compared.
-3. Self-tests of the comparer and of label normalisation, which need no driver at all.
+session selected. The committed real records are made on the GPU machine with
+``run.py record --driver real``; the comparer's self-tests need no driver at all.
 """
 
 from __future__ import annotations
@@ -138,11 +132,9 @@ def test_real_vs_sim_live(tmp_path):
     )
 
 
-# --------------------------------------------------------------------------------------------
-# The facts C probes measured on the H200 (docs/evidence.md, "Driver behaviour"), as events each scenario must
-# contain in this order (other events may come between). They hold for the real record too,
-# which checks that the scenarios really capture what the lab saw.
-# --------------------------------------------------------------------------------------------
+# --- The facts C probes measured on the H200 (docs/evidence.md, "Driver behaviour") ---------
+# As events each scenario must contain in this order (other events may come between). They hold
+# for the real record too, which checks that the scenarios really capture what the lab saw.
 
 OK, E201, E709, E3 = (
     "CUDA_SUCCESS",
@@ -247,9 +239,7 @@ def test_lab_facts(which, request):
     assert not failures, f"{which} record contradicts the lab logs:\n" + "\n".join(failures)
 
 
-# --------------------------------------------------------------------------------------------
-# Self-tests of the comparer: these must be able to fail, so they use hand-made records.
-# --------------------------------------------------------------------------------------------
+# --- Self-tests of the comparer: these must be able to fail, so they use hand-made records ---
 
 
 def _record(events, skipped=None, error=None, name="s"):
@@ -273,20 +263,10 @@ def test_compare_reports_one_differing_event(tmp_path):
     # The CLI exits 1 for it, and 0 once a justification lists the scenario.
     (tmp_path / "real.json").write_text(json.dumps(_record(EVENTS)))
     (tmp_path / "sim.json").write_text(json.dumps(_record(changed)))
-    assert run.main(["compare", str(tmp_path / "real.json"), str(tmp_path / "sim.json")]) == 1
+    args = ["compare", str(tmp_path / "real.json"), str(tmp_path / "sim.json")]
+    assert run.main(args) == 1
     (tmp_path / "known.json").write_text(json.dumps({"_comment": "x", "s": "because"}))
-    assert (
-        run.main(
-            [
-                "compare",
-                str(tmp_path / "real.json"),
-                str(tmp_path / "sim.json"),
-                "--known-differences",
-                str(tmp_path / "known.json"),
-            ]
-        )
-        == 0
-    )
+    assert run.main([*args, "--known-differences", str(tmp_path / "known.json")]) == 0
 
 
 def test_compare_same_ignores_info_and_tags_but_not_length():

@@ -14,6 +14,13 @@ def d(sim):
 
 
 @pytest.fixture
+def primary(d):
+    """Device 0's primary context, retained for the test and released after."""
+    yield drivers.ok(d.cuDevicePrimaryCtxRetain(0))
+    drivers.ok(d.cuDevicePrimaryCtxRelease(0))
+
+
+@pytest.fixture
 def cupti(sim):
     """The simulated driver's CUPTI (tests/helpers/simcupti.py); a CUPTI 13.2 again after the
     test."""

@@ -140,14 +140,6 @@ def test_a_stack_all_of_library_frames_that_ends_is_no_cut(site, d):
     assert e.library == "cuda-bindings", e.library
 
 
-def test_python_frames_off_reads_none(site, d):
-    deep = site("cyctx_fake_off")
-    with cyctx.trace(python_frames=0) as t:
-        deep.set_none(20)
-    (e,) = t.events
-    assert e.python == [] and e.where is None and e.python_state == "Python frames off"
-
-
 def _per_call(fn, n, traced):
     best = float("inf")
     for _ in range(5):

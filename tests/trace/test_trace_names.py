@@ -110,17 +110,11 @@ print(json.dumps([os.fsencode(n.library).hex(), n.symbol, n.owner]))
 
 @pytest.mark.parametrize("kind", list(NAMES))
 def test_a_native_library_in_a_non_ascii_directory_is_named_by_its_path(sim, tmp_path, kind):
-    cc = fakelibs.compiler()
-    if cc is None:
+    if fakelibs.compiler() is None:
         pytest.skip("no C compiler")
     directory = os.path.join(str(tmp_path), NAMES[kind][0])
     os.makedirs(directory)
-    so = os.path.join(directory, "libcyctxnames.so")
-    (tmp_path / "names.c").write_text(LIB_C)
-    subprocess.run(
-        [cc, "-shared", "-fPIC", "-O1", "-o", os.fsencode(so), str(tmp_path / "names.c")],
-        check=True,
-    )
+    so = fakelibs.shared_library(LIB_C, os.path.join(directory, "libcyctxnames.so"), flags=["-O1"])
     helpers = os.path.dirname(os.path.dirname(os.path.abspath(drivers.__file__)))
     proc = subprocess.run(
         [sys.executable, "-c", LIB_CHILD, so, helpers],
@@ -135,18 +129,16 @@ def test_a_native_library_in_a_non_ascii_directory_is_named_by_its_path(sim, tmp
     assert (symbol, owner) == ("cyctx_names_call", "libcyctxnames.so")
 
 
-def test_an_event_prints_as_its_line_of_the_report(d):
-    p = drivers.ok(d.cuDevicePrimaryCtxRetain(0))
+def test_an_event_prints_as_its_line_of_the_report(d, primary):
     g = cyctx.ContextGuard(1)
     try:
         with cyctx.trace() as t:
-            drivers.ok(d.cuCtxSetCurrent(p))
+            drivers.ok(d.cuCtxSetCurrent(primary))
             with g:
                 pass
             drivers.ok(d.cuCtxSetCurrent(None))
     finally:
         g.close()
-        drivers.ok(d.cuDevicePrimaryCtxRelease(0))
     lines = [ln.strip() for ln in t.report().splitlines()]
     assert len(t.events) >= 4
     for e in t.events:

@@ -133,13 +133,10 @@ def test_under_xdist_with_two_workers_every_test_is_accounted_for(pytester):
         "test_inner.py::test_leaks_a",
         "test_inner.py::test_leaks_b",
     ], out
+    text = (pytester.path / "test_inner.py").read_text()
     for ln, marker in zip(lines, ("a-line", "b-line"), strict=True):
         assert " left " in ln and "(it found none)" in ln, out
-        assert f"test_inner.py:{_marker_line(pytester, marker)} (" in ln, out
-
-
-def _marker_line(pytester, marker):
-    return line_of(marker, (pytester.path / "test_inner.py").read_text())
+        assert f"test_inner.py:{line_of(marker, text)} (" in ln, out
 
 
 def test_without_the_option_nothing_of_cyctx_is_imported_by_the_plugin(pytester):

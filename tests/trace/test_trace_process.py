@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 from helpers import children, drivers
@@ -122,55 +121,6 @@ def test_sixteen_threads_under_a_trace_finish_and_lose_nothing():
     assert head[7] == "0"
     assert lines[-2] == "where ['work']"
     assert lines[-1] == "python ['read']"
-
-
-def test_command_line_trace_runs_the_script_and_reports(tmp_path):
-    _needs_sim()
-    script = tmp_path / "prog.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            import sys
-            import cyctx
-            from cuda.bindings import driver as d
-            d.cuInit(0)
-            with cyctx.ContextGuard(1):
-                pass
-            print("args", sys.argv[1:])
-            sys.exit(3)
-            """
-        )
-    )
-    out = tmp_path / "t.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cyctx",
-            "trace",
-            "--simulate",
-            "--json",
-            str(out),
-            str(script),
-            "a",
-            "-x",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=str(tmp_path),
-    )
-    assert proc.returncode == 3, proc.stderr
-    assert proc.stdout == "args ['a', '-x']\n"
-    # The collected guard hands its retain to the process: no release, no destroy.
-    assert proc.stderr.startswith("cyctx trace: 4 events on 1 thread, through the simulated driver")
-    assert f"by cyctx guard at {script}:6 (<module>)" in proc.stderr
-    data = json.loads(out.read_text())
-    assert data["schema"] == "cyctx.trace/1"
-    assert [e["call"] for e in data["events"] if e["changed"]] == [
-        "cuCtxPushCurrent_v2",
-        "cuCtxPopCurrent_v2",
-    ]
 
 
 def test_command_line_trace_of_a_missing_script(tmp_path):

@@ -1,8 +1,9 @@
 """The simulated CUPTI (libcupti.so.13 beside the simulated driver, simcupti.c), through ctypes
 as a CUPTI client would call it: callbacks enabled one id at a time, entry and exit data with
-CUPTI's layouts, resource events, nothing for calls not enabled; subscribers as each CUPTI
-version has them (one, or several that all allow others from 13.2), a refusal naming the other
-where cuptiSubscribe_v2 can."""
+CUPTI's layout, nothing for calls not enabled; subscribers as each CUPTI version has them (one,
+or several that all allow others from 13.2), a refusal naming the other where
+cuptiSubscribe_v2 can. Its resource events are read through cyctx.trace() (test_trace_api.py:
+the created, destroyed, reset and released-to-zero contexts, by handle)."""
 
 import ctypes
 import threading
@@ -19,7 +20,6 @@ from helpers.simcupti import (
     INVALID_PARAMETER,
     MULTIPLE_SUBSCRIBERS,
     NOT_SUPPORTED,
-    RESOURCE,
     SIZE_13_0,
     SIZE_13_2,
     SUCCESS,
@@ -30,13 +30,7 @@ CB = {  # cupti_driver_cbid.h of CUDA 13
     "cuCtxSetCurrent": 303,
     "cuCtxPushCurrent_v2": 323,
     "cuCtxPopCurrent_v2": 324,
-    "cuDevicePrimaryCtxRetain": 386,
-    "cuDevicePrimaryCtxRelease_v2": 544,
-    "cuDevicePrimaryCtxReset_v2": 545,
-    "cuCtxCreate_v4": 757,
-    "cuCtxDestroy_v2": 322,
 }
-CREATED, DESTROY_STARTING = 1, 2
 
 
 class CallbackData(ctypes.Structure):  # CUpti_CallbackData
@@ -53,101 +47,74 @@ class CallbackData(ctypes.Structure):  # CUpti_CallbackData
     ]
 
 
-class ResourceData(ctypes.Structure):  # CUpti_ResourceData
-    _fields_ = [
-        ("context", ctypes.c_void_p),
-        ("stream", ctypes.c_void_p),
-        ("descriptor", ctypes.c_void_p),
-    ]
-
-
-@pytest.fixture
-def lib(cupti):
-    return cupti
-
-
 class Recorder:
-    def __init__(self, lib):
-        self.lib = lib
+    def __init__(self, cupti):
+        self.cupti = cupti
         self.seen = []
         self.cb = CALLBACK(self._on)
         self.handle = ctypes.c_void_p()
 
     def _on(self, user, domain, cbid, data):
-        if domain == RESOURCE:
-            r = ResourceData.from_address(data)
-            self.seen.append(("resource", cbid, r.context or 0))
-        else:
-            d = CallbackData.from_address(data)
-            ret = (
-                ctypes.c_int.from_address(d.functionReturnValue).value
-                if d.callbackSite == 1
-                else None
+        d = CallbackData.from_address(data)
+        ret = (
+            ctypes.c_int.from_address(d.functionReturnValue).value if d.callbackSite == 1 else None
+        )
+        first = ctypes.c_void_p.from_address(d.functionParams).value or 0
+        self.seen.append(
+            (
+                "exit" if d.callbackSite else "enter",
+                cbid,
+                d.functionName.decode(),
+                d.context or 0,
+                ret,
+                first,
             )
-            first = ctypes.c_void_p.from_address(d.functionParams).value or 0
-            self.seen.append(
-                (
-                    "exit" if d.callbackSite else "enter",
-                    cbid,
-                    d.functionName.decode(),
-                    d.context or 0,
-                    ret,
-                    first,
-                )
-            )
+        )
 
     def __enter__(self):
-        assert (
-            self.lib.cuptiSubscribe(
-                ctypes.byref(self.handle), ctypes.cast(self.cb, ctypes.c_void_p), None
-            )
-            == 0
-        )
+        cb = ctypes.cast(self.cb, ctypes.c_void_p)
+        assert self.cupti.cuptiSubscribe(ctypes.byref(self.handle), cb, None) == 0
         return self
 
     def enable(self, domain, cbid, on=1):
-        return self.lib.cuptiEnableCallback(on, self.handle, domain, cbid)
+        return self.cupti.cuptiEnableCallback(on, self.handle, domain, cbid)
 
     def __exit__(self, *exc):
-        assert self.lib.cuptiUnsubscribe(self.handle) == SUCCESS
+        assert self.cupti.cuptiUnsubscribe(self.handle) == SUCCESS
 
 
 @pytest.mark.parametrize("version", [CUPTI_12, CUPTI_13_0, CUPTI_13_2])
-def test_one_subscriber_a_second_is_refused(lib, version):
-    lib.version(version)
-    with Recorder(lib):
+def test_one_subscriber_a_second_is_refused(cupti, version):
+    cupti.version(version)
+    with Recorder(cupti):
         other = ctypes.c_void_p()
         cb = CALLBACK(lambda *a: None)
-        r = lib.cuptiSubscribe(ctypes.byref(other), ctypes.cast(cb, ctypes.c_void_p), None)
+        r = cupti.cuptiSubscribe(ctypes.byref(other), ctypes.cast(cb, ctypes.c_void_p), None)
         assert r == MULTIPLE_SUBSCRIBERS
-        assert lib.result_name(r) == "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED"
+        assert cupti.result_name(r) == "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED"
         assert other.value is None
         if version >= CUPTI_13_2:  # nor one that allows others: this one does not
-            r, h, name = lib.subscribe_v2(cb, "second", allow=True)
+            r, h, name = cupti.subscribe_v2(cb, "second", allow=True)
             assert (r, h.value, name) == (MULTIPLE_SUBSCRIBERS, None, "")
     # Once unsubscribed, another may subscribe.
-    with Recorder(lib):
+    with Recorder(cupti):
         pass
 
 
-def test_entry_and_exit_of_an_enabled_call_with_its_data(lib):
-    ctx = drivers.ok(drivers.driver().cuDevicePrimaryCtxRetain(0))
-    try:
-        with Recorder(lib) as rec:
-            assert rec.enable(DRIVER, CB["cuCtxPushCurrent_v2"]) == SUCCESS
-            drivers.ok(drivers.driver().cuCtxPushCurrent(ctx))
-            drivers.ok(drivers.driver().cuCtxPopCurrent())
-        h = int(ctx)
-        assert rec.seen == [
-            ("enter", 323, "cuCtxPushCurrent_v2", 0, None, h),
-            ("exit", 323, "cuCtxPushCurrent_v2", h, 0, h),  # exit: the context current then
-        ]
-    finally:
-        drivers.ok(drivers.driver().cuDevicePrimaryCtxRelease(0))
+def test_entry_and_exit_of_an_enabled_call_with_its_data(cupti, primary):
+    with Recorder(cupti) as rec:
+        assert rec.enable(DRIVER, CB["cuCtxPushCurrent_v2"]) == SUCCESS
+        drivers.ok(drivers.driver().cuCtxPushCurrent(primary))
+        drivers.ok(drivers.driver().cuCtxPopCurrent())
+    h = int(primary)
+    assert rec.seen == [
+        ("enter", 323, "cuCtxPushCurrent_v2", 0, None, h),
+        ("exit", 323, "cuCtxPushCurrent_v2", h, 0, h),  # exit: the context current then
+    ]
 
 
-def test_failed_calls_report_their_result(lib):
-    with Recorder(lib) as rec:
+def test_failed_calls_report_their_result(cupti):
+    with Recorder(cupti) as rec:
         rec.enable(DRIVER, CB["cuCtxPopCurrent_v2"])
         err = drivers.driver().cuCtxPopCurrent()[0]
     assert int(err) == 201
@@ -155,72 +122,40 @@ def test_failed_calls_report_their_result(lib):
     assert rec.seen[1][4] == 201
 
 
-def test_calls_not_enabled_give_nothing_and_disable_works(lib):
-    ctx = drivers.ok(drivers.driver().cuDevicePrimaryCtxRetain(0))
-    try:
-        with Recorder(lib) as rec:
-            rec.enable(DRIVER, CB["cuCtxSetCurrent"])
-            drivers.ok(drivers.driver().cuCtxPushCurrent(ctx))  # not enabled
-            drivers.ok(drivers.driver().cuCtxPopCurrent())
-            assert rec.seen == []
-            state = ctypes.c_uint32(7)
-            assert lib.cuptiGetCallbackState(ctypes.byref(state), rec.handle, DRIVER, 303) == 0
-            assert state.value == 1
-            rec.enable(DRIVER, CB["cuCtxSetCurrent"], on=0)
-            drivers.ok(drivers.driver().cuCtxSetCurrent(None))
-            assert rec.seen == []
-    finally:
-        drivers.ok(drivers.driver().cuDevicePrimaryCtxRelease(0))
-
-
-def test_resource_events_for_created_and_destroyed_contexts(lib):
-    d = drivers.driver()
-    with Recorder(lib) as rec:
-        rec.enable(RESOURCE, CREATED)
-        rec.enable(RESOURCE, DESTROY_STARTING)
-        ctx = drivers.create_context(0)
-        drivers.ok(d.cuCtxDestroy(ctx))
-        p = drivers.ok(d.cuDevicePrimaryCtxRetain(1))
-        drivers.ok(d.cuDevicePrimaryCtxReset(1))
-        drivers.ok(d.cuDevicePrimaryCtxRelease(1))
-    h, ph = int(ctx), int(p)
-    assert rec.seen == [
-        ("resource", CREATED, h),
-        ("resource", DESTROY_STARTING, h),
-        ("resource", CREATED, ph),  # the retain activated it
-        ("resource", DESTROY_STARTING, ph),  # the reset; the release then finds it inactive
-    ]
-
-
-def test_release_to_zero_destroys_the_primary(lib):
-    d = drivers.driver()
-    with Recorder(lib) as rec:
-        rec.enable(RESOURCE, DESTROY_STARTING)
-        p = drivers.ok(d.cuDevicePrimaryCtxRetain(1))
-        drivers.ok(d.cuDevicePrimaryCtxRelease(1))
-    assert rec.seen == [("resource", DESTROY_STARTING, int(p))]
+def test_calls_not_enabled_give_nothing_and_disable_works(cupti, primary):
+    with Recorder(cupti) as rec:
+        rec.enable(DRIVER, CB["cuCtxSetCurrent"])
+        drivers.ok(drivers.driver().cuCtxPushCurrent(primary))  # not enabled
+        drivers.ok(drivers.driver().cuCtxPopCurrent())
+        assert rec.seen == []
+        state = ctypes.c_uint32(7)
+        assert cupti.cuptiGetCallbackState(ctypes.byref(state), rec.handle, DRIVER, 303) == 0
+        assert state.value == 1
+        rec.enable(DRIVER, CB["cuCtxSetCurrent"], on=0)
+        drivers.ok(drivers.driver().cuCtxSetCurrent(None))
+        assert rec.seen == []
 
 
 @pytest.mark.parametrize(
     "domain, cbid", [(0, 303), (7, 303), (DRIVER, 0), (DRIVER, 1024), (-1, 303)]
 )
-def test_bad_enable_is_refused(lib, domain, cbid):
-    with Recorder(lib) as rec:
+def test_bad_enable_is_refused(cupti, domain, cbid):
+    with Recorder(cupti) as rec:
         assert rec.enable(domain, cbid) == INVALID_PARAMETER
 
 
-def test_a_foreign_handle_is_refused(lib):
-    with Recorder(lib):
-        assert lib.cuptiEnableCallback(1, ctypes.c_void_p(8), DRIVER, 303) == INVALID_PARAMETER
-        assert lib.cuptiUnsubscribe(ctypes.c_void_p(8)) == INVALID_PARAMETER
+def test_a_foreign_handle_is_refused(cupti):
+    with Recorder(cupti):
+        assert cupti.cuptiEnableCallback(1, ctypes.c_void_p(8), DRIVER, 303) == INVALID_PARAMETER
+        assert cupti.cuptiUnsubscribe(ctypes.c_void_p(8)) == INVALID_PARAMETER
     h = ctypes.c_void_p()
-    assert lib.cuptiSubscribe(ctypes.byref(h), None, None) == INVALID_PARAMETER
+    assert cupti.cuptiSubscribe(ctypes.byref(h), None, None) == INVALID_PARAMETER
 
 
-def test_unsubscribing_inside_a_callback_is_refused(lib):
+def test_unsubscribing_inside_a_callback_is_refused(cupti):
     answers = []
-    rec = Recorder(lib)
-    rec.cb = CALLBACK(lambda *a: answers.append(lib.cuptiUnsubscribe(rec.handle)))
+    rec = Recorder(cupti)
+    rec.cb = CALLBACK(lambda *a: answers.append(cupti.cuptiUnsubscribe(rec.handle)))
     with rec:
         rec.enable(DRIVER, CB["cuCtxSetCurrent"])
         drivers.ok(drivers.driver().cuCtxSetCurrent(None))
@@ -230,17 +165,17 @@ def test_unsubscribing_inside_a_callback_is_refused(lib):
 # --- several subscribers (cuptiSubscribe_v2) ----------------------------------------------------
 
 
-def test_from_13_2_subscribers_that_all_allow_it_each_get_their_own_callbacks(lib):
+def test_from_13_2_subscribers_that_all_allow_it_each_get_their_own_callbacks(cupti):
     a, b = Seen(), Seen()
-    ra, ha, told_a = lib.subscribe_v2(a.cb, "first", allow=True)
+    ra, ha, told_a = cupti.subscribe_v2(a.cb, "first", allow=True)
     assert (ra, told_a) == (SUCCESS, "")
     try:
-        rb, hb, told_b = lib.subscribe_v2(b.cb, "second", allow=True)
+        rb, hb, told_b = cupti.subscribe_v2(b.cb, "second", allow=True)
         # One that joins others is told the first one's name, as CUPTI names it.
         assert (rb, told_b) == (SUCCESS, "CUPTI for first")
         try:
-            assert lib.cuptiEnableCallback(1, ha, DRIVER, CB["cuCtxSetCurrent"]) == SUCCESS
-            assert lib.cuptiEnableCallback(1, hb, DRIVER, CB["cuCtxPushCurrent_v2"]) == SUCCESS
+            assert cupti.cuptiEnableCallback(1, ha, DRIVER, CB["cuCtxSetCurrent"]) == SUCCESS
+            assert cupti.cuptiEnableCallback(1, hb, DRIVER, CB["cuCtxPushCurrent_v2"]) == SUCCESS
             d = drivers.driver()
             drivers.ok(d.cuCtxSetCurrent(None))
             ctx = drivers.ok(d.cuDevicePrimaryCtxRetain(0))
@@ -248,61 +183,55 @@ def test_from_13_2_subscribers_that_all_allow_it_each_get_their_own_callbacks(li
             drivers.ok(d.cuCtxPopCurrent())
             drivers.ok(d.cuDevicePrimaryCtxRelease(0))
         finally:
-            assert lib.cuptiUnsubscribe(hb) == SUCCESS
+            assert cupti.cuptiUnsubscribe(hb) == SUCCESS
         assert a.ids == [(DRIVER, 303)] * 2 and b.ids == [(DRIVER, 323)] * 2
         # The one left still gets its own.
         drivers.ok(drivers.driver().cuCtxSetCurrent(None))
         assert a.ids == [(DRIVER, 303)] * 4 and b.ids == [(DRIVER, 323)] * 2
     finally:
-        assert lib.cuptiUnsubscribe(ha) == SUCCESS
+        assert cupti.cuptiUnsubscribe(ha) == SUCCESS
 
 
 @pytest.mark.parametrize("first_allows", [False, True], ids=["first-alone", "second-alone"])
-def test_from_13_2_one_that_allows_no_other_keeps_it_out_and_is_named(lib, first_allows):
+def test_from_13_2_one_that_allows_no_other_keeps_it_out_and_is_named(cupti, first_allows):
     a, b = Seen(), Seen()
-    ra, ha, _ = lib.subscribe_v2(a.cb, "profiler", allow=first_allows)
+    ra, ha, _ = cupti.subscribe_v2(a.cb, "profiler", allow=first_allows)
     assert ra == SUCCESS
     try:
-        rb, hb, told = lib.subscribe_v2(b.cb, "tracer", allow=not first_allows)
+        rb, hb, told = cupti.subscribe_v2(b.cb, "tracer", allow=not first_allows)
         assert (rb, hb.value, told) == (MULTIPLE_SUBSCRIBERS, None, "CUPTI for profiler")
     finally:
-        assert lib.cuptiUnsubscribe(ha) == SUCCESS
+        assert cupti.cuptiUnsubscribe(ha) == SUCCESS
 
 
-def test_a_subscriber_without_a_name_is_named_by_nothing(lib):
-    with Recorder(lib):  # cuptiSubscribe: no name, allows no other
-        r, _, told = lib.subscribe_v2(Seen().cb, "tracer", allow=True)
-        assert (r, told) == (MULTIPLE_SUBSCRIBERS, "")
-
-
-def test_13_0_takes_its_own_params_size_only_and_allows_one_subscriber(lib):
-    lib.version(CUPTI_13_0)
+def test_13_0_takes_its_own_params_size_only_and_allows_one_subscriber(cupti):
+    cupti.version(CUPTI_13_0)
     a = Seen()
     # As libcupti 13.0.85 answers: the 13.2 structure is a bad parameter there.
-    assert lib.subscribe_v2(a.cb, "tracer", allow=True)[0] == INVALID_PARAMETER
-    ra, ha, _ = lib.subscribe_v2(a.cb, "profiler", size=SIZE_13_0)
+    assert cupti.subscribe_v2(a.cb, "tracer", allow=True)[0] == INVALID_PARAMETER
+    ra, ha, _ = cupti.subscribe_v2(a.cb, "profiler", size=SIZE_13_0)
     assert ra == SUCCESS
     try:
-        r, h, told = lib.subscribe_v2(Seen().cb, "tracer", size=SIZE_13_0)
+        r, h, told = cupti.subscribe_v2(Seen().cb, "tracer", size=SIZE_13_0)
         assert (r, h.value, told) == (MULTIPLE_SUBSCRIBERS, None, "CUPTI for profiler")
     finally:
-        assert lib.cuptiUnsubscribe(ha) == SUCCESS
+        assert cupti.cuptiUnsubscribe(ha) == SUCCESS
 
 
-def test_before_13_0_there_is_no_subscribe_v2(lib):
-    lib.version(CUPTI_12)
+def test_before_13_0_there_is_no_subscribe_v2(cupti):
+    cupti.version(CUPTI_12)
     v = ctypes.c_uint32()
-    assert lib.cuptiGetVersion(ctypes.byref(v)) == SUCCESS and v.value == CUPTI_12
-    assert lib.subscribe_v2(Seen().cb, "tracer", size=SIZE_13_0)[0] == NOT_SUPPORTED
-    assert lib.result_name(NOT_SUPPORTED) == "CUPTI_ERROR_NOT_SUPPORTED"
+    assert cupti.cuptiGetVersion(ctypes.byref(v)) == SUCCESS and v.value == CUPTI_12
+    assert cupti.subscribe_v2(Seen().cb, "tracer", size=SIZE_13_0)[0] == NOT_SUPPORTED
+    assert cupti.result_name(NOT_SUPPORTED) == "CUPTI_ERROR_NOT_SUPPORTED"
 
 
-def test_a_params_size_of_neither_version_is_refused(lib):
+def test_a_params_size_of_neither_version_is_refused(cupti):
     for size in (0, SIZE_13_0 - 8, SIZE_13_0 + 1, SIZE_13_2 + 8):
-        assert lib.subscribe_v2(Seen().cb, "tracer", size=size)[0] == INVALID_PARAMETER, size
+        assert cupti.subscribe_v2(Seen().cb, "tracer", size=size)[0] == INVALID_PARAMETER, size
 
 
-def test_unsubscribe_waits_for_a_callback_running_on_another_thread(lib):
+def test_unsubscribe_waits_for_a_callback_running_on_another_thread(cupti):
     # The tracer frees its buffer once cuptiUnsubscribe returns: no callback of it may still run.
     inside, leave, order = threading.Event(), threading.Event(), []
 
@@ -312,13 +241,13 @@ def test_unsubscribe_waits_for_a_callback_running_on_another_thread(lib):
         order.append("callback returned")
 
     cb = CALLBACK(on)
-    r, h, _ = lib.subscribe_v2(cb, "slow", allow=True)
+    r, h, _ = cupti.subscribe_v2(cb, "slow", allow=True)
     assert r == SUCCESS
-    assert lib.cuptiEnableCallback(1, h, DRIVER, CB["cuCtxSetCurrent"]) == SUCCESS
+    assert cupti.cuptiEnableCallback(1, h, DRIVER, CB["cuCtxSetCurrent"]) == SUCCESS
     t = threading.Thread(target=lambda: drivers.driver().cuCtxSetCurrent(None))
     t.start()
     assert inside.wait(5)
-    u = threading.Thread(target=lambda: order.append(("unsubscribed", lib.cuptiUnsubscribe(h))))
+    u = threading.Thread(target=lambda: order.append(("unsubscribed", cupti.cuptiUnsubscribe(h))))
     u.start()
     u.join(0.2)
     assert u.is_alive(), "cuptiUnsubscribe returned while a callback ran"

@@ -4,6 +4,7 @@ callbacks; where it cannot, it records nothing, leaves the other undisturbed, an
 names the other where CUPTI does (cuptiSubscribe_v2, 13.0 and newer) or says that it cannot."""
 
 import ctypes
+import json
 
 import pytest
 from helpers import drivers
@@ -117,6 +118,9 @@ def test_where_it_cannot_subscribe_it_names_the_other_if_cupti_can(
         reason = f"another CUPTI subscriber holds this process {reason}"
         assert (t.active, t.events, t.reason) == (False, [], reason)
         assert capfd.readouterr().err == f"cyctx trace: not tracing: {reason}\n"
+        assert t.report() == f"cyctx trace: not tracing: {reason}"
+        data = json.loads(json.dumps(t.to_json()))
+        assert (data["active"], data["events"], data["reason"]) == (False, [], reason)
         drivers.ok(d.cuCtxSetCurrent(None))
         assert other.ids == [(DRIVER, SET_CURRENT)] * 4  # both calls, entry and exit: still its
     finally:

@@ -2,29 +2,14 @@
 each thread's events point at its own line, and the trace's buffer is drained and freed once
 however many threads collect and stop it."""
 
-import inspect
-import sys
 import threading
 
 import pytest
 from helpers import drivers
+from helpers.lines import line_of
 from helpers.threads import run_threads, running
 
 import cyctx
-
-
-def line_of(marker):
-    """The line of this file that carries `# <marker>`: where an event must point."""
-    src = inspect.getsource(sys.modules[__name__]).splitlines()
-    hits = [i + 1 for i, text in enumerate(src) if text.rstrip().endswith(f"# {marker}")]
-    assert len(hits) == 1, marker
-    return hits[0]
-
-
-@pytest.fixture
-def d(sim):
-    return drivers.driver()
-
 
 ROUNDS = 40
 
@@ -39,30 +24,25 @@ def _push_pop(d, ctx, start):
     return threading.get_native_id()
 
 
-def test_each_threads_events_point_at_its_own_line(d):
-    p = drivers.ok(d.cuDevicePrimaryCtxRetain(0))
+def test_each_threads_events_point_at_its_own_line(d, primary):
     start = threading.Barrier(8)
-    try:
-        with cyctx.trace(capacity=1 << 14) as t:
-            tids = run_threads(*[lambda: _push_pop(d, p, start)] * 8)
-        assert t.reason is None and t.dropped == 0
-        for tid in tids:
-            mine = [e for e in t.events if e.thread == tid]
-            assert [e.call for e in mine] == ["cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2"] * ROUNDS
-            lines = {(e.call, e.where.file, e.where.line, e.where.function) for e in mine}
-            assert lines == {
-                ("cuCtxPushCurrent_v2", __file__, line_of("push-here"), "_push_pop"),
-                ("cuCtxPopCurrent_v2", __file__, line_of("pop-here"), "_push_pop"),
-            }, lines
-    finally:
-        drivers.ok(d.cuDevicePrimaryCtxRelease(0))
+    with cyctx.trace(capacity=1 << 14) as t:
+        tids = run_threads(*[lambda: _push_pop(d, primary, start)] * 8)
+    assert t.reason is None and t.dropped == 0
+    for tid in tids:
+        mine = [e for e in t.events if e.thread == tid]
+        assert [e.call for e in mine] == ["cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2"] * ROUNDS
+        lines = {(e.call, e.where.file, e.where.line, e.where.function) for e in mine}
+        assert lines == {
+            ("cuCtxPushCurrent_v2", __file__, line_of("push-here"), "_push_pop"),
+            ("cuCtxPopCurrent_v2", __file__, line_of("pop-here"), "_push_pop"),
+        }, lines
 
 
 @pytest.mark.parametrize("attempt", range(5))
-def test_collect_and_stop_from_many_threads_take_each_event_once(d, attempt):
+def test_collect_and_stop_from_many_threads_take_each_event_once(d, primary, attempt):
     # Threads collect while others make events, then two stop the trace at once: the buffer is
     # drained by one at a time and freed once, and every event is in the trace exactly once.
-    p = drivers.ok(d.cuDevicePrimaryCtxRetain(0))
     start = threading.Barrier(8)
     made = threading.Event()
     try:
@@ -78,7 +58,7 @@ def test_collect_and_stop_from_many_threads_take_each_event_once(d, attempt):
             t.stop()
 
         with running(*[collector] * 4):
-            tids = run_threads(*[lambda: _push_pop(d, p, start)] * 4)
+            tids = run_threads(*[lambda: _push_pop(d, primary, start)] * 4)
             made.set()
         at = threading.Barrier(2)
         run_threads(lambda: stopper(at), lambda: stopper(at))
@@ -89,4 +69,3 @@ def test_collect_and_stop_from_many_threads_take_each_event_once(d, attempt):
         assert len(seqs) == len(set(seqs)), "an event was drained twice"
     finally:
         made.set()
-        drivers.ok(d.cuDevicePrimaryCtxRelease(0))

@@ -1,6 +1,6 @@
 """A trace that did not record says so in every output: one never started (its report, its
-JSON, its questions), and one refused (no libcupti, another CUPTI subscriber), whose JSON has
-``active: false`` and the reason."""
+JSON, its questions), and one refused for want of libcupti, whose JSON has ``active: false``
+and the reason (a refusal beside another CUPTI subscriber: test_trace_subscribers.py)."""
 
 import json
 import os
@@ -8,8 +8,6 @@ import subprocess
 import sys
 
 import pytest
-from helpers import drivers
-from helpers.simcupti import SUCCESS, Seen
 
 import cyctx
 
@@ -41,14 +39,6 @@ def test_a_question_to_a_trace_never_started_is_an_error_not_an_empty_answer(ask
         ask(cyctx.trace())
 
 
-def _refused_json(t):
-    data = json.loads(json.dumps(t.to_json()))
-    assert data["active"] is False and data["events"] == [], data
-    assert data["reason"] == t.reason and t.reason
-    assert t.report() == f"cyctx trace: not tracing: {t.reason}"
-    return data
-
-
 NO_CUPTI = """
 import json, sys
 from cyctx.testing import use_simulated_driver
@@ -76,18 +66,3 @@ def test_a_trace_without_libcupti_writes_its_refusal(sim, tmp_path):
     assert data["active"] is False and data["events"] == [], data
     assert data["reason"] == got["reason"] == f"$CYCTX_CUPTI names {missing}, which is not a file"
     assert data["driver"] == "simulated" and data["cupti"] is None
-
-
-def test_a_trace_beside_a_subscriber_it_cannot_join_writes_its_refusal(cupti, sim):
-    other = Seen()
-    r, h, _ = cupti.subscribe_v2(other.cb, "profiler", allow=False)
-    assert r == SUCCESS
-    try:
-        with cyctx.trace(quiet=True) as t:
-            drivers.ok(drivers.driver().cuCtxSetCurrent(None))
-    finally:
-        assert cupti.cuptiUnsubscribe(h) == SUCCESS
-    data = _refused_json(t)
-    assert data["reason"].startswith(
-        "another CUPTI subscriber holds this process (CUPTI for profiler)"
-    )

@@ -11,7 +11,6 @@ import ctypes
 import os
 import platform
 import shutil
-import subprocess
 import sys
 
 import pytest
@@ -34,18 +33,10 @@ __attribute__((noinline)) int cyctx_test_deep(int n, set_fn f) {
 
 def _compile_deep(tmp_path_factory, name, flags=(), source=DEEP_C):
     """``source`` (DEEP_C) compiled as lib<name>.so (not loaded): its path."""
-    cc = fakelibs.compiler()
-    if cc is None:
+    if fakelibs.compiler() is None:
         pytest.skip("no C compiler")
-    d = tmp_path_factory.mktemp(name)
-    so = d / f"lib{name}.so"
-    (d / f"lib{name}.so.c").write_text(source)
-    subprocess.run(
-        [cc, "-shared", "-fPIC", "-O1", "-fno-optimize-sibling-calls", *flags]
-        + ["-o", str(so), str(so) + ".c"],
-        check=True,
-    )
-    return str(so)
+    so = tmp_path_factory.mktemp(name) / f"lib{name}.so"
+    return fakelibs.shared_library(source, so, flags=("-O1", "-fno-optimize-sibling-calls", *flags))
 
 
 @pytest.fixture(scope="module")

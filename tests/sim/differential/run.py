@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import datetime
 import hashlib
 import json
@@ -49,9 +50,7 @@ IGNORED_KEYS = frozenset({"info", "tag"})
 DEFAULT_TIMEOUT = 120.0
 
 
-# --------------------------------------------------------------------------------------------
-# Locating the simulated driver
-# --------------------------------------------------------------------------------------------
+# --- Locating the simulated driver ------------------------------------------------------------
 
 
 def find_sim_library(explicit: str | None = None) -> str | None:
@@ -73,9 +72,7 @@ def find_sim_library(explicit: str | None = None) -> str | None:
     return str(inplace) if inplace.is_file() else None
 
 
-# --------------------------------------------------------------------------------------------
-# The per-scenario child process
-# --------------------------------------------------------------------------------------------
+# --- The per-scenario child process -----------------------------------------------------------
 
 
 def _loaded_libcuda() -> list[str]:
@@ -174,73 +171,50 @@ def child_main(scenario: str, result_path: str, sim_library: str | None) -> int:
 def _run_child(scenario: str, sim_library: str | None, devices: int, timeout: float) -> dict:
     """Run one scenario in a fresh interpreter; always returns a result dict."""
     env = dict(os.environ)
+    env.pop("CYCTX_SIM_DEVICES", None)
     if sim_library:
         env["CYCTX_SIM_DEVICES"] = str(devices)
-    else:
-        env.pop("CYCTX_SIM_DEVICES", None)
     # Each child's own PYTHONPATH is left alone: cuda.bindings comes from the interpreter.
     fd, result_path = tempfile.mkstemp(prefix=f"diff-{scenario}-", suffix=".json")
     os.close(fd)
     cmd = [sys.executable, str(Path(__file__).resolve()), "_child", scenario, result_path]
     if sim_library:
         cmd += ["--sim-library", os.path.abspath(sim_library)]
+    # A new session so a timeout can kill the scenario and any fork child it left.
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        cwd=str(HERE),
+    )
+    out = None
     try:
-        # A new session so a timeout can kill the scenario and any fork child it left.
-        proc = subprocess.Popen(
-            cmd,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            cwd=str(HERE),
-        )
         try:
-            stdout, stderr = proc.communicate(timeout=timeout)
+            stderr = proc.communicate(timeout=timeout)[1]
         except subprocess.TimeoutExpired:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            stdout, stderr = proc.communicate()
-            return {
-                "events": [],
-                "error": f"timed out after {timeout:.0f} s\n"
-                + stderr.decode(errors="replace")[-4000:],
-                "skipped": None,
-            }
-        try:
-            with open(result_path) as f:
-                text = f.read()
-            out = json.loads(text) if text else None
-        except (OSError, ValueError):
-            out = None
-        if out is None:
-            how = (
-                f"killed by signal {-proc.returncode}"
-                if proc.returncode < 0
-                else f"exit code {proc.returncode}"
-            )
-            return {
-                "events": [],
-                "error": f"scenario process died ({how}) without a result\n"
-                + stderr.decode(errors="replace")[-4000:],
-                "skipped": None,
-            }
-        if proc.returncode != 0 and not out.get("error"):
-            out["error"] = (
-                f"exit code {proc.returncode}\n" + stderr.decode(errors="replace")[-4000:]
-            )
-        return out
+            stderr, why = proc.communicate()[1], f"timed out after {timeout:.0f} s"
+        else:
+            with contextlib.suppress(OSError, ValueError), open(result_path) as f:
+                out = json.loads(f.read() or "null")
+            rc = proc.returncode
+            how = f"killed by signal {-rc}" if rc < 0 else f"exit code {rc}"
+            why = f"scenario process died ({how}) without a result"
     finally:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(result_path)
-        except OSError:
-            pass
+    tail = stderr.decode(errors="replace")[-4000:]
+    if out is None:
+        return {"events": [], "error": f"{why}\n{tail}", "skipped": None}
+    if proc.returncode != 0 and not out.get("error"):
+        out["error"] = f"exit code {proc.returncode}\n{tail}"
+    return out
 
 
-# --------------------------------------------------------------------------------------------
-# record
-# --------------------------------------------------------------------------------------------
+# --- record -----------------------------------------------------------------------------------
 
 
 def scenario_names() -> list[str]:
@@ -313,9 +287,7 @@ def record(
     return {"meta": meta, "scenarios": {n: results[n] for n in names}}
 
 
-# --------------------------------------------------------------------------------------------
-# compare
-# --------------------------------------------------------------------------------------------
+# --- compare ----------------------------------------------------------------------------------
 
 
 def strip_event(ev):
@@ -494,9 +466,7 @@ def format_table(
     return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------------------------
-# CLI
-# --------------------------------------------------------------------------------------------
+# --- CLI --------------------------------------------------------------------------------------
 
 
 def main(argv=None) -> int:

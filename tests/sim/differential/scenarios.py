@@ -35,8 +35,6 @@ import time
 import traceback
 import warnings
 
-_NULL = None  # how a NULL context handle is recorded
-
 SCENARIOS: dict = {}  # name -> scenario function, in definition order (run.py's order)
 
 
@@ -51,9 +49,7 @@ class Skip(Exception):
     """Raised inside a scenario that cannot run on this machine (e.g. fewer than 2 devices)."""
 
 
-# --------------------------------------------------------------------------------------------
-# Recorder
-# --------------------------------------------------------------------------------------------
+# --- Recorder ---------------------------------------------------------------------------------
 
 
 class _Labels:
@@ -67,7 +63,7 @@ class _Labels:
 
     def ctx_label(self, value: int):
         if value == 0:
-            return _NULL
+            return None  # how a NULL context handle is recorded
         with self.lock:
             if value not in self.ctx:
                 self.ctx[value] = f"{self.prefix}ctx#{len(self.ctx) + 1}"
@@ -204,48 +200,47 @@ class Recorder:
             ev["tag"] = tag
         self._event(ev)
 
-    def info(self, what: str, value):
-        """Machine-specific data, recorded for humans and ignored by the comparer."""
-        self._event({"note": what, "info": value})
-
-    def skip(self, reason: str):
-        raise Skip(reason)
-
     # -- threads ----------------------------------------------------------------------------
 
     def sub(self, thread: str) -> Recorder:
         """A recorder for another thread: shares the label table, keeps its own events.
 
-        Merge it back with ``merge`` after ``join`` so the event order is deterministic
+        Its events are merged back by ``join`` so the event order is deterministic
         (each thread's own sequence, one block after another) whatever the interleaving was.
         Scenarios make sure every handle a thread will see was labelled on the main thread
         first, so label numbering does not depend on scheduling either.
         """
         return Recorder(self.d, self.labels, thread)
 
-    def merge(self, sub: Recorder):
-        self.events.extend(sub.events)
-
-    def run_thread(self, name: str, body):
-        """Run ``body(sub_recorder)`` on a new thread, join it, merge its events."""
+    def start_thread(self, name: str, body) -> Recorder:
+        """Start ``body(sub_recorder)`` on a new thread; ``join`` merges its events."""
         sub = self.sub(name)
-        box = {}
+        sub.tb = None
 
         def target():
             try:
                 body(sub)
             except Exception:
-                box["tb"] = traceback.format_exc()
+                sub.tb = traceback.format_exc()
 
-        t = threading.Thread(target=target, name=name)
-        t.start()
-        t.join(60)
-        if t.is_alive():
-            sub._event({"note": "thread did not finish in 60 s", "value": True})
-        self.merge(sub)
-        if "tb" in box:
-            raise RuntimeError(f"thread {name} raised:\n{box['tb']}")
+        sub.runner = threading.Thread(target=target, name=name)
+        sub.runner.start()
         return sub
+
+    def join(self, *subs: Recorder):
+        """Join the threads of ``subs`` and merge their events, in the order given."""
+        for sub in subs:
+            sub.runner.join(60)
+            if sub.runner.is_alive():
+                sub._event({"note": "thread did not finish in 60 s", "value": True})
+            self.events.extend(sub.events)
+        for sub in subs:
+            if sub.tb:
+                raise RuntimeError(f"thread {sub.thread} raised:\n{sub.tb}")
+
+    def run_thread(self, name: str, body):
+        """Run ``body(sub_recorder)`` on a new thread, join it, merge its events."""
+        self.join(self.start_thread(name, body))
 
     # -- fork -------------------------------------------------------------------------------
 
@@ -315,9 +310,7 @@ class Recorder:
         self.note("fork child exit status", os.WEXITSTATUS(status))
 
 
-# --------------------------------------------------------------------------------------------
-# Small helpers used by many scenarios
-# --------------------------------------------------------------------------------------------
+# --- Small helpers used by many scenarios -----------------------------------------------------
 
 
 def init(r):
@@ -337,7 +330,7 @@ def same(a: Res, b: Res) -> bool:
 def need_devices(r, n: int) -> int:
     c = count(r)
     if c < n:
-        r.skip(f"needs {n} devices, this machine has {c}")
+        raise Skip(f"needs {n} devices, this machine has {c}")
     return c
 
 
@@ -407,18 +400,9 @@ def probe_current(r, tag):
     r.call("cuCtxSynchronize", tag=tag)
 
 
-def unknown_result(d, value: int):
-    """A CUresult instance carrying a code the enum does not know.
-
-    The binding's ``CUresult(12345)`` raises ValueError, so the driver would never see the
-    value; building the int subclass directly lets the call reach ``cuGetErrorName`` the way
-    a C caller would pass a garbage code.
-    """
-    return _bogus_enum(d.CUresult, value)
-
-
 def _bogus_enum(cls, value: int):
-    """An instance of enum ``cls`` with a value outside it (see ``unknown_result``).
+    """An instance of enum ``cls`` with a value outside it, as a C caller could pass: the
+    binding's ``cls(value)`` raises ValueError, so the driver would never see it.
 
     Only ``_value_`` is set (what a stdlib-IntEnum binding reads; FastEnum reads ``int(self)``);
     no name, so the recorder prints it as the bare number with either kind of binding.
@@ -431,9 +415,7 @@ def _bogus_enum(cls, value: int):
     return obj
 
 
-# --------------------------------------------------------------------------------------------
-# Initialisation, version, devices, error strings
-# --------------------------------------------------------------------------------------------
+# --- Initialisation, version, devices, error strings ------------------------------------------
 
 
 @scenario
@@ -565,14 +547,12 @@ def s_error_names_and_strings(r):
         r.call("cuGetErrorString", c)
     # An unknown code: the driver says INVALID_VALUE and returns no string.
     for v in (12345, 0x7FFFFFFF):
-        bad = unknown_result(r.d, v)
+        bad = _bogus_enum(r.d.CUresult, v)
         r.call("cuGetErrorName", bad, tag=f"unknown code {v}")
         r.call("cuGetErrorString", bad, tag=f"unknown code {v}")
 
 
-# --------------------------------------------------------------------------------------------
-# Primary context: retain / release / state / flags
-# --------------------------------------------------------------------------------------------
+# --- Primary context: retain / release / state / flags ----------------------------------------
 
 
 @scenario
@@ -599,12 +579,9 @@ def s_primary_release_never_retained(r):
     init(r)
     release(r, tag="release without retain")
     state(r)
-    retain(r, -1, tag="bad ordinal")
-    retain(r, 10**6, tag="bad ordinal")
-    release(r, -1, tag="bad ordinal")
-    release(r, 10**6, tag="bad ordinal")
-    state(r, -1, tag="bad ordinal")
-    state(r, 10**6, tag="bad ordinal")
+    for step in (retain, release, state):
+        for dev in (-1, 10**6):
+            step(r, dev, tag="bad ordinal")
     n = count(r)
     state(r, n, tag="ordinal == count")
     r.call("cuDevicePrimaryCtxReset", -1, tag="bad ordinal")
@@ -672,9 +649,7 @@ def s_primary_set_flags_while_active(r):
     r.call("cuDevicePrimaryCtxSetFlags", 0, 0)
 
 
-# --------------------------------------------------------------------------------------------
-# Primary context reset (cuDevicePrimaryCtxReset, what cudaDeviceReset does underneath)
-# --------------------------------------------------------------------------------------------
+# --- Primary context reset (cuDevicePrimaryCtxReset, what cudaDeviceReset does underneath) ----
 
 
 @scenario
@@ -754,9 +729,7 @@ def s_reset_keeps_flags(r):
     r.call("cuDevicePrimaryCtxSetFlags", 0, 0)
 
 
-# --------------------------------------------------------------------------------------------
-# The per-thread context stack
-# --------------------------------------------------------------------------------------------
+# --- The per-thread context stack -------------------------------------------------------------
 
 
 @scenario
@@ -851,11 +824,9 @@ def s_stack_with_current(r):
     ctx_id(r, pc.val, tag="explicit handle: same id as NULL")
     if has(r, "cuCtxGetDevice_v2"):
         r.call("cuCtxGetDevice_v2", null_ctx(r))
-    if has(r, "cuCtxGetDevice_v2"):
         r.call("cuCtxGetDevice_v2", pc.val)
     if has(r, "cuCtxSynchronize_v2"):
         r.call("cuCtxSynchronize_v2", null_ctx(r))
-    if has(r, "cuCtxSynchronize_v2"):
         r.call("cuCtxSynchronize_v2", pc.val)
     pop(r)
     # A retained but not current primary: explicit-handle calls still work.
@@ -908,9 +879,7 @@ def s_stack_deep(r):
     release(r)
 
 
-# --------------------------------------------------------------------------------------------
-# Created contexts (cuCtxCreate / cuCtxDestroy)
-# --------------------------------------------------------------------------------------------
+# --- Created contexts (cuCtxCreate / cuCtxDestroy) --------------------------------------------
 #
 # No scenario creates a context after destroying one while the old handle is still used:
 # the real driver may hand out the freed address again, and label equality would then say
@@ -1051,34 +1020,15 @@ def s_destroy_current_on_other_thread(r):
         cur(t)
         pop(t, tag="empty now")
 
-    sub = r.sub("T")
-    th = threading.Thread(target=lambda: _guard(worker, sub))
-    th.start()
+    sub = r.start_thread("T", worker)
     pushed.wait(30)
     r.call("cuCtxDestroy", c.val, tag="while current on T")
     cur(r, tag="main thread: nothing current")
     destroyed.set()
-    th.join(60)
-    r.merge(sub)
-    _raise_from(sub)
+    r.join(sub)
 
 
-def _guard(body, sub):
-    try:
-        body(sub)
-    except Exception:
-        sub._tb = traceback.format_exc()
-
-
-def _raise_from(sub):
-    tb = getattr(sub, "_tb", None)
-    if tb:
-        raise RuntimeError(f"thread {sub.thread} raised:\n{tb}")
-
-
-# --------------------------------------------------------------------------------------------
-# Threads
-# --------------------------------------------------------------------------------------------
+# --- Threads ----------------------------------------------------------------------------------
 
 
 @scenario
@@ -1129,20 +1079,11 @@ def s_thread_own_stacks(r):
         cur(t)
         b_done.set()
 
-    sa, sb = r.sub("A"), r.sub("B")
-    ta = threading.Thread(target=lambda: _guard(thread_a, sa))
-    tb = threading.Thread(target=lambda: _guard(thread_b, sb))
-    ta.start()
-    tb.start()
+    sa, sb = r.start_thread("A", thread_a), r.start_thread("B", thread_b)
     b_done.wait(30)
     cur(r, tag="main: own stack untouched")
     a_go.set()
-    ta.join(60)
-    tb.join(60)
-    r.merge(sa)
-    r.merge(sb)
-    _raise_from(sa)
-    _raise_from(sb)
+    r.join(sa, sb)
     pop(r)
     r.call("cuCtxDestroy", c.val)
     release(r)
@@ -1227,9 +1168,7 @@ def s_threads_concurrent_push_pop(r):
     state(r)
 
 
-# --------------------------------------------------------------------------------------------
-# Two devices (skipped inside the scenario below 2)
-# --------------------------------------------------------------------------------------------
+# --- Two devices (skipped inside the scenario below 2) ----------------------------------------
 
 
 @scenario
@@ -1301,9 +1240,7 @@ def s_two_devices_created(r):
     release(r, 0)
 
 
-# --------------------------------------------------------------------------------------------
-# fork
-# --------------------------------------------------------------------------------------------
+# --- fork -------------------------------------------------------------------------------------
 
 
 def _child_calls(t, pc=None):
@@ -1368,9 +1305,7 @@ def s_fork_without_init(r):
     release(r)
 
 
-# --------------------------------------------------------------------------------------------
-# Epilogue: the state every scenario leaves behind (compared too; tidy scenarios agree)
-# --------------------------------------------------------------------------------------------
+# --- Epilogue: the state every scenario leaves behind (compared too; tidy scenarios agree) ----
 
 
 def epilogue(r):
