@@ -108,34 +108,6 @@ def _all_raise(exc_name, calls):
     calls[-1]()
 
 
-def _stream_returning(value):
-    return type("S", (), {"__cuda_stream__": lambda self: value})()
-
-
-def _bad_cuda_streams():
-    _all_raise(
-        "TypeError",
-        [
-            lambda v=v: ContextGuard(_stream_returning(v))
-            for v in [(), [0, 1], (1,), (0, "1"), (0, 1.5)]
-        ],
-    )
-
-
-def _handles_out_of_range():
-    _all_raise(
-        "ValueError",
-        [lambda: ContextGuard.from_handle(-1), lambda: ContextGuard.from_handle(2**64)],
-    )
-
-
-def _handles_not_ints():
-    _all_raise(
-        "TypeError",
-        [lambda: ContextGuard.from_handle(1.5), lambda: ContextGuard.from_handle("0x1234")],
-    )
-
-
 def _not_devices():
     from cuda.bindings import driver as d
     from cuda.bindings import runtime as r
@@ -227,16 +199,6 @@ ROWS = [
         lambda: ContextGuard.shared(_bindings().CUcontext(0x1000)),
         "TypeError",
     ),
-    (
-        "`@cyctx.device(k)` or `@guard` on an `async def`, async generator or generator function",
-        None,  # tests/guard/test_spellings.py
-        "TypeError",
-    ),
-    (
-        "`pickle`, `copy.copy`, `copy.deepcopy` of a guard that is not shared",
-        None,  # tests/guard/test_spellings.py
-        "TypeError",
-    ),
     ("`ContextGuard.shared(True)`", lambda: ContextGuard.shared(True), "TypeError"),
     ("`with` a closed guard", lambda: _with(_closed()), "GuardError"),
     ("`.handle` of a closed guard", lambda: _closed().handle, "GuardError"),
@@ -244,7 +206,6 @@ ROWS = [
     ("exit on another thread than the enter", _exit_on_other_thread, "GuardError"),
     ("exit out of LIFO order (generators, coroutines)", _out_of_order, "GuardError"),
     ("`close()` inside the guard's own `with`", _close_inside, "GuardError"),
-    ("`close()` of `ContextGuard.shared(k)`", None, "GuardError"),
     ("block pushes a context and leaves it, from an empty stack", _leaked_push, "GuardError"),
     (
         "enter after a reset, with `ContextResetWarning` as an error",
@@ -252,19 +213,6 @@ ROWS = [
         "ContextResetWarning",
     ),
     ("enter in a child forked after CUDA was used", _fork_child, "ForkError"),
-    (
-        "`__cuda_stream__()` returning `()`, `[0, 1]`, `(1,)` or a non-int handle",
-        _bad_cuda_streams,
-        "TypeError",
-    ),
-    ("`ContextGuard.from_handle(-1)` or `from_handle(2**64)`", _handles_out_of_range, "ValueError"),
-    ('`ContextGuard.from_handle(1.5)` or `from_handle("0x1234")`', _handles_not_ints, "TypeError"),
-    (
-        "`cyctx.diagnose(cudart=1.5)`, or any `cudart` not a path, None or a bool",
-        lambda: cyctx.diagnose(cudart=1.5),
-        "TypeError",
-    ),
-    ('`cyctx.diagnose(cudart="")`', lambda: cyctx.diagnose(cudart=""), "ValueError"),
     (
         "a method called through the class on something else: `ContextGuard.close(None)`, "
         "`ContextGuard.__exit__(obj, None, None, None)`, ...",
@@ -274,11 +222,7 @@ ROWS = [
 ]
 
 
-@pytest.mark.parametrize(
-    "what, fn, exc",
-    [r for r in ROWS if r[1] is not None],
-    ids=[r[0] for r in ROWS if r[1] is not None],
-)
+@pytest.mark.parametrize("what, fn, exc", ROWS, ids=[r[0] for r in ROWS])
 def test_bad_input_row(what, fn, exc):
     with retains_unchanged():
         expected = getattr(cyctx, exc, None) or getattr(builtins, exc)
@@ -301,22 +245,6 @@ def test_close_of_shared_guard_row():
 
 
 # --- device arguments -------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "bad, exc",
-    [
-        (-1, ValueError),
-        ("0", TypeError),
-        (None, TypeError),
-        (1.5, TypeError),
-        (True, TypeError),
-        ([0], TypeError),
-    ],
-)
-def test_bad_device_argument(bad, exc):
-    with pytest.raises(exc):
-        ContextGuard(bad)
 
 
 @pytest.mark.parametrize(
@@ -348,35 +276,6 @@ def test_nonexistent_device(bad, sim):
         assert ei.value.code == 101 and ei.value.name == "CUDA_ERROR_INVALID_DEVICE"
         assert str(bad) in str(ei.value)
     assert sim.call_count("cuDevicePrimaryCtxRetain") == retains
-
-
-def test_negative_ordinal_is_refused_before_any_driver_call(sim):
-    # A plain ValueError from the argument check, not the driver's InvalidDeviceError (which
-    # is a ValueError too, so `pytest.raises(ValueError)` alone cannot tell them apart).
-    calls = sim.call_count()
-    with pytest.raises(ValueError) as ei:
-        ContextGuard(-1)
-    assert type(ei.value) is ValueError and "must be >= 0" in str(ei.value)
-    assert sim.call_count() == calls
-
-
-def test_one_past_the_last_device_is_refused_before_the_driver_is_asked(sim):
-    # cyctx's own bounds check answers, not cuDeviceGet: the error says which check refused
-    # it and how many devices there are.
-    n = device_count()
-    gets = sim.call_count("cuDeviceGet")
-    with pytest.raises(InvalidDeviceError) as ei:
-        ContextGuard(n)
-    assert ei.value.call == "ContextGuard" and ei.value.code == 101
-    assert f"Device {n} does not exist" in str(ei.value) and f"reports {n} device(s)" in str(
-        ei.value
-    )
-    assert sim.call_count("cuDeviceGet") == gets
-
-
-def test_nonexistent_device_real():
-    with pytest.raises(InvalidDeviceError, match="does not exist"):
-        ContextGuard(10**9)
 
 
 # --- messages never format unbounded user values ----------------------------------------------

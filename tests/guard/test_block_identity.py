@@ -68,16 +68,6 @@ class Wrap:
         self.g.close()
 
 
-class AsyncWrap(Wrap):
-    """An async context manager over the guard (the shape of many async libraries' wrappers)."""
-
-    async def __aenter__(self):
-        return self.__enter__()
-
-    async def __aexit__(self, *exc):
-        return self.__exit__(*exc)
-
-
 WRAPPERS = [Sub, SubSub, Wrap]
 
 
@@ -156,61 +146,6 @@ def test_wrapped_guard_in_order_use_is_quiet_at_any_depth():
 
 
 # --- contextlib ------------------------------------------------------------------------------
-
-
-@pytest.mark.strands
-@pytest.mark.parametrize("stack", ["ExitStack", "AsyncExitStack", "AsyncWrap"])
-def test_two_tasks_entering_one_guard_through_contextlib_are_told_apart(stack):
-    # Task a enters the shared guard, then task b; a leaves first. a's exit is out of order and
-    # removes a's own entry; b keeps its context and its exit restores what was before both.
-    def body():
-        g = ContextGuard(0)
-        w = AsyncWrap(0)
-        seen = {}
-
-        async def hold(name, ev_in, ev_out):
-            try:
-                if stack == "ExitStack":
-                    with ExitStack() as st:
-                        st.enter_context(g)
-                        ev_in.set()
-                        await ev_out.wait()
-                elif stack == "AsyncExitStack":
-                    async with AsyncExitStack() as st:
-                        st.enter_context(g)
-                        ev_in.set()
-                        await ev_out.wait()
-                else:
-                    async with w:
-                        ev_in.set()
-                        await ev_out.wait()
-                seen[name] = "ok"
-            except GuardError as e:
-                seen[name] = str(e)
-
-        async def main():
-            a_in, a_out, b_in, b_out = (asyncio.Event() for _ in range(4))
-            ta = asyncio.ensure_future(hold("a", a_in, a_out))
-            await a_in.wait()
-            tb = asyncio.ensure_future(hold("b", b_in, b_out))
-            await b_in.wait()
-            a_out.set()
-            await ta
-            seen["between"] = (current(), open_entries())
-            b_out.set()
-            await tb
-
-        before = current()
-        asyncio.run(main())
-        handle = g.handle if stack != "AsyncWrap" else w.handle
-        assert "same guard" in seen["a"] and "removed" in seen["a"], seen
-        assert seen["b"] == "ok", seen
-        assert seen["between"] == (handle, 1), seen
-        assert current() == before and open_entries() == 0
-        g.close()
-        w.close()
-
-    in_thread(body)
 
 
 @pytest.mark.strands
@@ -386,41 +321,6 @@ def test_greenlet_collected_inside_a_block_out_of_order_reports_through_unraisab
         return current(), open_entries()
 
     assert in_thread(body) == (0, 0)
-
-
-@pytest.mark.strands
-@pytest.mark.parametrize("how", ["with", "ExitStack"])
-def test_two_greenlets_sharing_a_guard_are_told_apart(how):
-    # Through ExitStack too: the frames of contextlib that enter and leave are not the block.
-    greenlet = pytest.importorskip("greenlet")
-
-    def body():
-        g = ContextGuard(0)
-        errors = []
-
-        def run():
-            try:
-                if how == "with":
-                    with g:
-                        greenlet.getcurrent().parent.switch()
-                else:
-                    with ExitStack() as st:
-                        st.enter_context(g)
-                        greenlet.getcurrent().parent.switch()
-            except GuardError as e:
-                errors.append(e)
-
-        a, b = greenlet.greenlet(run), greenlet.greenlet(run)
-        a.switch()
-        b.switch()
-        a.switch()  # a leaves while b's block of the same guard is open
-        assert len(errors) == 1 and "same guard" in str(errors[0])
-        assert current() == g.handle and open_entries() == 1
-        b.switch()
-        assert errors[1:] == [] and current() == 0 and open_entries() == 0
-        g.close()
-
-    in_thread(body)
 
 
 @pytest.mark.strands

@@ -316,7 +316,7 @@ def test_close_fault_keeps_guard_open_then_releases(sim):
             g.close()
         assert not g.closed and sim.retain_count(0) == base + 1
     g.close()
-    assert sim.retain_count(0) == base
+    assert g.closed and sim.retain_count(0) == base
 
 
 def test_shared_first_use_under_every_fault(sim):

@@ -380,48 +380,6 @@ def test_coroutine_holding_a_guard_across_await_interleaved():
     assert n == 1 and left == 0 and cur == 0
 
 
-def test_asyncio_tasks_sharing_a_guard_across_await_out_of_order_exit_hands_its_restore_on():
-    # In a child: a shared guard keeps its retain for the life of the process.
-    out = run_child("""
-        import asyncio
-        import cyctx
-        from cyctx._guard import open_entries
-        g = cyctx.ContextGuard.shared(0)
-        errors = []
-
-        async def hold(ev_in, ev_out):
-            try:
-                with g:
-                    ev_in.set()
-                    await ev_out.wait()
-            except cyctx.GuardError as e:
-                errors.append(e)
-
-        async def main():
-            a_in, a_out, b_in, b_out = (asyncio.Event() for _ in range(4))
-            ta = asyncio.ensure_future(hold(a_in, a_out))
-            await a_in.wait()
-            tb = asyncio.ensure_future(hold(b_in, b_out))
-            await b_in.wait()
-            a_out.set()            # a leaves while b's block of the same guard is open
-            await ta
-            after_a = (drivers.current() == g.handle, open_entries())
-            b_out.set()
-            await tb
-            return after_a
-
-        before = drivers.current()
-        after_a = asyncio.run(main())
-        # a's exit is reported and removes a's own entry; b's block keeps its context.
-        assert len(errors) == 1 and "same guard" in str(errors[0]), errors
-        assert "removed" in str(errors[0]), errors
-        assert after_a == (True, 1), after_a
-        # b's exit restored what was current before a's block: nothing is left open.
-        print("END", drivers.current() == before, open_entries())
-    """)
-    assert "END True 0" in out.stdout
-
-
 def test_asyncio_tasks_with_guards_in_synchronous_sections():
     # The supported way: no await inside the block.
     g0, g1 = ContextGuard(0), ContextGuard(D1)

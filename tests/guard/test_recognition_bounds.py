@@ -82,19 +82,25 @@ def test_a_default_stream_that_knows_no_device_is_refused(handle):
 
 
 def test_the_last_ordinal_is_accepted_and_the_next_refused_with_the_bounds_stated(sim):
+    # cyctx's own bounds check answers, not cuDeviceGet (-1: before any driver call): the
+    # error says which check refused it and how many devices there are.
     n = device_count()
-    g = ContextGuard(n - 1)
-    g.close()
-    g = ContextGuard(0)
-    g.close()
+    ContextGuard(n - 1).close()
+    ContextGuard(0).close()
+    calls, gets = sim.call_count(), sim.call_count("cuDeviceGet")
+    with pytest.raises(ValueError, match="must be >= 0, got -1") as ei:
+        ContextGuard(-1)  # not the driver's InvalidDeviceError, a ValueError too
+    assert type(ei.value) is ValueError and sim.call_count() == calls
     with pytest.raises(InvalidDeviceError) as ei:
         ContextGuard(n)
-    assert f"ordinals 0..{n - 1}" in str(ei.value), ei.value
+    assert ei.value.call == "ContextGuard" and ei.value.code == 101
+    msg = str(ei.value)
+    assert (
+        f"Device {n} does not exist" in msg and f"reports {n} device(s), ordinals 0..{n - 1}" in msg
+    )
     with pytest.raises(InvalidDeviceError, match=f"Device {n + 1} does not exist"):
         ContextGuard(n + 1)
-    with pytest.raises(ValueError, match="must be >= 0, got -1") as ei:
-        ContextGuard(-1)
-    assert type(ei.value) is ValueError
+    assert sim.call_count("cuDeviceGet") == gets
 
 
 def test_the_bounds_follow_the_device_count():
