@@ -46,6 +46,9 @@ def test_a_refused_reset_says_it_was_refused(sim, reactivated_elsewhere):
                     with g:
                         pass
             assert sim.primary_active(0) == reactivated_elsewhere, "refused: nothing changed"
+            with pytest.warns(ContextResetWarning):  # the reset is still seen by the next enter
+                with g:
+                    pass
         finally:
             if reactivated_elsewhere:
                 ok(d.cuDevicePrimaryCtxRelease(dev))
