@@ -22,6 +22,7 @@ import warnings
 import pytest
 from helpers.children import run_child
 from helpers.drivers import create_context, driver, ok, retains
+from helpers.finalizers import suspended_in
 from helpers.threads import in_thread
 
 import cyctx
@@ -107,12 +108,7 @@ class _Noted(Exception):
 
 
 def _generator_closed(g, at_exit):
-    def gen():
-        with g:
-            yield
-
-    it = gen()
-    next(it)
+    it = suspended_in(g)
     at_exit()
     it.close()
 

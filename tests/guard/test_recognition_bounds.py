@@ -6,6 +6,7 @@ import pytest
 from helpers.children import run_child, run_python
 from helpers.drivers import current, device_count
 from helpers.fakes import fake
+from helpers.finalizers import suspended_in
 from helpers.threads import in_thread
 
 from cyctx import ContextGuard, GuardError, InvalidDeviceError
@@ -125,12 +126,7 @@ def test_a_generator_closed_out_of_order_is_reported_as_such(guard, guard1):
     # out of order. That is its own case: a generator closed (or collected) with its block open,
     # raised from close() (a note on the GeneratorExit would be lost), not a plain exit.
     def body():
-        def gen():
-            with guard:
-                yield
-
-        it = gen()
-        next(it)
+        it = suspended_in(guard)
         with guard1:
             with pytest.raises(GuardError) as ei:
                 it.close()
