@@ -1,9 +1,6 @@
-"""Bad inputs and misuse (docs/guarantees.md points here for the list): every row is tried, gets
-its typed error, and leaves no state behind: after the row's calls (the misuse and whatever the
-program does next, such as leaving the blocks still open) the autouse fixture finds this thread's
-context state as it was before them, and the retain counts are checked on the simulated driver.
-Also: device arguments refused before any driver call, and messages that stay short and typed
-for values that cannot be printed."""
+"""Bad inputs and misuse: every row gets its typed error and leaves no state behind (the autouse
+fixture checks the thread's context state, retains_unchanged the retain counts); messages stay
+short and typed for values that cannot be printed."""
 
 import builtins
 import warnings

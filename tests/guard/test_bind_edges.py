@@ -1,8 +1,5 @@
-"""cyctx.bind used the way users compose it: the decorator on a module-level function sent to a
-spawn pool, on methods (with staticmethod/classmethod stacked either way), a bound method sent
-to a pool; refusing what runs in steps by the rule and words of the guard's decorator; binding
-a context the caller made without touching that device's primary context. Each case that binds
-a device runs in a process of its own (a shared guard keeps its retain for the process)."""
+"""cyctx.bind as users compose it: spawn pools, methods, refusing what runs in steps as the
+decorator does, contexts the caller made. Each case that binds a device runs in a child."""
 
 import json
 import os

@@ -1,9 +1,6 @@
-"""Which block an exit belongs to, however the block is written: a subclass or another object
-wrapping the guard's methods, contextlib's ExitStack and AsyncExitStack (also in two tasks),
-helper functions that enter or leave for their caller, greenlets, tracer and gc hooks,
-Context.run, a frame address reused after its frame died; and out-of-order errors that a
-framework would swallow (GreenletExit, cancellation) are never lost. (A Cython-compiled
-generator, which has no frame, is tested with the Cython consumer: tests/test_consumer.py.)"""
+"""Which block an exit belongs to, however the block is written: subclasses and wrappers,
+contextlib, helper functions, greenlets, tracer and gc hooks, reused frame addresses; and
+out-of-order errors a framework would swallow are never lost."""
 
 import asyncio
 import contextvars

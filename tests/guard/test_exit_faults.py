@@ -1,16 +1,7 @@
-"""Every exit path survives a failing driver call (simulated driver): each driver call that
-leaving a block makes is failed, one at a time, on every way a block is left (``with``, a
-guard's decorator, ``cyctx.device(k)``'s, ``bind``, a block that raises, a generator closed, a
-coroutine finished or closed) and from every state an enter can find (no context, another
-device's, its own, its own with the block switching device).
-
-Failed once, the exit tries again: the thread is left as the enter found it (current context,
-stack depth) and the failure is still raised, a DriverError with the driver's code. Failed
-twice, the exit either leaves the thread as it found it or raises a DriverError whose message
-names the context left current (or says none is). Retains are balanced either way.
-
-The calls an exit makes are discovered by counting them, not listed by hand, so a new driver
-call in an exit is covered automatically.
+"""Each driver call an exit makes, failed once and twice (simulated driver), on every way a block
+is left and from every state an enter can find. Failed once, the exit tries again: the thread
+is as the enter found it and the DriverError is still raised. Failed twice, the error names the
+context left current. Retains stay balanced. The calls are counted, not listed by hand.
 """
 
 import asyncio

@@ -1,8 +1,5 @@
-"""Blocks left late or out of order: generators and coroutines suspended inside a block, then
-resumed, closed or collected under other blocks, on another thread, or inside another block
-of the same guard, or left out of order (interleaved generators, ExitStack, tasks sharing a guard
-across await). A late or out-of-order exit is reported, removes its own entry and hands its
-restore on."""
+"""Blocks left late or out of order (generators, coroutines, ExitStack, tasks): the exit is
+reported, removes its own entry and hands its restore on."""
 
 import asyncio
 import gc

@@ -1,6 +1,5 @@
-"""Lifetimes: guards freed while entered (their orphaned entries are never matched by a new
-guard at the same address, and are dropped by the next exit), guards used from weakref
-callbacks and finalizers, copies refused, and memory flat over millions of operations."""
+"""Guards freed while entered (their entries never matched by a new guard at the same address,
+dropped by the next exit), guards used from finalizers, and memory flat over millions of uses."""
 
 import gc
 import weakref

@@ -1,8 +1,5 @@
-"""A guard that nothing closed never destroys a context: the collector hands its primary retain
-to the process (held once per device: the shared guard's, or a slot until there is one), so the
-context and what the block made live on; close() and contextlib.closing release at once.
-
-Each case runs in a fresh interpreter: the process's retain, once held, is held for its life."""
+"""A guard nothing closed never destroys a context: the collector hands its retain to the process
+(once per device); close() and closing release at once. Each case runs in a fresh interpreter."""
 
 import textwrap
 

@@ -1,12 +1,7 @@
-"""Construction's re-activation loop (simulated driver): a reset on another thread between the
-retain and the id read leaves the primary context inactive with the guard's retain counted, and
-the construction re-activates it (a retain+release pair per try), a bounded number of times.
-Pinned here: the exact bound, a release failing inside the loop, and that every retain taken
-on the way is given back -- when the construction fails, when it succeeds (at close()), and
-when the guard is collected without close().
-
-The simulator's faults have no side effect: a 709 injected into cuCtxGetId stands for the
-reset that another thread made between the retain and the id read."""
+"""Construction's re-activation loop (simulated driver): a reset between the retain and the id
+read (a 709 injected into cuCtxGetId) is re-activated a bounded number of times, and every
+retain taken on the way is given back, whether the construction fails, succeeds (at close())
+or the guard is collected."""
 
 import sys
 import warnings

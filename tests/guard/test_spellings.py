@@ -1,9 +1,6 @@
-"""The forms users bring from other libraries: `with cyctx.device(k):`, a guard as a decorator,
-shared() of a framework's device, pickling and copying a guard, a constructor called wrongly,
-`cyctx.current_device()`, and the ResourceWarning of a guard left to the garbage collector.
-
-What creates a shared guard runs in a child: a shared guard holds its retain for the life of the
-process, which the per-test state check of this process would (rightly) report."""
+"""The forms users bring from other libraries: cyctx.device(k), decorators, shared() of a
+framework's device, pickling, constructor arguments, current_device(), and the ResourceWarning
+of a collected guard. Shared guards live for the process: made in children."""
 
 import asyncio
 import copy
