@@ -290,43 +290,26 @@ class _Stream:
         return self.v
 
 
-@pytest.mark.parametrize(
-    "make, exc, match",
-    [
-        (lambda: ContextGuard(HUGE), "InvalidDeviceError", "does not exist"),
-        (lambda: ContextGuard(_Index(HUGE)), "InvalidDeviceError", "does not exist"),
-        (lambda: ContextGuard.shared(HUGE), "InvalidDeviceError", "does not exist"),
-        (lambda: ContextGuard(-HUGE), "ValueError", ">= 0"),
-        (lambda: ContextGuard(_Index(-HUGE)), "ValueError", ">= 0"),
-        (lambda: ContextGuard.shared(-HUGE), "ValueError", ">= 0"),
-        (lambda: ContextGuard.from_handle(HUGE), "ValueError", "out of range"),
-        (lambda: ContextGuard.from_handle(-HUGE), "ValueError", "out of range"),
-        (lambda: ContextGuard(_Stream((0, HUGE))), "ValueError", "out of range"),
-        (lambda: ContextGuard(_Stream((HUGE, HUGE))), "ValueError", "out of range"),
-        (lambda: ContextGuard(_Stream([HUGE, 1])), "TypeError", "tuple"),
-        (lambda: ContextGuard(_Stream(([HUGE], 1))), "TypeError", "version"),
-        (lambda: ContextGuard(_Stream((0, [HUGE]))), "TypeError", "handle"),
-        (lambda: ContextGuard([HUGE]), "TypeError", "ContextGuard takes"),
-        (lambda: ContextGuard.from_handle([HUGE]), "TypeError", "from_handle"),
-    ],
-    ids=[
-        "ordinal",
-        "index",
-        "shared",
-        "negative",
-        "negative index",
-        "negative shared",
-        "from_handle",
-        "negative from_handle",
-        "stream handle",
-        "stream both",
-        "stream list",
-        "stream version",
-        "stream handle list",
-        "list",
-        "from_handle list",
-    ],
-)
+HUGE_CASES = {
+    "ordinal": (lambda: ContextGuard(HUGE), "InvalidDeviceError", "does not exist"),
+    "index": (lambda: ContextGuard(_Index(HUGE)), "InvalidDeviceError", "does not exist"),
+    "shared": (lambda: ContextGuard.shared(HUGE), "InvalidDeviceError", "does not exist"),
+    "negative": (lambda: ContextGuard(-HUGE), "ValueError", ">= 0"),
+    "negative index": (lambda: ContextGuard(_Index(-HUGE)), "ValueError", ">= 0"),
+    "negative shared": (lambda: ContextGuard.shared(-HUGE), "ValueError", ">= 0"),
+    "from_handle": (lambda: ContextGuard.from_handle(HUGE), "ValueError", "out of range"),
+    "negative from_handle": (lambda: ContextGuard.from_handle(-HUGE), "ValueError", "out of range"),
+    "stream handle": (lambda: ContextGuard(_Stream((0, HUGE))), "ValueError", "out of range"),
+    "stream both": (lambda: ContextGuard(_Stream((HUGE, HUGE))), "ValueError", "out of range"),
+    "stream list": (lambda: ContextGuard(_Stream([HUGE, 1])), "TypeError", "tuple"),
+    "stream version": (lambda: ContextGuard(_Stream(([HUGE], 1))), "TypeError", "version"),
+    "stream handle list": (lambda: ContextGuard(_Stream((0, [HUGE]))), "TypeError", "handle"),
+    "list": (lambda: ContextGuard([HUGE]), "TypeError", "ContextGuard takes"),
+    "from_handle list": (lambda: ContextGuard.from_handle([HUGE]), "TypeError", "from_handle"),
+}
+
+
+@pytest.mark.parametrize("make, exc, match", HUGE_CASES.values(), ids=HUGE_CASES)
 def test_huge_values_get_the_documented_error_not_int_to_str(make, exc, match):
     expected = getattr(cyctx, exc, None) or getattr(builtins, exc)
     with pytest.raises(expected, match=match) as ei:
@@ -359,34 +342,20 @@ class _BadModule:
 _BadModule.__module__ = 42  # not a str: read as no module
 
 
-@pytest.mark.parametrize(
-    "make, exc",
-    [
-        (lambda: ContextGuard(_BadRepr()), TypeError),
-        (lambda: ContextGuard.shared(_BadRepr()), TypeError),
-        (lambda: ContextGuard.from_handle(_BadRepr()), TypeError),
-        (lambda: ContextGuard(_Stream(_BadRepr())), TypeError),
-        (lambda: ContextGuard(_Stream((_BadRepr(), 5))), TypeError),
-        (lambda: ContextGuard(_Stream((0, _BadRepr()))), TypeError),
-        (
-            lambda: ContextGuard(
-                type("device", (_BadRepr,), {"__module__": "torch", "type": "cpu", "index": 0})()
-            ),
-            ValueError,
-        ),
-        (lambda: ContextGuard(_BadModule()), TypeError),
-    ],
-    ids=[
-        "guard",
-        "shared",
-        "from_handle",
-        "stream value",
-        "stream version",
-        "stream handle",
-        "torch cpu device",
-        "type with a non-str module",
-    ],
-)
+_CPU = type("device", (_BadRepr,), {"__module__": "torch", "type": "cpu", "index": 0})
+REPR_CASES = {
+    "guard": (lambda: ContextGuard(_BadRepr()), TypeError),
+    "shared": (lambda: ContextGuard.shared(_BadRepr()), TypeError),
+    "from_handle": (lambda: ContextGuard.from_handle(_BadRepr()), TypeError),
+    "stream value": (lambda: ContextGuard(_Stream(_BadRepr())), TypeError),
+    "stream version": (lambda: ContextGuard(_Stream((_BadRepr(), 5))), TypeError),
+    "stream handle": (lambda: ContextGuard(_Stream((0, _BadRepr()))), TypeError),
+    "torch cpu device": (lambda: ContextGuard(_CPU()), ValueError),
+    "type with a non-str module": (lambda: ContextGuard(_BadModule()), TypeError),
+}
+
+
+@pytest.mark.parametrize("make, exc", REPR_CASES.values(), ids=REPR_CASES)
 def test_a_value_whose_repr_raises_still_gets_the_typed_error(make, exc):
     with pytest.raises(exc) as ei:
         make()
