@@ -163,6 +163,7 @@ ROWS = [
         lambda: ContextGuard(device_count()),
         "InvalidDeviceError",
     ),
+    ("`ContextGuard(2**40)`", lambda: ContextGuard(2**40), "InvalidDeviceError"),
     ("`ContextGuard(10**30)`", lambda: ContextGuard(10**30), "InvalidDeviceError"),
     ('`ContextGuard("0")`', lambda: ContextGuard("0"), "TypeError"),
     ("`ContextGuard(None)`", lambda: ContextGuard(None), "TypeError"),

@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 from helpers.children import run_child
-from helpers.drivers import create_context, driver, ok, retains
+from helpers.drivers import create_context, current, driver, ok, retains
 from helpers.finalizers import suspended_in
 from helpers.threads import in_thread
 
@@ -35,12 +35,8 @@ def _set(ctx):
     ok(driver().cuCtxSetCurrent(ctx))
 
 
-def _current():
-    return int(ok(driver().cuCtxGetCurrent()))
-
-
 def _state(sim):
-    return {"current": _current(), "depth": sim.stack_depth(), "retains": retains()}
+    return {"current": current(), "depth": sim.stack_depth(), "retains": retains()}
 
 
 # --- the states an enter can find ---------------------------------------------------------------
@@ -195,7 +191,7 @@ def _run(sim, path, state, fault=None):
             after = _state(sim)
         finally:
             sim.clear_faults()
-            while _current():
+            while current():
                 _set(None)
             g0.close()
             g1.close()
@@ -333,16 +329,16 @@ def test_the_pop_in_place_of_a_context_destroyed_in_the_block_says_what_it_left(
                 g.__exit__(None, None, None)
             sim.clear_faults()
             if failures == 1:
-                assert _current() == 0 and sim.stack_depth() == 0
+                assert current() == 0 and sim.stack_depth() == 0
                 assert "popped its own switch" in str(ei.value)
                 assert "no context is current" in str(ei.value)
             else:
-                assert _current() == g.handle and sim.stack_depth() == 1
+                assert current() == g.handle and sim.stack_depth() == 1
                 assert "could not pop its own switch" in str(ei.value)
                 assert f"context 0x{g.handle:x} is current" in str(ei.value)
         finally:
             sim.clear_faults()
-            while _current():
+            while current():
                 _set(None)
             g.close()
 

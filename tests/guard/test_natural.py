@@ -211,16 +211,3 @@ def test_a_forked_child_hands_nothing_and_releases_nothing(sim):
     )
     assert _lines(out) == ["STATE (2, True, 1)", "STATE (1, True, 1)"]
     assert "CHILD 0" in out.stdout
-
-
-def test_ordinal_fast_path_refuses_what_recognise_refuses():
-    # ContextGuard(int) skips the general recogniser: the same errors for the same ints.
-    from cyctx import ContextGuard, InvalidDeviceError
-
-    with pytest.raises(ValueError, match="negative|>= 0|0 <="):
-        ContextGuard(-1)
-    for big in (1 << 40, 1 << 300):
-        with pytest.raises(InvalidDeviceError):
-            ContextGuard(big)
-    with pytest.raises(TypeError):
-        ContextGuard(True)
