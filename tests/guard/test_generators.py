@@ -304,30 +304,6 @@ def test_exitstack_leaving_the_outer_guard_first_hands_its_restore_to_the_inner_
         assert in_thread(body) == 0
 
 
-def test_same_guard_generators_interleaved_with_next_leave_the_guard_closable():
-    def gen(g):
-        with g:
-            yield
-
-    def body():
-        g, other = ContextGuard(0), ContextGuard(D1)
-        with other:
-            a, b = gen(g), gen(g)
-            next(a)  # a's block of g, over other's context
-            next(b)  # b's block of g, over a's
-            with pytest.raises(GuardError, match="same guard"):
-                next(a)  # a leaves first: out of order
-            assert current() == g.handle and open_entries() == 2
-            with pytest.raises(StopIteration):
-                next(b)  # b restores what was current before a's block
-            assert current() == other.handle and open_entries() == 1
-        assert current() == 0 and open_entries() == 0
-        g.close()  # nothing of g is left open on this thread
-        other.close()
-
-    in_thread(body)
-
-
 def test_exception_thrown_into_a_block_left_out_of_order_carries_the_note_and_removes_the_entry():
     # The block's exception wins; the out-of-order exit rides along as a note, and its entry is
     # removed all the same.
