@@ -346,15 +346,20 @@ def test_a_shared_guard_of_a_device_that_does_not_exist_raises_at_its_first_use(
             except cyctx.InvalidDeviceError as e:
                 print("REFUSED", "Device 7 does not exist" in str(e))
         print("RETAINS", [drivers.SIM.retain_count(k) for k in range(2)], g.closed)
+        try:
+            cyctx.device(1 << 40)  # no device has an ordinal past a C int
+        except cyctx.InvalidDeviceError:
+            print("REFUSED AT ONCE", cyctx.cuda_initialized())
         """,
         init=False,
     )
-    assert proc.stdout.split("\n")[:5] == [
+    assert proc.stdout.split("\n")[:6] == [
         "MADE False",
         "REFUSED True",
         "REFUSED True",
         "REFUSED True",
         "RETAINS [0, 0] False",
+        "REFUSED AT ONCE True",
     ], proc.stdout
 
 

@@ -76,18 +76,6 @@ def test_device_refuses_what_is_no_device(bad, error):
             cyctx.device(bad)
 
 
-def test_device_of_a_missing_device_is_invalid_device():
-    # Making it asks nothing of the driver (a decorator at import): its first use refuses.
-    with retains_unchanged():
-        g = cyctx.device(1 << 20)
-        for _ in range(2):
-            with pytest.raises(cyctx.InvalidDeviceError):
-                with g:
-                    pass
-        with pytest.raises(cyctx.InvalidDeviceError):
-            cyctx.device(1 << 40)  # no device has an ordinal past a C int: refused at once
-
-
 # --- shared() refuses contexts and streams ------------------------------------------------
 
 
