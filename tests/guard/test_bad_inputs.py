@@ -1,9 +1,6 @@
-"""Bad inputs and misuse (docs/guarantees.md points here for the list): every row is tried, gets
-its typed error, and leaves no state behind: after the row's calls (the misuse and whatever the
-program does next, such as leaving the blocks still open) the autouse fixture finds this thread's
-context state as it was before them, and the retain counts are checked on the simulated driver.
-Also: device arguments refused before any driver call, and messages that stay short and typed
-for values that cannot be printed."""
+"""Bad inputs and misuse: every row gets its typed error and leaves no state behind (the autouse
+fixture checks the thread's context state, retains_unchanged the retain counts); messages stay
+short and typed for values that cannot be printed."""
 
 import builtins
 import warnings
@@ -108,34 +105,6 @@ def _all_raise(exc_name, calls):
     calls[-1]()
 
 
-def _stream_returning(value):
-    return type("S", (), {"__cuda_stream__": lambda self: value})()
-
-
-def _bad_cuda_streams():
-    _all_raise(
-        "TypeError",
-        [
-            lambda v=v: ContextGuard(_stream_returning(v))
-            for v in [(), [0, 1], (1,), (0, "1"), (0, 1.5)]
-        ],
-    )
-
-
-def _handles_out_of_range():
-    _all_raise(
-        "ValueError",
-        [lambda: ContextGuard.from_handle(-1), lambda: ContextGuard.from_handle(2**64)],
-    )
-
-
-def _handles_not_ints():
-    _all_raise(
-        "TypeError",
-        [lambda: ContextGuard.from_handle(1.5), lambda: ContextGuard.from_handle("0x1234")],
-    )
-
-
 def _not_devices():
     from cuda.bindings import driver as d
     from cuda.bindings import runtime as r
@@ -194,12 +163,12 @@ ROWS = [
         lambda: ContextGuard(device_count()),
         "InvalidDeviceError",
     ),
+    ("`ContextGuard(2**40)`", lambda: ContextGuard(2**40), "InvalidDeviceError"),
     ("`ContextGuard(10**30)`", lambda: ContextGuard(10**30), "InvalidDeviceError"),
     ('`ContextGuard("0")`', lambda: ContextGuard("0"), "TypeError"),
     ("`ContextGuard(None)`", lambda: ContextGuard(None), "TypeError"),
     ("`ContextGuard(1.5)`", lambda: ContextGuard(1.5), "TypeError"),
     ("`ContextGuard(True)`", lambda: ContextGuard(True), "TypeError"),
-    ("an object whose `__index__` returns a bool", lambda: ContextGuard(_Index(True)), "TypeError"),
     (
         "`ContextGuard(CUevent(0))`, `CUmodule`, `CUgraph`, `cudaEvent_t`, `CUresult.CUDA_SUCCESS` or any other "
         "cuda.bindings or cuda.core object that is not a device, context, stream or green context",
@@ -216,25 +185,12 @@ ROWS = [
     ),
     ("`ContextGuard(-10**5000)`", lambda: ContextGuard(-(10**5000)), "ValueError"),
     ("a non-device whose `__repr__` raises", lambda: ContextGuard(_BadRepr()), "TypeError"),
-    ("`ContextGuard()`", lambda: ContextGuard(), "TypeError"),
-    ("`ContextGuard(0, 1)`", lambda: ContextGuard(0, 1), "TypeError"),
     ('`ContextGuard.shared("0")`', lambda: ContextGuard.shared("0"), "TypeError"),
-    ("`ContextGuard(0, flags=1)`", lambda: ContextGuard(0, flags=1), "TypeError"),
     ('`cyctx.device("0")`', lambda: cyctx.device("0"), "TypeError"),
     (
         "`shared()` or `cyctx.device()` of a context, a stream (also a framework's default "
         "stream) or a green context",
         lambda: ContextGuard.shared(_bindings().CUcontext(0x1000)),
-        "TypeError",
-    ),
-    (
-        "`@cyctx.device(k)` or `@guard` on an `async def`, async generator or generator function",
-        None,  # tests/guard/test_spellings.py
-        "TypeError",
-    ),
-    (
-        "`pickle`, `copy.copy`, `copy.deepcopy` of a guard that is not shared",
-        None,  # tests/guard/test_spellings.py
         "TypeError",
     ),
     ("`ContextGuard.shared(True)`", lambda: ContextGuard.shared(True), "TypeError"),
@@ -244,7 +200,6 @@ ROWS = [
     ("exit on another thread than the enter", _exit_on_other_thread, "GuardError"),
     ("exit out of LIFO order (generators, coroutines)", _out_of_order, "GuardError"),
     ("`close()` inside the guard's own `with`", _close_inside, "GuardError"),
-    ("`close()` of `ContextGuard.shared(k)`", None, "GuardError"),
     ("block pushes a context and leaves it, from an empty stack", _leaked_push, "GuardError"),
     (
         "enter after a reset, with `ContextResetWarning` as an error",
@@ -252,19 +207,6 @@ ROWS = [
         "ContextResetWarning",
     ),
     ("enter in a child forked after CUDA was used", _fork_child, "ForkError"),
-    (
-        "`__cuda_stream__()` returning `()`, `[0, 1]`, `(1,)` or a non-int handle",
-        _bad_cuda_streams,
-        "TypeError",
-    ),
-    ("`ContextGuard.from_handle(-1)` or `from_handle(2**64)`", _handles_out_of_range, "ValueError"),
-    ('`ContextGuard.from_handle(1.5)` or `from_handle("0x1234")`', _handles_not_ints, "TypeError"),
-    (
-        "`cyctx.diagnose(cudart=1.5)`, or any `cudart` not a path, None or a bool",
-        lambda: cyctx.diagnose(cudart=1.5),
-        "TypeError",
-    ),
-    ('`cyctx.diagnose(cudart="")`', lambda: cyctx.diagnose(cudart=""), "ValueError"),
     (
         "a method called through the class on something else: `ContextGuard.close(None)`, "
         "`ContextGuard.__exit__(obj, None, None, None)`, ...",
@@ -274,11 +216,7 @@ ROWS = [
 ]
 
 
-@pytest.mark.parametrize(
-    "what, fn, exc",
-    [r for r in ROWS if r[1] is not None],
-    ids=[r[0] for r in ROWS if r[1] is not None],
-)
+@pytest.mark.parametrize("what, fn, exc", ROWS, ids=[r[0] for r in ROWS])
 def test_bad_input_row(what, fn, exc):
     with retains_unchanged():
         expected = getattr(cyctx, exc, None) or getattr(builtins, exc)
@@ -301,22 +239,6 @@ def test_close_of_shared_guard_row():
 
 
 # --- device arguments -------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "bad, exc",
-    [
-        (-1, ValueError),
-        ("0", TypeError),
-        (None, TypeError),
-        (1.5, TypeError),
-        (True, TypeError),
-        ([0], TypeError),
-    ],
-)
-def test_bad_device_argument(bad, exc):
-    with pytest.raises(exc):
-        ContextGuard(bad)
 
 
 @pytest.mark.parametrize(
@@ -350,35 +272,6 @@ def test_nonexistent_device(bad, sim):
     assert sim.call_count("cuDevicePrimaryCtxRetain") == retains
 
 
-def test_negative_ordinal_is_refused_before_any_driver_call(sim):
-    # A plain ValueError from the argument check, not the driver's InvalidDeviceError (which
-    # is a ValueError too, so `pytest.raises(ValueError)` alone cannot tell them apart).
-    calls = sim.call_count()
-    with pytest.raises(ValueError) as ei:
-        ContextGuard(-1)
-    assert type(ei.value) is ValueError and "must be >= 0" in str(ei.value)
-    assert sim.call_count() == calls
-
-
-def test_one_past_the_last_device_is_refused_before_the_driver_is_asked(sim):
-    # cyctx's own bounds check answers, not cuDeviceGet: the error says which check refused
-    # it and how many devices there are.
-    n = device_count()
-    gets = sim.call_count("cuDeviceGet")
-    with pytest.raises(InvalidDeviceError) as ei:
-        ContextGuard(n)
-    assert ei.value.call == "ContextGuard" and ei.value.code == 101
-    assert f"Device {n} does not exist" in str(ei.value) and f"reports {n} device(s)" in str(
-        ei.value
-    )
-    assert sim.call_count("cuDeviceGet") == gets
-
-
-def test_nonexistent_device_real():
-    with pytest.raises(InvalidDeviceError, match="does not exist"):
-        ContextGuard(10**9)
-
-
 # --- messages never format unbounded user values ----------------------------------------------
 # Python refuses to turn an int of more than 4300 digits into text (ValueError): a message that
 # formats such a value raised that instead of the documented error.
@@ -394,43 +287,26 @@ class _Stream:
         return self.v
 
 
-@pytest.mark.parametrize(
-    "make, exc, match",
-    [
-        (lambda: ContextGuard(HUGE), "InvalidDeviceError", "does not exist"),
-        (lambda: ContextGuard(_Index(HUGE)), "InvalidDeviceError", "does not exist"),
-        (lambda: ContextGuard.shared(HUGE), "InvalidDeviceError", "does not exist"),
-        (lambda: ContextGuard(-HUGE), "ValueError", ">= 0"),
-        (lambda: ContextGuard(_Index(-HUGE)), "ValueError", ">= 0"),
-        (lambda: ContextGuard.shared(-HUGE), "ValueError", ">= 0"),
-        (lambda: ContextGuard.from_handle(HUGE), "ValueError", "out of range"),
-        (lambda: ContextGuard.from_handle(-HUGE), "ValueError", "out of range"),
-        (lambda: ContextGuard(_Stream((0, HUGE))), "ValueError", "out of range"),
-        (lambda: ContextGuard(_Stream((HUGE, HUGE))), "ValueError", "out of range"),
-        (lambda: ContextGuard(_Stream([HUGE, 1])), "TypeError", "tuple"),
-        (lambda: ContextGuard(_Stream(([HUGE], 1))), "TypeError", "version"),
-        (lambda: ContextGuard(_Stream((0, [HUGE]))), "TypeError", "handle"),
-        (lambda: ContextGuard([HUGE]), "TypeError", "ContextGuard takes"),
-        (lambda: ContextGuard.from_handle([HUGE]), "TypeError", "from_handle"),
-    ],
-    ids=[
-        "ordinal",
-        "index",
-        "shared",
-        "negative",
-        "negative index",
-        "negative shared",
-        "from_handle",
-        "negative from_handle",
-        "stream handle",
-        "stream both",
-        "stream list",
-        "stream version",
-        "stream handle list",
-        "list",
-        "from_handle list",
-    ],
-)
+HUGE_CASES = {
+    "ordinal": (lambda: ContextGuard(HUGE), "InvalidDeviceError", "does not exist"),
+    "index": (lambda: ContextGuard(_Index(HUGE)), "InvalidDeviceError", "does not exist"),
+    "shared": (lambda: ContextGuard.shared(HUGE), "InvalidDeviceError", "does not exist"),
+    "negative": (lambda: ContextGuard(-HUGE), "ValueError", ">= 0"),
+    "negative index": (lambda: ContextGuard(_Index(-HUGE)), "ValueError", ">= 0"),
+    "negative shared": (lambda: ContextGuard.shared(-HUGE), "ValueError", ">= 0"),
+    "from_handle": (lambda: ContextGuard.from_handle(HUGE), "ValueError", "out of range"),
+    "negative from_handle": (lambda: ContextGuard.from_handle(-HUGE), "ValueError", "out of range"),
+    "stream handle": (lambda: ContextGuard(_Stream((0, HUGE))), "ValueError", "out of range"),
+    "stream both": (lambda: ContextGuard(_Stream((HUGE, HUGE))), "ValueError", "out of range"),
+    "stream list": (lambda: ContextGuard(_Stream([HUGE, 1])), "TypeError", "tuple"),
+    "stream version": (lambda: ContextGuard(_Stream(([HUGE], 1))), "TypeError", "version"),
+    "stream handle list": (lambda: ContextGuard(_Stream((0, [HUGE]))), "TypeError", "handle"),
+    "list": (lambda: ContextGuard([HUGE]), "TypeError", "ContextGuard takes"),
+    "from_handle list": (lambda: ContextGuard.from_handle([HUGE]), "TypeError", "from_handle"),
+}
+
+
+@pytest.mark.parametrize("make, exc, match", HUGE_CASES.values(), ids=HUGE_CASES)
 def test_huge_values_get_the_documented_error_not_int_to_str(make, exc, match):
     expected = getattr(cyctx, exc, None) or getattr(builtins, exc)
     with pytest.raises(expected, match=match) as ei:
@@ -463,34 +339,20 @@ class _BadModule:
 _BadModule.__module__ = 42  # not a str: read as no module
 
 
-@pytest.mark.parametrize(
-    "make, exc",
-    [
-        (lambda: ContextGuard(_BadRepr()), TypeError),
-        (lambda: ContextGuard.shared(_BadRepr()), TypeError),
-        (lambda: ContextGuard.from_handle(_BadRepr()), TypeError),
-        (lambda: ContextGuard(_Stream(_BadRepr())), TypeError),
-        (lambda: ContextGuard(_Stream((_BadRepr(), 5))), TypeError),
-        (lambda: ContextGuard(_Stream((0, _BadRepr()))), TypeError),
-        (
-            lambda: ContextGuard(
-                type("device", (_BadRepr,), {"__module__": "torch", "type": "cpu", "index": 0})()
-            ),
-            ValueError,
-        ),
-        (lambda: ContextGuard(_BadModule()), TypeError),
-    ],
-    ids=[
-        "guard",
-        "shared",
-        "from_handle",
-        "stream value",
-        "stream version",
-        "stream handle",
-        "torch cpu device",
-        "type with a non-str module",
-    ],
-)
+_CPU = type("device", (_BadRepr,), {"__module__": "torch", "type": "cpu", "index": 0})
+REPR_CASES = {
+    "guard": (lambda: ContextGuard(_BadRepr()), TypeError),
+    "shared": (lambda: ContextGuard.shared(_BadRepr()), TypeError),
+    "from_handle": (lambda: ContextGuard.from_handle(_BadRepr()), TypeError),
+    "stream value": (lambda: ContextGuard(_Stream(_BadRepr())), TypeError),
+    "stream version": (lambda: ContextGuard(_Stream((_BadRepr(), 5))), TypeError),
+    "stream handle": (lambda: ContextGuard(_Stream((0, _BadRepr()))), TypeError),
+    "torch cpu device": (lambda: ContextGuard(_CPU()), ValueError),
+    "type with a non-str module": (lambda: ContextGuard(_BadModule()), TypeError),
+}
+
+
+@pytest.mark.parametrize("make, exc", REPR_CASES.values(), ids=REPR_CASES)
 def test_a_value_whose_repr_raises_still_gets_the_typed_error(make, exc):
     with pytest.raises(exc) as ei:
         make()

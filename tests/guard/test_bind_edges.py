@@ -1,8 +1,5 @@
-"""cyctx.bind used the way users compose it: the decorator on a module-level function sent to a
-spawn pool, on methods (with staticmethod/classmethod stacked either way), a bound method sent
-to a pool; refusing what runs in steps by the rule and words of the guard's decorator; binding
-a context the caller made without touching that device's primary context. Each case that binds
-a device runs in a process of its own (a shared guard keeps its retain for the process)."""
+"""cyctx.bind as users compose it: spawn pools, methods, refusing what runs in steps as the
+decorator does, contexts the caller made. Each case that binds a device runs in a child."""
 
 import json
 import os
@@ -349,15 +346,20 @@ def test_a_shared_guard_of_a_device_that_does_not_exist_raises_at_its_first_use(
             except cyctx.InvalidDeviceError as e:
                 print("REFUSED", "Device 7 does not exist" in str(e))
         print("RETAINS", [drivers.SIM.retain_count(k) for k in range(2)], g.closed)
+        try:
+            cyctx.device(1 << 40)  # no device has an ordinal past a C int
+        except cyctx.InvalidDeviceError:
+            print("REFUSED AT ONCE", cyctx.cuda_initialized())
         """,
         init=False,
     )
-    assert proc.stdout.split("\n")[:5] == [
+    assert proc.stdout.split("\n")[:6] == [
         "MADE False",
         "REFUSED True",
         "REFUSED True",
         "REFUSED True",
         "RETAINS [0, 0] False",
+        "REFUSED AT ONCE True",
     ], proc.stdout
 
 

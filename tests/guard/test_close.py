@@ -1,40 +1,15 @@
-"""close() and release: a guard releases its retain once (close, or deallocation), refuses
-close() inside its own block, keeps a retain whose release failed for a retry, and stays
-closed against other threads and against a re-activation in progress."""
+"""close(): refused inside the guard's own block, releasing once however many threads call it,
+and not undone by a re-activation in progress (deallocation: test_natural.py; a release that
+fails: test_faults.py)."""
 
 import threading
 import warnings
 
 import pytest
 from helpers.drivers import current, reset_primary
-from helpers.finalizers import freed_on_purpose
 from helpers.threads import in_thread, run_threads, running
 
-from cyctx import ContextGuard, ContextResetWarning, DriverError, GuardError
-
-
-def test_dealloc_gives_the_own_retain_to_the_process_once(sim):
-    # Held once per device: by the slot, or by the shared guard when there is one (then the
-    # collected guard's retain is released). tests/guard/test_natural.py pins both in children.
-    from cyctx._guard import live_guards, process_retains
-
-    shared = any(g.is_shared and g.device == 1 for g in live_guards())
-    before = sim.retain_count(1)
-    g = ContextGuard(1)
-    assert sim.retain_count(1) == before + 1
-    with freed_on_purpose(collect=False):
-        del g
-    assert process_retains(1) == (0 if shared else 1)
-    assert sim.retain_count(1) == before + process_retains(1) and sim.primary_active(1)
-
-
-def test_use_after_close(guard):
-    guard.close()
-    with pytest.raises(GuardError, match="closed"):
-        with guard:
-            pass
-    with pytest.raises(GuardError, match="closed"):
-        _ = guard.handle
+from cyctx import ContextGuard, ContextResetWarning, GuardError
 
 
 @pytest.mark.thread_unsafe(reason="closes the guard fixture, which all its copies share")
@@ -44,17 +19,6 @@ def test_close_inside_block_refused(guard):
             guard.close()
         assert not guard.closed
     guard.close()
-
-
-def test_close_failure_keeps_the_retain_for_a_retry(sim):
-    before = sim.retain_count(0)
-    g = ContextGuard(0)
-    sim.inject_fault("cuDevicePrimaryCtxRelease", 999)
-    with pytest.raises(DriverError):
-        g.close()
-    assert not g.closed and sim.retain_count(0) == before + 1
-    g.close()
-    assert g.closed and sim.retain_count(0) == before
 
 
 # --- other threads and re-activations ---------------------------------------------------------

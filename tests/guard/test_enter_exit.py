@@ -128,65 +128,34 @@ def test_blocks_left_from_other_frames_still_match_their_guard():
 # --- a block that changes the context stack ---------------------------------------------------
 
 
-def test_repairs_cuCtxSetCurrent_inside_block(guard, guard1):
-    d = driver()
+def _set(ctx):
+    ok(driver().cuCtxSetCurrent(ctx))
 
+
+# What a block does behind the guard's back (what cudaSetDevice does, a pop of what it did not
+# push), with or without an outer block of the guard: (outer, inner guard, act).
+BLOCK_ACTS = {
+    "set the outer context in another's block": (True, 1, lambda g, g1: _set(g.context)),
+    "set another context on the fast path": (True, 0, lambda g, g1: _set(g1.context)),
+    "pop on the fast path": (True, 0, lambda g, g1: ok(driver().cuCtxPopCurrent())),
+    "set another context from an empty stack": (False, 0, lambda g, g1: _set(g1.context)),
+    "pop from an empty stack": (False, 0, lambda g, g1: ok(driver().cuCtxPopCurrent())),
+    "set null from an empty stack": (False, 0, lambda g, g1: _set(None)),
+}
+
+
+@pytest.mark.parametrize("outer, inner, act", BLOCK_ACTS.values(), ids=BLOCK_ACTS)
+def test_a_block_that_changed_the_stack_is_repaired(guard, guard1, outer, inner, act):
+    # From an empty stack the guard pushes and its exit pops one entry: when the block emptied
+    # the stack already, the exit sees it is empty (as before the block) and raises nothing.
     def body():
-        with guard:
-            with guard1:
-                ok(d.cuCtxSetCurrent(guard.context))  # what cudaSetDevice(0) does to the stack
-                assert current() == guard.handle
-            assert current() == guard.handle
-            ok(d.cuCtxSetCurrent(guard1.context))
-        return current()
+        with guard if outer else contextlib.nullcontext():
+            with (guard, guard1)[inner]:
+                act(guard, guard1)
+            after = current()
+        return after, current()
 
-    assert in_thread(body) == 0
-
-
-def test_repairs_replacement_on_the_fast_path(guard, guard1):
-    d = driver()
-
-    def body():
-        with guard:
-            with guard:  # fast path: already current
-                ok(d.cuCtxSetCurrent(guard1.context))
-            assert current() == guard.handle
-        return current()
-
-    assert in_thread(body) == 0
-
-
-def test_block_that_popped_the_context_is_repaired(guard):
-    d = driver()
-
-    def body():
-        with guard:
-            with guard:
-                ok(d.cuCtxPopCurrent())  # the block popped what it did not push
-                assert current() == 0
-            assert current() == guard.handle
-        return current()
-
-    assert in_thread(body) == 0
-
-
-@pytest.mark.parametrize("how", ["pop", "set_null"])
-def test_block_that_emptied_the_stack_is_left_empty(guard, how):
-    # From an empty stack the guard pushes, and its exit pops one entry. When the block has
-    # already emptied the stack, that pop fails; the exit must see the stack is empty (what
-    # the thread had before the block) and raise nothing.
-    d = driver()
-
-    def body():
-        with guard:
-            if how == "pop":
-                ok(d.cuCtxPopCurrent())
-            else:
-                ok(d.cuCtxSetCurrent(None))
-            assert current() == 0
-        return current()
-
-    assert in_thread(body) == 0
+    assert in_thread(body) == (guard.handle if outer else 0, 0)
 
 
 def test_leaked_push_from_empty_stack_is_unwound_and_reported(guard, guard1):
@@ -218,42 +187,30 @@ def test_leaked_push_over_a_context_restores_current(guard, guard1):
     assert in_thread(body) == (guard.handle, 0)
 
 
-def test_unwind_cap_says_what_was_left(sim):
+@pytest.mark.parametrize("extra", [0, 5], ids=["at the cap", "past the cap"])
+def test_unwind_cap(sim, extra):
+    # Up to the cap, every leaked push is popped and the error says so; past it, the error says
+    # what is still left.
     def body():
         g = ContextGuard(0)
         d = driver()
         with pytest.raises(GuardError) as ei:
             with g:
-                for _ in range(4096 + 5):
+                for _ in range(4096 + extra):
                     ok(d.cuCtxPushCurrent(g.context))
-        msg = str(ei.value)
-        left = sim.stack_depth()
+        state = (str(ei.value), sim.stack_depth())
         while current():
             ok(d.cuCtxPopCurrent())
         g.close()
-        return msg, left
-
-    msg, left = in_thread(body)
-    assert left > 0
-    assert "4096" in msg and "still" in msg and "were popped to restore" not in msg, msg
-
-
-def test_unwind_cap_boundary_pops_them_all(sim):
-    # Exactly the cap's number of leaked pushes: all popped, and the error says so.
-    def body():
-        g = ContextGuard(0)
-        d = driver()
-        with pytest.raises(GuardError) as ei:
-            with g:
-                for _ in range(4096):
-                    ok(d.cuCtxPushCurrent(g.context))
-        state = (str(ei.value), sim.stack_depth(), current())
-        g.close()
         return state
 
-    msg, depth, cur = in_thread(body)
-    assert depth == 0 and cur == 0
-    assert "pushed 4096 context(s)" in msg and "were popped to restore" in msg, msg
+    msg, left = in_thread(body)
+    if extra:
+        assert left > 0 and "4096" in msg and "still" in msg, msg
+        assert "were popped to restore" not in msg, msg
+    else:
+        assert left == 0 and "pushed 4096 context(s)" in msg, msg
+        assert "were popped to restore" in msg, msg
 
 
 # --- misuse -----------------------------------------------------------------------------------

@@ -65,7 +65,3 @@ def test_nesting_at_the_inline_and_heap_bounds(five_guards, depth):
     want = [(k, True, True) for k in reversed(range(depth))]
     assert fresh == want and again == want
     assert (cur, entries) == (0, 0)
-
-
-def test_bounds_cover_each_growth():
-    assert GROWTHS == [6, 12, 18, 30, 54]

@@ -174,22 +174,6 @@ def test_driver_load_errors_say_what_their_code_means(tmp_path, kind, code, name
         assert s not in msg, msg
 
 
-def test_no_driver_library_is_described(tmp_path):
-    # No libcuda.so.1 anywhere (this machine without a driver): NoDeviceError, described.
-    from helpers.children import run_python
-
-    from cyctx import testing
-
-    if testing.real_driver_available():
-        pytest.skip("this machine has an NVIDIA driver")
-    import json
-
-    out = run_python(LOAD_CHILD)
-    cls, code, name, call, msg = json.loads(out.stdout.strip().splitlines()[-1])
-    assert (cls, code, name) == ("NoDeviceError", 100, "CUDA_ERROR_NO_DEVICE"), msg
-    assert "unrecognised" not in msg and "the NVIDIA driver's library, is missing" in msg, msg
-
-
 def test_error_names_and_texts_without_a_driver_cover_cyctxs_own_codes():
     # Every code the load can return has a name and a text of its own, without a driver to ask.
     from cyctx import _errors

@@ -1,16 +1,7 @@
-"""Every exit path survives a failing driver call (simulated driver): each driver call that
-leaving a block makes is failed, one at a time, on every way a block is left (``with``, a
-guard's decorator, ``cyctx.device(k)``'s, ``bind``, a block that raises, a generator closed, a
-coroutine finished or closed) and from every state an enter can find (no context, another
-device's, its own, its own with the block switching device).
-
-Failed once, the exit tries again: the thread is left as the enter found it (current context,
-stack depth) and the failure is still raised, a DriverError with the driver's code. Failed
-twice, the exit either leaves the thread as it found it or raises a DriverError whose message
-names the context left current (or says none is). Retains are balanced either way.
-
-The calls an exit makes are discovered by counting them, not listed by hand, so a new driver
-call in an exit is covered automatically.
+"""Each driver call an exit makes, failed once and twice (simulated driver), on every way a block
+is left and from every state an enter can find. Failed once, the exit tries again: the thread
+is as the enter found it and the DriverError is still raised. Failed twice, the error names the
+context left current. Retains stay balanced. The calls are counted, not listed by hand.
 """
 
 import asyncio
@@ -21,7 +12,8 @@ import warnings
 
 import pytest
 from helpers.children import run_child
-from helpers.drivers import create_context, driver, ok, retains
+from helpers.drivers import create_context, current, driver, ok, retains
+from helpers.finalizers import suspended_in
 from helpers.threads import in_thread
 
 import cyctx
@@ -43,12 +35,8 @@ def _set(ctx):
     ok(driver().cuCtxSetCurrent(ctx))
 
 
-def _current():
-    return int(ok(driver().cuCtxGetCurrent()))
-
-
 def _state(sim):
-    return {"current": _current(), "depth": sim.stack_depth(), "retains": retains()}
+    return {"current": current(), "depth": sim.stack_depth(), "retains": retains()}
 
 
 # --- the states an enter can find ---------------------------------------------------------------
@@ -107,12 +95,7 @@ class _Noted(Exception):
 
 
 def _generator_closed(g, at_exit):
-    def gen():
-        with g:
-            yield
-
-    it = gen()
-    next(it)
+    it = suspended_in(g)
     at_exit()
     it.close()
 
@@ -208,7 +191,7 @@ def _run(sim, path, state, fault=None):
             after = _state(sim)
         finally:
             sim.clear_faults()
-            while _current():
+            while current():
                 _set(None)
             g0.close()
             g1.close()
@@ -346,16 +329,16 @@ def test_the_pop_in_place_of_a_context_destroyed_in_the_block_says_what_it_left(
                 g.__exit__(None, None, None)
             sim.clear_faults()
             if failures == 1:
-                assert _current() == 0 and sim.stack_depth() == 0
+                assert current() == 0 and sim.stack_depth() == 0
                 assert "popped its own switch" in str(ei.value)
                 assert "no context is current" in str(ei.value)
             else:
-                assert _current() == g.handle and sim.stack_depth() == 1
+                assert current() == g.handle and sim.stack_depth() == 1
                 assert "could not pop its own switch" in str(ei.value)
                 assert f"context 0x{g.handle:x} is current" in str(ei.value)
         finally:
             sim.clear_faults()
-            while _current():
+            while current():
                 _set(None)
             g.close()
 

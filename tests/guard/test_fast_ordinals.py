@@ -1,9 +1,6 @@
 """cyctx.device(k) for an int reads a C array of the first 64 shared guards, unchecked: its bound
-`0 <= k < 64` is the only thing between an ordinal and a read outside the array. Each bound is
-tested where a missing check is observable: on a simulated driver of 64 devices (every fast slot
-a real device, 63 the last), and with ordinals whose byte offset wraps around to a published
-slot (k * 8 is 0 modulo 2**64 for k = +-2**61, -2**62, -2**63): an unchecked read there returns
-device 0's guard instead of refusing the ordinal."""
+`0 <= k < 64` is tested where a missing check shows, on 64 simulated devices and with ordinals
+whose byte offset wraps to a published slot (k * 8 = 0 mod 2**64)."""
 
 import pytest
 from helpers.children import run_python

@@ -1,10 +1,6 @@
 """Process-wide state published on first use, raced deterministically: the simulated driver's
-stall holds the first thread inside the publication (its driver call releases the GIL) while
-others race past it and publish, so the held thread loses for certain, after the winner.
-(The shared guards and cyctx.device()'s array: tests/guard/test_shared.py.) Here: the driver
-table, the pytest plugin's driver reader (per Observer, not process-wide: shown below too) and
-the doctor's cache of which distribution owns a file (process-wide); the doctor's list of
-distributions and their RECORDs are per census, shown below."""
+stall holds the first thread inside the publication while others publish, so it loses for
+certain (the shared guards: test_shared.py)."""
 
 from helpers.children import run_child
 

@@ -1,9 +1,6 @@
-"""The plain build (public CPython API only: any CPython the suite has not run on, or
-CYCTX_PLAIN_PROTOCOL=1 at build time) against the tested one, on the cases where they differ.
-
-The plain build reads no strand: an exit not made through its `with` statement's binding takes
-the guard's sole entry on the thread, or is refused loudly. The blocks `with` opens carry their
-tag in both builds.
+"""The plain build (public CPython API only) against the tested one, where they differ: the plain
+build reads no strand, so an exit not made through its `with` statement's binding takes the
+guard's sole entry on the thread or is refused loudly.
 """
 
 import os

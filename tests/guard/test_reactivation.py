@@ -1,12 +1,7 @@
-"""Construction's re-activation loop (simulated driver): a reset on another thread between the
-retain and the id read leaves the primary context inactive with the guard's retain counted, and
-the construction re-activates it (a retain+release pair per try), a bounded number of times.
-Pinned here: the exact bound, a release failing inside the loop, and that every retain taken
-on the way is given back -- when the construction fails, when it succeeds (at close()), and
-when the guard is collected without close().
-
-The simulator's faults have no side effect: a 709 injected into cuCtxGetId stands for the
-reset that another thread made between the retain and the id read."""
+"""Construction's re-activation loop (simulated driver): a reset between the retain and the id
+read (a 709 injected into cuCtxGetId) is re-activated a bounded number of times, and every
+retain taken on the way is given back, whether the construction fails, succeeds (at close())
+or the guard is collected."""
 
 import sys
 import warnings
@@ -110,14 +105,24 @@ def test_a_failed_construction_gives_back_the_retain_whose_release_failed_in_the
         assert "keeps" not in str(ei.value), ei.value
 
 
-def test_a_failed_construction_says_how_many_retains_it_could_not_give_back(sim):
-    # As above, but the extra retain's give-back fails too (then the construction's own
-    # release succeeds): one retain is left, and the error says so instead of claiming none.
+@pytest.mark.parametrize(
+    "faults",
+    [
+        # The extra retain's give-back fails too (then the construction's own release succeeds).
+        [("cuCtxGetId", 709, 1, 2), ("cuDevicePrimaryCtxRelease", 999, 1, 2)]
+        + [("cuDevicePrimaryCtxRetain", 2, 3, 1)],
+        # No extra retain: the re-activation's retain fails, then the construction's release.
+        [("cuCtxGetId", 709, 1, 1), ("cuDevicePrimaryCtxRetain", 2, 2, 1)]
+        + [("cuDevicePrimaryCtxRelease", 999, 1, 1)],
+    ],
+    ids=["extra retain", "own retain"],
+)
+def test_a_failed_construction_says_how_many_retains_it_could_not_give_back(sim, faults):
+    # One retain is left, and the error says so (naming the release that failed, with its
+    # code, not the one after it that succeeded) instead of claiming none.
     base = sim.retain_count(0)
-    sim.inject_fault("cuCtxGetId", 709, nth=1, count=2)
-    sim.inject_fault("cuDevicePrimaryCtxRelease", 999, nth=1)  # in the loop
-    sim.inject_fault("cuDevicePrimaryCtxRelease", 999, nth=2)  # the extra's give-back
-    sim.inject_fault("cuDevicePrimaryCtxRetain", 2, nth=3)
+    for func, code, nth, count in faults:
+        sim.inject_fault(func, code, nth=nth, count=count)
     try:
         with pytest.raises(DriverError) as ei:
             ContextGuard(0)
@@ -126,33 +131,10 @@ def test_a_failed_construction_says_how_many_retains_it_could_not_give_back(sim)
     try:
         assert ei.value.code == 2 and ei.value.call == "cuDevicePrimaryCtxRetain", ei.value
         assert "keeps 1 retain(s) more" in str(ei.value), ei.value
-        # The release that failed is named with its code, not the one after it that succeeded.
         assert "(cuDevicePrimaryCtxRelease: 999)" in str(ei.value), ei.value
         assert sim.retain_count(0) == base + 1
     finally:
         while sim.retain_count(0) > base:  # what the error said is left, given back here
-            ok(driver().cuDevicePrimaryCtxRelease(ok(driver().cuDeviceGet(0))))
-
-
-def test_a_failed_construction_whose_own_release_fails_says_its_retain_is_left(sim):
-    # Retain, id read: reset; re-activation: retain FAILS. The construction's own release
-    # fails too: the error says one retain is left, not that nothing was.
-    base = sim.retain_count(0)
-    sim.inject_fault("cuCtxGetId", 709, nth=1)
-    sim.inject_fault("cuDevicePrimaryCtxRetain", 2, nth=2)
-    sim.inject_fault("cuDevicePrimaryCtxRelease", 999, nth=1)
-    try:
-        with pytest.raises(DriverError) as ei:
-            ContextGuard(0)
-    finally:
-        sim.clear_faults()
-    try:
-        assert ei.value.code == 2 and ei.value.call == "cuDevicePrimaryCtxRetain", ei.value
-        assert "keeps 1 retain(s) more" in str(ei.value), ei.value
-        assert "cuDevicePrimaryCtxRelease: 999" in str(ei.value), ei.value
-        assert sim.retain_count(0) == base + 1
-    finally:
-        while sim.retain_count(0) > base:
             ok(driver().cuDevicePrimaryCtxRelease(ok(driver().cuDeviceGet(0))))
 
 

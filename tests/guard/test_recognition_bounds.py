@@ -6,6 +6,7 @@ import pytest
 from helpers.children import run_child, run_python
 from helpers.drivers import current, device_count
 from helpers.fakes import fake
+from helpers.finalizers import suspended_in
 from helpers.threads import in_thread
 
 from cyctx import ContextGuard, GuardError, InvalidDeviceError
@@ -82,19 +83,25 @@ def test_a_default_stream_that_knows_no_device_is_refused(handle):
 
 
 def test_the_last_ordinal_is_accepted_and_the_next_refused_with_the_bounds_stated(sim):
+    # cyctx's own bounds check answers, not cuDeviceGet (-1: before any driver call): the
+    # error says which check refused it and how many devices there are.
     n = device_count()
-    g = ContextGuard(n - 1)
-    g.close()
-    g = ContextGuard(0)
-    g.close()
+    ContextGuard(n - 1).close()
+    ContextGuard(0).close()
+    calls, gets = sim.call_count(), sim.call_count("cuDeviceGet")
+    with pytest.raises(ValueError, match="must be >= 0, got -1") as ei:
+        ContextGuard(-1)  # not the driver's InvalidDeviceError, a ValueError too
+    assert type(ei.value) is ValueError and sim.call_count() == calls
     with pytest.raises(InvalidDeviceError) as ei:
         ContextGuard(n)
-    assert f"ordinals 0..{n - 1}" in str(ei.value), ei.value
+    assert ei.value.call == "ContextGuard" and ei.value.code == 101
+    msg = str(ei.value)
+    assert (
+        f"Device {n} does not exist" in msg and f"reports {n} device(s), ordinals 0..{n - 1}" in msg
+    )
     with pytest.raises(InvalidDeviceError, match=f"Device {n + 1} does not exist"):
         ContextGuard(n + 1)
-    with pytest.raises(ValueError, match="must be >= 0, got -1") as ei:
-        ContextGuard(-1)
-    assert type(ei.value) is ValueError
+    assert sim.call_count("cuDeviceGet") == gets
 
 
 def test_the_bounds_follow_the_device_count():
@@ -119,12 +126,7 @@ def test_a_generator_closed_out_of_order_is_reported_as_such(guard, guard1):
     # out of order. That is its own case: a generator closed (or collected) with its block open,
     # raised from close() (a note on the GeneratorExit would be lost), not a plain exit.
     def body():
-        def gen():
-            with guard:
-                yield
-
-        it = gen()
-        next(it)
+        it = suspended_in(guard)
         with guard1:
             with pytest.raises(GuardError) as ei:
                 it.close()

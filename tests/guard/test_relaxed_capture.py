@@ -1,9 +1,6 @@
-"""cyctx.relaxed_capture(): the calling thread's stream-capture mode is relaxed inside the block
-and the mode it found comes back when the thread's last block ends, in whatever order nested or
-interleaved blocks end; other threads keep their own mode; a driver error is raised in cyctx's
-words with the mode unchanged. The simulated driver models each thread's mode
-(cuThreadExchangeStreamCaptureMode); what the mode does to a capture is tests/guard/test_capture.py
-(gpu)."""
+"""cyctx.relaxed_capture(): the thread's capture mode is relaxed inside and the mode it found comes
+back when its last block ends, in any order; other threads keep their own; a driver error
+changes nothing. What the mode does to a capture: test_capture.py (gpu)."""
 
 import asyncio
 

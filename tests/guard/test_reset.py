@@ -71,26 +71,6 @@ def test_reset_while_current_is_caught_on_the_fast_path():
     assert in_thread(body) == 0
 
 
-def test_reset_as_error_changes_nothing(sim):
-    def body():
-        g = ContextGuard(0)
-        base = sim.retain_count(0)
-        reset_primary(0)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", ContextResetWarning)
-            with pytest.raises(ContextResetWarning):
-                with g:
-                    pass
-        assert current() == 0 and sim.retain_count(0) == base and not sim.primary_active(0)
-        with pytest.warns(ContextResetWarning):
-            with g:
-                pass
-        g.close()
-        return current()
-
-    assert in_thread(body) == 0
-
-
 def test_reset_then_reactivated_by_someone_else(sim):
     d = driver()
 

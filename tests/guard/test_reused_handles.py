@@ -1,8 +1,5 @@
-"""A destroyed context's handle given to a new context (the simulated driver's handle reuse,
-tests/sim/test_sim_reuse.py): everything in cyctx that remembers a context tells the new one
-from the old by its id (docs/guarantees.md, "A context that dies inside the block"), never by
-the handle: a bound function, a guard of a created context, the restore of a block's exit,
-the epoch."""
+"""A destroyed context's handle given to a new context (the simulator's handle reuse): cyctx
+tells the new context from the old by its id, never by the handle."""
 
 import pytest
 from helpers.children import run_child

@@ -47,22 +47,6 @@ def test_shutdown_with_live_guards_100_runs():
     assert bad == [], f"{len(bad)} of 100 runs did not exit cleanly: {bad[:3]}"
 
 
-def test_shutdown_leaves_module_level_guards_retains_to_the_process_once(sim):
-    # Without daemon threads holding them, guards left in globals are freed at exit: the
-    # simulated driver reports its retain counts from its own destructor.
-    out = run_child(
-        """
-        import os, cyctx, threading
-        g = cyctx.ContextGuard(0)
-        h = cyctx.ContextGuard(1)
-        threading.Thread(target=g.__enter__).start()
-    """,
-        env={"CYCTX_SIM_REPORT_AT_EXIT": "1"},
-    )
-    # Nothing closed them: each device's retain is held once, by the process, to its end.
-    assert "cyctxsim at exit: retains=[1, 1] active=[1, 1]" in out.stderr, out.stderr
-
-
 def test_shutdown_with_suspended_generators_orphans_and_atexit_users(sim):
     out = run_child(
         """

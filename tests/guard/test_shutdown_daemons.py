@@ -1,14 +1,7 @@
-"""Interpreter exit while daemon threads loop inside guards, on a loaded machine.
-
-A daemon thread that wants the GIL back while the interpreter finalizes is ended there
-(pthread_exit on CPython 3.11-3.13; from 3.14 it waits for ever). Wherever in cyctx's code that
-happens, the unwinding must meet no frame that forbids it (a C++ noexcept frame would abort the
-process: "terminate called without an active exception") and no native state may be left held
-for the exit to trip over. The daemon threads here reach each place where cyctx's native code
-takes the GIL or runs Python code: the quick bound __enter__/__exit__ (a re-activation's
-warning after a reset, an exit's warning for the orphaned entries it drops, an exit out of order
-raising GuardError, an exit raising because what was current died), a construction that
-re-takes the GIL after its driver calls, and a collected guard's warning from its deallocation.
+"""Interpreter exit while daemon threads loop inside guards, on a loaded machine. A daemon thread
+that wants the GIL back during finalization is ended there (pthread_exit on 3.11-3.13): the
+unwinding must meet no noexcept frame ("terminate called without an active exception") and
+leave no native state held, wherever cyctx's native code takes the GIL or runs Python code.
 """
 
 import subprocess
