@@ -1,12 +1,12 @@
-"""The recipe of docs/reset-fork.md, "A cache keyed by the epoch", run on a GPU as the page shows
-it: a kernel cached per context is loaded again after a reset, and launches."""
+"""The recipe of docs/reset-fork.md, "A cache keyed by the epoch", run as the page shows it: one
+build per live context, a new one after a reset and for a new context at any handle."""
 
 import os
 import re
 import warnings
 
 import pytest
-from helpers.drivers import driver, ok, reset_primary
+from helpers.drivers import create_context, driver, ok, reset_primary
 
 from cyctx import ContextGuard, ContextResetWarning
 
@@ -25,6 +25,41 @@ def recipe():
     ns = {}
     exec(compile(code, PAGE, "exec"), ns)
     return ns["KernelCache"]
+
+
+def test_one_build_per_context_lifetime():
+    built = []
+    cache = recipe()(lambda: built.append(object()) or built[-1])
+    g = ContextGuard(0)
+    try:
+        first = cache.get(g)
+        assert cache.get(g) is first and len(built) == 1
+        reset_primary(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ContextResetWarning)
+            second = cache.get(g)  # same handle, new context: built again
+        assert second is not first and len(built) == 2
+        assert cache.get(g) is second and len(built) == 2
+        assert len(cache._entries) == 1, "the stale entry was replaced, not kept"
+    finally:
+        g.close()
+
+
+def test_a_new_context_is_built_for_even_at_a_reused_handle_value():
+    # Whatever handle value the driver gives a new context, its epoch is new: build again.
+    d = driver()
+    built = []
+    cache = recipe()(lambda: built.append(object()) or built[-1])
+    for n in range(1, 4):
+        ctx = create_context(0, current=False)
+        g = ContextGuard(ctx)
+        try:
+            cache.get(g)
+            cache.get(g)
+        finally:
+            g.close()
+            ok(d.cuCtxDestroy(ctx))
+        assert len(built) == n
 
 
 PTX = b"""
