@@ -172,6 +172,7 @@ def test_new_thread_has_no_current_context():
             g.close()
         r = out["r"]
         assert r.context.handle == 0 and r.thread_name != threading.current_thread().name
+        assert r.to_dict()["thread"]["current_context"] is None
         (f,) = r.findings
         assert f.code == "no_current_context" and f.severity == "info"
         assert "new thread" in f.explanation and "ContextGuard" in f.fix

@@ -82,11 +82,6 @@ def test_not_initialised_the_doctor_does_not_initialise_it_and_a_child_can_use_c
     assert "The doctor did not initialise it" in r["text"] and r["exit"] == 0, r["text"]
 
 
-def test_without_the_flag_no_fork_finding():
-    r = ask(flag="")
-    assert not {"cuda_initialised_before_fork", "fork_safe"} & set(codes(r)), r["findings"]
-
-
 @pytest.mark.parametrize("bad", [1, None, "yes"])
 def test_before_fork_must_be_a_bool(bad):
     with pytest.raises(TypeError, match="a bool"):

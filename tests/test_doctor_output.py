@@ -1,36 +1,9 @@
-"""Two points of the doctor's output, called in the user's program (cyctx.diagnose()): the JSON
-of the calling thread's current context (null when none is current, an object when the driver
-could not say; the one of a current context is test_doctor.py's schema test), and the labels
-the human report puts on the caller's thread."""
+"""The labels the doctor's human report puts on the caller's thread, called in the user's program
+(cyctx.diagnose())."""
 
 import threading
 
-from helpers.drivers import driver, ok
-from helpers.threads import in_thread
-
 import cyctx
-
-
-def test_the_json_says_null_when_no_context_is_current():
-    def body():
-        assert int(ok(driver().cuCtxGetCurrent())) == 0  # a new thread: nothing current
-        return cyctx.diagnose(cudart=False).to_dict()["thread"]
-
-    thread = in_thread(body)
-    assert thread["current_context"] is None, thread
-
-
-def test_the_json_says_when_the_driver_could_not_tell_what_is_current(sim):
-    # Not "none": a failed cuCtxGetCurrent is reported as the error it is.
-    def body():
-        sim.inject_fault("cuCtxGetCurrent", 999, count=1000)
-        try:
-            return cyctx.diagnose(cudart=False).to_dict()["thread"]["current_context"]
-        finally:
-            sim.clear_faults()
-
-    ctx = in_thread(body)
-    assert ctx is not None and ctx["error"], ctx
 
 
 def test_the_report_labels_the_callers_thread():

@@ -103,8 +103,12 @@ def _leak_section(result):
 
 
 def test_reports_each_test_that_leaks_with_before_after_and_device(pytester):
+    import xml.etree.ElementTree as ET
+
     _suite(pytester, "init", LEAKS)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--cyctx-check-contexts")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--cyctx-check-contexts", "--junitxml=out.xml"
+    )
     result.assert_outcomes(passed=6)
     assert result.ret == 0  # reports, does not fail, unless asked
     section = "\n".join(_leak_section(result))
@@ -132,6 +136,26 @@ def test_reports_each_test_that_leaks_with_before_after_and_device(pytester):
             "cyctx: retains taken and kept*",
             "  test_inner.py::test_clean_again: device 1 primary context: inactive -> active; *",
         ]
+    )
+    # The findings, notes too, are in the JUnit XML: a property of each test's case.
+    props = {}
+    for case in ET.parse(pytester.path / "out.xml").iter("testcase"):
+        for p in case.iter("property"):
+            assert p.get("name") == "cyctx_context_change"
+            props[case.get("name")] = json.loads(p.get("value"))
+    assert set(props) == {
+        "test_push",
+        "test_set_device",
+        "test_leaked_guard_entry",
+        "test_reset",
+        "test_clean_again",
+    }
+    assert props["test_reset"]["changes"] == [
+        ["leak", "device 1 primary context: active -> inactive"]
+    ]
+    assert (
+        props["test_push"]["kind"] == "test"
+        and props["test_push"]["name"] == "test_inner.py::test_push"
     )
 
 
@@ -189,12 +213,15 @@ def test_fail_flag_fails_the_run_on_a_leak_only(pytester):
     )
 
 
-def test_it_only_reads(pytester):
-    # The same suite with and without the checker: the same state-changing driver calls; the
-    # checker's own calls are queries.
+def test_off_unless_asked_and_then_it_only_reads(pytester):
+    # The same suite without and with the checker: off, it says and reads nothing; on, the
+    # same state-changing driver calls, the checker's own calls being queries.
     _suite(pytester, "init", LEAKS)
-    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=6)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=6)
+    assert "cyctx:" not in result.stdout.str()
     off = _calls(pytester)["calls"]
+    assert off["cuDevicePrimaryCtxGetState"] == 0, "the plugin read while off"
     pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "--cyctx-check-contexts"
     ).assert_outcomes(passed=6)
@@ -216,14 +243,6 @@ def test_never_initialises_or_loads_the_driver(pytester):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--cyctx-check-contexts")
     result.assert_outcomes(passed=1)
     assert _calls(pytester)["libcuda_mapped"] is False
-
-
-def test_off_unless_asked(pytester):
-    _suite(pytester, "init", LEAKS)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=6)
-    assert "cyctx:" not in result.stdout.str()
-    assert _calls(pytester)["calls"]["cuDevicePrimaryCtxGetState"] == 0, "the plugin read while off"
 
 
 @pytest.mark.parametrize("how", ["ini", "-p"])
@@ -709,35 +728,6 @@ def test_the_marker_allows_a_test_s_change_with_its_reason(pytester):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--cyctx-check-contexts")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*cyctx_allow_context_change needs a reason*"])
-
-
-def test_findings_are_in_junit_xml(pytester):
-    import xml.etree.ElementTree as ET
-
-    _suite(pytester, "init", LEAKS)
-    result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--cyctx-check-contexts", "--junitxml=out.xml"
-    )
-    result.assert_outcomes(passed=6)
-    props = {}
-    for case in ET.parse(pytester.path / "out.xml").iter("testcase"):
-        for p in case.iter("property"):
-            assert p.get("name") == "cyctx_context_change"
-            props[case.get("name")] = json.loads(p.get("value"))
-    assert set(props) == {
-        "test_push",
-        "test_set_device",
-        "test_leaked_guard_entry",
-        "test_reset",
-        "test_clean_again",
-    }
-    assert props["test_reset"]["changes"] == [
-        ["leak", "device 1 primary context: active -> inactive"]
-    ]
-    assert (
-        props["test_push"]["kind"] == "test"
-        and props["test_push"]["name"] == "test_inner.py::test_push"
-    )
 
 
 def test_help_names_the_options_and_the_ini_settings(pytester):
