@@ -23,34 +23,20 @@ from cyctx import ContextGuard, _doctor
 from cyctx._doctor import Diagnosis, Finding, diagnose
 from cyctx._doctor.runtime import wheel_version
 
-# Driver calls that change state; the doctor only queries, so it must make none of them.
-MUTATORS = (
-    "cuDevicePrimaryCtxRetain",
-    "cuDevicePrimaryCtxRelease",
-    "cuDevicePrimaryCtxReset",
-    "cuDevicePrimaryCtxSetFlags",
-    "cuCtxPushCurrent",
-    "cuCtxPopCurrent",
-    "cuCtxSetCurrent",
-    "cuCtxCreate",
-    "cuCtxDestroy",
-    "cuCtxSetFlags",
-)
-
-# Prepended to child code: a snapshot of everything observable, on the simulated driver.
+# Prepended to child code: a snapshot of everything observable, on the simulated driver (the
+# doctor only queries, so it must make none of the driver calls that change state).
 SNAPSHOT = """
 import json, os, threading
 from cuda.bindings import driver as d
 from helpers import drivers as _drv
 from cyctx._doctor import diagnose
-MUTATORS = %r
 def snapshot():
     sim = _drv.SIM
     n = _drv.device_count()
     s = {"current": _drv.current(), "primary": [_drv.primary_state(i) for i in range(n)],
          "mapped": cuda_mapped()}
     if sim is not None:
-        s.update(calls={f: sim.call_count(f) for f in MUTATORS}, depth=sim.stack_depth(),
+        s.update(calls={f: sim.call_count(f) for f in _drv.STATE_CHANGING}, depth=sim.stack_depth(),
                  retains=[sim.retain_count(i) for i in range(n)], live=sim.live_contexts())
     return s
 def cuda_mapped():
@@ -60,7 +46,7 @@ def cuda_mapped():
     return sorted(p for p in paths if any(w in p for w in ("cuda", "nvrtc", "nvJitLink")))
 def codes(r):
     return [f.code for f in r.findings]
-""" % (MUTATORS,)  # noqa: UP031 (the child code has braces; %r keeps them single)
+"""
 
 
 def child(body, **kw):
@@ -181,6 +167,29 @@ def test_new_thread_has_no_current_context():
         """
     )
     assert proc.stdout.split() == ["checked"], proc.stdout
+
+
+def test_the_report_labels_the_callers_thread():
+    # diagnose() on a worker thread describes that thread (its name and OS thread id), not the
+    # main thread; and in the user's program it does not claim to run in a new process.
+    seen = {}
+
+    def body():
+        seen["native"] = threading.get_native_id()
+        r = diagnose(cudart=False)
+        return r.to_dict()["thread"], r.render(), r.render(cli=True)
+
+    t = threading.Thread(target=lambda: seen.update(out=body()), name="cyctx-worker-7")
+    t.start()
+    t.join(120)
+    thread, text, cli_text = seen["out"]
+    assert seen["native"] != threading.get_native_id()
+    assert thread["name"] == "cyctx-worker-7" and thread["native_id"] == seen["native"], thread
+    assert f"This thread: cyctx-worker-7 (native id {seen['native']})" in text, text
+    assert "none (cuCtxGetCurrent returned NULL)" in text, text
+    assert "the doctor runs in a new process" not in " ".join(text.split()), text
+    # The CLI's report is of its own new process, and says so where it explains what is seen.
+    assert "the doctor runs in a new process" in " ".join(cli_text.split()), cli_text
 
 
 def test_json_schema():
@@ -775,6 +784,8 @@ def test_simulate_is_labelled_on_every_screen(args):
         assert d["simulated"] is True and d["driver"]["library"].endswith(
             os.path.join("_sim", "libcuda.so.1")
         )
+        assert [lib["kind"] for lib in d["loaded"]] == ["driver"]
+        assert d["loaded"][0]["version"] == 13000
         return
     heads = _headings(out)
     assert len(heads) >= 5
@@ -792,6 +803,11 @@ def test_cli_report_on_the_simulator():
     # The doctor's own new thread has no context, as every new thread: a note, not a warning.
     assert "WARNING" not in out
     assert "Result  [SIMULATED]: OK (exit status 0)" in out
+    # The census of its own fresh process: the simulated driver alone.
+    section = out.split("\nLoaded", 1)[1].split("\n\n", 1)[0]
+    assert "fresh Python process" in section and "cyctx.diagnose()" in section
+    (line,) = [ln for ln in section.splitlines() if ln.strip().startswith("driver")]
+    assert "CUDA 13.0" in line and os.path.join("_sim", "libcuda.so.1") in line
 
 
 def test_cli_exit_status_1_when_something_is_wrong():
@@ -1567,17 +1583,6 @@ def test_census_marks_what_the_doctor_loaded(stand_ins):
         if ln.endswith("libcudart.so.12  [nvidia-cuda-runtime-cu12 12.9.79; loaded by the doctor]")
     ]
     assert "loaded by the doctor" in line, text
-
-
-def test_census_in_the_cli():
-    rc, out, _ = cli("doctor", "--simulate")
-    section = out.split("\nLoaded", 1)[1].split("\n\n", 1)[0]
-    assert "fresh Python process" in section and "cyctx.diagnose()" in section
-    (line,) = [ln for ln in section.splitlines() if ln.strip().startswith("driver")]
-    assert "CUDA 13.0" in line and os.path.join("_sim", "libcuda.so.1") in line
-    rc, out, _ = cli("doctor", "--simulate", "--json")
-    d = json.loads(out)
-    assert [lib["kind"] for lib in d["loaded"]] == ["driver"] and d["loaded"][0]["version"] == 13000
 
 
 # --- contexts and flags the census's findings recognise ------------------------------------------

@@ -56,23 +56,38 @@ def test_sim_library_named_is_the_one_loaded(tmp_path):
     assert f"MAPPED {copy}" in out, out
 
 
-def test_sim_library_missing_is_a_clear_error_and_loads_nothing(tmp_path):
-    missing = str(tmp_path / "nowhere" / "libcuda.so.1")
-    out = _select(missing)
-    assert (
-        f"ERROR FileNotFoundError simulated driver not found at {missing} (from CYCTX_SIM_LIBRARY)"
-        in out
-    ), out
-    assert "MAPPED None" in out, out
+def _junk(tmp_path):
+    (tmp_path / "libcuda.so.1").write_bytes(b"not an ELF file")
+    return str(tmp_path / "libcuda.so.1")
 
 
-def test_sim_library_not_a_library_is_a_clear_error_and_loads_nothing(tmp_path):
-    junk = tmp_path / "libcuda.so.1"
-    junk.write_bytes(b"not an ELF file")
-    out = _select(str(junk))
-    assert (
-        f"ERROR RuntimeError {junk} (from CYCTX_SIM_LIBRARY) is not a library that loads" in out
-    ), out
+@pytest.mark.parametrize(
+    "make, error",
+    [
+        (
+            lambda tmp: str(tmp / "nowhere" / "libcuda.so.1"),
+            "FileNotFoundError simulated driver not found at {} (from CYCTX_SIM_LIBRARY)",
+        ),
+        (_junk, "RuntimeError {} (from CYCTX_SIM_LIBRARY) is not a library that loads"),
+        # Refused before any call.
+        (
+            lambda tmp: _mapped("libm.so.6"),
+            "RuntimeError {} (from CYCTX_SIM_LIBRARY) is not cyctx's simulated driver: "
+            "it has no cyctxsim_",
+        ),
+        # A bare soname is not searched for on the loader's path: it names a file (from the
+        # working directory), here one that does not exist.
+        (
+            lambda tmp: "libm.so.6",
+            "FileNotFoundError simulated driver not found at {} (from CYCTX_SIM_LIBRARY)",
+        ),
+    ],
+    ids=["missing", "not a library", "not the simulator", "a name, not a path"],
+)
+def test_sim_library_unusable_is_a_clear_error_and_loads_nothing(tmp_path, make, error):
+    value = make(tmp_path)
+    out = _select(value)
+    assert f"ERROR {error.format(value)}" in out, out
     assert "MAPPED None" in out, out
 
 
@@ -83,27 +98,6 @@ def _mapped(name):
             if os.path.basename(path) == name:
                 return path
     raise AssertionError(f"{name} is not mapped in this process")
-
-
-def test_sim_library_that_is_not_the_simulator_is_refused_before_any_call():
-    libm = _mapped("libm.so.6")
-    out = _select(libm)
-    assert (
-        f"ERROR RuntimeError {libm} (from CYCTX_SIM_LIBRARY) is not cyctx's simulated driver: "
-        f"it has no cyctxsim_" in out
-    ), out
-    assert "MAPPED None" in out, out
-
-
-def test_sim_library_is_a_path_not_a_name_for_the_loader(tmp_path):
-    # A bare soname is not searched for on the loader's path: it names a file (from the
-    # working directory), here one that does not exist.
-    out = _select("libm.so.6")
-    assert (
-        "ERROR FileNotFoundError simulated driver not found at libm.so.6 (from CYCTX_SIM_LIBRARY)"
-        in out
-    ), out
-    assert "MAPPED None" in out, out
 
 
 # --- the simulated driver's device count: $CYCTX_SIM_DEVICES ---------------------------------

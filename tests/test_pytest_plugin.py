@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 from helpers.bindings_env import env_of, site_without_cuda_bindings
+from helpers.drivers import STATE_CHANGING
 
 from cyctx.pytest_plugin import ContextState, changes
 
@@ -34,19 +35,7 @@ def pytest_unconfigure(config):
         json.dump(out, f)
 """
 
-MUTATORS = (
-    "cuInit",
-    "cuDevicePrimaryCtxRetain",
-    "cuDevicePrimaryCtxRelease",
-    "cuDevicePrimaryCtxReset",
-    "cuDevicePrimaryCtxSetFlags",
-    "cuCtxPushCurrent",
-    "cuCtxPopCurrent",
-    "cuCtxSetCurrent",
-    "cuCtxCreate",
-    "cuCtxDestroy",
-    "cuCtxSetFlags",
-)
+MUTATORS = ("cuInit", *STATE_CHANGING)
 QUERIES = (
     "cuCtxGetCurrent",
     "cuCtxGetDevice",
