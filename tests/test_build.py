@@ -11,6 +11,7 @@ import textwrap
 import warnings
 
 import pytest
+from helpers.bindings_env import env_of, fake_bindings
 from helpers.children import run_child
 
 import cyctx
@@ -74,27 +75,15 @@ def test_check_bindings_of_a_newer_major_warns_and_does_not_refuse(installed):
 
 
 def _import_with_fake_bindings(tmp_path, version, code="import cyctx", how="package"):
-    # A cuda-bindings shadowing the real one: a cuda.bindings package whose _version.py says
-    # `version` (what cyctx reads; how="dist-info": a cuda-bindings without that file) and its
-    # dist-info, as importlib.metadata sees it. Importing cyctx imports neither.
-    pkg = tmp_path / "cuda" / "bindings"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("raise ImportError('the fake cuda.bindings')\n")
-    if how == "package":
-        (pkg / "_version.py").write_text(f"__version__ = version = {version!r}\n")
-    # What pip leaves beside the package (get_include_dirs() asks it).
-    dist = tmp_path / f"cuda_bindings-{version}.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: cuda-bindings\nVersion: {version}\n"
-    )
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
-    )
+    # A cuda-bindings shadowing the real one (helpers/bindings_env.py), whose _version.py says
+    # `version` (what cyctx reads; how="dist-info": a cuda-bindings without that file, its
+    # dist-info read instead). Importing cyctx imports neither.
+    root = fake_bindings(tmp_path, version)
+    if how != "package":
+        os.remove(root / "cuda" / "bindings" / "_version.py")
     return subprocess.run(
         [sys.executable, "-W", "always", "-c", code],
-        env=env,
+        env=env_of(root),
         capture_output=True,
         text=True,
         cwd=tmp_path,

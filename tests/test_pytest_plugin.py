@@ -2,13 +2,12 @@
 leak on purpose, each in its own pytest process on the simulated driver (pytester)."""
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
-from helpers.bindings_env import env_of, site_without_cuda_bindings
+from helpers.bindings_env import env_of, fake_bindings, site_without_cuda_bindings
 from helpers.drivers import STATE_CHANGING
 
 from cyctx.pytest_plugin import ContextState, changes
@@ -800,17 +799,9 @@ def test_an_environment_without_cuda_bindings_runs_an_unrelated_suite(pytester, 
 
 
 def test_an_environment_with_unsupported_cuda_bindings_runs_an_unrelated_suite(pytester, tmp_path):
-    stub = tmp_path / "stub"
-    (stub / "cuda" / "bindings").mkdir(parents=True)
-    (stub / "cuda" / "bindings" / "__init__.py").write_text('__version__ = "11.8.0"\n')
-    dist = stub / "cuda_bindings-11.8.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: cuda-bindings\nVersion: 11.8.0\n")
+    stub = fake_bindings(tmp_path, "11.8.0")
     check = subprocess.run(
-        [sys.executable, "-c", "import cyctx"],
-        env=dict(os.environ, PYTHONPATH=str(stub)),
-        capture_output=True,
-        text=True,
+        [sys.executable, "-c", "import cyctx"], env=env_of(stub), capture_output=True, text=True
     )
     assert "IncompatibleBindingsError: cuda-bindings 11.8.0 is installed" in check.stderr, (
         check.stderr
