@@ -20,7 +20,8 @@ from helpers.drivers import KIND, current, device_count, primary_state
 
 import cyctx
 from cyctx import ContextGuard, _doctor
-from cyctx._doctor import Diagnosis, Finding, diagnose
+from cyctx._doctor import Finding, diagnose
+from cyctx._doctor.report import empty_report
 from cyctx._doctor.runtime import wheel_version
 
 # Prepended to child code: a snapshot of everything observable, on the simulated driver (the
@@ -275,20 +276,9 @@ def test_json_schema_with_a_context_and_a_guard():
 
 def test_exit_status_and_ok():
     def diag(*severities):
-        return Diagnosis(
-            simulated=False,
-            driver_library=None,
-            driver_version=13000,
-            driver_error=None,
-            runtime=None,
-            other_runtimes=[],
-            devices=[],
-            thread_name="t",
-            thread_native_id=1,
-            context=None,
-            guards=[],
-            findings=[Finding("x", s, "t", "e", "f") for s in severities],
-        )
+        r = empty_report({})
+        r.findings = [Finding("x", s, "t", "e", "f") for s in severities]
+        return r
 
     assert diag().exit_status == 0 and diag().ok
     assert diag("warning").exit_status == 0 and diag("warning").ok
@@ -1286,7 +1276,6 @@ def test_guard_findings_are_not_grouped_by_kind():
     from cyctx._doctor import rules
     from cyctx._doctor.gather import Seen
     from cyctx._doctor.model import GuardInfo
-    from cyctx._doctor.report import empty_report
 
     def guard(handle, primary):  # the driver gives no id now: reset or destroyed, by kind
         return GuardInfo(0, handle, 1, None, "CUDA_ERROR_CONTEXT_IS_DESTROYED", False, primary)
