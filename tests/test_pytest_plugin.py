@@ -9,6 +9,7 @@ import textwrap
 import pytest
 from helpers.bindings_env import env_of, fake_bindings, site_without_cuda_bindings
 from helpers.drivers import STATE_CHANGING
+from helpers.threads import in_thread
 
 from cyctx.pytest_plugin import ContextState, changes
 
@@ -334,13 +335,6 @@ def test_the_driver_lost_is_a_leak_and_found_is_not():
 # --- checking a thread of the test's own ----------------------------------------------------
 
 
-def _on_a_thread(fn):
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(fn).result()
-
-
 def test_check_thread_raises_for_a_leak_on_that_thread():
     # This suite runs on the simulated driver; the thread's state is put back after.
     from cuda.bindings import driver as d
@@ -359,7 +353,7 @@ def test_check_thread_raises_for_a_leak_on_that_thread():
         return found
 
     with pytest.raises(ContextStateChanged, match=r"(?s)thread .*current context: none -> 0x"):
-        _on_a_thread(leaks)
+        in_thread(leaks)
     assert isinstance(ContextStateChanged("x"), AssertionError)  # pytest shows it as a failure
 
     def clean():
@@ -370,7 +364,7 @@ def test_check_thread_raises_for_a_leak_on_that_thread():
             d.cuDevicePrimaryCtxRelease(1)
         return found
 
-    assert _on_a_thread(clean) == []
+    assert in_thread(clean) == []
 
     def raises_inside():
         err, ctx = d.cuDevicePrimaryCtxRetain(0)
@@ -384,7 +378,7 @@ def test_check_thread_raises_for_a_leak_on_that_thread():
 
     # The block's error is the one that propagates: it is not replaced by the check's.
     with pytest.raises(ValueError, match="the block's own error"):
-        _on_a_thread(raises_inside)
+        in_thread(raises_inside)
 
 
 # --- pytest-xdist ---------------------------------------------------------------------------
