@@ -506,14 +506,11 @@ def test_inactive_primary_current_is_the_classic_report():
     # The state a pre-12 cudaSetDevice leaves (docs/evidence.md, "Before CUDA 12.0, cudaSetDevice
     # leaves the primary context inactive"), made with driver calls alone:
     # a primary handle retained and released (inactive again), then made current.
-    out = child("""
+    d = diagnosed("""
     from cyctx._doctor import StandInRuntime
     assert not _drv.primary_state(0)[1]
     assert StandInRuntime(11080).set_device(0) == 0
-    r = diagnose(cudart=False)
-    print(json.dumps(r.to_dict()))
     """)
-    d = last_json(out)
     c = d["thread"]["current_context"]
     assert c["handle"] and c["device"] == 0 and c["usable"] is False
     assert c["primary"] is None and c["primary_why"].startswith("probably")
@@ -1571,19 +1568,10 @@ def test_primary_context_inside_a_guard_reports_map_host():
 
 @pytest.mark.parametrize("activate", [True, False], ids=["active", "inactive"])
 def test_primary_context_activated_with_other_flags(sim, activate):
-    out = child(f"""
-    import cyctx
-    d.cuDevicePrimaryCtxSetFlags(0, int(d.CUctx_flags.CU_CTX_SCHED_BLOCKING_SYNC))
-    if {activate}:
-        g = cyctx.ContextGuard(0)
-        with g:
-            r = diagnose(cudart=False).to_dict()
-        g.close()
-    else:
-        r = diagnose(cudart=False).to_dict()
-    print(json.dumps(r))
-    """)
-    r = last_json(out)
+    setup = "d.cuDevicePrimaryCtxSetFlags(0, int(d.CUctx_flags.CU_CTX_SCHED_BLOCKING_SYNC))\n"
+    if activate:  # diagnosed inside the guard
+        setup += "import cyctx\ng = cyctx.ContextGuard(0)\ng.__enter__()"
+    r = diagnosed(setup, "g.__exit__(None, None, None)\ng.close()" if activate else "")
     if not activate:  # flags waiting for the next activation: nothing runs with them yet
         assert [f["code"] for f in r["findings"]] == ["no_current_context"], r["findings"]
         return
