@@ -179,15 +179,11 @@ def test_fail_mode_is_an_error_at_the_teardown_of_each_leaking_test(pytester, ho
 
 
 def test_fail_flag_fails_the_run_on_a_leak_only(pytester):
-    _suite(pytester, "init", "")
     # A guard kept open (a retain taken and kept) is a note, not a leak: the run passes.
-    pytester.makepyfile(
-        test_inner="""
-        import cyctx
-        def test_keeps_a_guard():
-            global G
-            G = cyctx.ContextGuard(1)
-    """
+    _suite(
+        pytester,
+        "init",
+        "import cyctx\ndef test_keeps_a_guard():\n    global G\n    G = cyctx.ContextGuard(1)\n",
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--cyctx-contexts-fail")
     assert result.ret == 0
