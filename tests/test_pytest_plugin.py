@@ -789,13 +789,8 @@ def test_an_environment_without_cuda_bindings_runs_an_unrelated_suite(pytester, 
 
 
 def test_an_environment_with_unsupported_cuda_bindings_runs_an_unrelated_suite(pytester, tmp_path):
+    # (That `import cyctx` stops there: test_doctor_bindings.py.)
     stub = fake_bindings(tmp_path, "11.8.0")
-    check = subprocess.run(
-        [sys.executable, "-c", "import cyctx"], env=env_of(stub), capture_output=True, text=True
-    )
-    assert "IncompatibleBindingsError: cuda-bindings 11.8.0 is installed" in check.stderr, (
-        check.stderr
-    )
     r = _run_unrelated(pytester, stub, isolated=False)
     assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
     assert _loaded(r) == _loaded_by_others(pytester, stub, isolated=False), r.stdout
