@@ -166,25 +166,15 @@ class _Pathfinder:
         return self
 
 
-def test_cudart_given_wins_over_loaded_and_pathfinder(monkeypatch):
+def test_cudart_given_wins_over_loaded_and_loaded_over_pathfinder(monkeypatch):
     pf = _Pathfinder(answer="/pf/libcudart.so.13").install(monkeypatch)
     monkeypatch.setattr(runtime, "loaded_cudart", lambda: "/loaded/libcudart.so.12")
-    assert runtime.find_cudart("/given/libcudart.so.11.0") == (
-        "/given/libcudart.so.11.0",
-        "given",
-        None,
-    )
-    assert pf.calls == 0
-
-
-def test_cudart_loaded_wins_over_pathfinder(monkeypatch):
-    pf = _Pathfinder(answer="/pf/libcudart.so.13").install(monkeypatch)
-    monkeypatch.setattr(runtime, "loaded_cudart", lambda: "/loaded/libcudart.so.12")
-    assert runtime.find_cudart() == (
-        "/loaded/libcudart.so.12",
-        "already loaded in this process",
-        None,
-    )
+    given = "/given/libcudart.so.11.0"
+    assert runtime.find_cudart(given) == (given, "given", None)
+    loaded = ("/loaded/libcudart.so.12", "already loaded in this process", None)
+    assert runtime.find_cudart() == loaded
+    # Given empty: refused, not taken for none given.
+    assert runtime.load_cudart("") == (None, "no libcudart found (given: the path is empty)")
     assert pf.calls == 0
 
 
@@ -201,13 +191,6 @@ def test_cudart_pathfinder_failing_is_the_reason(monkeypatch):
         None,
         "no libcudart found (cuda-pathfinder: RuntimeError: no cudart in this environment)",
     )
-
-
-def test_cudart_given_empty_is_refused_not_taken_for_none(monkeypatch):
-    pf = _Pathfinder(answer="/pf/libcudart.so.13").install(monkeypatch)
-    monkeypatch.setattr(runtime, "loaded_cudart", lambda: "/loaded/libcudart.so.12")
-    assert runtime.load_cudart("") == (None, "no libcudart found (given: the path is empty)")
-    assert pf.calls == 0
 
 
 def test_cudart_given_missing_or_not_a_cudart_is_the_reason(tmp_path, monkeypatch):
@@ -265,13 +248,9 @@ def test_cupti_toolkit_order_cuda_home_cuda_path_then_usr_local(tmp_path, nowher
     assert locate.find_cupti(13) == (home, f"the CUDA toolkit ({tmp_path / 'home'})")
     # CUDA_HOME's is newer than a 12 driver: passed over for CUDA_PATH's.
     assert locate.find_cupti(12) == (path, f"the CUDA toolkit ({tmp_path / 'path'})")
-
-
-def test_cupti_cuda_home_without_cupti_is_passed(tmp_path, nowhere):
-    (tmp_path / "home").mkdir()
-    path = _cupti(tmp_path / "path" / "extras" / "CUPTI" / "lib64", "libcupti.so.13")
-    nowhere.setenv("CUDA_HOME", str(tmp_path / "home"))
-    nowhere.setenv("CUDA_PATH", str(tmp_path / "path"))
+    # So is a CUDA_HOME without CUPTI.
+    (tmp_path / "bare").mkdir()
+    nowhere.setenv("CUDA_HOME", str(tmp_path / "bare"))
     assert locate.find_cupti(13)[0] == path
 
 
