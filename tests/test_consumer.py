@@ -61,10 +61,15 @@ def consumer_dir(tmp_path_factory):
     return str(d)
 
 
-def test_consumer_runs_guard_in_nogil_threads(consumer_dir):
-    out = run_child(f"""
-        import sys; sys.path.insert(0, {consumer_dir!r})
-        import cyctx, cyctx_consumer
+@pytest.fixture
+def in_consumer(consumer_dir):
+    """run_child of its argument with cyctx and the compiled consumer imported."""
+    head = f"import sys; sys.path.insert(0, {consumer_dir!r})\nimport cyctx, cyctx_consumer\n"
+    return lambda body: run_child(head + textwrap.dedent(body))
+
+
+def test_consumer_runs_guard_in_nogil_threads(in_consumer):
+    out = in_consumer("""
         g = cyctx.ContextGuard(0)
         bad, used = cyctx_consumer.run_parallel(g, 20000, 4)
         print("RESULT", bad, used, drivers.current())
@@ -77,10 +82,8 @@ def test_consumer_runs_guard_in_nogil_threads(consumer_dir):
     assert after == 0
 
 
-def test_consumer_errors_cross_nogil(consumer_dir):
-    out = run_child(f"""
-        import sys; sys.path.insert(0, {consumer_dir!r})
-        import cyctx, cyctx_consumer
+def test_consumer_errors_cross_nogil(in_consumer):
+    out = in_consumer("""
         g = cyctx.ContextGuard(0)
         try:
             cyctx_consumer.exit_without_enter(g)
@@ -101,12 +104,10 @@ def test_consumer_errors_cross_nogil(consumer_dir):
     assert "DEV 0" in out.stdout and "BADDEV 101 cuDeviceGet" in out.stdout
 
 
-def test_nogil_exit_out_of_order_is_refused_and_changes_nothing(consumer_dir):
+def test_nogil_exit_out_of_order_is_refused_and_changes_nothing(in_consumer):
     # Unlike Python's `with`, a Cython caller can call exit() again: the refused exit keeps
     # its entry, so leaving the inner guard and then retrying restores everything.
-    out = run_child(f"""
-        import sys; sys.path.insert(0, {consumer_dir!r})
-        import cyctx, cyctx_consumer
+    out = in_consumer("""
         from cyctx._guard import open_entries
         g0, g1 = cyctx.ContextGuard(0), cyctx.ContextGuard(D1)
         before = drivers.current()
@@ -130,13 +131,11 @@ def test_nogil_exit_out_of_order_is_refused_and_changes_nothing(consumer_dir):
 
 
 @pytest.mark.parametrize("start", ["none", "other", "target"])
-def test_raw_layer_switch_to_under_every_fault(consumer_dir, start, sim):
+def test_raw_layer_switch_to_under_every_fault(in_consumer, start, sim):
     # switch_to is reachable from Cython only: every driver call it makes is failed once with
     # each code, from each starting state, and it changes nothing when it fails. (switch_back
     # under every fault: tests/guard/test_exit_faults.py, with the exits.)
-    out = run_child(f"""
-        import sys; sys.path.insert(0, {consumer_dir!r})
-        import cyctx, cyctx_consumer
+    out = in_consumer(f"""
         from cuda.bindings import driver as d
         sim = drivers.SIM
         FUNCS = ("cuCtxGetCurrent", "cuCtxSetCurrent")
@@ -177,12 +176,10 @@ def test_raw_layer_switch_to_under_every_fault(consumer_dir, start, sim):
     assert int(out.stdout.split("TRIED")[1].split()[0]) >= 3
 
 
-def test_switch_back_never_hands_a_destroyed_context_to_the_driver(consumer_dir, sim):
+def test_switch_back_never_hands_a_destroyed_context_to_the_driver(in_consumer, sim):
     # The raw layer keeps the guard's rule: a context that died between switch_to and
     # switch_back is not made current again; the switch's place on the stack is popped.
-    out = run_child(f"""
-        import sys; sys.path.insert(0, {consumer_dir!r})
-        import cyctx, cyctx_consumer
+    out = in_consumer("""
         from cuda.bindings import driver as d
         sim = drivers.SIM
         ctx = drivers.create_context(0)                  # current, depth 1
@@ -204,13 +201,11 @@ def test_switch_back_never_hands_a_destroyed_context_to_the_driver(consumer_dir,
 
 
 def test_switch_back_without_a_switch_never_hands_back_a_target_destroyed_in_between(
-    consumer_dir, sim
+    in_consumer, sim
 ):
     # switch_to finds its target current and switches nothing; the code in between destroys
     # that context (the driver pops it). The way back must not make the dead handle current.
-    out = run_child(f"""
-        import sys; sys.path.insert(0, {consumer_dir!r})
-        import cyctx, cyctx_consumer
+    out = in_consumer("""
         from cuda.bindings import driver as d
         sim = drivers.SIM
         ctx = drivers.create_context(0)                  # current, depth 1
@@ -230,15 +225,13 @@ def test_switch_back_without_a_switch_never_hands_back_a_target_destroyed_in_bet
     assert "STATE 0 0" in out.stdout
 
 
-def test_close_during_a_nogil_reset_reactivation_refuses(consumer_dir, sim):
+def test_close_during_a_nogil_reset_reactivation_refuses(in_consumer, sim):
     # Thread A enters without the GIL after a reset; its re-activation is held inside
     # cuDevicePrimaryCtxRetain. close() on this thread meanwhile must refuse (or wait): it may
     # neither release the retain under the re-activation nor be undone by it (a guard open
     # without its retain, whose next close releases someone else's).
-    out = run_child(f"""
-        import sys, time, warnings
-        sys.path.insert(0, {consumer_dir!r})
-        import cyctx, cyctx_consumer
+    out = in_consumer("""
+        import time, warnings
         from helpers.threads import running
         sim = drivers.SIM
         keep = cyctx.ContextGuard(0)  # another retain, which must survive
@@ -273,13 +266,11 @@ def test_close_during_a_nogil_reset_reactivation_refuses(consumer_dir, sim):
     assert "CLOSED True 1" in out.stdout and "END 0" in out.stdout, out.stdout
 
 
-def test_switch_to_a_null_target_is_refused_and_changes_nothing(consumer_dir, sim):
+def test_switch_to_a_null_target_is_refused_and_changes_nothing(in_consumer, sim):
     # NULL is no context: switch_to refuses it before any driver call, whether the stack is
     # empty (where a NULL switch would look like "already current") or holds a context (where
     # cuCtxSetCurrent(NULL) would pop it).
-    out = run_child(f"""
-        import sys; sys.path.insert(0, {consumer_dir!r})
-        import cyctx, cyctx_consumer
+    out = in_consumer("""
         sim = drivers.SIM
         g = cyctx.ContextGuard(0)
         for start in (None, g.context):
@@ -301,13 +292,11 @@ def test_switch_to_a_null_target_is_refused_and_changes_nothing(consumer_dir, si
 
 
 def test_switch_back_without_a_switch_restores_the_target_after_the_code_switched_away(
-    consumer_dir, sim
+    in_consumer, sim
 ):
     # switch_to finds its target current (nothing switched); the code in between makes another
     # context current. The way back makes the target, which is alive and unchanged, current again.
-    out = run_child(f"""
-        import sys; sys.path.insert(0, {consumer_dir!r})
-        import cyctx, cyctx_consumer
+    out = in_consumer("""
         g0, g1 = cyctx.ContextGuard(0), cyctx.ContextGuard(D1)
         drivers.ok(drivers.driver().cuCtxSetCurrent(g0.context))
         s = cyctx_consumer.switch_to_only(g0.handle)
@@ -321,14 +310,12 @@ def test_switch_back_without_a_switch_restores_the_target_after_the_code_switche
     assert "RECORDED True True" in out.stdout and "BACK True 1" in out.stdout, out.stdout
 
 
-def test_cython_generator_and_coroutine_blocks_are_their_own(consumer_dir):
+def test_cython_generator_and_coroutine_blocks_are_their_own(in_consumer):
     # A Cython-compiled generator or coroutine has no Python frame: its block is still its own,
     # also when it is closed inside the caller's block of the same guard, collected from another
     # function, or when two Cython coroutines hold the guard across await.
-    out = run_child(f"""
-        import sys; sys.path.insert(0, {consumer_dir!r})
+    out = in_consumer("""
         import asyncio, gc
-        import cyctx, cyctx_consumer
         from cyctx._guard import open_entries
         g, h = cyctx.ContextGuard(0), cyctx.ContextGuard(D1)
         before = drivers.current()
@@ -393,12 +380,11 @@ def test_cython_generator_and_coroutine_blocks_are_their_own(consumer_dir):
     assert "TASKS 1 True (True, 1) 0" in out.stdout and "CLOSED True" in out.stdout, out.stdout
 
 
-def test_decorators_refuse_cython_generators_and_coroutines(consumer_dir):
+def test_decorators_refuse_cython_generators_and_coroutines(in_consumer):
     # Compiled by Cython, a generator or coroutine function is no Python function: decorating
     # one is refused all the same (its body would run after the guard's block ended).
-    out = run_child(f"""
-        import sys; sys.path.insert(0, {consumer_dir!r})
-        import functools, cyctx, cyctx_consumer
+    out = in_consumer("""
+        import functools
         g = cyctx.ContextGuard(0)
         for f in (cyctx_consumer.hold, cyctx_consumer.hold_async,
                   functools.partial(cyctx_consumer.hold_async)):
@@ -416,12 +402,10 @@ def test_decorators_refuse_cython_generators_and_coroutines(consumer_dir):
     ], out.stdout
 
 
-def test_context_epoch_through_the_cimport_without_the_gil(consumer_dir, sim):
+def test_context_epoch_through_the_cimport_without_the_gil(in_consumer, sim):
     # The cimported epoch is the Python one's: the driver's id now, 0 once destroyed, and a
     # driver failure other than "destroyed" crosses nogil as the typed error.
-    out = run_child(f"""
-        import sys; sys.path.insert(0, {consumer_dir!r})
-        import cyctx, cyctx_consumer
+    out = in_consumer("""
         from helpers.drivers import create_context, driver, ok
         ctx = create_context(0, current=False)
         r = [cyctx_consumer.epoch_nogil(int(ctx)) == cyctx.context_epoch(ctx)

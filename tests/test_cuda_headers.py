@@ -4,12 +4,15 @@ Each explicit variable set to each kind of unusable folder stops with an error n
 variable, while a good header is on sys.path (so a silent fallback would be taken)."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 
 from cyctx import _cuda_headers as hdrs
 
 VARS = ("CUDA_HOME", "CUDA_PATH")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _toolkit(root, version, headers=None):
@@ -146,3 +149,16 @@ def test_sys_path_wheel_comes_before_cuda_pathfinder(monkeypatch, wheel_on_sys_p
 
     monkeypatch.setattr(cuda.pathfinder, "locate_nvidia_header_directory", refuse)
     assert hdrs.find_cuda_header().include_dir == str(wheel_on_sys_path)
+
+
+@pytest.mark.skipif(
+    not os.path.isfile(os.path.join(REPO, "setup.py")), reason="needs the source tree"
+)
+def test_setup_py_refuses_a_mismatched_header(tmp_path):
+    bmaj, bmin, _ = hdrs.bindings_version()
+    env = dict(os.environ, CUDA_HOME=str(_toolkit(tmp_path / "tk", (bmaj - 1) * 1000 + 80)))
+    proc = subprocess.run(
+        [sys.executable, "setup.py", "--version"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode != 0
+    assert "cyctx build:" in proc.stderr and "pip install" in proc.stderr

@@ -104,10 +104,8 @@ WRONG = [
 
 @pytest.mark.parametrize("kind, words", WRONG, ids=[w[0] for w in WRONG])
 def test_a_wrong_driver_library_is_an_error_not_an_answer(tmp_path, kind, words):
-    from helpers.fakelibs import compiler, fake_libcuda, preload
+    from helpers.fakelibs import fake_libcuda, preload
 
-    if compiler() is None:
-        pytest.skip("no C compiler")
     out = run_python(
         """
         import cyctx
@@ -126,10 +124,8 @@ def test_a_wrong_driver_library_is_an_error_not_an_answer(tmp_path, kind, words)
 def test_a_mapped_file_that_is_not_a_loaded_library_is_false_and_stays_unloaded(tmp_path):
     # A driver library mapped with mmap (not dlopen): nothing can have called into it, and the
     # question must not load it (this one would answer CUDA_ERROR_STUB_LIBRARY if loaded).
-    from helpers.fakelibs import compiler, fake_libcuda
+    from helpers.fakelibs import fake_libcuda
 
-    if compiler() is None:
-        pytest.skip("no C compiler")
     path = fake_libcuda(tmp_path, "stub")
     out = run_python(
         f"""
@@ -152,10 +148,8 @@ def test_a_driver_the_loader_would_find_is_not_loaded_by_the_question(tmp_path):
     # CUDA): False, and the question loads nothing (this one would answer STUB_LIBRARY).
     import os
 
-    from helpers.fakelibs import compiler, fake_libcuda
+    from helpers.fakelibs import fake_libcuda
 
-    if compiler() is None:
-        pytest.skip("no C compiler")
     path = fake_libcuda(tmp_path, "stub")
     env = {**os.environ, "LD_LIBRARY_PATH": os.path.dirname(path)}
     out = run_python(
@@ -171,10 +165,8 @@ def test_a_driver_the_loader_would_find_is_not_loaded_by_the_question(tmp_path):
 
 def test_asking_keeps_no_reference_to_the_driver(tmp_path):
     # The library's one owner closes it: it is unloaded, so cyctx's NOLOAD open was given back.
-    from helpers.fakelibs import compiler, fake_libcuda
+    from helpers.fakelibs import fake_libcuda
 
-    if compiler() is None:
-        pytest.skip("no C compiler")
     path = fake_libcuda(tmp_path, "stub")
     out = run_python(
         f"""
@@ -318,10 +310,8 @@ def test_warn_on_fork_refuses_a_non_bool_and_changes_nothing():
 
 
 def test_the_warning_names_the_cuda_libraries_loaded(tmp_path):
-    from helpers.fakelibs import compiler, fake_cuda_library
+    from helpers.fakelibs import fake_cuda_library
 
-    if compiler() is None:
-        pytest.skip("no C compiler")
     rt = fake_cuda_library(tmp_path, "cudart", 12090)
     rtc = fake_cuda_library(tmp_path, "nvrtc", 13000)
     out = run_child(

@@ -1,20 +1,8 @@
-"""The package's layout, as the facts that keep it safe to change (docs/design.md, "Layout"):
-
-* one extension module, ``cyctx._guard``, owns the native state: setup.py builds no other
-  (besides the simulated driver's C library);
-* only it includes the private headers (``src/cyctx/_cpp/*.h``, ``src/cyctx/_protocol/*.h``):
-  a second module compiling them would hold a second copy of their state (the per-thread
-  entries, the live-guard registry, the driver table, the fork flags) that the first one never
-  sees;
-* there are no import circles among cyctx's modules, lazy imports and those for type checkers
-  (``if TYPE_CHECKING:``) included: a circle that only a type checker sees still ties two
-  modules into one;
-* the census, the fork checks and the tracer import nothing of the doctor, and the doctor
-  nothing of ``cyctx.testing``.
-
-Each check is a function of the package directory, so the tests below also run it on a copy with
-the fact broken and see it fail.
-"""
+"""The package's layout, as the facts that keep it safe to change (docs/design.md, "Layout"): one
+extension module owns the native state, only it compiles the private headers (a second one would
+hold a second copy of their state, which the first never sees), no import circles
+(lazy and type-checking imports included), and the doctor's seams. Each check is a function of
+the package directory, also run on a copy with the fact broken, where it must fail."""
 
 from __future__ import annotations
 

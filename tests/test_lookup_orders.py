@@ -56,23 +56,38 @@ def test_sim_library_named_is_the_one_loaded(tmp_path):
     assert f"MAPPED {copy}" in out, out
 
 
-def test_sim_library_missing_is_a_clear_error_and_loads_nothing(tmp_path):
-    missing = str(tmp_path / "nowhere" / "libcuda.so.1")
-    out = _select(missing)
-    assert (
-        f"ERROR FileNotFoundError simulated driver not found at {missing} (from CYCTX_SIM_LIBRARY)"
-        in out
-    ), out
-    assert "MAPPED None" in out, out
+def _junk(tmp_path):
+    (tmp_path / "libcuda.so.1").write_bytes(b"not an ELF file")
+    return str(tmp_path / "libcuda.so.1")
 
 
-def test_sim_library_not_a_library_is_a_clear_error_and_loads_nothing(tmp_path):
-    junk = tmp_path / "libcuda.so.1"
-    junk.write_bytes(b"not an ELF file")
-    out = _select(str(junk))
-    assert (
-        f"ERROR RuntimeError {junk} (from CYCTX_SIM_LIBRARY) is not a library that loads" in out
-    ), out
+@pytest.mark.parametrize(
+    "make, error",
+    [
+        (
+            lambda tmp: str(tmp / "nowhere" / "libcuda.so.1"),
+            "FileNotFoundError simulated driver not found at {} (from CYCTX_SIM_LIBRARY)",
+        ),
+        (_junk, "RuntimeError {} (from CYCTX_SIM_LIBRARY) is not a library that loads"),
+        # Refused before any call.
+        (
+            lambda tmp: _mapped("libm.so.6"),
+            "RuntimeError {} (from CYCTX_SIM_LIBRARY) is not cyctx's simulated driver: "
+            "it has no cyctxsim_",
+        ),
+        # A bare soname is not searched for on the loader's path: it names a file (from the
+        # working directory), here one that does not exist.
+        (
+            lambda tmp: "libm.so.6",
+            "FileNotFoundError simulated driver not found at {} (from CYCTX_SIM_LIBRARY)",
+        ),
+    ],
+    ids=["missing", "not a library", "not the simulator", "a name, not a path"],
+)
+def test_sim_library_unusable_is_a_clear_error_and_loads_nothing(tmp_path, make, error):
+    value = make(tmp_path)
+    out = _select(value)
+    assert f"ERROR {error.format(value)}" in out, out
     assert "MAPPED None" in out, out
 
 
@@ -83,27 +98,6 @@ def _mapped(name):
             if os.path.basename(path) == name:
                 return path
     raise AssertionError(f"{name} is not mapped in this process")
-
-
-def test_sim_library_that_is_not_the_simulator_is_refused_before_any_call():
-    libm = _mapped("libm.so.6")
-    out = _select(libm)
-    assert (
-        f"ERROR RuntimeError {libm} (from CYCTX_SIM_LIBRARY) is not cyctx's simulated driver: "
-        f"it has no cyctxsim_" in out
-    ), out
-    assert "MAPPED None" in out, out
-
-
-def test_sim_library_is_a_path_not_a_name_for_the_loader(tmp_path):
-    # A bare soname is not searched for on the loader's path: it names a file (from the
-    # working directory), here one that does not exist.
-    out = _select("libm.so.6")
-    assert (
-        "ERROR FileNotFoundError simulated driver not found at libm.so.6 (from CYCTX_SIM_LIBRARY)"
-        in out
-    ), out
-    assert "MAPPED None" in out, out
 
 
 # --- the simulated driver's device count: $CYCTX_SIM_DEVICES ---------------------------------
@@ -172,25 +166,15 @@ class _Pathfinder:
         return self
 
 
-def test_cudart_given_wins_over_loaded_and_pathfinder(monkeypatch):
+def test_cudart_given_wins_over_loaded_and_loaded_over_pathfinder(monkeypatch):
     pf = _Pathfinder(answer="/pf/libcudart.so.13").install(monkeypatch)
     monkeypatch.setattr(runtime, "loaded_cudart", lambda: "/loaded/libcudart.so.12")
-    assert runtime.find_cudart("/given/libcudart.so.11.0") == (
-        "/given/libcudart.so.11.0",
-        "given",
-        None,
-    )
-    assert pf.calls == 0
-
-
-def test_cudart_loaded_wins_over_pathfinder(monkeypatch):
-    pf = _Pathfinder(answer="/pf/libcudart.so.13").install(monkeypatch)
-    monkeypatch.setattr(runtime, "loaded_cudart", lambda: "/loaded/libcudart.so.12")
-    assert runtime.find_cudart() == (
-        "/loaded/libcudart.so.12",
-        "already loaded in this process",
-        None,
-    )
+    given = "/given/libcudart.so.11.0"
+    assert runtime.find_cudart(given) == (given, "given", None)
+    loaded = ("/loaded/libcudart.so.12", "already loaded in this process", None)
+    assert runtime.find_cudart() == loaded
+    # Given empty: refused, not taken for none given.
+    assert runtime.load_cudart("") == (None, "no libcudart found (given: the path is empty)")
     assert pf.calls == 0
 
 
@@ -207,13 +191,6 @@ def test_cudart_pathfinder_failing_is_the_reason(monkeypatch):
         None,
         "no libcudart found (cuda-pathfinder: RuntimeError: no cudart in this environment)",
     )
-
-
-def test_cudart_given_empty_is_refused_not_taken_for_none(monkeypatch):
-    pf = _Pathfinder(answer="/pf/libcudart.so.13").install(monkeypatch)
-    monkeypatch.setattr(runtime, "loaded_cudart", lambda: "/loaded/libcudart.so.12")
-    assert runtime.load_cudart("") == (None, "no libcudart found (given: the path is empty)")
-    assert pf.calls == 0
 
 
 def test_cudart_given_missing_or_not_a_cudart_is_the_reason(tmp_path, monkeypatch):
@@ -271,13 +248,9 @@ def test_cupti_toolkit_order_cuda_home_cuda_path_then_usr_local(tmp_path, nowher
     assert locate.find_cupti(13) == (home, f"the CUDA toolkit ({tmp_path / 'home'})")
     # CUDA_HOME's is newer than a 12 driver: passed over for CUDA_PATH's.
     assert locate.find_cupti(12) == (path, f"the CUDA toolkit ({tmp_path / 'path'})")
-
-
-def test_cupti_cuda_home_without_cupti_is_passed(tmp_path, nowhere):
-    (tmp_path / "home").mkdir()
-    path = _cupti(tmp_path / "path" / "extras" / "CUPTI" / "lib64", "libcupti.so.13")
-    nowhere.setenv("CUDA_HOME", str(tmp_path / "home"))
-    nowhere.setenv("CUDA_PATH", str(tmp_path / "path"))
+    # So is a CUDA_HOME without CUPTI.
+    (tmp_path / "bare").mkdir()
+    nowhere.setenv("CUDA_HOME", str(tmp_path / "bare"))
     assert locate.find_cupti(13)[0] == path
 
 

@@ -2,13 +2,14 @@
 leak on purpose, each in its own pytest process on the simulated driver (pytester)."""
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
-from helpers.bindings_env import env_of, site_without_cuda_bindings
+from helpers.bindings_env import env_of, fake_bindings, site_without_cuda_bindings
+from helpers.drivers import STATE_CHANGING
+from helpers.threads import in_thread
 
 from cyctx.pytest_plugin import ContextState, changes
 
@@ -34,19 +35,7 @@ def pytest_unconfigure(config):
         json.dump(out, f)
 """
 
-MUTATORS = (
-    "cuInit",
-    "cuDevicePrimaryCtxRetain",
-    "cuDevicePrimaryCtxRelease",
-    "cuDevicePrimaryCtxReset",
-    "cuDevicePrimaryCtxSetFlags",
-    "cuCtxPushCurrent",
-    "cuCtxPopCurrent",
-    "cuCtxSetCurrent",
-    "cuCtxCreate",
-    "cuCtxDestroy",
-    "cuCtxSetFlags",
-)
+MUTATORS = ("cuInit", *STATE_CHANGING)
 QUERIES = (
     "cuCtxGetCurrent",
     "cuCtxGetDevice",
@@ -103,8 +92,12 @@ def _leak_section(result):
 
 
 def test_reports_each_test_that_leaks_with_before_after_and_device(pytester):
+    import xml.etree.ElementTree as ET
+
     _suite(pytester, "init", LEAKS)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--cyctx-check-contexts")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--cyctx-check-contexts", "--junitxml=out.xml"
+    )
     result.assert_outcomes(passed=6)
     assert result.ret == 0  # reports, does not fail, unless asked
     section = "\n".join(_leak_section(result))
@@ -132,6 +125,26 @@ def test_reports_each_test_that_leaks_with_before_after_and_device(pytester):
             "cyctx: retains taken and kept*",
             "  test_inner.py::test_clean_again: device 1 primary context: inactive -> active; *",
         ]
+    )
+    # The findings, notes too, are in the JUnit XML: a property of each test's case.
+    props = {}
+    for case in ET.parse(pytester.path / "out.xml").iter("testcase"):
+        for p in case.iter("property"):
+            assert p.get("name") == "cyctx_context_change"
+            props[case.get("name")] = json.loads(p.get("value"))
+    assert set(props) == {
+        "test_push",
+        "test_set_device",
+        "test_leaked_guard_entry",
+        "test_reset",
+        "test_clean_again",
+    }
+    assert props["test_reset"]["changes"] == [
+        ["leak", "device 1 primary context: active -> inactive"]
+    ]
+    assert (
+        props["test_push"]["kind"] == "test"
+        and props["test_push"]["name"] == "test_inner.py::test_push"
     )
 
 
@@ -166,15 +179,11 @@ def test_fail_mode_is_an_error_at_the_teardown_of_each_leaking_test(pytester, ho
 
 
 def test_fail_flag_fails_the_run_on_a_leak_only(pytester):
-    _suite(pytester, "init", "")
     # A guard kept open (a retain taken and kept) is a note, not a leak: the run passes.
-    pytester.makepyfile(
-        test_inner="""
-        import cyctx
-        def test_keeps_a_guard():
-            global G
-            G = cyctx.ContextGuard(1)
-    """
+    _suite(
+        pytester,
+        "init",
+        "import cyctx\ndef test_keeps_a_guard():\n    global G\n    G = cyctx.ContextGuard(1)\n",
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--cyctx-contexts-fail")
     assert result.ret == 0
@@ -189,12 +198,15 @@ def test_fail_flag_fails_the_run_on_a_leak_only(pytester):
     )
 
 
-def test_it_only_reads(pytester):
-    # The same suite with and without the checker: the same state-changing driver calls; the
-    # checker's own calls are queries.
+def test_off_unless_asked_and_then_it_only_reads(pytester):
+    # The same suite without and with the checker: off, it says and reads nothing; on, the
+    # same state-changing driver calls, the checker's own calls being queries.
     _suite(pytester, "init", LEAKS)
-    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=6)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=6)
+    assert "cyctx:" not in result.stdout.str()
     off = _calls(pytester)["calls"]
+    assert off["cuDevicePrimaryCtxGetState"] == 0, "the plugin read while off"
     pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "--cyctx-check-contexts"
     ).assert_outcomes(passed=6)
@@ -216,14 +228,6 @@ def test_never_initialises_or_loads_the_driver(pytester):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--cyctx-check-contexts")
     result.assert_outcomes(passed=1)
     assert _calls(pytester)["libcuda_mapped"] is False
-
-
-def test_off_unless_asked(pytester):
-    _suite(pytester, "init", LEAKS)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=6)
-    assert "cyctx:" not in result.stdout.str()
-    assert _calls(pytester)["calls"]["cuDevicePrimaryCtxGetState"] == 0, "the plugin read while off"
 
 
 @pytest.mark.parametrize("how", ["ini", "-p"])
@@ -327,13 +331,6 @@ def test_the_driver_lost_is_a_leak_and_found_is_not():
 # --- checking a thread of the test's own ----------------------------------------------------
 
 
-def _on_a_thread(fn):
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(fn).result()
-
-
 def test_check_thread_raises_for_a_leak_on_that_thread():
     # This suite runs on the simulated driver; the thread's state is put back after.
     from cuda.bindings import driver as d
@@ -352,7 +349,7 @@ def test_check_thread_raises_for_a_leak_on_that_thread():
         return found
 
     with pytest.raises(ContextStateChanged, match=r"(?s)thread .*current context: none -> 0x"):
-        _on_a_thread(leaks)
+        in_thread(leaks)
     assert isinstance(ContextStateChanged("x"), AssertionError)  # pytest shows it as a failure
 
     def clean():
@@ -363,7 +360,7 @@ def test_check_thread_raises_for_a_leak_on_that_thread():
             d.cuDevicePrimaryCtxRelease(1)
         return found
 
-    assert _on_a_thread(clean) == []
+    assert in_thread(clean) == []
 
     def raises_inside():
         err, ctx = d.cuDevicePrimaryCtxRetain(0)
@@ -377,7 +374,7 @@ def test_check_thread_raises_for_a_leak_on_that_thread():
 
     # The block's error is the one that propagates: it is not replaced by the check's.
     with pytest.raises(ValueError, match="the block's own error"):
-        _on_a_thread(raises_inside)
+        in_thread(raises_inside)
 
 
 # --- pytest-xdist ---------------------------------------------------------------------------
@@ -711,35 +708,6 @@ def test_the_marker_allows_a_test_s_change_with_its_reason(pytester):
     result.stdout.fnmatch_lines(["*cyctx_allow_context_change needs a reason*"])
 
 
-def test_findings_are_in_junit_xml(pytester):
-    import xml.etree.ElementTree as ET
-
-    _suite(pytester, "init", LEAKS)
-    result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--cyctx-check-contexts", "--junitxml=out.xml"
-    )
-    result.assert_outcomes(passed=6)
-    props = {}
-    for case in ET.parse(pytester.path / "out.xml").iter("testcase"):
-        for p in case.iter("property"):
-            assert p.get("name") == "cyctx_context_change"
-            props[case.get("name")] = json.loads(p.get("value"))
-    assert set(props) == {
-        "test_push",
-        "test_set_device",
-        "test_leaked_guard_entry",
-        "test_reset",
-        "test_clean_again",
-    }
-    assert props["test_reset"]["changes"] == [
-        ["leak", "device 1 primary context: active -> inactive"]
-    ]
-    assert (
-        props["test_push"]["kind"] == "test"
-        and props["test_push"]["name"] == "test_inner.py::test_push"
-    )
-
-
 def test_help_names_the_options_and_the_ini_settings(pytester):
     result = pytester.runpytest_subprocess("--help")
     out = result.stdout.str()
@@ -821,21 +789,8 @@ def test_an_environment_without_cuda_bindings_runs_an_unrelated_suite(pytester, 
 
 
 def test_an_environment_with_unsupported_cuda_bindings_runs_an_unrelated_suite(pytester, tmp_path):
-    stub = tmp_path / "stub"
-    (stub / "cuda" / "bindings").mkdir(parents=True)
-    (stub / "cuda" / "bindings" / "__init__.py").write_text('__version__ = "11.8.0"\n')
-    dist = stub / "cuda_bindings-11.8.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: cuda-bindings\nVersion: 11.8.0\n")
-    check = subprocess.run(
-        [sys.executable, "-c", "import cyctx"],
-        env=dict(os.environ, PYTHONPATH=str(stub)),
-        capture_output=True,
-        text=True,
-    )
-    assert "IncompatibleBindingsError: cuda-bindings 11.8.0 is installed" in check.stderr, (
-        check.stderr
-    )
+    # (That `import cyctx` stops there: test_doctor_bindings.py.)
+    stub = fake_bindings(tmp_path, "11.8.0")
     r = _run_unrelated(pytester, stub, isolated=False)
     assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
     assert _loaded(r) == _loaded_by_others(pytester, stub, isolated=False), r.stdout

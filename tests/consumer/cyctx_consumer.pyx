@@ -81,15 +81,6 @@ def exit_nogil(ContextGuard g):
         g.exit()
 
 
-def switch_pair(size_t target):
-    """switch_to(target) then switch_back, without the GIL; raises what they raise (for the
-    fault tests: the raw layer is reachable only from Cython)."""
-    cdef Switch s
-    with nogil:
-        switch_to(&s, <cydriver.CUcontext>target)
-        switch_back(&s)
-
-
 def switch_to_only(size_t target):
     """switch_to(target) alone; returns (prev, prev_id, switched) so the caller can switch back."""
     cdef Switch s

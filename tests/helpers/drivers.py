@@ -10,6 +10,19 @@ import os
 KIND = None  # "real" or "sim"
 SIM = None  # cyctx.testing.Sim when KIND == "sim"
 SIM_DEVICES = 2
+# The driver calls that change context state (cuInit aside): what a read-only check must not make.
+STATE_CHANGING = (
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease",
+    "cuDevicePrimaryCtxReset",
+    "cuDevicePrimaryCtxSetFlags",
+    "cuCtxPushCurrent",
+    "cuCtxPopCurrent",
+    "cuCtxSetCurrent",
+    "cuCtxCreate",
+    "cuCtxDestroy",
+    "cuCtxSetFlags",
+)
 
 
 def select(requested, init=True):

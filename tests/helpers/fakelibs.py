@@ -72,7 +72,12 @@ def compiler():
 
 def shared_library(source, path, soname=None, flags=()):
     """Compile C ``source`` into the shared library ``path`` (its soname ``soname``, if given);
-    the source is left beside it as ``path + ".c"``. Returns ``path``."""
+    the source is left beside it as ``path + ".c"``. Returns ``path``. Without a C compiler,
+    skips the test that asked (every stand-in below is built here)."""
+    if compiler() is None:
+        import pytest
+
+        pytest.skip("no C compiler")
     c = str(path) + ".c"
     with open(c, "w") as f:
         f.write(source)
