@@ -1,5 +1,5 @@
 """The documentation's own checks: the internal link checker finds what is broken (CI runs it on
-the built site), the README's links resolve, and, where Sphinx is
+the built site), the README's links resolve and its examples run as shown, and, where Sphinx is
 installed (CI's documentation step), the site builds with warnings as errors and its examples
 pass doctest on the simulated driver."""
 
@@ -29,6 +29,16 @@ def test_readme_links_resolve():
     assert len(links) >= 5, links
     missing = [t for t in links if not os.path.exists(os.path.join(ROOT, t))]
     assert not missing, f"README.md links to files that do not exist: {missing}"
+
+
+def test_readme_use_section_runs_as_shown():
+    # Its Python blocks, in order, in a fresh interpreter: the first selects the simulated driver.
+    use = _readme().split("\n## Use", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", use, re.S)
+    assert blocks and "use_simulated_driver" in blocks[0], "no simulator line first"
+    code = "".join(blocks) + "\nwith cyctx.device(0):\n    assert cyctx.current_device() == 0\n"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
 
 
 def _check_links(site):
