@@ -299,3 +299,21 @@ def test_a_library_that_is_not_what_was_asked_at_a_path_that_is_not_utf8_is_refu
     missing = missing[0]
     assert not_sim.endswith("is not cyctx's simulated driver: it has no cyctxsim_is_simulated")
     assert missing in ("RuntimeError", "FileNotFoundError")
+
+
+def test_what_the_loader_said_is_passed_on_or_said_to_be_lost():
+    from _cyctx_libcuda import loader_message
+
+    latin1 = os.fsdecode(b"/opt/caf\xe9/libcudart.so.13")
+    undecodable = UnicodeDecodeError("utf-8", b"\xe9", 0, 1, "invalid continuation byte")
+    assert loader_message(OSError("x.so: cannot open shared object file"), latin1) == (
+        "x.so: cannot open shared object file"
+    )
+    for exc in (undecodable, AttributeError(""), OSError()):
+        assert loader_message(exc, latin1).endswith(
+            "(ctypes cannot decode the loader's message: the path is not UTF-8)"
+        )
+    # No message at a UTF-8 path: nothing is known of why, and nothing is claimed.
+    assert loader_message(AttributeError(""), "/opt/lib/libcudart.so.13") == (
+        "AttributeError with no message from the loader"
+    )
