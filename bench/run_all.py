@@ -1,11 +1,11 @@
-"""cyctx's benchmark suite, one command (bench/README.md says what each group measures and what
-the outputs hold):
+"""cyctx's benchmark suite, one command:
 
     python bench/run_all.py [--quick] [--sim] [--out-dir bench/results] [--tag NAME] [pyperf options]
 
-Options this command does not know go to pyperf, for the Python-level groups. Exit status: 0
-when every group ran (a missing peer is not a failure), 1 otherwise; missed performance targets
-are reported, not turned into a failure: benchmarks are not tests.
+bench/README.md says what each group measures and what the outputs hold. Options this command
+does not know go to pyperf, for the Python-level groups. Exit status: 0 when every group ran (a
+missing peer is not a failure), 1 otherwise; missed performance targets are reported, not
+turned into a failure: benchmarks are not tests.
 """
 
 import argparse

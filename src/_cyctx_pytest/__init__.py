@@ -751,8 +751,7 @@ class _Tracer:
         finally:
             self._running.remove(owner)
             self._boundary()
-        # Added after the fixture's own teardown, so it runs before it (finalizers run last
-        # added first): the start of the fixture's teardown.
+        # The start of the fixture's teardown, as _Checker's.
         fixturedef.addfinalizer(lambda: self._teardown_starts(fixturedef))
         return result
 
