@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 
-from harness import built
+from harness import Timer, built
 
 THREADS = 16
 
@@ -56,18 +56,6 @@ def python_threads(g, n):
     start.wait()
     for t in ts:
         t.join()
-
-
-def calibrate(fn, target=0.02):
-    """The n for which fn(n) takes about `target` seconds."""
-    n = 1
-    while True:
-        t0 = time.perf_counter()
-        fn(n)
-        dt = time.perf_counter() - t0
-        if dt >= target / 4:
-            return max(1, int(n * target / dt))
-        n *= 4
 
 
 def main(argv=None):
@@ -106,6 +94,7 @@ def main(argv=None):
             "nogil enter+exit",
         ),
     }
+    calibrate = Timer(quick=False).calibrate  # rounds of about 20 ms
     sizes = {name: calibrate(fn) for name, (fn, _, like) in rows.items() if like is None}
     sizes.update({name: sizes[like] for name, (_, _, like) in rows.items() if like is not None})
     values = {name: [] for name in rows}

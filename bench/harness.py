@@ -1,33 +1,19 @@
 """How the benchmarks measure, apart from what they measure (bench/groups/).
 
-Two timers, one record. Python-level rows (cyctx's `with`, the peers) go through pyperf
-(bench/python_group.py): their cost moves from one process to the next (up to 2.3x on the
-H200 VM), so each row runs in worker processes of its own, with pyperf's calibration and
-statistics. The compiled rows (the nogil loops of bench/_bench.pyx) keep their own timer, in
-one process per group: their ratios are taken between rows that must share the machine's
-conditions, so the rows' rounds are interleaved (Timer). Both are written as pyperf
-benchmarks, one suite, which the report, the plot and `pyperf compare_to` read.
-
-  Timer           the compiled rows' rounds: sized by calibration, interleaved across rows
-  probe, check    each row run once and checked (does it do a guard's work?) before timing
-  rows, benchmark the compiled rows of a group as pyperf benchmarks, each run's metadata
-                  naming its row (group, row, path, layer, label) and its checks
-  build_here      compile bench/_bench.pyx against the installed cyctx, into a scratch folder
-  built           the same in a process of its own, unless done already, and import it
-  gpu_info, packages  the machine's GPU, driver and package versions, for the report
-
-A compiled group is a worker process of run_all.py:
+Python-level rows go through pyperf (bench/python_group.py): their cost moves from one process
+to the next, so each row runs in worker processes of its own. The compiled rows (the nogil
+loops of bench/_bench.pyx) keep their own timer (Timer), one process per group, their rounds
+interleaved across rows, since their ratios are taken between rows that must share the
+machine's conditions. Both are written as pyperf benchmarks, one suite.
 
     python bench/harness.py run GROUP --out FILE.json --build-dir DIR [--sim] [--quick] [--cpu N]
     python bench/harness.py build DIR
 
-GROUP is a name in groups.COMPILED; its result goes to FILE.json (a pyperf suite, or the
-memory group's JSON), not to stdout, which the peers' libraries may write to. Why processes
-of their own: a peer library (torch, CuPy, numba) must not share a process with the floor
-measurements (it loads its own runtime, threads and allocator), the memory group checks that
-no primary context is left active, which only means something in a process that nothing else
-retained in, and idle OpenMP threads of the thread group must not run beside single-thread
-timings.
+GROUP is a name in groups.COMPILED; its result goes to FILE.json, not to stdout, which the
+peers' libraries may write to. A group has a process of its own because a peer library loads
+its own runtime, threads and allocator, the memory group's check that no primary context is
+left active means something only where nothing else retained, and idle OpenMP threads must not
+run beside single-thread timings.
 """
 
 import argparse

@@ -14,12 +14,9 @@ spread over all of them, with each of the example's modes around the launches:
                      (what the guard's switching path does from a thread with no context)
   guard_launch_sync  `with guard:` around launch + cuStreamSynchronize
 
-Each figure is the median of 5 rounds, the modes interleaved within each round; every round
-checks the results on the device; the JSON keeps every round. The
-guard's cost is reported as a fraction of a launch: (guard_per_launch - guard_per_batch) /
-guard_per_batch, per thread count. Needs a GPU and the nvidia-cuda-nvrtc wheel. Writes
-launch-TAG.json, launch-TAG.txt and, with matplotlib, launch-TAG.png. Not a test: it asserts
-nothing about speed.
+bench/README.md, "The guard in a real workload", tells the method and reads a run. Needs a GPU
+and the nvidia-cuda-nvrtc wheel. Writes launch-TAG.json (every round), launch-TAG.txt and, with
+matplotlib, launch-TAG.png. Not a test: it asserts nothing about speed.
 """
 
 from __future__ import annotations

@@ -2,11 +2,8 @@
 
     python bench/plot.py bench/results/bench-TAG.json [--out-dir DIR]
 
-(the pyperf suite, with the bench-TAG-report.json beside it: report.load)
-
-matplotlib draws them: the standard plotting library of scientific Python, maintained, with
-wheels for every platform, drawing without a display (Agg). It is optional: run_all.py skips
-this step, saying why, when it is not installed, and the JSON holds every number.
+matplotlib (Agg, no display) is optional: run_all.py skips this step, saying why, when it is
+not installed, and the JSON holds every number.
 """
 
 import argparse

@@ -3,14 +3,11 @@ beside cyctx's control rows (`peer:NAME`). run_all.py runs it once per group:
 
     python bench/python_group.py GROUP --build-dir DIR --result FILE.json [--sim] [pyperf options]
 
-This process is pyperf's manager: it sets the group up (the peer's library loaded, the start
-contexts), runs each row once, checked (harness.check), and has pyperf time each row in worker
-processes of its own (this script again, with --worker; they set the group up and time, never
-trace). pyperf calibrates the loop count, runs the processes and keeps every value; the
-manager writes the suite to FILE.json, each run's metadata naming its row and its checks.
-pyperf's options (--fast, --rigorous, --processes, --values, --min-time, --affinity, ...)
-apply; the defaults below (6 processes, not pyperf's 20) keep a peer that takes seconds to
-load (torch) from being loaded a hundred times.
+This process is pyperf's manager: it sets the group up, runs each row once, checked
+(harness.check), and has pyperf time each row in worker processes (this script again, which
+time and never trace); it writes the suite to FILE.json. pyperf's options apply; the defaults
+below (6 processes, not pyperf's 20) keep a peer that takes seconds to load (torch) from being
+loaded a hundred times.
 
 Exit status 3: the group's library is not installed (its set-up raised ImportError).
 """

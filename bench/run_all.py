@@ -2,35 +2,10 @@
 
     python bench/run_all.py [--quick] [--sim] [--out-dir bench/results] [--tag NAME] [pyperf options]
 
-Builds bench/_bench.pyx (compiled nogil loops) against the installed cyctx in a scratch
-directory, then runs each group of bench/groups/ in processes of its own, in this run, on this
-machine (bench/harness.py says how it measures):
-
-  nogil    per enter+exit, compiled loops timed in one process, rounds interleaved: driver
-           floor (push+pop, retain+push+pop+release), cyctx from Cython (nogil enter()/exit(),
-           the raw switch_to()/switch_back() with and without the reset check, the
-           _cpp/thread_entries.h stack)
-  threads  1..16 OpenMP threads: guard fast path and switching path, raw push+pop
-  memory   10 million nogil enter/exit cycles per path and 1 million `with guard:`: RSS
-           before/after, every retain released
-  python   cyctx from Python (`with guard:`) and an empty extension-type `with`, through pyperf
-           (bench/python_group.py): each row in worker processes of its own
-  peer:*   CuPy, cuda.core, torch, numba, cuda.bindings from Python, where installed, through
-           pyperf likewise, each beside cyctx's control rows in the peer's processes
-
-and writes to --out-dir: bench-TAG.json (every timing, a pyperf suite: `python -m pyperf
-show|stats|compare_to` read it), bench-TAG-report.json (the machine, GPU, driver, package
-versions, the memory group, the targets), bench-TAG.txt (the table printed here), bench-TAG.md
-(the same as Markdown) and, when matplotlib is installed, bench-TAG-cost.png and
-bench-TAG-threads.png (or later: `python bench/plot.py bench-TAG.json`).
-
-Options this command does not know go to pyperf, for the Python-level groups: --fast,
---rigorous, --processes N, --values N, --min-time S, ... The single-threaded processes are
-pinned to one CPU (--cpu; pyperf's --affinity for its workers). --sim runs on cyctx's simulated
-driver (smoke runs without a GPU; its numbers mean nothing, and the peers other than
-cuda.bindings are reported as missing). --quick: few rounds, one pyperf worker per row.
-Exit status: 0 when every group ran (a missing peer is not a failure), 1 otherwise. Missed
-performance targets are reported, not turned into a failure: benchmarks are not tests.
+bench/README.md says what each group measures and what the outputs hold. Options this command
+does not know go to pyperf, for the Python-level groups. Exit status: 0 when every group ran (a
+missing peer is not a failure), 1 otherwise; missed performance targets are reported, not
+turned into a failure: benchmarks are not tests.
 """
 
 import argparse

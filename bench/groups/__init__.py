@@ -1,25 +1,12 @@
 """What the benchmarks measure, apart from how they measure it (bench/harness.py).
 
-Each module is one group, a set of plain functions registered by name with `@case`. A case
-function takes the process's prepared state (`env`: the compiled loops as `env.bench`, the
-guards, the start contexts, ...) and a start path, and returns the loop to time: `loop(n)`
-makes n enters and exits (or n of the operation). Compiled loops are bench/_bench.pyx's;
-Python-level loops are plain functions of the prepared objects and n, bound with
-functools.partial, so a row times exactly the function that is written out here.
-
-  floor.py        the driver floor: compiled nogil loops over the driver's entry points
-  nogil.py        cyctx from Cython: enter()/exit(), switch_to()/switch_back(), its _cpp/thread_entries.h
-  from_python.py  cyctx from Python: `with guard:` beside an empty loop and an empty `with`
-  peers.py        CuPy, cuda.core, torch, numba and cuda.bindings from Python
-  threads.py      1 to 16 OpenMP threads
-  memory.py       millions of cycles: RSS and the retain balance
-
-What run_all.py runs, each in processes of its own (harness.py says why):
-COMPILED, timed by the compiled loops in one process each: `nogil` (floor and nogil together,
-so that ratios between them are taken within one process), `threads`, `memory`; and
-PYTHON_GROUPS, timed through pyperf (bench/python_group.py): `python` (from_python) and
-`peer:NAME` for each peer. Nothing here imports the harness: it hands each compiled process
-what it needs (harness.Process).
+Each module is one group, plain functions registered by name with `@case`: a case takes the
+process's prepared state (`env`) and a start path, and returns the loop to time, `loop(n)`.
+Python-level loops are plain functions bound with functools.partial, so a row times exactly
+the function written out here. COMPILED groups are timed by the compiled loops, one process
+each (`nogil` holds floor and nogil, so that their ratios are taken within one process);
+PYTHON_GROUPS through pyperf (bench/python_group.py). Nothing here imports the harness: it
+hands each compiled process what it needs (harness.Process).
 """
 
 from collections.abc import Callable

@@ -1,18 +1,11 @@
 #!/usr/bin/env bash
-# The guard's per-call cost for several builds side by side on one machine: the benchmarks'
-# `nogil` and `python` groups (driver floor, nogil guard, Python `with`) for each build,
-# alternating, so that drift of the machine hits every build alike. For before/after figures
-# of a change.
+# The guard's per-call cost for several builds side by side on one machine, alternating, for
+# before/after figures of a change (scripts/gpu/README.md, "compare.sh", says what it runs and
+# writes):
 #
 #   bash scripts/gpu/compare.sh ROUNDS TAG=WHEEL[=BENCHDIR] ...
 #
-# Each WHEEL is installed (no deps) into its own directory put first on PYTHONPATH; BENCHDIR is
-# the bench/ to run with it (default: this checkout's; a build whose .pxd differs needs the
-# bench/ of its own commit, e.g. `git archive <commit> bench | tar -x -C .gpu/<tag>`, of a commit
-# whose bench/ writes pyperf suites). Writes each run under $OUT/compare (or
-# /tmp/cyctx-compare), each build's rounds merged into TAG.json, and prints pyperf's
-# comparison of them (`pyperf compare_to`, the first build the reference). CMP_ARGS adds
-# arguments to run_all.py (e.g. "--sim --quick" for a dry run without a GPU; pyperf's --fast).
+# CMP_ARGS adds arguments to run_all.py (e.g. "--sim --quick" for a dry run without a GPU).
 # pyperf comes from the environment, or from .whl/pyperf-*.whl (installed into /tmp).
 set -uo pipefail
 cd "$(dirname "$0")/../.."

@@ -1,44 +1,20 @@
 #!/usr/bin/env python3
 """Mutation testing for cyctx: Cython, C/C++ headers, C and Python.
 
-A mutant is one plausible bug. This script makes them, applies each to a scratch copy of the
-working tree (the tree itself is never written), rebuilds only what the mutated file compiles
-into, runs the tests that cover that file, and reports whether they noticed:
-
-  killed       a test failed (the first one is named)
-  timeout      the run hung past the limit (counted as killed, with a note)
-  survived     the tests passed: a behaviour nobody pins, or an equivalent mutant
-  build-error  the mutant does not compile (not counted)
-  stale        a listed mutant's snippet is not where it says: the code moved on; re-anchor it
-
-Two kinds of mutant:
-  operators  generated at run time from the sources (RULES below): comparisons, boolean flips,
-             off-by-one, dropped statements, swapped arguments; over the native core, the
-             tracer and the Python modules (TARGETS), or the files given with --files.
-  listed     find/replace mutants from a TOML file (scripts/quality/mutants.toml, the curated
-             list of what operators cannot reach, or an outside reviewer's own with --mutants),
-             each optionally anchored to a function: its snippet need be unique there only.
+A mutant is one plausible bug, applied to a scratch copy of the working tree (the tree itself is
+never written); what the mutated file compiles into is rebuilt and the tests that cover it run.
+docs/mutation.md tells the two kinds of mutant (operators, listed), the outcomes and the
+options:
 
     python scripts/quality/mutate.py --list                    # both sets; builds nothing
     python scripts/quality/mutate.py --sample 30 --seed 1      # 30 of them, chosen reproducibly
-    python scripts/quality/mutate.py --operators --files 'src/cyctx/_native/*' --functions _restore
-    python scripts/quality/mutate.py --mutants reviewer.toml   # an outside reviewer's set alone
-
-Each mutant faces its `tests` (a listed mutant's own key), else the tests of its file's area
-(COVERS below), else the whole suite; --confirm runs the whole suite on a survivor too.
 
 How a mutant is built: the scratch tree is built once with `setup.py build_ext --inplace`,
-whose compiler and linker commands are recorded. A mutated .pyx/.pxi/.h is re-Cythonized and
-recompiled only for the extension modules that include it (found by following cimports,
-`include`, `cdef extern from` and #include as the compilers resolve them); a mutated C library
-source (C_LIBRARIES: the simulated driver, its CUPTI, the tracer's module) is recompiled into
-that library alone, a header beside it into each library of its folder; a Python file needs no
-build. The built package lives in its own folder on
-PYTHONPATH (outside the scratch tree's src/, as the consumer tests require), and every file a
-mutant touched there is put back from a pristine copy before the next one.
-
-Needs the development environment of docs/install.md and Python 3.11+ (tomllib). Runs on the
-simulated driver by default.
+whose compiler and linker commands are recorded; a mutated .pyx/.pxi/.h is recompiled only
+into the extension modules that include it (following cimports, `include`, `cdef extern from`
+and #include), a C library source (C_LIBRARIES) into that library alone, a Python file needs
+no build. The built package lives outside the scratch tree's src/ (the consumer tests require
+it), and every file a mutant touched there is put back from a pristine copy before the next.
 """
 
 from __future__ import annotations

@@ -1,37 +1,12 @@
 """cyctx's pytest plugin: finds the tests and fixtures that change the CUDA context state of the
-thread that runs them. Its public names are importable as ``cyctx.pytest_plugin``.
-
-GPU test suites get bitten when one test leaves a context pushed or current, or resets a
-device, and a later test fails for it. With ``pytest --cyctx-check-contexts`` this plugin reads,
-on the thread that runs the tests, at each boundary of a test's run (its start, each fixture's
-setup and teardown, its end):
-
-* the current context (``cuCtxGetCurrent``), with its device and id;
-* each device's primary context: active or not, and its flags (``cuDevicePrimaryCtxGetState``);
-* the number of cyctx guard entries open on the thread;
-* on cyctx's simulated driver also the depth of the thread's context stack and each primary
-  context's retain count, which the real driver does not tell.
-
-What changed while a fixture set up or tore down is the fixture's (its name and scope); the rest
-is the test's. A fixture is judged over its life: what its teardown puts back as it was before
-its setup is no change. The findings are reported in the terminal summary, in junit-xml
-(``user_properties``) and, under pytest-xdist, by the controller from its workers' reports;
-with ``--cyctx-contexts-fail`` each change is an error at the teardown of the test during which
-it was found. Under pytest-run-parallel, which runs a test's function on threads of its own
-(``--parallel-threads``), each of those threads is checked too: what the function left changed
-of that thread's own state (its current context, its stack, its open guards) is the test's.
+thread that runs them (``pytest --cyctx-check-contexts``; docs/testing.md tells what is read
+and how changes are reported). Its public names are importable as ``cyctx.pytest_plugin``.
 
 It only *reads*: it calls no driver function that changes state, not even ``cuInit``, and it
-loads no driver: until something in the process has loaded ``libcuda.so.1`` nothing can be
-current, and it records just that.
-
-This package is a top-level one, beside cyctx rather than in it, so that pytest can load it (cyctx's
-``pytest11`` entry point, named ``cyctx.pytest_plugin``) in every pytest process of an
-environment without importing cyctx or cuda-bindings: at load it imports pytest, the standard
-library and ``_cyctx_libcuda`` (the lookup of the mapped driver library it shares with
-``cyctx.testing``, a top-level package too) only, and until an option asks for the check it does
-nothing else. The check itself needs neither cyctx nor cuda-bindings (it reads the driver through
-ctypes), so it also works where cyctx cannot be imported.
+loads no driver. It is a top-level package, beside cyctx, so that pytest can load it in every
+pytest process of an environment without importing cyctx or cuda-bindings: at load it imports
+pytest, the standard library and ``_cyctx_libcuda`` only, and the check reads the driver
+through ctypes, so it also works where cyctx cannot be imported.
 """
 
 from __future__ import annotations
@@ -776,8 +751,7 @@ class _Tracer:
         finally:
             self._running.remove(owner)
             self._boundary()
-        # Added after the fixture's own teardown, so it runs before it (finalizers run last
-        # added first): the start of the fixture's teardown.
+        # The start of the fixture's teardown, as _Checker's.
         fixturedef.addfinalizer(lambda: self._teardown_starts(fixturedef))
         return result
 

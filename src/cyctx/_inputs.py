@@ -5,9 +5,6 @@ recognised by their type's module and name, so no framework is imported unless t
 passed one of its objects (then it is already imported). Every value read from a user's object
 is checked here, in Python, before it reaches C: a float, a str or a huge int is a
 TypeError/ValueError, never truncated, parsed or overflowed. No driver call is made here.
-
-Messages show user values through shown/int_text: a repr that raises, or an int too long for
-Python to print (more than 4300 digits), must not replace the error being raised.
 """
 
 import enum

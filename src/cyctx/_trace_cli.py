@@ -1,22 +1,7 @@
 """``cyctx trace [--json FILE] [--simulate [N]] [--quiet] SCRIPT [ARGS...]``: run SCRIPT as
 ``python SCRIPT ARGS`` would (``-m MODULE [ARGS...]`` as ``python -m MODULE ARGS``), under
-:func:`cyctx.trace`, and report however it ends.
-
-* Everything after SCRIPT is the script's, verbatim (``--`` and ``-x`` included); cyctx trace's
-  options go before it (``--`` before SCRIPT ends them).
-* The exit status is the script's: 0, ``n`` for ``sys.exit(n)``, 1 for an exception (its
-  traceback printed as Python prints it, through ``sys.excepthook``); a KeyboardInterrupt ends
-  the process by SIGINT, as Python does. The report and the JSON are written first, in every
-  case (os._exit too), by the traced process only: a child the script forks writes none.
-* ``--json FILE`` is resolved against the directory cyctx trace runs in and opened before the
-  script starts: a path that cannot be written, or ``-`` (stdout is the script's), is a usage
-  error (exit status 2).
-* ``--simulate N``: cyctx's simulated driver with N devices, which a script's own
-  ``use_simulated_driver(k)`` gets when k is N (an error otherwise). ``--simulate`` alone: the
-  count the script asks for in its own ``use_simulated_driver(k)`` before its first driver
-  call, else 2. The processes the script starts (a spawn pool, a subprocess) run on the same
-  simulated driver with the same count: ``LD_PRELOAD`` and ``CYCTX_SIM_DEVICES`` in the
-  script's environment say so. They are not traced.
+:func:`cyctx.trace`, and report however it ends. docs/tracing.md tells the arguments, the exit
+status and what ``--simulate`` gives the processes the script starts.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
-"""cyctx's doctor: a read-only report of the CUDA driver, runtime and contexts, with findings.
-
-:func:`diagnose` looks at the process and the calling thread and explains, in plain words and
-with the fix, the states that make mixed Runtime/Driver API code fail (docs/design.md, "The problem"): a current
-handle to an inactive primary context, no current context, a primary context reset behind a
-guard's back, a forked child. It only *queries*: cuInit, cuDriverGetVersion, cuDeviceGet*,
-cuDevicePrimaryCtxGetState, cuCtxGetCurrent, and cuCtxGetId/GetDevice/GetApiVersion/GetFlags on the
-current context and on the guards' handles, plus the runtime's cudaGetDevice, which creates no context
-(docs/evidence.md, "A new thread has no current context, and cudaGetDevice makes none"). It never retains, pushes
-or sets a context. Its census of the CUDA libraries loaded in the process (``cyctx._census``) reads
-``/proc/self/maps`` and asks each library found its version through a handle already loaded
-(``dlopen`` with ``RTLD_NOLOAD``): it loads nothing and initialises nothing.
+"""cyctx's doctor: a read-only report of the CUDA driver, runtime and contexts, with findings
+(docs/doctor.md). It only *queries*: it never retains, pushes or sets a context, and its census
+loads nothing and initialises nothing.
 
 One module per job; each imports only those above it in this list:
 

@@ -1,14 +1,7 @@
-"""Where libcupti is, found the way the doctor's census finds CUDA libraries: one already mapped
-in the process first (torch loads the one of its ``nvidia-cuda-cupti`` wheel; a second copy
-would be a second CUPTI), then ``$CYCTX_CUPTI``, then one beside the loaded driver (a system's
-packages install both in its library directory; cyctx's simulated driver has its own CUPTI
-there), then the ``nvidia-cuda-cupti`` wheels on ``sys.path`` (CUDA 13:
-``nvidia/cu13/lib/libcupti.so.13``; CUDA 12: ``nvidia/cuda_cupti/lib/libcupti.so.12``), then
-the toolkit's ``extras/CUPTI/lib64`` under ``$CUDA_HOME``, ``$CUDA_PATH``, ``/usr/local/cuda``
-(those without one are passed). Only a
-CUPTI of the driver's CUDA major or older is taken: a newer one refuses the driver, and is
-passed over, except the one ``$CYCTX_CUPTI`` names, which is refused (as is one that is not a
-file). Nothing is loaded here.
+"""Where libcupti is, found the way the doctor's census finds CUDA libraries, in the order
+docs/tracing.md gives: one already mapped first (a second copy would be a second CUPTI), and
+only one of the driver's CUDA major or older, except that the one ``$CYCTX_CUPTI`` names is
+refused, never passed over. Nothing is loaded here.
 """
 
 from __future__ import annotations
