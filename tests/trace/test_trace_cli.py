@@ -1,6 +1,6 @@
 """`cyctx trace SCRIPT ARGS` against `python SCRIPT ARGS`, as users run it: the script gets the
 same arguments, ends with the same status and traceback however it ends (an exception,
-sys.exit, KeyboardInterrupt), and the report and --json are written in every case; --json is
+sys.exit, KeyboardInterrupt, os._exit), and the report and --json are written in every case; --json is
 checked before the script runs (`-` is refused), relative to where cyctx trace ran; --simulate
 N and the script's own choice of the simulated driver; `python -m cyctx trace` and the `cyctx`
 console script alike. Each script picks the simulated driver itself, so that `python SCRIPT`
@@ -46,6 +46,8 @@ elif end == "exit-none":
     sys.exit()
 elif end == "interrupt":
     raise KeyboardInterrupt
+elif end == "os-exit":
+    os._exit(4)
 elif end == "chdir":
     os.chdir(sys.argv[2])
 """
@@ -106,6 +108,7 @@ ENDINGS = {
     "sys.exit(text)": (["exit-text"], 1),
     "sys.exit()": (["exit-none"], 0),
     "KeyboardInterrupt": (["interrupt"], -2),  # killed by SIGINT, as Python does (shell: 130)
+    "os._exit(4)": (["os-exit"], 4),  # no atexit handler runs: the report is written before
 }
 
 
