@@ -1008,6 +1008,25 @@ def test_no_device_on_the_simulator():
     assert "[SIMULATED]" in text.splitlines()[0]
 
 
+def test_a_device_the_driver_will_not_name_is_listed_with_that_error_alone(sim):
+    # cuDeviceGet failing for an ordinal the count included (a device gone mid-diagnosis): its
+    # entry says so, and nothing else is asked of a device there is no handle for.
+    from helpers.threads import in_thread
+
+    def body():
+        sim.inject_fault("cuDeviceGet", 999, count=1000)
+        try:
+            return diagnose(cudart=False).to_dict()
+        finally:
+            sim.clear_faults()
+
+    devices = in_thread(body)["devices"]
+    assert devices and all(d["error"] == "cuDeviceGet: CUDA_ERROR_UNKNOWN (999)" for d in devices)
+    asked = ("name", "compute_capability", "pci_bus_id", "total_memory")
+    assert all(d[k] is None for d in devices for k in asked), devices
+    assert all(d["primary_context"] == {"active": None, "flags": None} for d in devices), devices
+
+
 @pytest.mark.parametrize("function", ["cuInit", "cuCtxGetCurrent"])
 def test_a_driver_query_that_fails_is_a_driver_error(sim, function):
     # The driver fails a query with an error the doctor has no other words for: the finding
