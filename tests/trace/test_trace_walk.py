@@ -435,3 +435,36 @@ def test_a_jit_frame_is_named_as_in_no_library_whatever_is_loaded_there_by_the_n
     assert all(not jit <= a < jit + 64 for a in asked), "the JIT's address was looked up"
     assert "libloaded-since" not in e.library, e.library
     assert all(n.library != "/tmp/libloaded-since.so" for n in e.native), e.native
+
+
+THREAD_C = r"""
+#include <pthread.h>
+typedef int (*set_fn)(void *);
+static void *run(void *f) { return (void *)(long)((set_fn)f)((void *)0); }
+/* A thread no Python code started: it calls the driver and ends. */
+int cyctx_test_thread(set_fn f) {
+    pthread_t t;
+    void *r;
+    if (pthread_create(&t, 0, run, (void *)f) != 0) return -1;
+    pthread_join(t, &r);
+    return (int)(long)r;
+}
+"""
+
+
+def test_a_thread_no_python_code_started_is_walked_to_the_end_of_its_stack(
+    tmp_path_factory, set_current_ptr
+):
+    so = _compile_deep(tmp_path_factory, "cyctxthread", ("-pthread",), THREAD_C)
+    lib = ctypes.CDLL(so)
+    lib.cyctx_test_thread.argtypes = [ctypes.c_void_p]
+    with cyctx.trace() as t:
+        assert lib.cyctx_test_thread(set_current_ptr) == 0
+    (e,) = [e for e in t.events if e.call == "cuCtxSetCurrent"]
+    assert (e.python_state, e.native_state) == ("not a Python thread", "the end of the stack"), e
+    assert e.where is None and e.native[0].library == so, e
+    assert (
+        e.describe()
+        == "cuCtxSetCurrent by libcyctxthread.so (no Python frames: not a Python thread)"
+    )
+    assert e.as_json()["native_state"] == "the end of the stack"
