@@ -15,7 +15,6 @@ import sys
 from typing import Any, Protocol
 
 from _cyctx_libcuda import loader_message
-
 from cyctx._doctor.cu import call, driver, error_name
 from cyctx._doctor.model import RuntimeInfo, plausible_version, version_str
 from cyctx._doctor.report import Diagnosis
