@@ -208,6 +208,43 @@ def test_a_fixture_that_does_not_put_back_is_named_as_the_fixture_by_both(pytest
     assert "cyctx: 1 fixture left the CUDA context state changed" in out, out
 
 
+def test_what_runs_after_a_fixtures_teardown_is_the_tests_not_that_fixtures(pytester):
+    # The test's own finalizer runs after its fixtures are torn down: what it leaves is the
+    # test's. `late` also ends a second time, with the session fixture it depends on.
+    out, text, path = _run(
+        pytester,
+        """
+        @pytest.fixture(scope="session")
+        def base():
+            yield
+
+
+        @pytest.fixture
+        def early(request):
+            def leave():
+                err, p = d.cuDevicePrimaryCtxRetain(0)
+                d.cuCtxSetCurrent(p)  # finalizer-line
+            request.node.addfinalizer(leave)
+
+
+        @pytest.fixture
+        def late(base):
+            push()
+            yield
+            pop()
+
+
+        def test_one(early, late):
+            pass
+        """,
+        1,
+    )
+    (line,) = _trace_lines(out)
+    assert line.startswith("test_inner.py::test_one left "), out
+    assert line.endswith(f"at {path}:{line_of('finalizer-line', text)} (early.<locals>.leave)")
+    assert "cyctx: 1 test left the CUDA context state changed" in out, out
+
+
 def test_a_test_that_changes_what_a_fixture_set_is_named_and_the_fixture_is_not(pytester):
     out, text, path = _run(
         pytester,
