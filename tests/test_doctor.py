@@ -8,6 +8,7 @@ import itertools
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import textwrap
@@ -761,6 +762,28 @@ def test_simulate_is_labelled_on_every_screen(args):
     for h in heads:
         assert "[SIMULATED]" in h, f"heading without the simulated label: {h!r}"
     assert out.splitlines()[1].startswith("SIMULATED:")
+
+
+def test_the_demos_state_lines_follow_one_handle_through_its_contexts():
+    # The classic failure as the demo walks it: one handle, current throughout once made; a
+    # live context answers its id (new after each reset, from one counter) with its primary
+    # context active, a reset one answers 709 to cuCtxGetId with the primary inactive.
+    rc, out, err = cli("doctor", "--simulate", "--demo")
+    assert rc == 0, out + err
+    states = re.findall(
+        r"state: current (\S+)(?: \((.*?)\))? \| device 0 primary context: (\w+)", out
+    )
+    assert states[0] == ("NULL", "", "inactive"), states
+    handles = {h for h, _, _ in states[1:]}
+    assert len(handles) == 1, states
+    ids = []
+    for _, cid, primary in states[1:]:
+        if cid.startswith("id "):
+            assert primary == "active", states
+            ids.append(int(cid[3:]))
+        else:
+            assert (cid, primary) == ("destroyed: cuCtxGetId -> 709", "inactive"), states
+    assert len(ids) >= 2 and ids == sorted(ids), states
 
 
 def test_cli_report_on_the_simulator():
