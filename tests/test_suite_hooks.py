@@ -15,7 +15,7 @@ TOOLING_TEST = os.path.join(
     TESTS, "test_bench_smoke.py::test_the_free_threading_costs_run_and_say_which_interpreter"
 )
 SIM_TEST = os.path.join(
-    TESTS, "guard", "test_close.py::test_dealloc_gives_the_own_retain_to_the_process_once"
+    TESTS, "guard", "test_close.py::test_close_from_two_threads_releases_once"
 )
 
 
