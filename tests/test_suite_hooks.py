@@ -14,9 +14,7 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 TOOLING_TEST = os.path.join(
     TESTS, "test_bench_smoke.py::test_the_free_threading_costs_run_and_say_which_interpreter"
 )
-SIM_TEST = os.path.join(
-    TESTS, "guard", "test_close.py::test_close_from_two_threads_releases_once"
-)
+SIM_TEST = os.path.join(TESTS, "guard", "test_close.py::test_close_from_two_threads_releases_once")
 
 
 def pytest_run(tmp_path, *args):
