@@ -291,10 +291,11 @@ def test_a_library_that_is_not_what_was_asked_at_a_path_that_is_not_utf8_is_refu
         assert why == f"cannot load {load}: a function is missing or it does not load {lost}"
     assert junk_says[0] == "RuntimeError"
     assert junk_says[1].startswith(f"{junk} (from CYCTX_SIM_LIBRARY) is not a library that loads: ")
-    if load_message_kept:
-        assert junk_says[1].endswith("invalid ELF header"), ascii(junk_says[1])
+    said = junk_says[1].split(" is not a library that loads: ", 1)[1]
+    if load_message_kept:  # the loader's own words (glibc's vary), naming the file
+        assert said.startswith(f"{junk}: ") and len(said) > len(junk) + 2, ascii(said)
     else:
-        assert junk_says[1].endswith(lost), ascii(junk_says[1])
+        assert said.endswith(lost), ascii(said)
     not_sim = not_sim[1]
     missing = missing[0]
     assert not_sim.endswith("is not cyctx's simulated driver: it has no cyctxsim_is_simulated")
