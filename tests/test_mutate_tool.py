@@ -182,8 +182,8 @@ UNKNOWN_TEST = (
 CUPTI_TEST = "tests/trace/test_trace_sim_cupti.py::test_bad_enable_is_refused"
 # Formats an ordinal for its message (int_text): the hang mutant loops there for ever.
 BOUND_TEST = (
-    "tests/guard/test_bad_inputs.py::"
-    "test_one_past_the_last_device_is_refused_before_the_driver_is_asked"
+    "tests/guard/test_recognition_bounds.py::"
+    "test_the_last_ordinal_is_accepted_and_the_next_refused_with_the_bounds_stated"
 )
 
 MUTANTS = f'''
