@@ -4,7 +4,7 @@ block that changed the context stack itself gets back, misuse, and an exit that 
 import contextlib
 
 import pytest
-from helpers.drivers import current, driver, ok
+from helpers.drivers import current, driver, ok, set_current
 from helpers.threads import in_thread
 
 from cyctx import ContextGuard, GuardError
@@ -128,19 +128,15 @@ def test_blocks_left_from_other_frames_still_match_their_guard():
 # --- a block that changes the context stack ---------------------------------------------------
 
 
-def _set(ctx):
-    ok(driver().cuCtxSetCurrent(ctx))
-
-
 # What a block does behind the guard's back (what cudaSetDevice does, a pop of what it did not
 # push), with or without an outer block of the guard: (outer, inner guard, act).
 BLOCK_ACTS = {
-    "set the outer context in another's block": (True, 1, lambda g, g1: _set(g.context)),
-    "set another context on the fast path": (True, 0, lambda g, g1: _set(g1.context)),
+    "set the outer context in another's block": (True, 1, lambda g, g1: set_current(g.context)),
+    "set another context on the fast path": (True, 0, lambda g, g1: set_current(g1.context)),
     "pop on the fast path": (True, 0, lambda g, g1: ok(driver().cuCtxPopCurrent())),
-    "set another context from an empty stack": (False, 0, lambda g, g1: _set(g1.context)),
+    "set another context from an empty stack": (False, 0, lambda g, g1: set_current(g1.context)),
     "pop from an empty stack": (False, 0, lambda g, g1: ok(driver().cuCtxPopCurrent())),
-    "set null from an empty stack": (False, 0, lambda g, g1: _set(None)),
+    "set null from an empty stack": (False, 0, lambda g, g1: set_current(None)),
 }
 
 

@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 from helpers.children import run_child
-from helpers.drivers import create_context, current, driver, ok, retains
+from helpers.drivers import create_context, current, driver, ok, retains, set_current
 from helpers.finalizers import suspended_in
 from helpers.threads import in_thread
 
@@ -31,10 +31,6 @@ FUNCS = (
 )
 
 
-def _set(ctx):
-    ok(driver().cuCtxSetCurrent(ctx))
-
-
 def _state(sim):
     return {"current": current(), "depth": sim.stack_depth(), "retains": retains()}
 
@@ -43,11 +39,11 @@ def _state(sim):
 # (prepare(g0, g1) before the enter, inside(g0, g1) in the block before it is left)
 STATES = {
     "no context": (lambda g0, g1: None, lambda g0, g1: None),
-    "another device's": (lambda g0, g1: _set(g1.context), lambda g0, g1: None),
-    "its own": (lambda g0, g1: _set(g0.context), lambda g0, g1: None),
+    "another device's": (lambda g0, g1: set_current(g1.context), lambda g0, g1: None),
+    "its own": (lambda g0, g1: set_current(g0.context), lambda g0, g1: None),
     "its own, the block switching device": (
-        lambda g0, g1: _set(g0.context),
-        lambda g0, g1: _set(g1.context),
+        lambda g0, g1: set_current(g0.context),
+        lambda g0, g1: set_current(g1.context),
     ),
 }
 
@@ -192,7 +188,7 @@ def _run(sim, path, state, fault=None):
         finally:
             sim.clear_faults()
             while current():
-                _set(None)
+                set_current(None)
             g0.close()
             g1.close()
         return calls, before, after, exc
@@ -339,7 +335,7 @@ def test_the_pop_in_place_of_a_context_destroyed_in_the_block_says_what_it_left(
         finally:
             sim.clear_faults()
             while current():
-                _set(None)
+                set_current(None)
             g.close()
 
     in_thread(body)

@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 from helpers.children import run_child, run_python
-from helpers.drivers import create_context, current, driver, ok, reset_primary, retains
+from helpers.drivers import create_context, current, driver, ok, reset_primary, retains, set_current
 from helpers.threads import in_thread
 
 import cyctx
@@ -44,10 +44,6 @@ def _guards():
     return ContextGuard(0), ContextGuard(1)
 
 
-def _set(ctx):
-    ok(driver().cuCtxSetCurrent(ctx))
-
-
 def state(sim):
     return {
         "current": int(ok(driver().cuCtxGetCurrent())),
@@ -73,11 +69,11 @@ SCENARIOS = {
         lambda g0, g1: ContextGuard(g0.context).close(),
     ),
     "construct from current primary": (
-        lambda g0, g1: _set(g0.context),
+        lambda g0, g1: set_current(g0.context),
         lambda g0, g1: ContextGuard(g0.context).close(),
     ),
     "from_handle": (
-        lambda g0, g1: _set(g1.context),
+        lambda g0, g1: set_current(g1.context),
         lambda g0, g1: ContextGuard.from_handle(g0.handle).close(),
     ),
     "construct from created context": (
@@ -92,21 +88,27 @@ SCENARIOS = {
         lambda g0, g1: _make_created(),
         lambda g0, g1: _created_guard().__enter__(),
     ),
-    "current_handle": (lambda g0, g1: _set(g1.context), lambda g0, g1: cyctx.current_handle()),
+    "current_handle": (
+        lambda g0, g1: set_current(g1.context),
+        lambda g0, g1: cyctx.current_handle(),
+    ),
     "enter from no context": (lambda g0, g1: None, lambda g0, g1: g0.__enter__()),
-    "enter over dev1": (lambda g0, g1: _set(g1.context), lambda g0, g1: g0.__enter__()),
-    "enter already current": (lambda g0, g1: _set(g0.context), lambda g0, g1: g0.__enter__()),
+    "enter over dev1": (lambda g0, g1: set_current(g1.context), lambda g0, g1: g0.__enter__()),
+    "enter already current": (
+        lambda g0, g1: set_current(g0.context),
+        lambda g0, g1: g0.__enter__(),
+    ),
     "enter after reset": (lambda g0, g1: reset_primary(0), lambda g0, g1: g0.__enter__()),
     "exit to no context": (
         lambda g0, g1: (_found(), g0.__enter__()),
         lambda g0, g1: g0.__exit__(None, None, None),
     ),
     "exit to dev1": (
-        lambda g0, g1: (_set(g1.context), _found(), g0.__enter__()),
+        lambda g0, g1: (set_current(g1.context), _found(), g0.__enter__()),
         lambda g0, g1: g0.__exit__(None, None, None),
     ),
     "exit fast path": (
-        lambda g0, g1: (_set(g0.context), _found(), g0.__enter__()),
+        lambda g0, g1: (set_current(g0.context), _found(), g0.__enter__()),
         lambda g0, g1: g0.__exit__(None, None, None),
     ),
     "close": (lambda g0, g1: None, lambda g0, g1: g0.close()),
@@ -144,9 +146,9 @@ def _cleanup(g0, g1):
                 continue
         else:
             break
-    _set(None)
+    set_current(None)
     while int(ok(driver().cuCtxGetCurrent())):
-        _set(None)
+        set_current(None)
     for g in g0:
         g.close()
     _CREATED.pop("guard", None)

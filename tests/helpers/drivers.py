@@ -112,6 +112,11 @@ def current():
     return int(ok(driver().cuCtxGetCurrent()))
 
 
+def set_current(ctx):
+    """cuCtxSetCurrent on the calling thread (``ctx``: a CUcontext, or None for none)."""
+    ok(driver().cuCtxSetCurrent(ctx))
+
+
 def primary_state(dev):
     """(flags, active) of a device's primary context, through the driver."""
     flags, active = ok(driver().cuDevicePrimaryCtxGetState(dev))
