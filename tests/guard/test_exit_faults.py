@@ -12,7 +12,14 @@ import warnings
 
 import pytest
 from helpers.children import run_child
-from helpers.drivers import create_context, current, driver, ok, retains, set_current
+from helpers.drivers import (
+    create_context,
+    current,
+    driver,
+    ok,
+    set_current,
+    sim_thread_state,
+)
 from helpers.finalizers import suspended_in
 from helpers.threads import in_thread
 
@@ -29,10 +36,6 @@ FUNCS = (
     "cuDevicePrimaryCtxRelease",
     "cuCtxGetDevice",
 )
-
-
-def _state(sim):
-    return {"current": current(), "depth": sim.stack_depth(), "retains": retains()}
 
 
 # --- the states an enter can find ---------------------------------------------------------------
@@ -166,7 +169,7 @@ def _run(sim, path, state, fault=None):
         seen = {}
         try:
             prepare(g0, g1)
-            before = _state(sim)
+            before = sim_thread_state(sim)
 
             def at_exit():
                 inside(g0, g1)
@@ -184,7 +187,7 @@ def _run(sim, path, state, fault=None):
                     exc = e
             sim.clear_faults()
             calls = {f: sim.call_count(f) - seen["counts"][f] for f in FUNCS}
-            after = _state(sim)
+            after = sim_thread_state(sim)
         finally:
             sim.clear_faults()
             while current():

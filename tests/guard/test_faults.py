@@ -8,7 +8,16 @@ import warnings
 
 import pytest
 from helpers.children import run_child, run_python
-from helpers.drivers import create_context, current, driver, ok, reset_primary, retains, set_current
+from helpers.drivers import (
+    create_context,
+    current,
+    driver,
+    ok,
+    reset_primary,
+    retains,
+    set_current,
+    sim_thread_state,
+)
 from helpers.threads import in_thread
 
 import cyctx
@@ -42,14 +51,6 @@ class Case:
 
 def _guards():
     return ContextGuard(0), ContextGuard(1)
-
-
-def state(sim):
-    return {
-        "current": int(ok(driver().cuCtxGetCurrent())),
-        "depth": sim.stack_depth(),
-        "retains": retains(),
-    }
 
 
 # A created (non-primary) context of device 0 for the scenarios that need one; made by the
@@ -120,7 +121,7 @@ _FOUND = {}
 
 
 def _found():
-    _FOUND["state"] = state(_FOUND["sim"])
+    _FOUND["state"] = sim_thread_state(_FOUND["sim"])
 
 
 def _created_guard():
@@ -174,7 +175,7 @@ def _run(sim, name, fault):
                 prepare(g0, g1)
                 if name.startswith("enter created"):
                     _created_guard()  # made before the op: only its enter is faulted
-                before = state(sim)
+                before = sim_thread_state(sim)
                 counts = {f: sim.call_count(f) for f in FUNCS}
                 if fault:
                     sim.inject_fault(fault[0], fault[2], nth=fault[1])
@@ -185,7 +186,7 @@ def _run(sim, name, fault):
                     exc = e
                 sim.clear_faults()
                 calls = {f: sim.call_count(f) - counts[f] for f in FUNCS}
-                after = state(sim)
+                after = sim_thread_state(sim)
         finally:
             _cleanup(g0, g1)
         return calls, before, after, exc

@@ -158,6 +158,12 @@ def retains_unchanged():
     assert retains() == before, f"primary-context refcounts changed: {before} -> {retains()}"
 
 
+def sim_thread_state(sim):
+    """The calling thread's current context and stack depth, and every device's retains, on
+    the simulated driver: what a failed driver call must leave as it found it."""
+    return {"current": current(), "depth": sim.stack_depth(), "retains": retains()}
+
+
 def thread_state():
     from cyctx._guard import open_entries
 
