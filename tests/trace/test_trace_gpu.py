@@ -1,8 +1,8 @@
 """The tracer on the real driver (CUPTI), for the H200: the simulator's subscriber surface
 against the real one (the same script traced on both gives the same events), and a process
 mixing torch, CuPy, cuda.core and cyctx whose every context change must be named with its line
-and library, and a trace beside torch.profiler. Each runs in a child process (a trace is one of
-the process's CUPTI subscribers)."""
+and library (beside another subscriber: test_trace_beside_gpu.py). Each runs in a child process
+(a trace is one of the process's CUPTI subscribers)."""
 
 import json
 import subprocess
@@ -272,98 +272,6 @@ def test_sixteen_threads_mixing_bindings_cupy_torch_and_guards_lose_nothing(tmp_
             assert by["cuda-bindings"] == rounds, shown  # the thread's own resets
             # cudaSetDevice after each reset makes a change; torch's launch at least once.
             assert by[v["kind"]] >= (rounds if v["kind"] == "cupy" else 1), shown
-
-
-BESIDE_PROFILER = """
-import ctypes, json, sys
-from collections import Counter
-import torch
-from torch.profiler import ProfilerActivity, profile
-import cyctx
-from cuda.bindings import driver as d
-from cyctx._trace.locate import find_cupti
-
-ORDER = sys.argv[1]  # which of the two starts first
-x = torch.ones(1024, device="cuda")
-# The CUPTI a trace loads, and which it is: 13.2 and newer take several subscribers.
-path, how = find_cupti(d.cuDriverGetVersion()[1] // 1000)
-version = ctypes.c_uint32()
-assert ctypes.CDLL(path).cuptiGetVersion(ctypes.byref(version)) == 0, path
-version = version.value
-if ORDER == "trace-first" and version < 130200:
-    print(json.dumps({"skip": f"CUPTI {version} ({path}) has one subscriber: a trace started "
-                              "first keeps torch.profiler out (docs/tracing.md)"}))
-    sys.exit(0)
-
-def work():
-    y = x
-    for _ in range(4):
-        y = torch.relu(y * 2 - 1)
-    torch.cuda.synchronize()
-    d.cuCtxSetCurrent(None)  # so that the guard switches: a push and a pop
-    with cyctx.ContextGuard(0):
-        pass
-
-def profiled(with_trace):
-    t = cyctx.trace(quiet=True).start() if with_trace and ORDER == "trace-first" else None
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        if with_trace and ORDER == "profiler-first":
-            t = cyctx.trace(quiet=True).start()
-        work()
-        if t is not None and ORDER == "profiler-first":
-            t.stop()
-    if t is not None:
-        t.stop()
-    return Counter(f"{e.device_type}:{e.name}" for e in prof.events()), t
-
-work()
-profiled(False)  # the one-time setup of the work and of the profiler is in neither
-alone, _ = profiled(False)
-again, _ = profiled(False)
-beside, t = profiled(True)
-print(json.dumps({
-    "version": version, "reason": t.reason,
-    "alone": alone, "again": again, "beside": beside,
-    "guard": [e.call for e in t.events if e.changed and e.cyctx_guard],
-}))
-"""
-
-
-@pytest.mark.parametrize("order", ["profiler-first", "trace-first"])
-def test_a_trace_runs_beside_torch_profiler_and_changes_none_of_its_events(tmp_path, order):
-    """With CUPTI 13.2 and newer (several subscribers) the trace and torch.profiler both get
-    their events, whichever subscribes first, and the profiler records the same events with the
-    trace on as without it. With an older CUPTI, a trace started inside the profile is refused,
-    naming the profiler's subscriber as CUPTI does, and the profile is the same too."""
-    import importlib.util
-
-    if importlib.util.find_spec("torch") is None:
-        pytest.skip("needs torch")
-    script = tmp_path / "beside.py"
-    script.write_text(textwrap.dedent(BESIDE_PROFILER))
-    proc = subprocess.run(
-        [sys.executable, str(script), order], capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    if "skip" in out:
-        pytest.skip(out["skip"])
-    if out["version"] >= 130200:
-        assert out["reason"] is None, out["reason"]
-        # The trace saw the guard's two changes, its push and its pop (whichever ABI version).
-        guard = [c.split("_")[0] for c in out["guard"]]
-        assert guard == ["cuCtxPushCurrent", "cuCtxPopCurrent"], out
-    else:
-        assert out["reason"].startswith("another CUPTI subscriber holds this process ("), out
-        assert out["guard"] == [], out
-    alone, again, beside = out["alone"], out["again"], out["beside"]
-    assert any(k.startswith("DeviceType.CUDA:") for k in alone), alone  # the kernels
-    assert alone == again, "the profiler's own events differ between two runs without a trace"
-    assert beside == alone, {
-        k: (alone.get(k), beside.get(k))
-        for k in set(alone) | set(beside)
-        if alone.get(k) != beside.get(k)
-    }
 
 
 NUMBA = """
