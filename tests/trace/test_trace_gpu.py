@@ -1,8 +1,8 @@
-"""The tracer on the real driver (CUPTI), for the H200: the simulator's subscriber surface
-against the real one (the same script traced on both gives the same events), and a process
-mixing torch, CuPy, cuda.core and cyctx whose every context change must be named with its line
-and library (beside another subscriber: test_trace_beside_gpu.py). Each runs in a child process
-(a trace is one of the process's CUPTI subscribers)."""
+"""The tracer on the real driver (CUPTI): the simulator's subscriber surface against the real
+one (the same script traced on both gives the same events), and a process mixing torch, CuPy,
+cuda.core and cyctx whose every context change must be named with its line and library. Each
+runs in a child process (a trace is one of the process's CUPTI subscribers). The trace beside
+another CUPTI subscriber is tested in test_trace_beside_gpu.py."""
 
 import json
 import subprocess
