@@ -218,6 +218,19 @@ def test_13_0_takes_its_own_params_size_only_and_allows_one_subscriber(cupti):
         assert cupti.cuptiUnsubscribe(ha) == SUCCESS
 
 
+@pytest.mark.parametrize("version, size", [(CUPTI_13_0, SIZE_13_0), (CUPTI_13_2, SIZE_13_2)])
+def test_one_that_allows_no_other_refused_by_an_unnamed_subscriber_is_told_a_placeholder(
+    cupti, version, size
+):
+    """A cuptiSubscribe subscriber has no name: a refused request that allows no other is told
+    CUPTI's placeholder, as libcupti 13.0.85 and 13.5.25 answered beside torch's profiler (one
+    that allows others is told nothing: test_one_subscriber_a_second_is_refused)."""
+    cupti.version(version)
+    with Recorder(cupti):
+        r, h, told = cupti.subscribe_v2(Seen().cb, "tracer", allow=False, size=size)
+        assert (r, h.value, told) == (MULTIPLE_SUBSCRIBERS, None, "CUPTI for <not provided>")
+
+
 def test_before_13_0_there_is_no_subscribe_v2(cupti):
     cupti.version(CUPTI_12)
     v = ctypes.c_uint32()

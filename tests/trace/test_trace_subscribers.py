@@ -83,6 +83,8 @@ NOT_SEVERAL = "this CUPTI (older than 13.2) allows one subscriber"
             f"(CUPTI did not name it); it allows no second subscriber; {UNDISTURBED}",
         ),
         (CUPTI_13_0, "v2-13.0", f"(CUPTI for profiler); {NOT_SEVERAL}; {UNDISTURBED}"),
+        # torch's profiler with libcupti 13.0.85: a subscriber without a name.
+        (CUPTI_13_0, "v1", f"(CUPTI for <not provided>); {NOT_SEVERAL}; {UNDISTURBED}"),
         (
             CUPTI_12,
             "v1",
@@ -96,7 +98,14 @@ NOT_SEVERAL = "this CUPTI (older than 13.2) allows one subscriber"
             f"13.2 allows one subscriber; {UNDISTURBED}",
         ),
     ],
-    ids=["13.2-named", "13.2-unnamed", "13.0-named", "12-cannot-name", "version-unknown"],
+    ids=[
+        "13.2-named",
+        "13.2-unnamed",
+        "13.0-named",
+        "13.0-unnamed",
+        "12-cannot-name",
+        "version-unknown",
+    ],
 )
 def test_where_it_cannot_subscribe_it_names_the_other_if_cupti_can(
     cupti, d, capfd, version, how, reason

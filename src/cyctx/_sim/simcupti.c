@@ -25,8 +25,10 @@
  *     cuptiGetVersion fails (CUPTI_ERROR_UNKNOWN, as libcupti 13.5 answers without a driver);
  *   - cuptiUnsubscribe disables the subscriber's callbacks and returns once no callback runs
  *     on another thread; from inside a callback it is CUPTI_ERROR_INVALID_OPERATION.
- * Modelled, not seen: what a subscriber without a name is called (here nothing: an empty
- * name is written), and a cuptiSubscribe after a subscriber that allows others (refused).
+ * Seen on an H100 beside torch's profiler, a subscriber without a name: a refused request
+ * that allows no other is told "CUPTI for <not provided>" (libcupti 13.0.85 and 13.5.25), one
+ * that allows others is told nothing (13.5.25); a cuptiSubscribe after a subscriber that allows
+ * others is refused (13.0.85 and 13.5.25).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -159,7 +161,8 @@ static int add(void **handle, Callback cb, void *userdata, const char *name, int
     }
     int r = SUCCESS;
     if (first && (!allows_others || refusing)) {
-        tell(old_name, old_size, (refusing ? refusing : first)->name);
+        const char *holder = (refusing ? refusing : first)->name;
+        tell(old_name, old_size, holder[0] || allows_others ? holder : "CUPTI for <not provided>");
         r = MULTIPLE_SUBSCRIBERS;
     } else if (!free_slot) {
         r = MAX_LIMIT_REACHED;
