@@ -24,6 +24,7 @@ from helpers.simcupti import (
     SIZE_13_2,
     SUCCESS,
     Seen,
+    SubscriberParams,
 )
 
 CB = {  # cupti_driver_cbid.h of CUDA 13
@@ -229,6 +230,43 @@ def test_one_that_allows_no_other_refused_by_an_unnamed_subscriber_is_told_a_pla
     with Recorder(cupti):
         r, h, told = cupti.subscribe_v2(Seen().cb, "tracer", allow=False, size=size)
         assert (r, h.value, told) == (MULTIPLE_SUBSCRIBERS, None, "CUPTI for <not provided>")
+
+
+def test_eight_subscribers_fit_and_a_slot_taken_again_starts_afresh(cupti):
+    """The simulated CUPTI holds eight subscribers, a ninth is told
+    CUPTI_ERROR_MAX_LIMIT_REACHED; a slot freed and taken again has none of the old
+    subscriber's callbacks enabled and passes the new one's userdata."""
+    got = []
+    fn = CALLBACK(lambda u, dom, cbid, data: got.append(u))
+    cb = ctypes.cast(fn, ctypes.c_void_p)
+
+    def subscribe(userdata):
+        h = ctypes.c_void_p()
+        p = SubscriberParams(SIZE_13_2, b"s", None, 0, 1)
+        r = cupti.cuptiSubscribe_v2(ctypes.byref(h), cb, ctypes.c_void_p(userdata), ctypes.byref(p))
+        return r, h
+
+    handles = []
+    try:
+        for k in range(8):
+            r, h = subscribe(100 + k)
+            assert r == SUCCESS, k
+            handles.append(h)
+        r, h = subscribe(999)
+        assert (r, h.value, cupti.result_name(r)) == (12, None, "CUPTI_ERROR_MAX_LIMIT_REACHED")
+        assert cupti.cuptiEnableCallback(1, handles[0], DRIVER, CB["cuCtxSetCurrent"]) == SUCCESS
+        assert cupti.cuptiUnsubscribe(handles.pop(0)) == SUCCESS
+        r, h = subscribe(200)  # the one free slot
+        assert r == SUCCESS
+        handles.append(h)
+        drivers.ok(drivers.driver().cuCtxSetCurrent(None))
+        assert got == []
+        assert cupti.cuptiEnableCallback(1, h, DRIVER, CB["cuCtxSetCurrent"]) == SUCCESS
+        drivers.ok(drivers.driver().cuCtxSetCurrent(None))
+        assert got == [200, 200]  # entry and exit
+    finally:
+        for h in handles:
+            assert cupti.cuptiUnsubscribe(h) == SUCCESS
 
 
 def test_before_13_0_there_is_no_subscribe_v2(cupti):
