@@ -79,7 +79,7 @@ class Cupti:
         """Makes it the CUPTI of cuptiGetVersion number ``v``."""
         self.lib.cyctxsim_cupti_set_version(v)
 
-    def subscribe_v2(self, callback, name=None, allow=False, size=SIZE_13_2):
+    def subscribe_v2(self, callback, name=None, allow=False, size=SIZE_13_2, userdata=None):
         """(result, handle, the other subscriber's name as CUPTI wrote it)."""
         old = ctypes.create_string_buffer(64)
         p = SubscriberParams(
@@ -87,6 +87,9 @@ class Cupti:
         )
         h = ctypes.c_void_p()
         r = self.lib.cuptiSubscribe_v2(
-            ctypes.byref(h), ctypes.cast(callback, ctypes.c_void_p), None, ctypes.byref(p)
+            ctypes.byref(h),
+            ctypes.cast(callback, ctypes.c_void_p),
+            ctypes.c_void_p(userdata),
+            ctypes.byref(p),
         )
         return r, h, old.value.decode()

@@ -24,7 +24,6 @@ from helpers.simcupti import (
     SIZE_13_2,
     SUCCESS,
     Seen,
-    SubscriberParams,
 )
 
 CB = {  # cupti_driver_cbid.h of CUDA 13
@@ -237,13 +236,10 @@ def test_eight_subscribers_fit_and_a_slot_taken_again_starts_afresh(cupti):
     CUPTI_ERROR_MAX_LIMIT_REACHED; a slot freed and taken again has none of the old
     subscriber's callbacks enabled and passes the new one's userdata."""
     got = []
-    fn = CALLBACK(lambda u, dom, cbid, data: got.append(u))
-    cb = ctypes.cast(fn, ctypes.c_void_p)
+    cb = CALLBACK(lambda u, dom, cbid, data: got.append(u))
 
     def subscribe(userdata):
-        h = ctypes.c_void_p()
-        p = SubscriberParams(SIZE_13_2, b"s", None, 0, 1)
-        r = cupti.cuptiSubscribe_v2(ctypes.byref(h), cb, ctypes.c_void_p(userdata), ctypes.byref(p))
+        r, h, _ = cupti.subscribe_v2(cb, "s", allow=True, userdata=userdata)
         return r, h
 
     handles = []
@@ -259,10 +255,10 @@ def test_eight_subscribers_fit_and_a_slot_taken_again_starts_afresh(cupti):
         r, h = subscribe(200)  # the one free slot
         assert r == SUCCESS
         handles.append(h)
-        drivers.ok(drivers.driver().cuCtxSetCurrent(None))
+        drivers.set_current(None)
         assert got == []
         assert cupti.cuptiEnableCallback(1, h, DRIVER, CB["cuCtxSetCurrent"]) == SUCCESS
-        drivers.ok(drivers.driver().cuCtxSetCurrent(None))
+        drivers.set_current(None)
         assert got == [200, 200]  # entry and exit
     finally:
         for h in handles:
